@@ -1,0 +1,181 @@
+"""The coordinate model: where one call runs, and the rules that make a coordinate legal.
+
+A call names four independent axes (SPEC section 1): language, state mode, session
+(``session_id`` or ``session_name``, never both) and environment (``venv_id``). This
+module checks the raw arguments a model sent and turns them into a frozen
+:class:`Coordinate`, or raises a ``validation`` :class:`CoordexError` whose suggestion
+names the fix. Whether a named session *exists* is the registry's question, not this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from .errors import CoordexError, nearest, validation
+
+Language = Literal["python", "bash"]
+StateMode = Literal["stateless", "stateful", "read_only"]
+LANGUAGES: tuple[Language, ...] = ("python", "bash")
+STATE_MODES: tuple[StateMode, ...] = ("stateless", "stateful", "read_only")
+MAX_SESSION_NAME = 200
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    """A session's identity: (language, environment, id). Names are aliases for ids."""
+
+    language: Language
+    venv_id: int | None
+    session_id: int
+
+    def describe(self) -> str:
+        where = "own interpreter" if self.venv_id is None else f"venv_id={self.venv_id}"
+        return f"{self.language} session {self.session_id} ({where})"
+
+
+@dataclass(frozen=True)
+class Coordinate:
+    """A validated call coordinate. ``session_id``/``session_name`` are as the caller gave them."""
+
+    language: Language
+    state_mode: StateMode
+    venv_id: int | None
+    session_id: int | None
+    session_name: str | None
+
+    @property
+    def names_session(self) -> bool:
+        return self.session_id is not None or self.session_name is not None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_language(language: Any) -> Language:
+    if not isinstance(language, str) or language not in LANGUAGES:
+        guess = nearest(language, LANGUAGES) if isinstance(language, str) else None
+        hint = f" Did you mean language={guess!r}?" if guess else ""
+        raise validation(
+            f"Unknown language {_short(language)}.",
+            f"Use language='python' or language='bash'.{hint}",
+        )
+    return cast(Language, language)
+
+
+def check_state_mode(state_mode: Any) -> StateMode:
+    if not isinstance(state_mode, str) or state_mode not in STATE_MODES:
+        guess = nearest(state_mode, STATE_MODES) if isinstance(state_mode, str) else None
+        hint = f" Did you mean state_mode={guess!r}?" if guess else ""
+        raise validation(
+            f"Unknown state_mode {_short(state_mode)}.",
+            "Use state_mode='stateless' (a fresh run), 'stateful' (a kept session) or "
+            f"'read_only' (a look at an existing session that changes nothing).{hint}",
+        )
+    return cast(StateMode, state_mode)
+
+
+def check_venv_id(venv_id: Any) -> int | None:
+    if venv_id is None:
+        return None
+    if not _is_int(venv_id) or venv_id < 0:
+        raise validation(
+            f"venv_id must be None or an integer >= 0, got {_short(venv_id)}.",
+            "Use venv_id=None for the agent's own interpreter, or the venv_id returned by "
+            "environments.create / list_environments.",
+        )
+    return int(venv_id)
+
+
+def check_session(session_id: Any, session_name: Any) -> tuple[int | None, str | None]:
+    if session_id is not None and session_name is not None:
+        raise validation(
+            "Cannot specify both session_id and session_name.",
+            f"Pass only one: session_id={_short(session_id)} or session_name={_short(session_name)}.",
+        )
+    if session_id is not None and (not _is_int(session_id) or session_id < 0):
+        raise validation(
+            f"session_id must be an integer >= 0, got {_short(session_id)}.",
+            "Use an integer such as session_id=1, or name the session with session_name='...'.",
+        )
+    if session_name is not None:
+        if not isinstance(session_name, str):
+            raise validation(
+                f"session_name must be a string, got {type(session_name).__name__} "
+                f"{_short(session_name)}.",
+                "Use a short text name such as session_name='audit', or session_id=<int>.",
+            )
+        if not session_name.strip() or len(session_name) > MAX_SESSION_NAME or "\x00" in session_name:
+            raise validation(
+                f"session_name {_short(session_name)} is not a usable name.",
+                f"Use a non-empty name of at most {MAX_SESSION_NAME} characters without NUL, "
+                "such as session_name='audit'.",
+            )
+    return session_id, session_name
+
+
+def check_coordinate(
+    language: Any = "python",
+    state_mode: Any = "stateless",
+    session_id: Any = None,
+    session_name: Any = None,
+    venv_id: Any = None,
+) -> Coordinate:
+    """Validate the raw call arguments (types, values, and mode/session rules)."""
+    lang = check_language(language)
+    mode = check_state_mode(state_mode)
+    sid, sname = check_session(session_id, session_name)
+    venv = check_venv_id(venv_id)
+    coordinate = Coordinate(lang, mode, venv, sid, sname)
+    if mode == "stateless" and coordinate.names_session:
+        named = f"session_id={sid!r}" if sid is not None else f"session_name={sname!r}"
+        raise validation(
+            f"Cannot use state_mode='stateless' with a session ({named}): a stateless run "
+            "starts fresh and keeps nothing.",
+            f"Drop {named.split('=')[0]} for a one-off run, or use state_mode='stateful' to run "
+            f"in that session (or 'read_only' to look at it without changing it).",
+        )
+    if mode == "read_only" and not coordinate.names_session:
+        raise validation(
+            "Cannot use state_mode='read_only' without specifying a session.",
+            "Provide session_id or session_name (must refer to an existing session), "
+            "or use state_mode='stateless'.",
+        )
+    return coordinate
+
+
+def check_code(code: Any) -> str:
+    if not isinstance(code, str):
+        raise validation(
+            f"code must be a string, got {type(code).__name__}.",
+            "Pass the source to run as a string, e.g. code='print(1)'.",
+        )
+    return code
+
+
+def check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
+            or timeout != timeout or timeout == float("inf"):
+        raise validation(
+            f"timeout must be a positive number of seconds, got {_short(timeout)}.",
+            "Use e.g. timeout=30, or omit it for the executor's default.",
+        )
+    return float(timeout)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__ must not break the error path
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+__all__ = [
+    "LANGUAGES", "STATE_MODES", "Coordinate", "CoordexError", "Language", "SessionKey",
+    "StateMode", "check_code", "check_coordinate", "check_language", "check_session",
+    "check_state_mode", "check_timeout", "check_venv_id",
+]

@@ -1,0 +1,139 @@
+"""Run one cell of Python the way a notebook does, with the standard library only.
+
+``run_cell`` compiles the code, executes it in a namespace, evaluates the last
+top-level expression (IPython's rule: not when the cell ends with ``;``, and ``None``
+is not shown), and returns a plain dict: ``result`` (a repr, shortened in the middle),
+``error`` (exception type name, message and a traceback without this module's frames),
+``interrupted`` (a KeyboardInterrupt stopped it) and ``images`` (matplotlib figures
+left open, as PNG). Output capture is the caller's job: it swaps ``sys.stdout``.
+
+Used by the host (agent's own interpreter, and its fork for read-only) and by the
+worker program inside environments, so both give the same semantics.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import io
+import linecache
+import sys
+import traceback
+
+_THIS_FILE = __file__
+_CELL_SOURCES = []  # filenames registered in linecache, oldest first (bounded)
+_MAX_CELLS_IN_LINECACHE = 200
+_counter = [0]
+
+
+def shorten(text, limit):
+    """Cut ``text`` in the middle to about ``limit`` characters."""
+    if limit is None or len(text) <= limit:
+        return text
+    half = limit // 2
+    dropped = len(text) - limit
+    return text[:half] + "\n... [%d characters truncated] ...\n" % dropped + text[-(limit - half):]
+
+
+def safe_repr(value, limit=None):
+    try:
+        text = repr(value)
+    except BaseException as exc:  # a broken __repr__ is the user's bug, not ours
+        text = "<%s object; repr() raised %s>" % (type(value).__name__, type(exc).__name__)
+    return shorten(text, limit)
+
+
+def _register_source(filename, code):
+    lines = code.splitlines(True)
+    linecache.cache[filename] = (len(code), None, lines, filename)
+    _CELL_SOURCES.append(filename)
+    while len(_CELL_SOURCES) > _MAX_CELLS_IN_LINECACHE:
+        linecache.cache.pop(_CELL_SOURCES.pop(0), None)
+
+
+def compile_cell(code, filename):
+    """Return (body, last_expression) code objects; last_expression may be None."""
+    tree = ast.parse(code, filename, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
+        expr = tree.body.pop()
+        last = compile(ast.Expression(expr.value), filename, "eval")
+    body = compile(tree, filename, "exec")
+    return body, last
+
+
+def format_error(exc, limit=None):
+    """The exception as the model should see it: our own frames removed."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == _THIS_FILE:
+        tb = tb.tb_next
+    try:
+        lines = traceback.format_exception(type(exc), exc, tb)
+        text = "".join(lines)
+    except BaseException:
+        text = "%s: %s\n" % (type(exc).__name__, safe_repr(exc, 500))
+    try:
+        message = str(exc)
+    except BaseException:
+        message = "<str() of the exception failed>"
+    return {
+        "exception": type(exc).__name__,
+        "message": shorten(message, 2000),
+        "traceback": shorten(text, limit or 20000),
+    }
+
+
+def collect_figures():
+    """PNG of every matplotlib figure left open, then close them (never imports pyplot)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return []
+    images = []
+    try:
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png")
+            images.append({"mime": "image/png",
+                           "data": base64.b64encode(buf.getvalue()).decode("ascii")})
+        plt.close("all")
+    except Exception:
+        pass
+    return images
+
+
+def run_cell(code, namespace, result_limit=65536, filename=None):
+    """Execute ``code`` in ``namespace``; never raises for anything the code does.
+
+    Returns ``{"result", "error", "interrupted", "images"}``; ``error`` is None or the
+    dict from :func:`format_error`.
+    """
+    if filename is None:
+        _counter[0] += 1
+        filename = "<cell-%d>" % _counter[0]
+    outcome = {"result": None, "error": None, "interrupted": False, "images": []}
+    try:
+        try:
+            body, last = compile_cell(code, filename)
+        except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as exc:
+            # ValueError: source with NUL bytes; RecursionError: absurdly nested input
+            outcome["error"] = format_error(exc.with_traceback(None))
+            return outcome
+        _register_source(filename, code)
+        exec(body, namespace)
+        if last is not None:
+            value = eval(last, namespace)
+            if value is not None:
+                namespace["_"] = value
+                outcome["result"] = safe_repr(value, result_limit)
+    except KeyboardInterrupt as exc:
+        outcome["interrupted"] = True
+        outcome["error"] = format_error(exc)
+    except BaseException as exc:  # SystemExit included: it must never end the host/worker
+        outcome["error"] = format_error(exc)
+    finally:
+        try:
+            outcome["images"] = collect_figures()
+        except BaseException:
+            pass
+    return outcome
