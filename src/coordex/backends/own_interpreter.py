@@ -1,0 +1,706 @@
+"""Python in the agent's own interpreter: sessions are namespaces in this process.
+
+How it works:
+
+- Each session is a namespace dict with its own working directory and ``os.environ``
+  snapshot; session 0 is the plan namespace. Code runs through the shared cell engine
+  (``worker/_coordex_engine.py``) so results, errors and figures look the same as in an
+  environment worker.
+- Code runs on a runner thread, never on the caller's thread, so a timeout can always
+  return: the caller waits with a deadline, then raises ``KeyboardInterrupt`` in the
+  runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores it keeps the
+  session busy; later calls to that session return ``timeout`` at once until it ends.
+  The price is one thread hand-off (~50 us here) per call.
+- Output: ``sys.stdout``/``sys.stderr`` are replaced once by proxies that route writes
+  to the capture of the call running on the current thread (streamed to ``on_output``);
+  writes to file descriptors 1/2 (child processes, C code) go to a temporary file that
+  is swapped in with ``dup2`` for the duration of the call and read afterwards, and fd 0
+  is ``/dev/null`` so nothing waits on input. Because descriptors are process-wide,
+  own-interpreter calls run one at a time (``OWN_LOCK``); worker and shell sessions
+  still run in parallel with them.
+- ``read_only`` forks this process: the child runs the code against a copy-on-write
+  image of the session and reports over pipes, so not even in-place mutation reaches
+  the session. Only the forking thread exists in the child; a lock another thread held
+  at fork time stays held there, so code touching such an object can deadlock — the
+  child is then killed at the timeout and the session is untouched either way. Where
+  ``fork`` is missing the copy is shallow and the result says ``objects: false``.
+
+What still leaks between own-interpreter sessions (they share one process):
+``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, threads
+started by user code, signal handlers, and ``os._exit`` ends the agent itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import io
+import json
+import os
+import selectors
+import signal
+import sys
+import tempfile
+import _thread
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import make_error
+from ..core.results import OutputBuffer
+from ..worker import _coordex_engine as engine
+from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+
+# One own-interpreter call at a time: file descriptors 0-2, the cwd and os.environ are
+# process-wide. Re-entrant so a capability or stored function called from user code
+# may run another own-interpreter call (it runs inline on the same thread).
+OWN_LOCK = threading.RLock()
+_local = threading.local()
+
+
+# --------------------------------------------------------------------------- streams
+
+
+class _RoutedStream(io.TextIOBase):
+    """Installed as sys.stdout/sys.stderr: writes go to the current thread's capture."""
+
+    def __init__(self, name: str, original: Any) -> None:
+        super().__init__()
+        self._name = name
+        self.original = original
+
+    def write(self, text: str) -> int:  # type: ignore[override]
+        sink = getattr(_local, self._name, None)
+        if sink is None:
+            return int(self.original.write(text) or 0)
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        sink(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if getattr(_local, self._name, None) is None:
+            with contextlib.suppress(Exception):
+                self.original.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return int(self.original.fileno())
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.original, item)
+
+
+class _EmptyStdin(io.TextIOBase):
+    """sys.stdin during a call: always at end of file, so input() raises EOFError."""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        return ""
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _RoutedStdin(io.TextIOBase):
+    def __init__(self, original: Any) -> None:
+        super().__init__()
+        self.original = original
+        self._empty = _EmptyStdin()
+
+    def _target(self) -> Any:
+        return self._empty if getattr(_local, "in_call", False) else self.original
+
+    def read(self, size: int | None = -1) -> str:
+        return str(self._target().read(size))
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return str(self._target().readline(size))
+
+    def readable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return bool(self._target().isatty())
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._target(), item)
+
+
+_install_count = 0
+_install_lock = threading.Lock()
+
+
+def install_stream_proxies() -> None:
+    """Route sys.stdout/stderr/stdin through per-thread captures (reference counted)."""
+    global _install_count
+    with _install_lock:
+        _install_count += 1
+        if _install_count == 1:
+            sys.stdout = _RoutedStream("stdout", sys.stdout)
+            sys.stderr = _RoutedStream("stderr", sys.stderr)
+            sys.stdin = _RoutedStdin(sys.stdin)
+
+
+def uninstall_stream_proxies() -> None:
+    global _install_count
+    with _install_lock:
+        if _install_count == 0:
+            return
+        _install_count -= 1
+        if _install_count == 0:
+            for name in ("stdout", "stderr", "stdin"):
+                current = getattr(sys, name)
+                if isinstance(current, (_RoutedStream, _RoutedStdin)):
+                    setattr(sys, name, current.original)
+
+
+class _FdCapture:
+    """Points fds 1 and 2 at temporary files (and 0 at /dev/null) during one call."""
+
+    def __init__(self) -> None:
+        self._files = {1: tempfile.TemporaryFile(), 2: tempfile.TemporaryFile()}
+        self._devnull = os.open(os.devnull, os.O_RDONLY)
+        self._saved: dict[int, int] = {}
+
+    def start(self) -> None:
+        _flush_real_streams()
+        for fd, f in self._files.items():
+            self._saved[fd] = os.dup(fd)
+            os.dup2(f.fileno(), fd)
+        self._saved[0] = os.dup(0)
+        os.dup2(self._devnull, 0)
+
+    def stop(self) -> dict[int, str]:
+        _flush_real_streams()
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved.clear()
+        return {fd: self._drain(f) for fd, f in self._files.items()}
+
+    @staticmethod
+    def _drain(f: Any, limit: int = 4 * 1024 * 1024) -> str:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return ""
+        f.seek(0)
+        if size <= limit:
+            data = f.read(size)
+        else:  # keep head and tail; OutputBuffer cuts further
+            head = f.read(limit // 2)
+            f.seek(size - limit // 2)
+            data = head + b"\n...\n" + f.read()
+        f.seek(0)
+        f.truncate(0)
+        return bytes(data).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        os.close(self._devnull)
+
+
+def _flush_real_streams() -> None:
+    for stream in (sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+
+
+# --------------------------------------------------------------------------- runner thread
+
+
+class _Runner:
+    """A daemon thread that runs one job at a time; the caller waits with a deadline.
+
+    Hand-off uses bare locks (``_thread.allocate_lock``): two context switches per call,
+    about 50 us on a small VM, which is the whole cost of timeouts that always return.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._go = _thread.allocate_lock()
+        self._go.acquire()
+        self._job: Callable[[], None] | None = None
+        self.busy = False
+        self.closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int:
+        return self._thread.ident or 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.busy = True
+        self._job = job
+        self._go.release()
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            job, self._job = self._job, None
+            if job is None:
+                return
+            try:
+                job()
+            except BaseException:  # a stray async KeyboardInterrupt after the job ended
+                pass
+            finally:
+                self.busy = False
+
+    def interrupt(self) -> None:
+        """Raise KeyboardInterrupt in the runner at its next bytecode."""
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self.ident), ctypes.py_object(KeyboardInterrupt))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if not self.busy:
+                self._job = None
+                with contextlib.suppress(RuntimeError):
+                    self._go.release()
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+@dataclass
+class NamespaceSession:
+    """One own-interpreter session: a namespace plus its own cwd and environment."""
+
+    namespace: dict[str, Any]
+    cwd: str
+    environ: dict[Any, Any]
+    runner: _Runner | None = None
+    injected: set[str] = field(default_factory=set)
+
+    @property
+    def stuck(self) -> bool:
+        return self.runner is not None and self.runner.busy
+
+
+def fresh_namespace() -> dict[str, Any]:
+    return {"__name__": "__main__", "__builtins__": builtins}
+
+
+@contextlib.contextmanager
+def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
+    """Enter a session's cwd and environment; on exit record them and restore the host's."""
+    host_cwd = _getcwd()
+    host_env = environ_snapshot()
+    if session is not None:
+        if session.cwd != host_cwd:
+            _chdir(session.cwd)
+        if session.environ != host_env:
+            _apply_environ(session.environ)
+    try:
+        yield
+    finally:
+        if session is not None:
+            session.cwd = _getcwd()
+            session.environ = environ_snapshot()
+        if _getcwd() != host_cwd:
+            _chdir(host_cwd)
+        if environ_snapshot() != host_env:
+            _apply_environ(host_env)
+
+
+def environ_snapshot() -> dict[Any, Any]:
+    """A cheap copy of the process environment in os.environ's own encoding.
+
+    ``dict(os.environ)`` decodes every entry (~30 us for 35 variables); copying the
+    encoded mapping costs about a microsecond, and the snapshot is only compared and
+    re-applied, never shown.
+    """
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict):
+        return data.copy()
+    return dict(os.environ)
+
+
+def _apply_environ(target: dict[Any, Any]) -> None:
+    current = environ_snapshot()
+    decode_key = getattr(os.environ, "decodekey", lambda k: k)
+    decode_value = getattr(os.environ, "decodevalue", lambda v: v)
+    for key in current:
+        if key not in target:
+            del os.environ[decode_key(key)]
+    for key, value in target.items():
+        if current.get(key) != value:
+            os.environ[decode_key(key)] = decode_value(value)
+
+
+def _getcwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed under us
+        return os.path.expanduser("~")
+
+
+def _chdir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.chdir(path)
+
+
+# --------------------------------------------------------------------------- backend
+
+
+class OwnInterpreter:
+    """Runs Python cells in this process. One instance per Executor."""
+
+    def __init__(self) -> None:
+        install_stream_proxies()
+        self._fds = _FdCapture()
+        self._closed = False
+        self._stateless_runners: list[_Runner] = []
+        self._runner_lock = threading.Lock()
+
+    def new_session(self, namespace: dict[str, Any] | None = None) -> NamespaceSession:
+        return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
+                                _getcwd(), environ_snapshot())
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, session: NamespaceSession, request: RunRequest) -> Outcome:
+        """Stateful: run in the session's namespace; report rebound and deleted names."""
+        if session.stuck:
+            return _still_busy()
+        if session.runner is None:
+            session.runner = _Runner("coordex-session")
+        before = dict(session.namespace)
+        outcome = self._run_on(session.runner, session, session.namespace, request)
+        after = session.namespace
+        rebound = [k for k, v in after.items() if k not in before or before[k] is not v]
+        deleted = [k for k in before if k not in after]
+        before.clear()
+        outcome["rebound"] = rebound
+        outcome["deleted"] = deleted
+        return outcome
+
+    def run_stateless(self, request: RunRequest, extra_globals: dict[str, Any]) -> Outcome:
+        namespace = fresh_namespace()
+        namespace.update(extra_globals)
+        runner = self._free_stateless_runner()
+        return self._run_on(runner, None, namespace, request)
+
+    def _free_stateless_runner(self) -> _Runner:
+        with self._runner_lock:
+            self._stateless_runners = [r for r in self._stateless_runners if not r.closed]
+            for runner in self._stateless_runners:
+                if not runner.busy:
+                    return runner
+            runner = _Runner("coordex-stateless")
+            self._stateless_runners.append(runner)
+            return runner
+
+    def _run_on(self, runner: _Runner, session: NamespaceSession | None,
+                namespace: dict[str, Any], request: RunRequest) -> Outcome:
+        out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
+        box: dict[str, Any] = {}
+        done = _thread.allocate_lock()
+        done.acquire()
+
+        def sink_out(text: str) -> None:
+            out.write(text)
+            emit(request, "stdout", text)
+
+        def sink_err(text: str) -> None:
+            err.write(text)
+            emit(request, "stderr", text)
+
+        def job() -> None:
+            _local.stdout, _local.stderr, _local.in_call = sink_out, sink_err, True
+            try:
+                box["cell"] = engine.run_cell(request.code, namespace, request.output_limit)
+            finally:
+                _local.stdout = _local.stderr = None
+                _local.in_call = False
+                done.release()
+
+        if getattr(_local, "in_call", False):
+            return self._run_inline(session, namespace, request, sink_out, sink_err, out, err)
+        deadline = time.monotonic() + request.timeout
+        if not OWN_LOCK.acquire(timeout=request.timeout):
+            return _own_busy(out, err)
+        try:
+            with _session_process_state(session):
+                self._fds.start()
+                try:
+                    runner.submit(job)
+                    finished = done.acquire(True, max(0.0, deadline - time.monotonic()))
+                    if not finished:
+                        runner.interrupt()
+                        finished = done.acquire(True, INTERRUPT_GRACE)
+                finally:
+                    fd_text = self._fds.stop()
+        finally:
+            OWN_LOCK.release()
+        for fd, text in fd_text.items():
+            if text:
+                (sink_out if fd == 1 else sink_err)(text)
+        if not finished:
+            return _timed_out(out, err, stuck=True)
+        return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"])
+
+    @staticmethod
+    def _run_inline(session: NamespaceSession | None, namespace: dict[str, Any],
+                    request: RunRequest, sink_out: Callable[[str], None],
+                    sink_err: Callable[[str], None], out: OutputBuffer,
+                    err: OutputBuffer) -> Outcome:
+        """A call made from code already running here (a stored function, a capability).
+
+        The outer call holds the process-wide state already, so this one runs on the
+        same thread, under the outer call's timeout.
+        """
+        saved = (_local.stdout, _local.stderr)
+        _local.stdout, _local.stderr = sink_out, sink_err
+        try:
+            with _session_process_state(session):
+                cell = engine.run_cell(request.code, namespace, request.output_limit)
+        finally:
+            _local.stdout, _local.stderr = saved
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"])
+
+    # -- read-only ---------------------------------------------------------------------
+
+    def run_read_only(self, session: NamespaceSession, request: RunRequest,
+                      protect: Callable[[], str] | None = None) -> Outcome:
+        """Run against a copy of the session: a fork where possible, else a shallow copy."""
+        if session.stuck:
+            return _still_busy()
+        if hasattr(os, "fork"):
+            return self._run_forked(session, request, protect)
+        copy = NamespaceSession(dict(session.namespace), session.cwd, session.environ.copy())
+        outcome = self._run_on(self._free_stateless_runner(), copy, copy.namespace, request)
+        outcome["isolation"] = {"names": True, "objects": False, "files": "none"}
+        return outcome
+
+    def _run_forked(self, session: NamespaceSession, request: RunRequest,
+                    protect: Callable[[], str] | None) -> Outcome:
+        out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
+        pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
+        nested = getattr(_local, "in_call", False)
+        with contextlib.nullcontext() if nested else OWN_LOCK:
+            _flush_real_streams()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child, reported through pipes
+                _forked_child(session, request, pipes, protect)
+        for r, w in pipes.values():
+            os.close(w)
+        readers = {pipes["stdout"][0]: "stdout", pipes["stderr"][0]: "stderr",
+                   pipes["result"][0]: "result"}
+        chunks: list[bytes] = []
+        decoders = {"stdout": _decoder(), "stderr": _decoder()}
+        sel = selectors.DefaultSelector()
+        for fd, name in readers.items():
+            sel.register(fd, selectors.EVENT_READ, name)
+        deadline = time.monotonic() + request.timeout
+        interrupted_at: float | None = None
+        status = None
+        try:
+            while sel.get_map():
+                now = time.monotonic()
+                if interrupted_at is None and now >= deadline:
+                    _signal(pid, signal.SIGINT)
+                    interrupted_at = now
+                if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
+                    _signal(pid, signal.SIGKILL)
+                    break
+                wait = (deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE)
+                for key, _ in sel.select(max(0.0, wait - now)):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(key.fd)
+                        continue
+                    if key.data == "result":
+                        chunks.append(data)
+                        continue
+                    text = decoders[key.data].decode(data)
+                    (out if key.data == "stdout" else err).write(text)
+                    emit(request, key.data, text)
+        finally:
+            sel.close()
+            for fd in readers:
+                os.close(fd)
+            _, status = os.waitpid(pid, 0)
+        isolation = {"names": True, "objects": True, "files": "none"}
+        try:
+            cell = json.loads(b"".join(chunks).decode("utf-8"))
+            isolation["files"] = cell.pop("files", "none")
+        except ValueError:
+            cell = None
+        if cell is None or interrupted_at is not None and cell.get("interrupted") is not True:
+            if interrupted_at is not None:
+                outcome = _timed_out(out, err, stuck=False)
+            else:
+                outcome = _crashed_copy(out, err, status)
+        else:
+            outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]))
+        outcome["isolation"] = isolation
+        return outcome
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for runner in self._stateless_runners:
+            runner.close()
+        self._fds.close()
+        uninstall_stream_proxies()
+
+
+def _forked_child(session: NamespaceSession, request: RunRequest,
+                  pipes: dict[str, tuple[int, int]], protect: Callable[[], str] | None) -> None:
+    """The read-only child: never returns; reports through pipes and ``os._exit``."""
+    code = 0
+    try:
+        for r, _ in pipes.values():
+            os.close(r)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(pipes["stdout"][1], 1)
+        os.dup2(pipes["stderr"][1], 2)
+        out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                               errors="replace", write_through=True)
+        err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                               errors="replace", write_through=True)
+        sys.stdout, sys.stderr, sys.stdin = out, err, _EmptyStdin()
+        _local.stdout = _local.stderr = None
+        _chdir(session.cwd)
+        _apply_environ(session.environ)
+        files = protect() if protect is not None else "none"
+        cell = engine.run_cell(request.code, session.namespace, request.output_limit)
+        cell["files"] = files
+        payload = json.dumps(cell).encode("utf-8")
+        fd = pipes["result"][1]
+        while payload:
+            written = os.write(fd, payload)
+            payload = payload[written:]
+    except BaseException:
+        code = 70
+    finally:
+        os._exit(code)
+
+
+def _decoder() -> Any:
+    import codecs
+
+    return codecs.getincrementaldecoder("utf-8")("replace")
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer,
+                       timed_out: bool) -> Outcome:
+    stdout, stderr = out.getvalue(), err.getvalue()
+    outcome: Outcome = {
+        "stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
+        "result": cell.get("result"), "exit_code": None, "images": cell.get("images") or [],
+    }
+    if timed_out:
+        outcome["error"] = make_error(
+            "timeout", "The code ran past its timeout and was interrupted.",
+            "The session survived with its state (interrupted: state kept). Make the code "
+            "faster or do less per call, or pass a larger timeout=.",
+            stdout=stdout, stderr=stderr, state_lost=False)
+    elif cell.get("error"):
+        error = cell["error"]
+        outcome["error"] = make_error(
+            "execution", f"{error['exception']}: {error['message']}".rstrip(": "),
+            _execution_suggestion(error["exception"]),
+            traceback=error["traceback"], stdout=stdout, stderr=stderr,
+            exception=error["exception"])
+    return outcome
+
+
+def _execution_suggestion(exception: str) -> str:
+    if exception == "SyntaxError" or exception == "IndentationError":
+        return "Fix the syntax at the line the traceback points to and run the call again."
+    if exception == "SystemExit":
+        return ("The code called sys.exit()/exit(); the session is still running. Remove the "
+                "exit call, or use stateless mode for a one-off script.")
+    if exception == "NameError":
+        return ("A name is not defined in this session. Define it first (run the defining code "
+                "in the same session with state_mode='stateful'), or inspect_session to see "
+                "which names exist.")
+    if exception in ("ModuleNotFoundError", "ImportError"):
+        return ("The module is not installed in this interpreter. Create an environment with it "
+                "(environments.create / create_environment) and pass its venv_id.")
+    return "Read the traceback, fix the code and run it again; the session's state is kept."
+
+
+def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool) -> Outcome:
+    stdout, stderr = out.getvalue(), err.getvalue()
+    if stuck:
+        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
+                      "bytecode); the agent's own interpreter cannot be killed, so the session "
+                      "is still busy and its state is kept. Further calls to this session "
+                      "return timeout at once until the code stops: wait, or use another "
+                      "session.")
+    else:
+        suggestion = ("The read-only copy was stopped; the session itself is unchanged. Make "
+                      "the code faster or pass a larger timeout=.")
+    return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
+            "result": None, "exit_code": None, "images": [],
+            "error": make_error("timeout", "The code ran past its timeout.", suggestion,
+                                stdout=stdout, stderr=stderr, state_lost=False)}
+
+
+def _still_busy() -> Outcome:
+    return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
+            "images": [],
+            "error": make_error(
+                "timeout", "This session is still busy with code from an earlier call that "
+                "timed out and did not stop.",
+                "Wait for that code to finish, or run in another session (a different "
+                "session_name) or with state_mode='stateless'. The session's state is kept.",
+                stdout="", stderr="", state_lost=False)}
+
+
+def _own_busy(out: OutputBuffer, err: OutputBuffer) -> Outcome:
+    return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
+            "images": [],
+            "error": make_error(
+                "timeout", "The agent's own interpreter stayed busy with another call for the "
+                "whole timeout.",
+                "Retry, or run this in an environment (venv_id) or bash, whose sessions run "
+                "in parallel. Nothing ran and no state changed.",
+                stdout="", stderr="", state_lost=False)}
+
+
+def _crashed_copy(out: OutputBuffer, err: OutputBuffer, status: int | None) -> Outcome:
+    stdout, stderr = out.getvalue(), err.getvalue()
+    how = ""
+    if status is not None and os.WIFSIGNALED(status):
+        how = f" (killed by signal {os.WTERMSIG(status)})"
+    elif status is not None and os.WIFEXITED(status):
+        how = f" (exit status {os.WEXITSTATUS(status)}; os._exit() or a crash)"
+    return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
+            "result": None, "exit_code": None, "images": [],
+            "error": make_error(
+                "crashed", f"The read-only copy of the session died before finishing{how}.",
+                "The session itself is unchanged. Avoid os._exit() and code that crashes "
+                "the interpreter; run the call again after fixing it.",
+                state_lost=False, stdout=stdout, stderr=stderr)}
