@@ -1,0 +1,475 @@
+"""The ``coordex`` command line: MCP servers, the demo, and environment/library upkeep.
+
+Each subcommand is a small function that returns an exit code: 0 success, 1 failure
+(an error dict came back, a step failed), 2 usage (bad arguments, an unsafe or
+impossible configuration). argparse itself exits 2 on a malformed command line.
+Messages go to stderr; data (tables, JSON) to stdout - except under ``coordex mcp``,
+where stdout is the protocol and nothing else may touch it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _say(*parts: object) -> None:
+    print("coordex:", *parts, file=sys.stderr, flush=True)
+
+
+def _show_error(record: dict[str, Any]) -> None:
+    _say(f"error ({record.get('error_type', '?')}): {record.get('error', '')}")
+    if record.get("suggestion"):
+        print(f"  suggestion: {record['suggestion']}", file=sys.stderr)
+    if record.get("log"):
+        print("  log tail:\n" + _indent(str(record["log"])), file=sys.stderr)
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.rstrip("\n").splitlines())
+
+
+def _is_error(record: Any) -> bool:
+    return isinstance(record, dict) and "error_type" in record
+
+
+# --- executor construction ---------------------------------------------------------------
+
+
+def base_root(home: str | None = None) -> Path:
+    """The data folder: ``--home``, else what the Executor uses (``COORDEX_HOME``, else
+    the user data dir)."""
+    if home:
+        return Path(home).expanduser()
+    from .executor import default_root
+
+    return default_root()
+
+
+def make_executor(args: argparse.Namespace, root: Path | None = None,
+                  envs_dir: Path | None = None) -> Any:
+    """An Executor from the common options. ``root=None`` lets the Executor resolve it."""
+    import inspect
+
+    from .executor import Executor
+
+    kwargs: dict[str, Any] = {}
+    if root is not None:
+        kwargs["root"] = root
+    elif getattr(args, "home", None):
+        kwargs["root"] = Path(args.home).expanduser()
+    if getattr(args, "max_sessions", None) is not None:
+        kwargs["max_sessions"] = args.max_sessions
+    if getattr(args, "timeout", None) is not None:
+        kwargs["timeout"] = args.timeout
+    # Built environments are content-addressed, so tenants may share them on disk.
+    if envs_dir is not None and "envs_dir" in inspect.signature(Executor).parameters:
+        kwargs["envs_dir"] = envs_dir
+    return Executor(**kwargs)
+
+
+@contextlib.contextmanager
+def open_executor(args: argparse.Namespace) -> Iterator[Any]:
+    ex = make_executor(args)
+    try:
+        yield ex
+    finally:
+        ex.close()
+
+
+def _terminate_as_interrupt() -> None:
+    # SIGTERM (from a supervisor or an MCP client shutting us down) should unwind like
+    # Ctrl-C, so `with Executor` closes and every child process is reaped.
+    with contextlib.suppress(ValueError):  # not in the main thread
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+# --- mcp -----------------------------------------------------------------------------------
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import anyio
+
+    from .mcp_server import claim_stdio, serve_stdio
+
+    # First, before the executor starts a thread or child: nothing may reach fd 1 but us.
+    wire = claim_stdio()
+    _terminate_as_interrupt()
+    try:
+        ex = make_executor(args)
+    except Exception as exc:
+        _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+        return EXIT_FAILURE
+    try:
+        anyio.run(serve_stdio, ex, wire)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ex.close()
+    return EXIT_OK
+
+
+# --- serve ---------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_tokens(path: str) -> dict[str, str]:
+    from .mcp_server import parse_tokens
+
+    file = Path(path).expanduser()
+    text = file.read_text(encoding="utf-8")
+    if os.name == "posix" and file.stat().st_mode & 0o077:
+        _say(f"warning: {path} is readable by other users; consider 'chmod 600 {path}'.")
+    return parse_tokens(text, source=str(path))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from .mcp_server import BearerTenantApp, TokenFileError, make_tenant, serve_http
+
+    env_token = (os.environ.get("COORDEX_TOKEN") or "").strip() or None
+    root = base_root(args.home)
+    named: dict[str, str]
+    if args.tokens:
+        try:
+            named = _read_tokens(args.tokens)
+        except (OSError, TokenFileError) as exc:
+            _say(f"cannot use --tokens {args.tokens!r}: {exc}")
+            return EXIT_USAGE
+        if env_token:
+            _say("warning: --tokens replaces COORDEX_TOKEN; that token is not accepted.")
+    elif env_token:
+        named = {"": env_token}
+    elif not is_loopback(args.host):
+        _say(
+            f"refusing to serve on non-loopback host {args.host!r} without a token. "
+            "Set COORDEX_TOKEN or pass --tokens FILE, or bind --host 127.0.0.1."
+        )
+        return EXIT_USAGE
+    else:
+        token = secrets.token_urlsafe(32)
+        named = {"": token}
+        _say("COORDEX_TOKEN is not set; this run's bearer token (shown once):")
+        print(f"  {token}", file=sys.stderr, flush=True)
+
+    _terminate_as_interrupt()
+    tenants = []
+    try:
+        for name, token in named.items():
+            if name:
+                ex = make_executor(args, root=root / "tenants" / name, envs_dir=root / "envs")
+            else:  # the single COORDEX_TOKEN tenant lives in root itself
+                ex = make_executor(args, root=root)
+            tenants.append(make_tenant(name or "default", token, ex, args.host, args.allowed_host))
+    except Exception as exc:
+        for tenant in tenants:
+            tenant.executor.close()
+        _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+        return EXIT_FAILURE
+
+    app = BearerTenantApp(tenants)
+
+    def ready(host: str, port: int) -> None:
+        shown = f"[{host}]" if ":" in host else host
+        _say(f"serving MCP on http://{shown}:{port}/mcp ({len(tenants)} tenant(s))")
+
+    try:
+        anyio.run(serve_http, app, args.host, args.port, ready)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        _say(f"cannot serve on {args.host}:{args.port}: {exc}")
+        return EXIT_FAILURE
+    finally:
+        # The app's lifespan closes executors on a clean shutdown; closing twice is safe.
+        for tenant in tenants:
+            with contextlib.suppress(Exception):
+                tenant.executor.close()
+    return EXIT_OK
+
+
+# --- env -----------------------------------------------------------------------------------
+
+
+def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _environments(ex: Any) -> Any:
+    from .tools import environments_of
+
+    envs = environments_of(ex)
+    if envs is None:
+        _say("this coordex build has no environment support yet.")
+    return envs
+
+
+def cmd_env_list(args: argparse.Namespace) -> int:
+    with open_executor(args) as ex:
+        envs = _environments(ex)
+        if envs is None:
+            return EXIT_FAILURE
+        listing = envs.list()
+    if _is_error(listing):
+        _show_error(listing)
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(listing, indent=2))
+    elif not listing.get("environments"):
+        print("No environments yet. Create one with execute_code(venv_id=...) after "
+              "environments.create(spec), or the create_environment tool.")
+    else:
+        _print_table(listing["environments"],
+                     ("venv_id", "name", "built", "spec_hash", "last_used_at"))
+    return EXIT_OK
+
+
+def _print_build_line(stream: str, text: str) -> None:
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    sys.stderr.flush()
+
+
+def cmd_env_build(args: argparse.Namespace) -> int:
+    from .tools import build_environment
+
+    with open_executor(args) as ex:
+        envs = _environments(ex)
+        if envs is None:
+            return EXIT_FAILURE
+        _say(f"building environment {args.venv_id} with uv ...")
+        result = build_environment(envs, args.venv_id, _print_build_line)
+    if _is_error(result):
+        _show_error(result)
+        return EXIT_FAILURE
+    _say(f"environment {args.venv_id} is built.")
+    print(json.dumps(result, indent=2))
+    return EXIT_OK
+
+
+def cmd_env_remove_unused(args: argparse.Namespace) -> int:
+    with open_executor(args) as ex:
+        envs = _environments(ex)
+        if envs is None:
+            return EXIT_FAILURE
+        remove = getattr(envs, "remove_unused", None)
+        if remove is None:
+            _say("this coordex build cannot remove unused environments yet.")
+            return EXIT_FAILURE
+        result = remove()
+    if _is_error(result):
+        _show_error(result)
+        return EXIT_FAILURE
+    print(json.dumps(result, indent=2))
+    return EXIT_OK
+
+
+# --- functions -----------------------------------------------------------------------------
+
+
+def _library(ex: Any) -> Any:
+    from .tools import library_of
+
+    lib = library_of(ex)
+    if lib is None:
+        _say("this coordex build has no stored-function library yet.")
+    return lib
+
+
+def cmd_functions_list(args: argparse.Namespace) -> int:
+    with open_executor(args) as ex:
+        lib = _library(ex)
+        if lib is None:
+            return EXIT_FAILURE
+        listing = lib.list()
+    if _is_error(listing):
+        _show_error(listing)
+        return EXIT_FAILURE
+    functions = listing.get("functions", []) if isinstance(listing, dict) else list(listing)
+    if args.json:
+        print(json.dumps({"functions": functions}, indent=2, default=str))
+    elif not functions:
+        print("No stored functions yet. Define one with @ex.functions.define().")
+    else:
+        rows = [f if isinstance(f, dict) else {"name": str(f)} for f in functions]
+        _print_table(rows, ("name", "version", "venv_id", "defined_at"))
+    return EXIT_OK
+
+
+def cmd_functions_show(args: argparse.Namespace) -> int:
+    with open_executor(args) as ex:
+        lib = _library(ex)
+        if lib is None:
+            return EXIT_FAILURE
+        show = getattr(lib, "show", None)
+        if show is not None:
+            record = show(args.name)
+        else:
+            try:
+                fn = lib[args.name]
+            except KeyError:
+                _say(f"no stored function named {args.name!r}; see 'coordex functions list'.")
+                return EXIT_FAILURE
+            record = {k: getattr(fn, k) for k in ("name", "version", "env", "source")
+                      if hasattr(fn, k)}
+    if _is_error(record):
+        _show_error(record)
+        return EXIT_FAILURE
+    source = record.get("source") if isinstance(record, dict) else None
+    meta = {k: v for k, v in record.items() if k != "source"}
+    print(json.dumps(meta, indent=2, default=str))
+    if source:
+        print()
+        print(source.rstrip("\n"))
+    return EXIT_OK
+
+
+# --- demo, version -------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(home=args.home, keep=args.keep)
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"coordex {__version__}")
+    return EXIT_OK
+
+
+# --- parser --------------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535 (0 picks a free port), got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", metavar="DIR",
+                        help="data folder (default: $COORDEX_HOME, else the user data dir)")
+    limits = argparse.ArgumentParser(add_help=False)
+    limits.add_argument("--max-sessions", type=_positive_int, metavar="N",
+                        help="sessions alive at once (default 20)")
+    limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                        help="default per-call timeout (default 60)")
+
+    parser = argparse.ArgumentParser(
+        prog="coordex",
+        description="One execute_code tool for LLM agents: Python or bash; stateless, "
+        "stateful or read-only; in the agent's own interpreter or a uv-built environment.",
+        epilog="Try 'coordex demo' for a walkthrough of the four coordinates.",
+    )
+    parser.add_argument("--version", action="version", version=f"coordex {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("mcp", parents=[common, limits], help="serve MCP over stdio",
+                       description="Serve the coordex tools over MCP stdio (for a client "
+                       "that starts this process).")
+    p.set_defaults(func=cmd_mcp)
+
+    p = sub.add_parser("serve", parents=[common, limits], help="serve MCP over streamable HTTP",
+                       description="Serve the coordex tools over streamable HTTP at /mcp. Every "
+                       "request needs 'Authorization: Bearer <token>' (COORDEX_TOKEN, or a "
+                       "generated one printed once).")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free)")
+    p.add_argument("--tokens", metavar="FILE",
+                   help="tenants file: lines 'NAME TOKEN'; each tenant gets its own executor "
+                   "under HOME/tenants/NAME (replaces COORDEX_TOKEN)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="extra Host name clients may use (DNS-rebinding protection)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", parents=[common], help="run the four-coordinate walkthrough",
+                       description="Run the walkthrough for real: bash, a stateful audit "
+                       "session, a read-only look, a dedicated environment, a stored function "
+                       "and a wrong coordinate. Uses a temporary data folder unless "
+                       "--home/COORDEX_HOME is set.")
+    p.add_argument("--keep", action="store_true", help="keep the temporary data folder")
+    p.set_defaults(func=cmd_demo)
+
+    env = sub.add_parser("env", help="list, build or clean dedicated environments")
+    env_sub = env.add_subparsers(dest="env_command", metavar="ACTION", required=True)
+    p = env_sub.add_parser("list", parents=[common], help="list environments")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=cmd_env_list)
+    p = env_sub.add_parser("build", parents=[common], help="build an environment now")
+    p.add_argument("venv_id", type=int, metavar="ID", help="venv_id from 'coordex env list'")
+    p.set_defaults(func=cmd_env_build)
+    p = env_sub.add_parser("remove-unused", parents=[common],
+                           help="delete built environments no registered spec uses")
+    p.set_defaults(func=cmd_env_remove_unused)
+
+    fns = sub.add_parser("functions", help="list or show stored functions (the library)")
+    fn_sub = fns.add_subparsers(dest="functions_command", metavar="ACTION", required=True)
+    p = fn_sub.add_parser("list", parents=[common], help="list stored functions")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=cmd_functions_list)
+    p = fn_sub.add_parser("show", parents=[common], help="show one stored function")
+    p.add_argument("name", help="the function's name")
+    p.set_defaults(func=cmd_functions_show)
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=cmd_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        code: int = args.func(args)
+        return code
+    except KeyboardInterrupt:
+        _say("interrupted.")
+        return 130
+
+
+__all__ = ["base_root", "build_parser", "is_loopback", "main", "make_executor"]

@@ -1,0 +1,479 @@
+"""The MCP front end: coordex's tools over stdio (``coordex mcp``) and streamable HTTP
+(``coordex serve``).
+
+A thin layer. :func:`build_server` makes one low-level MCP ``Server`` over one
+:class:`~coordex.Executor`: ``tools/list`` renders :mod:`coordex.tools` (the one source
+of the descriptions and schemas) and ``tools/call`` hands the raw arguments to
+:func:`coordex.tools.call_tool` in a worker thread, because the executor blocks. The
+low-level server is used rather than ``MCPServer`` on purpose: ``MCPServer`` validates
+arguments itself and answers a bad one with its generic "Error executing tool" text,
+while a model must get the SPEC error dict (``error``/``error_type``/``suggestion``)
+that names the fix.
+
+Every result - success or error - becomes a tool result: the dict as structured
+content, the same dict as JSON text (image data replaced by a pointer to the image
+blocks, so a model is not fed base64), each image as MCP image content, and
+``isError`` when the dict is an error. Output produced while a call runs reaches the
+client as progress notifications carrying the newest output.
+
+Stdio: before anything else starts, :func:`claim_stdio` moves the wire to private
+descriptors and points fd 1 at stderr and fd 0 at /dev/null, so ``os.write(1, ...)``
+or a child process can never write into the protocol stream.
+
+HTTP: :class:`BearerTenantApp` checks ``Authorization: Bearer <token>`` on every
+request (constant-time, a wrong token answered exactly like a missing one) and hands
+the request to the token's tenant: its own ``Server``, session manager and
+``Executor``, so no tenant can reach another's sessions, not even by replaying an MCP
+session id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import io
+import json
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from . import __version__
+from .core.errors import make_error
+from .tools import TOOL_NAMES, call_tool, environments_of, tool_definitions
+
+# How often progress notifications may be sent while output streams in, and how much
+# of the newest output each one carries.
+PROGRESS_INTERVAL = 0.25
+PROGRESS_TAIL_CHARS = 1000
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+ENVIRONMENT_TOOLS = ("list_environments", "create_environment")
+
+INSTRUCTIONS = (
+    "coordex runs Python or bash code for you. Use execute_code with state_mode='stateful' "
+    "and a session_name for work of several steps, 'stateless' for one-off checks and "
+    "'read_only' to look at a session without changing it. Errors carry a 'suggestion': "
+    "follow it."
+)
+
+
+# --- results ---------------------------------------------------------------------------
+
+
+def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
+    """A coordex result or error dict as an MCP tool result."""
+    images = [img for img in record.get("images") or [] if isinstance(img, dict)]
+    text_view = dict(record)
+    if images:
+        text_view["images"] = [
+            {"mime": img.get("mime", "image/png"), "data": f"<image content block {i + 1}>"}
+            for i, img in enumerate(images)
+        ]
+    content: list[types.TextContent | types.ImageContent] = [
+        types.TextContent(
+            type="text", text=json.dumps(text_view, ensure_ascii=False, default=str)
+        )
+    ]
+    for img in images:
+        content.append(
+            types.ImageContent(
+                type="image", data=str(img.get("data", "")), mime_type=img.get("mime", "image/png")
+            )
+        )
+    # Round-trip through JSON so the structured content is exactly what a client decodes.
+    structured = json.loads(json.dumps(record, default=str))
+    return types.CallToolResult(
+        content=list(content), structured_content=structured, is_error="error_type" in record
+    )
+
+
+def internal_error(exc: BaseException) -> dict[str, Any]:
+    """A bug in coordex itself, still reported as a tool result a model can act on."""
+    return make_error(
+        "crashed",
+        f"coordex failed internally: {type(exc).__name__}: {exc}",
+        "Retry the call once; if it fails again, continue without the session's state "
+        "(it may be lost) and report the problem to the operator.",
+        state_lost=True,
+    )
+
+
+# --- progress --------------------------------------------------------------------------
+
+
+class OutputRelay:
+    """Collects output chunks from the executor's threads for the async progress pump.
+
+    ``on_output`` must return at once (it runs on the executor's reader threads), so it
+    only records; the pump sends at most one notification per interval with the newest
+    output, and ``progress`` is the number of characters seen so far (always rising).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen = 0
+        self._sent = 0
+        self._tail = ""
+
+    def __call__(self, stream: str, text: str) -> None:
+        with self._lock:
+            self._seen += len(text)
+            prefix = "" if stream in ("stdout", "") else f"[{stream}] "
+            self._tail = (self._tail + prefix + text)[-PROGRESS_TAIL_CHARS:]
+
+    def take(self) -> tuple[int, str] | None:
+        with self._lock:
+            if self._seen == self._sent:
+                return None
+            self._sent = self._seen
+            return self._seen, self._tail
+
+
+async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
+    while True:
+        await anyio.sleep(PROGRESS_INTERVAL)
+        update = relay.take()
+        if update is not None:
+            progress, message = update
+            # A no-op when the client sent no progress token.
+            await ctx.session.report_progress(float(progress), None, message)
+
+
+# --- the server ------------------------------------------------------------------------
+
+
+def available_tools(executor: Any) -> list[str]:
+    """Tool names this executor can serve (environment tools need ``ex.environments``)."""
+    has_envs = environments_of(executor) is not None
+    return [n for n in TOOL_NAMES if has_envs or n not in ENVIRONMENT_TOOLS]
+
+
+async def run_tool(
+    executor: Any, name: str, arguments: dict[str, Any] | None,
+    ctx: ServerRequestContext[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """Run one tool call in a worker thread, relaying output as progress.
+
+    If the request is cancelled and the executor's ``execute_code`` accepts a
+    ``cancel`` event, the event is set so the running code is interrupted; otherwise
+    the call finishes in the background (bounded by its timeout) and its result is
+    dropped.
+    """
+    relay = OutputRelay()
+    cancel = threading.Event()
+
+    def work() -> dict[str, Any]:
+        return call_tool(executor, name, arguments, on_output=relay, cancel=cancel)
+
+    def guarded() -> dict[str, Any]:
+        try:
+            return work()
+        except Exception as exc:  # a coordex bug must still reach the model as data
+            return internal_error(exc)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            if ctx is not None:
+                tg.start_soon(_pump_progress, ctx, relay)
+            try:
+                result = await anyio.to_thread.run_sync(guarded, abandon_on_cancel=True)
+            finally:
+                tg.cancel_scope.cancel()
+    except anyio.get_cancelled_exc_class():
+        cancel.set()
+        raise
+    return result
+
+
+def build_server(executor: Any, name: str = "coordex") -> Server[Any]:
+    """A low-level MCP server exposing coordex's tools over ``executor``."""
+    tool_names = available_tools(executor)
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        defs = tool_definitions("mcp", names=tool_names)
+        assert isinstance(defs, list)  # the names come from TOOL_NAMES
+        return types.ListToolsResult(tools=[types.Tool.model_validate(d) for d in defs])
+
+    async def call(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if params.name in TOOL_NAMES and params.name not in tool_names:
+            record = make_error(
+                "validation",
+                f"Tool {params.name!r} is not available on this server.",
+                f"Call one of {', '.join(repr(n) for n in tool_names)}.",
+            )
+            return to_tool_result(record)
+        record = await run_tool(executor, params.name, params.arguments, ctx)
+        return to_tool_result(record)
+
+    def input_schema(tool: str) -> dict[str, Any] | None:
+        # Used by the SDK only for header validation; the schema is the tools.py one.
+        defs = tool_definitions("mcp", names=[tool]) if tool in tool_names else []
+        return defs[0]["inputSchema"] if isinstance(defs, list) and defs else None
+
+    return Server(
+        name,
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        get_tool_input_schema=input_schema,
+        on_list_tools=list_tools,
+        on_call_tool=call,
+    )
+
+
+# --- stdio -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WireFds:
+    """The private descriptors that carry the stdio protocol after :func:`claim_stdio`."""
+
+    read_fd: int
+    write_fd: int
+
+
+def claim_stdio() -> WireFds:
+    """Move the protocol off fds 0/1 so nothing else can read or write it.
+
+    The wire is duplicated to private, close-on-exec descriptors (children never
+    inherit them); fd 1 then points at stderr and fd 0 at /dev/null, so stray writes to
+    fd 1 (``os.write(1, ...)``, a child's stdout) land on stderr and a stray read gets
+    end-of-file. Call it first thing, before any thread or child process starts.
+    """
+    sys.stdout.flush()
+    read_fd = os.dup(0)  # os.dup returns a non-inheritable descriptor
+    write_fd = os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+    finally:
+        os.close(null)
+    os.dup2(2, 1)
+    return WireFds(read_fd, write_fd)
+
+
+async def serve_stdio(executor: Any, wire: WireFds) -> None:
+    """Serve one MCP client over the claimed descriptors until it closes stdin."""
+    server = build_server(executor)
+    # closefd=False: the SDK's reader thread may still block on the descriptor at exit.
+    reader = io.TextIOWrapper(
+        os.fdopen(wire.read_fd, "rb", closefd=False), encoding="utf-8", errors="replace"
+    )
+    writer = io.TextIOWrapper(
+        os.fdopen(wire.write_fd, "wb", closefd=False), encoding="utf-8", write_through=True
+    )
+    async with stdio_server(stdin=anyio.wrap_file(reader), stdout=anyio.wrap_file(writer)) as (
+        read_stream,
+        write_stream,
+    ):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+# --- HTTP ------------------------------------------------------------------------------
+
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class TokenFileError(ValueError):
+    """A ``--tokens`` file that cannot be used; the message names the line and the fix."""
+
+
+def parse_tokens(text: str, source: str = "tokens file") -> dict[str, str]:
+    """``NAME TOKEN`` lines → {name: token}. Blank lines and ``#`` comments are skipped."""
+    tenants: dict[str, str] = {}
+    seen_tokens: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise TokenFileError(
+                f"{source}, line {number}: expected 'NAME TOKEN', got {len(parts)} field(s)."
+            )
+        name, token = parts
+        if not TENANT_NAME.match(name):
+            raise TokenFileError(
+                f"{source}, line {number}: tenant name {name!r} must be letters, digits, "
+                "'_', '.' or '-' (starting with a letter or digit, at most 64 characters)."
+            )
+        if name in tenants:
+            raise TokenFileError(f"{source}, line {number}: tenant {name!r} is listed twice.")
+        if token in seen_tokens:
+            raise TokenFileError(
+                f"{source}, line {number}: tenant {name!r} reuses another tenant's token; "
+                "every tenant needs its own."
+            )
+        tenants[name] = token
+        seen_tokens.add(token)
+    if not tenants:
+        raise TokenFileError(f"{source}: no 'NAME TOKEN' lines found.")
+    return tenants
+
+
+@dataclass
+class Tenant:
+    name: str
+    token: str
+    executor: Any
+    manager: StreamableHTTPSessionManager
+
+
+def security_settings(host: str, extra_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """DNS-rebinding protection: only loopback names (and the bound host) may be used."""
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    for name in [host, *extra_hosts]:
+        if name in LOOPBACK_HOSTS or name in ("0.0.0.0", "::", ""):
+            continue
+        shown = f"[{name}]" if ":" in name else name
+        hosts += [shown, f"{shown}:*"]
+        origins += [f"http://{shown}:*", f"https://{shown}:*", f"https://{shown}"]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+class BearerTenantApp:
+    """ASGI app: Bearer check on every request, then the token's tenant's MCP endpoint.
+
+    Every configured token is compared (``hmac.compare_digest``) so the time taken does
+    not reveal which, if any, matched a prefix. The lifespan runs every tenant's session
+    manager and closes the executors on shutdown.
+    """
+
+    def __init__(self, tenants: Sequence[Tenant], path: str = "/mcp") -> None:
+        self.tenants = list(tenants)
+        self.path = path.rstrip("/") or "/"
+
+    def tenant_for(self, authorization: str | None) -> Tenant | None:
+        presented = b""
+        if authorization:
+            scheme, _, credentials = authorization.partition(" ")
+            if scheme.lower() == "bearer":
+                presented = credentials.strip().encode("utf-8", "replace")
+        found: Tenant | None = None
+        for tenant in self.tenants:
+            if hmac.compare_digest(presented, tenant.token.encode("utf-8")) and presented:
+                found = tenant
+        return found
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        tenant = self.tenant_for(headers.get("authorization"))
+        if tenant is None:
+            await _plain_response(
+                send, 401, "Unauthorized: send 'Authorization: Bearer <token>'.\n",
+                [(b"www-authenticate", b'Bearer realm="coordex"')],
+            )
+            return
+        if scope["path"].rstrip("/") != self.path:
+            await _plain_response(send, 404, f"Not found: the MCP endpoint is {self.path}\n")
+            return
+        await tenant.manager.handle_request(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        message = await receive()
+        assert message["type"] == "lifespan.startup"
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                for tenant in self.tenants:
+                    await stack.enter_async_context(tenant.manager.run())
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+            message = await receive()
+        for tenant in self.tenants:
+            with contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(tenant.executor.close)
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+async def _plain_response(
+    send: Any, status: int, text: str, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    body = text.encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            *extra,
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+def make_tenant(
+    name: str, token: str, executor: Any, host: str, extra_hosts: Sequence[str] = ()
+) -> Tenant:
+    server = build_server(executor)
+    manager = StreamableHTTPSessionManager(
+        app=server, security_settings=security_settings(host, extra_hosts)
+    )
+    return Tenant(name, token, executor, manager)
+
+
+ExecutorFactory = Callable[[Path | None], Any]
+
+
+def tenant_roots(base: Path, names: Sequence[str]) -> dict[str, Path]:
+    """Each named tenant's root: ``base/tenants/NAME``."""
+    return {name: base / "tenants" / name for name in names}
+
+
+async def serve_http(app: BearerTenantApp, host: str, port: int,
+                     on_ready: Callable[[str, int], None] | None = None) -> None:
+    """Run ``app`` under uvicorn until interrupted; ``on_ready(host, port)`` once bound."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+
+    async def announce() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            await anyio.sleep(0.05)
+        bound = port
+        for srv in getattr(server, "servers", []):
+            for sock in srv.sockets:
+                bound = sock.getsockname()[1]
+                break
+        if on_ready is not None:
+            on_ready(host, bound)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(announce)
+        await server.serve()
+        tg.cancel_scope.cancel()
+
+
+__all__ = [
+    "BearerTenantApp", "OutputRelay", "Tenant", "TokenFileError", "WireFds", "available_tools",
+    "build_server", "claim_stdio", "internal_error", "make_tenant", "parse_tokens", "run_tool",
+    "security_settings", "serve_http", "serve_stdio", "tenant_roots", "to_tool_result",
+]
