@@ -280,9 +280,11 @@ class Executor:
             record = dict(error)
             record.setdefault("session", session)
             record.setdefault("state_mode", coordinate.state_mode)
-            for key in ("isolation", "retried", "images", "result", "exit_code"):
+            for key in ("isolation", "retried"):
                 if key in outcome and key not in record:
                     record[key] = outcome[key]
+            if outcome.get("images"):
+                record.setdefault("images", outcome["images"])
             if outcome.get("state_lost"):
                 record["state_lost"] = True
             record["duration_ms"] = _ms(started)

@@ -140,32 +140,21 @@ class _RoutedStdin(io.TextIOBase):
         return getattr(self._target(), item)
 
 
-_install_count = 0
-_install_lock = threading.Lock()
+@contextlib.contextmanager
+def _routed_streams() -> Iterator[None]:
+    """Route sys.stdout/stderr/stdin through per-thread captures for one call.
 
-
-def install_stream_proxies() -> None:
-    """Route sys.stdout/stderr/stdin through per-thread captures (reference counted)."""
-    global _install_count
-    with _install_lock:
-        _install_count += 1
-        if _install_count == 1:
-            sys.stdout = _RoutedStream("stdout", sys.stdout)
-            sys.stderr = _RoutedStream("stderr", sys.stderr)
-            sys.stdin = _RoutedStdin(sys.stdin)
-
-
-def uninstall_stream_proxies() -> None:
-    global _install_count
-    with _install_lock:
-        if _install_count == 0:
-            return
-        _install_count -= 1
-        if _install_count == 0:
-            for name in ("stdout", "stderr", "stdin"):
-                current = getattr(sys, name)
-                if isinstance(current, (_RoutedStream, _RoutedStdin)):
-                    setattr(sys, name, current.original)
+    Installed per call, not once, because hosts (test runners, notebooks, servers)
+    replace ``sys.stdout`` whenever they like; whatever is there is wrapped and put back.
+    """
+    saved = (sys.stdout, sys.stderr, sys.stdin)
+    sys.stdout = _RoutedStream("stdout", saved[0])  # type: ignore[assignment]
+    sys.stderr = _RoutedStream("stderr", saved[1])  # type: ignore[assignment]
+    sys.stdin = _RoutedStdin(saved[2])  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr, sys.stdin = saved
 
 
 class _FdCapture:
@@ -364,7 +353,6 @@ class OwnInterpreter:
     """Runs Python cells in this process. One instance per Executor."""
 
     def __init__(self) -> None:
-        install_stream_proxies()
         self._fds = _FdCapture()
         self._closed = False
         self._stateless_runners: list[_Runner] = []
@@ -438,7 +426,7 @@ class OwnInterpreter:
         if not OWN_LOCK.acquire(timeout=request.timeout):
             return _own_busy(out, err)
         try:
-            with _session_process_state(session):
+            with _session_process_state(session), _routed_streams():
                 self._fds.start()
                 try:
                     runner.submit(job)
@@ -561,7 +549,6 @@ class OwnInterpreter:
         for runner in self._stateless_runners:
             runner.close()
         self._fds.close()
-        uninstall_stream_proxies()
 
 
 def _forked_child(session: NamespaceSession, request: RunRequest,

@@ -1,0 +1,48 @@
+"""Shared fixtures: an Executor on a throwaway root, closed (and checked) after each test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordex import Executor
+
+
+def child_pids(pid: int | None = None) -> set[int]:
+    """Every live descendant of ``pid`` (default: this process), from /proc."""
+    pid = os.getpid() if pid is None else pid
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == b"Z":
+            continue
+        parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier and c not in found}
+        found |= frontier
+    return found
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "coordex-home"
+
+
+@pytest.fixture
+def ex(root: Path) -> Iterator[Executor]:
+    executor = Executor(root=root, timeout=30)
+    try:
+        yield executor
+    finally:
+        executor.close()

@@ -1,0 +1,308 @@
+"""Python in the agent's own interpreter, through the public Executor API."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coordex import Executor
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_session_zero_is_the_plan_namespace(ex: Executor) -> None:
+    ex.plan_namespace["ledger"] = [1, 2, 3]
+    r = ex.execute_code("total = sum(ledger)\ntotal", state_mode="stateful")
+    assert r["result"] == "6"
+    assert r["session"] == {"language": "python", "venv_id": None, "session_id": 0,
+                            "session_name": None}
+    assert ex.plan_namespace["total"] == 6
+
+
+def test_named_sessions_are_separate_namespaces(ex: Executor) -> None:
+    ex.execute_code("x = 'plan'", state_mode="stateful")
+    ex.execute_code("x = 'audit'", state_mode="stateful", session_name="audit")
+    assert ex.execute_code("x", state_mode="stateful", session_name="audit")["result"] == "'audit'"
+    assert ex.execute_code("x", state_mode="stateful")["result"] == "'plan'"
+    r = ex.execute_code("x", state_mode="stateless")
+    assert r["error_type"] == "execution" and r["exception"] == "NameError"
+
+
+def test_result_follows_ipython_rules(ex: Executor) -> None:
+    assert ex.execute_code("1 + 1")["result"] == "2"
+    assert ex.execute_code("1 + 1;")["result"] is None
+    assert ex.execute_code("None")["result"] is None
+    assert ex.execute_code("x = 3")["result"] is None
+    assert ex.execute_code("'a' * 10")["result"] == repr("a" * 10)
+
+
+def test_long_result_is_shortened_in_the_middle(root: Path) -> None:
+    with Executor(root=root, output_limit=1000) as small:
+        r = small.execute_code("list(range(100000))")
+        assert r["result"].startswith("[0, 1, 2") and r["result"].endswith("99999]")
+        assert len(r["result"]) < 1200
+
+
+def test_print_stderr_and_child_process_output_are_captured(ex: Executor) -> None:
+    r = ex.execute_code(
+        "import sys, os, subprocess\n"
+        "print('out')\n"
+        "print('err', file=sys.stderr)\n"
+        "os.write(1, b'fd1\\n')\n"
+        "subprocess.run(['sh', '-c', 'echo child; echo childerr >&2'])\n")
+    assert r["stdout"] == "out\nfd1\nchild\n"
+    assert r["stderr"] == "err\nchilderr\n"
+    assert r["truncated"] is False and r["exit_code"] is None
+
+
+def test_huge_output_is_truncated_keeping_head_and_tail(root: Path) -> None:
+    with Executor(root=root, output_limit=2000) as small:
+        r = small.execute_code("for i in range(200000): print(i)")
+        assert r["truncated"] is True
+        assert r["stdout"].startswith("0\n1\n") and r["stdout"].endswith("199999\n")
+        assert len(r["stdout"]) < 2200
+
+
+def test_exceptions_become_execution_errors_and_the_session_survives(ex: Executor) -> None:
+    ex.execute_code("keep = 41", state_mode="stateful", session_name="s")
+    r = ex.execute_code("print('before')\nraise ValueError('bad value')",
+                        state_mode="stateful", session_name="s")
+    assert r["error_type"] == "execution"
+    assert r["exception"] == "ValueError"
+    assert "bad value" in r["error"]
+    assert "ValueError: bad value" in r["traceback"]
+    assert "_coordex_engine" not in r["traceback"]
+    assert r["stdout"] == "before\n"
+    assert r["suggestion"]
+    assert ex.execute_code("keep + 1", state_mode="stateful", session_name="s")["result"] == "42"
+
+
+@pytest.mark.parametrize(("code", "exception"), [
+    ("def f(:\n  pass", "SyntaxError"),
+    ("import sys; sys.exit(3)", "SystemExit"),
+    ("raise SystemExit", "SystemExit"),
+    ("exit()", "SystemExit"),
+    ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+])
+def test_syntax_error_and_exits_never_end_the_host(ex: Executor, code: str, exception: str) -> None:
+    r = ex.execute_code(code, state_mode="stateful")
+    assert r["error_type"] in ("execution", "timeout")
+    if r["error_type"] == "execution":
+        assert r["exception"] == exception
+    assert ex.execute_code("'alive'")["result"] == "'alive'"
+
+
+def test_input_raises_eof_and_children_read_eof(ex: Executor) -> None:
+    r = ex.execute_code("input('name? ')")
+    assert r["exception"] == "EOFError"
+    r = ex.execute_code("import subprocess\nsubprocess.run(['cat'], capture_output=True, timeout=5).stdout")
+    assert r["result"] == "b''"
+
+
+def test_timeout_interrupts_and_keeps_state(ex: Executor) -> None:
+    ex.execute_code("count = 0", state_mode="stateful", session_name="t")
+    started = time.monotonic()
+    r = ex.execute_code("while True:\n    count += 1", state_mode="stateful",
+                        session_name="t", timeout=0.5)
+    assert time.monotonic() - started < 3
+    assert r["error_type"] == "timeout" and r["state_lost"] is False
+    assert "state kept" in r["suggestion"]
+    r = ex.execute_code("count > 0", state_mode="stateful", session_name="t")
+    assert r["result"] == "True"
+
+
+def test_code_stuck_outside_bytecode_never_hangs_the_caller(ex: Executor) -> None:
+    started = time.monotonic()
+    r = ex.execute_code("import time; time.sleep(4)", state_mode="stateful",
+                        session_name="stuck", timeout=0.3)
+    assert r["error_type"] == "timeout" and r["state_lost"] is False
+    assert "still busy" in r["suggestion"]
+    assert time.monotonic() - started < 3.5
+    again = ex.execute_code("1", state_mode="stateful", session_name="stuck")
+    assert again["error_type"] == "timeout" and "still busy" in again["error"]
+    assert time.monotonic() - started < 3.8
+    assert ex.execute_code("2", state_mode="stateful", session_name="other")["result"] == "2"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = ex.execute_code("'done'", state_mode="stateful", session_name="stuck")
+        if "result" in r:
+            break
+        time.sleep(0.2)
+    assert r["result"] == "'done'"
+
+
+def test_read_only_copy_is_deep_and_names_cannot_be_rebound(ex: Executor) -> None:
+    ex.execute_code("rows = [{'n': i} for i in range(5)]\nflag = 'orig'",
+                    state_mode="stateful", session_name="audit")
+    r = ex.execute_code("rows.append({'n': 99}); rows[0]['n'] = -1; flag = 'changed'\n"
+                        "import os\nos.chdir('/')\nlen(rows)",
+                        state_mode="read_only", session_name="audit")
+    assert r["result"] == "6"
+    assert r["isolation"]["names"] is True and r["isolation"]["objects"] is True
+    assert r["isolation"]["files"] in ("discarded", "refused", "none")
+    after = ex.execute_code("len(rows), rows[0]['n'], flag", state_mode="stateful",
+                            session_name="audit")
+    assert after["result"] == "(5, 0, 'orig')"
+
+
+def test_read_only_reports_isolation_on_errors_and_timeouts(ex: Executor) -> None:
+    ex.execute_code("x = 1", state_mode="stateful", session_name="ro")
+    r = ex.execute_code("1/0", state_mode="read_only", session_name="ro")
+    assert r["error_type"] == "execution" and r["isolation"]["objects"] is True
+    r = ex.execute_code("import time; time.sleep(30)", state_mode="read_only",
+                        session_name="ro", timeout=0.5)
+    assert r["error_type"] == "timeout" and r["state_lost"] is False
+    assert "isolation" in r
+    r = ex.execute_code("import os; os._exit(3)", state_mode="read_only", session_name="ro")
+    assert r["error_type"] == "crashed"
+    assert ex.execute_code("x", state_mode="stateful", session_name="ro")["result"] == "1"
+
+
+def test_read_only_needs_an_existing_session(ex: Executor) -> None:
+    r = ex.execute_code("1", state_mode="read_only", session_name="nope")
+    assert r["error_type"] == "not_found"
+    assert "state_mode='stateful'" in r["suggestion"]
+
+
+def test_read_only_in_a_host_with_busy_threads(ex: Executor) -> None:
+    """The fork copies only the calling thread; other threads' locks must not hang it."""
+    held = threading.Lock()
+    stop = threading.Event()
+    ex.plan_namespace["held"] = held
+
+    def chatter() -> None:
+        with held:
+            while not stop.is_set():
+                os.write(2, b"")
+                time.sleep(0.001)
+
+    thread = threading.Thread(target=chatter, daemon=True)
+    thread.start()
+    try:
+        ex.execute_code("data = list(range(10))", state_mode="stateful")
+        for _ in range(5):
+            r = ex.execute_code("data.clear(); print('in copy'); len(data)",
+                                state_mode="read_only", session_id=0)
+            assert r["result"] == "0" and r["stdout"] == "in copy\n"
+        # A lock held by another thread at fork time stays held in the copy: the copy is
+        # stopped at the timeout and the session is unaffected.
+        r = ex.execute_code("held.acquire()", state_mode="read_only", session_id=0,
+                            timeout=0.5)
+        assert r["error_type"] == "timeout"
+    finally:
+        stop.set()
+        thread.join()
+    assert ex.execute_code("len(data)", state_mode="stateful")["result"] == "10"
+
+
+def test_cwd_and_environment_are_kept_per_session(ex: Executor, tmp_path: Path) -> None:
+    host_cwd = os.getcwd()
+    ex.execute_code(f"import os; os.chdir({str(tmp_path)!r}); os.environ['COORDEX_T'] = 'a'",
+                    state_mode="stateful", session_name="a")
+    assert os.getcwd() == host_cwd and "COORDEX_T" not in os.environ
+    r = ex.execute_code("import os; os.getcwd(), os.environ.get('COORDEX_T')",
+                        state_mode="stateful", session_name="a")
+    assert r["result"] == repr((str(tmp_path), "a"))
+    r = ex.execute_code("import os; os.environ.get('COORDEX_T')", state_mode="stateful",
+                        session_name="b")
+    assert r["result"] is None
+
+
+def test_capabilities_are_globals_in_every_session(ex: Executor) -> None:
+    @ex.capability
+    def lookup(key: str) -> str:
+        return key.upper()
+
+    ex.capability(lambda: 7, name="seven")
+    assert ex.execute_code("lookup('a')", state_mode="stateful")["result"] == "'A'"
+    assert ex.execute_code("lookup('b')", state_mode="stateful", session_name="n")["result"] == "'B'"
+    assert ex.execute_code("seven()")["result"] == "7"
+    inspected = ex.inspect_session()
+    assert "lookup" not in [n["name"] for n in inspected["names"]]
+    assert inspected["capabilities"] == ["lookup", "seven"]
+
+
+def test_open_matplotlib_figure_comes_back_as_png(ex: Executor) -> None:
+    pytest.importorskip("matplotlib")
+    r = ex.execute_code("import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+                        "plt.plot([1, 2, 3])")
+    assert len(r["images"]) == 1
+    assert r["images"][0]["mime"] == "image/png"
+    import base64
+
+    assert base64.b64decode(r["images"][0]["data"]).startswith(b"\x89PNG")
+    assert ex.execute_code("1")["images"] == []
+
+
+def test_on_output_streams_before_the_call_returns(ex: Executor) -> None:
+    seen: list[tuple[str, str, float]] = []
+    started = time.monotonic()
+    r = ex.execute_code("import sys, time\nprint('first', flush=True)\ntime.sleep(0.5)\n"
+                        "print('second', file=sys.stderr)",
+                        on_output=lambda s, t: seen.append((s, t, time.monotonic())))
+    assert r["stdout"] == "first\n"
+    assert seen[0][0] == "stdout" and seen[0][2] - started < 0.4
+    assert "".join(t for s, t, _ in seen if s == "stdout") == "first\n"
+    assert "".join(t for s, t, _ in seen if s == "stderr") == "second\n"
+
+
+def test_inspect_and_provenance(ex: Executor) -> None:
+    ex.execute_code("a = 1\nb = 2", state_mode="stateful", session_name="p")
+    ex.execute_code("b = 3", state_mode="stateful", session_name="p")
+    ex.execute_code("c = [1]", state_mode="stateful", session_name="p")
+    report = ex.inspect_session(session_name="p")
+    names = {n["name"]: n for n in report["names"]}
+    assert set(names) == {"a", "b", "c"}
+    assert names["a"]["bound_at_call"] == 1 and names["a"]["calls_ago"] == 2
+    assert names["b"]["bound_at_call"] == 2 and names["b"]["calls_ago"] == 1
+    assert names["c"]["type"] == "list" and names["c"]["repr"] == "[1]"
+    again = ex.inspect_session(session_name="p")
+    assert again["names"] == report["names"]  # inspecting changes nothing
+
+
+def test_sessions_list_close_and_the_plan_cannot_be_closed(ex: Executor) -> None:
+    ex.execute_code("x = 1", state_mode="stateful", session_name="tmp")
+    listed = ex.list_sessions()
+    assert listed["max_sessions"] == 20
+    keys = {(s["language"], s["session_id"], s["session_name"]) for s in listed["sessions"]}
+    assert keys == {("python", 0, None), ("python", 1, "tmp")}
+    assert ex.close_session()["error_type"] == "validation"
+    assert ex.close_session(session_id=0)["error_type"] == "validation"
+    assert ex.close_session(session_name="tmp")["closed"] is True
+    assert ex.close_session(session_name="tmp")["error_type"] == "not_found"
+    assert len(ex.list_sessions()["sessions"]) == 1
+
+
+def test_capacity_is_enforced_across_languages(root: Path) -> None:
+    with Executor(root=root, max_sessions=2) as small:
+        assert "result" in small.execute_code("1", state_mode="stateful", session_name="one")
+        r = small.execute_code("1", state_mode="stateful", session_name="two")
+        assert r["error_type"] == "capacity" and len(r["sessions"]) == 2
+        small.close_session(session_name="one")
+        assert "result" in small.execute_code("1", state_mode="stateful", session_name="two")
+
+
+def test_calls_to_one_session_are_serialised(ex: Executor) -> None:
+    ex.execute_code("n = 0", state_mode="stateful", session_name="c")
+    code = "for _ in range(2000):\n    v = n\n    n = v + 1"
+
+    def work() -> None:
+        ex.execute_code(code, state_mode="stateful", session_name="c")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ex.execute_code("n", state_mode="stateful", session_name="c")["result"] == "8000"
+
+
+def test_closed_executor_returns_errors(root: Path) -> None:
+    executor = Executor(root=root)
+    executor.close()
+    executor.close()
+    assert executor.execute_code("1")["error_type"] == "validation"
