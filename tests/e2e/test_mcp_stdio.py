@@ -1,0 +1,180 @@
+"""``coordex mcp`` end to end: the SDK's client starts the real process over stdio."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.types import CallToolResult, ImageContent, TextContent
+
+from ._procs import child_env
+
+pytestmark = pytest.mark.timeout(120)
+
+Body = Callable[[ClientSession], Awaitable[None]]
+
+
+def run_session(home: Path, body: Body) -> None:
+    params = StdioServerParameters(command=sys.executable, args=["-m", "coordex", "mcp"],
+                                   env=child_env(home))
+
+    async def main() -> None:
+        # stdio_client terminates (and reaps) the server when the block exits.
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            with anyio.fail_after(90):
+                await body(session)
+
+    anyio.run(main)
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+def test_tools_are_listed_with_schemas_and_annotations(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        assert {"execute_code", "list_sessions", "inspect_session", "close_session"} <= set(tools)
+        schema = tools["execute_code"].input_schema
+        assert schema["required"] == ["code"]
+        props = schema["properties"]
+        assert props["language"]["enum"] == ["python", "bash"]
+        assert props["state_mode"]["enum"] == ["stateless", "stateful", "read_only"]
+        assert all(p.get("description") for p in props.values())
+        description = tools["execute_code"].description or ""
+        for mode in ("stateful", "stateless", "read_only"):
+            assert mode in description
+        for name in ("list_sessions", "inspect_session"):
+            annotations = tools[name].annotations
+            assert annotations is not None and annotations.read_only_hint is True
+        exec_annotations = tools["execute_code"].annotations
+        assert exec_annotations is not None and exec_annotations.read_only_hint is False
+
+    run_session(tmp_path, body)
+
+
+def test_stateful_then_read_only_then_inspect(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        loaded = await session.call_tool("execute_code", {
+            "code": "rows = list(range(5))\nlen(rows)", "state_mode": "stateful",
+            "session_name": "audit"})
+        assert not loaded.is_error
+        assert structured(loaded)["result"] == "5"
+        assert structured(loaded)["session"]["session_name"] == "audit"
+
+        looked = await session.call_tool("execute_code", {
+            "code": "rows.reverse(); rows.append(99); rows", "state_mode": "read_only",
+            "session_name": "audit"})
+        assert not looked.is_error, looked
+        record = structured(looked)
+        assert record["result"] == "[4, 3, 2, 1, 0, 99]"
+        assert record["isolation"]["names"] is True
+
+        inspected = await session.call_tool("inspect_session", {"session_name": "audit"})
+        names = {n["name"]: n for n in structured(inspected)["names"]}
+        assert names["rows"]["repr"] == "[0, 1, 2, 3, 4]"
+
+        listed = structured(await session.call_tool("list_sessions", {}))
+        assert any(s["session_name"] == "audit" for s in listed["sessions"])
+
+        # The text block carries the same dict as JSON.
+        assert isinstance(inspected.content[0], TextContent)
+        assert '"rows"' in inspected.content[0].text
+
+    run_session(tmp_path, body)
+
+
+def test_validation_errors_are_tool_results_with_the_error_dict(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        result = await session.call_tool("execute_code", {"code": "x", "state_mode": "read_only"})
+        assert result.is_error
+        record = structured(result)
+        assert record["error_type"] == "validation"
+        assert record["error"] == "Cannot use state_mode='read_only' without specifying a session."
+        assert "session_id or session_name" in record["suggestion"]
+
+        # Values the schema forbids still reach coordex and get its suggestion.
+        typo = await session.call_tool("execute_code", {"code": "1", "state_mode": "statefull"})
+        assert typo.is_error
+        assert "stateful" in structured(typo)["suggestion"]
+
+        unknown = await session.call_tool("execute_code", {"code": "1", "sesion_name": "a"})
+        assert unknown.is_error and structured(unknown)["error_type"] == "validation"
+        assert "session_name" in structured(unknown)["suggestion"]
+
+        closing_plan = await session.call_tool("close_session", {"session_id": 0})
+        assert closing_plan.is_error and structured(closing_plan)["error_type"] == "validation"
+
+        missing = await session.call_tool("inspect_session", {"session_name": "nope"})
+        assert missing.is_error and structured(missing)["error_type"] == "not_found"
+
+    run_session(tmp_path, body)
+
+
+def test_raw_fd1_writes_do_not_corrupt_the_protocol(tmp_path: Path) -> None:
+    code = (
+        "import os, subprocess, sys\n"
+        "os.write(1, b'garbage\\n')\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"from a child\")'])\n"
+        "print('printed')\n"
+    )
+
+    async def body(session: ClientSession) -> None:
+        result = await session.call_tool("execute_code", {"code": code})
+        assert not result.is_error, result
+        stdout = structured(result)["stdout"]
+        for text in ("garbage", "from a child", "printed"):
+            assert text in stdout
+        # The connection still works afterwards.
+        again = await session.call_tool("execute_code", {"code": "6 * 7"})
+        assert structured(again)["result"] == "42"
+
+    run_session(tmp_path, body)
+
+
+def test_progress_notifications_carry_new_output(tmp_path: Path) -> None:
+    code = "import time\nfor i in range(4):\n    print('step', i, flush=True)\n    time.sleep(.4)"
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async def body(session: ClientSession) -> None:
+        result = await session.call_tool("execute_code", {"code": code},
+                                         progress_callback=on_progress)
+        assert not result.is_error
+        assert messages, "no progress notification arrived during a 1.6 s run"
+        assert any("step" in m for m in messages)
+
+    run_session(tmp_path, body)
+
+
+def test_figures_come_back_as_image_content(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    code = (
+        "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+        "plt.plot([1, 3, 2])\nNone\n"
+    )
+
+    async def body(session: ClientSession) -> None:
+        result = await session.call_tool("execute_code", {"code": code})
+        assert not result.is_error, result
+        images = [c for c in result.content if isinstance(c, ImageContent)]
+        assert images, f"no image content in {result.content!r}"
+        assert images[0].mime_type == "image/png"
+        assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
+        record = structured(result)
+        assert record["images"][0]["data"] == images[0].data
+        # The text block points at the image instead of repeating the base64.
+        text = result.content[0]
+        assert isinstance(text, TextContent) and images[0].data not in text.text
+
+    run_session(tmp_path, body)
