@@ -1,0 +1,674 @@
+"""File protection for read-only calls (SPEC section 1, guarantee 3).
+
+:func:`protect` runs inside a freshly forked, single-threaded child, before any user
+code, and makes sure that nothing the child writes outside its scratch folder survives
+it. It tries the strongest mechanism first and reports the one that held:
+
+``"discarded"``
+    ``unshare(CLONE_NEWUSER | CLONE_NEWNS)`` gives the child a private mount table it
+    may change without privilege. Each work folder (home, the session's cwd) gets an
+    overlay mount whose lower layer is the real folder and whose upper layer lives on
+    a tmpfs mounted for this call only, so the child sees its own writes and they
+    vanish with its mount namespace. A private tmpfs also covers ``/dev/shm``. Then
+    Landlock refuses writes everywhere else, except the scratch folder and a few
+    character devices (``/dev/null``, ``/dev/tty``, ``/dev/pts``...).
+``"refused"``
+    Where user namespaces or overlayfs are unavailable (or a work folder cannot be
+    overlaid), Landlock alone refuses every write outside the scratch folder; the code
+    sees ``PermissionError`` and nothing on disk changes.
+``"none"``
+    Neither works (not Linux, kernel without Landlock, Landlock disabled at boot):
+    nothing is promised. Overlays that could be mounted are still used as a best
+    effort, but the caller must not claim protection.
+
+The result is never a claim that did not hold: overlays are checked (the folder's
+device changed) and Landlock's ``restrict_self`` must succeed before a mode is named.
+
+Identity. The child keeps its uid/gid: an unprivileged user maps only itself; root has
+a helper (``/bin/sh``, spawned before ``unshare`` so it keeps its host privilege) write
+a full identity map, so every file keeps its owner and root can still read them all.
+Root that cannot create a user namespace still gets ``"discarded"`` with a plain mount
+namespace.
+
+Mounts nested inside a work folder are not part of its overlay; they are bound back on
+top read-only, so code reads them but writes fail with ``EROFS``. Overlayfs refuses such
+a folder inside a user namespace (the copied mounts are locked), so root uses a plain
+mount namespace then, and an unprivileged user gets ``"refused"``. If the scratch folder
+lies inside a work folder it is bound back read-write. Every mount lives in the child's
+own mount namespace and disappears with it (unless the child leaves a daemon behind).
+
+What a protected call may still do (the limits):
+
+* network access, and talking to local daemons over pathname unix sockets (a daemon may
+  write on the code's behalf, e.g. through the docker socket);
+* signals and abstract unix sockets are scoped to the child's own processes only where
+  Landlock ABI >= 6; below that the code may signal any process its uid may signal;
+* writes through file descriptors or shared memory maps (``numpy.memmap(mode="r+")``)
+  opened before the fork are not intercepted;
+* in ``"refused"`` mode root keeps its host capabilities apart from writing files
+  (it may still e.g. reboot or reconfigure the network); in ``"discarded"`` mode the
+  capabilities exist only inside the child's user namespace;
+* renaming a directory that exists in a work folder fails with ``EXDEV`` in
+  ``"discarded"`` mode (overlayfs without ``redirect_dir``; ``mv`` falls back to a
+  copy); Landlock ABI 1 refuses every cross-directory rename;
+* discarded writes take memory (tmpfs, at most half of RAM);
+* ``/proc/<pid>/{environ,fd,maps}`` of processes outside the child are unreadable
+  (Landlock's ptrace rule), and ``/tmp`` outside the scratch folder is not writable.
+
+Landlock ABI below 3 cannot refuse ``truncate(2)`` by path; there a seccomp filter makes
+``truncate`` fail with ``EPERM`` (x86-64 and aarch64), or the mode is ``"none"``.
+
+Test hook: ``COORDEX_ISOLATION_FORCE=refused|none`` caps the strongest mode tried (see
+:func:`force_unavailable`). This module is standard-library only so the bash launcher
+(:func:`protected_bash_argv`) can load it by path without importing coordex.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import re
+import stat
+import struct
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+from typing import Literal, TypedDict
+
+FilesMode = Literal["discarded", "refused", "none"]
+
+FORCE_ENV = "COORDEX_ISOLATION_FORCE"
+# Exported to the protected bash so a script (and the bash backend) can read the mode.
+MODE_ENV = "COORDEX_ISOLATION"
+
+_RANK: dict[str, int] = {"none": 0, "refused": 1, "discarded": 2}
+_MODES: tuple[FilesMode, ...] = ("none", "refused", "discarded")
+
+# --- kernel constants (include/uapi/linux/{sched,mount,landlock,prctl,seccomp}.h) ---
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_AT_FDCWD = -100
+_AT_RECURSIVE = 0x8000
+_MOUNT_ATTR_RDONLY = 1
+
+# Landlock and mount_setattr use the unified syscall numbers on every architecture but
+# alpha, which offsets new syscalls by 110.
+_NR_OFFSET = 110 if platform.machine() == "alpha" else 0
+_NR_MOUNT_SETATTR = 442 + _NR_OFFSET
+_NR_LANDLOCK_CREATE_RULESET = 444 + _NR_OFFSET
+_NR_LANDLOCK_ADD_RULE = 445 + _NR_OFFSET
+_NR_LANDLOCK_RESTRICT_SELF = 446 + _NR_OFFSET
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+
+_LL_WRITE_FILE = 1 << 1
+_LL_REMOVE_DIR = 1 << 4
+_LL_REMOVE_FILE = 1 << 5
+_LL_MAKE_ALL = sum(1 << bit for bit in range(6, 13))  # CHAR DIR REG SOCK FIFO BLOCK SYM
+_LL_REFER = 1 << 13  # ABI 2
+_LL_TRUNCATE = 1 << 14  # ABI 3
+_LL_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+_LL_SCOPE_SIGNAL = 1 << 1  # ABI 6
+
+# Character devices (and /dev/pts) code may still open for writing: terminals and sinks.
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx", "/dev/pts",
+            "/dev/random", "/dev/urandom")
+
+# truncate(2) numbers for the seccomp fallback on Landlock ABI < 3: (audit arch, nrs).
+_TRUNCATE_SYSCALLS: dict[str, tuple[int, tuple[int, ...]]] = {
+    "x86_64": (0xC000003E, (76, 0x40000000 | 76)),  # native and x32
+    "aarch64": (0xC00000B7, (45,)),
+}
+
+
+class Capabilities(TypedDict):
+    userns: bool
+    overlay: bool
+    landlock_abi: int
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+_libc_handle: ctypes.CDLL | None = None
+_probe_cache: Capabilities | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _libc_handle
+    if _libc_handle is None:
+        _libc_handle = ctypes.CDLL(None, use_errno=True)
+        _libc_handle.syscall.restype = ctypes.c_long
+    return _libc_handle
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _syscall(nr: int, *args: object) -> int:
+    return int(_libc().syscall(ctypes.c_long(nr), *args))
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else os.fsencode(s)
+
+    _check(_libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags),
+                         enc(data)), f"mount {target!r}")
+
+
+# --------------------------------------------------------------------------- Landlock
+
+def landlock_abi() -> int:
+    """The running kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        version = _syscall(_NR_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                           ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    except (OSError, AttributeError):
+        return 0
+    return max(version, 0)
+
+
+def _landlock_usable(abi: int) -> bool:
+    # Below ABI 3 truncate(2) by path escapes Landlock; only a seccomp filter closes it.
+    return abi >= 3 or (abi >= 1 and platform.machine() in _TRUNCATE_SYSCALLS)
+
+
+def _deny_truncate() -> None:
+    """Install a seccomp filter making truncate(2) fail with EPERM (Landlock ABI < 3)."""
+    arch, numbers = _TRUNCATE_SYSCALLS[platform.machine()]
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1
+    prog: list[tuple[int, int, int, int]] = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, allow),  # another ABI (e.g. 32-bit): leave it alone
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+    ]
+    for index, nr in enumerate(numbers):
+        remaining = len(numbers) - index - 1
+        prog.append((jeq, remaining + 1, 0, nr))  # hit -> jump to the EPERM return
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    fprog = struct.pack("@HP", len(prog), ctypes.addressof(buf))  # struct sock_fprog
+    _check(_libc().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
+                         ctypes.c_char_p(fprog), 0, 0), "seccomp")
+
+
+def _landlock_restrict(abi: int, writable: Sequence[str]) -> None:
+    """Refuse every filesystem write except beneath ``writable``; scope IPC (ABI >= 6)."""
+    handled = _LL_WRITE_FILE | _LL_REMOVE_DIR | _LL_REMOVE_FILE | _LL_MAKE_ALL
+    if abi >= 2:
+        handled |= _LL_REFER
+    if abi >= 3:
+        handled |= _LL_TRUNCATE
+    scoped = _LL_SCOPE_SIGNAL | _LL_SCOPE_ABSTRACT_UNIX_SOCKET if abi >= 6 else 0
+    # struct landlock_ruleset_attr grew: fs (v1), net (v4), scoped (v6). Pass only the
+    # fields this kernel knows; network is deliberately not handled (left open).
+    attr = (ctypes.c_uint64 * 3)(handled, 0, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = _check(_syscall(_NR_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
+                              ctypes.c_size_t(size), ctypes.c_uint32(0)),
+                     "landlock_create_ruleset")
+    try:
+        for path in writable:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # e.g. no /dev/tty without a terminal
+            try:
+                is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+                # Rights on a non-directory must be file rights, else EINVAL.
+                rule = _PathBeneath(handled if is_dir else
+                                    handled & (_LL_WRITE_FILE | _LL_TRUNCATE), fd)
+                _check(_syscall(_NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
+                                ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)),
+                       f"landlock_add_rule {path!r}")
+            finally:
+                os.close(fd)
+        # no_new_privs: required without CAP_SYS_ADMIN, and keeps setuid programs (sudo)
+        # from regaining what the sandbox took away.
+        _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        if abi < 3:
+            _deny_truncate()
+        _check(_syscall(_NR_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
+                        ctypes.c_uint32(0)), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+# ------------------------------------------------------------------------ namespaces
+
+def _enter_namespaces(*, userns: bool = True) -> bool:
+    """unshare a user + mount namespace keeping uid/gid; False when only a mount ns.
+
+    Root falls back to (or, with ``userns=False``, goes straight to) a plain mount
+    namespace. Raises OSError when no namespace can be created.
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    if not userns and uid == 0:
+        _check(_libc().unshare(_CLONE_NEWNS), "unshare(mount)")
+        return False
+    helper, go = _spawn_map_helper() if uid == 0 else (None, None)
+    try:
+        _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare(user, mount)")
+    except OSError:
+        _reap_helper(helper, go, proceed=False)
+        if uid != 0:
+            raise
+        # Root where user namespaces are blocked: a mount namespace alone still works.
+        _check(_libc().unshare(_CLONE_NEWNS), "unshare(mount)")
+        return False
+    if _reap_helper(helper, go, proceed=True):
+        return True
+    # Unprivileged (or the helper failed): map only ourselves, to ourselves.
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    return True
+
+
+def _spawn_map_helper() -> tuple[int | None, int | None]:
+    # Only a process with CAP_SETUID in the *parent* namespace may map more than its own
+    # id, and after unshare() we no longer have it; a shell spawned just before does.
+    # posix_spawn (vfork) costs the same however large the session process is.
+    try:
+        uid_map, gid_map = _identity_map("uid_map"), _identity_map("gid_map")
+    except OSError:
+        return None, None
+    script = (f'read _ && printf %s "$1" > /proc/{os.getpid()}/uid_map'
+              f' && printf %s "$2" > /proc/{os.getpid()}/gid_map')
+    read_end, write_end = os.pipe()
+    try:
+        helper = os.posix_spawn("/bin/sh", ["sh", "-c", script, "sh", uid_map, gid_map],
+                                {"PATH": "/usr/bin:/bin"},
+                                file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0)])
+    except OSError:
+        os.close(write_end)
+        return None, None
+    finally:
+        os.close(read_end)
+    return helper, write_end
+
+
+def _identity_map(name: str) -> str:
+    # Every id mapped in our namespace, mapped to itself: on a plain host that is all of
+    # them; inside a container it is the container's ranges.
+    with open(f"/proc/self/{name}") as f:
+        ranges = [line.split() for line in f if line.strip()]
+    return "".join(f"{inside} {inside} {count}\n" for inside, _, count in ranges)
+
+
+def _reap_helper(helper: int | None, go: int | None, *, proceed: bool) -> bool:
+    if helper is None or go is None:
+        return False
+    try:
+        if proceed:
+            os.write(go, b"go\n")
+    finally:
+        os.close(go)  # EOF makes `read` fail, so a cancelled helper exits at once
+    _, status = os.waitpid(helper, 0)
+    return proceed and os.waitstatus_to_exitcode(status) == 0
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# -------------------------------------------------------------------------- overlays
+
+def _work_dirs(work_paths: Sequence[str], scratch: str) -> list[str]:
+    """Existing directories, resolved, deduplicated, nested ones dropped, "/" skipped."""
+    found: set[str] = set()
+    for path in work_paths:
+        real = os.path.realpath(os.path.expanduser(path))
+        if real != "/" and os.path.isdir(real) and not _within(real, scratch):
+            found.add(real)
+    ordered = sorted(found)
+    return [p for p in ordered if not any(_within(p, q) and p != q for q in ordered)]
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _mount_points() -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            # mountinfo escapes space, tab, newline and backslash as octal (e.g. \040).
+            field = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]),
+                           line.split(b" ")[4])
+            points.append(os.fsdecode(field))
+    return points
+
+
+def _mount_overlays(dirs: Sequence[str], scratch: str, userns: bool) -> tuple[list[str], bool]:
+    """Overlay every dir in ``dirs``; return (paths now writable, all dirs overlaid)."""
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing we mount reaches the host
+    points = _mount_points()
+    # Submounts inside a work dir are hidden by its overlay; keep handles to bind them
+    # back. Only the outermost ones: MS_REC carries what is mounted below them.
+    nested = sorted({p for p in points for d in dirs if _within(p, d) and p != d
+                     and not _within(p, scratch)})
+    nested = [p for p in nested if not any(_within(p, q) and p != q for q in nested)]
+    keep: dict[str, int] = {}
+    for path in [*nested, scratch]:
+        try:
+            keep[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            pass
+    layers = os.path.join(scratch, ".coordex-overlay")
+    os.mkdir(layers, 0o700)
+    _mount("tmpfs", layers, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700")
+    layers_fd = os.open(layers, os.O_PATH | os.O_CLOEXEC)
+    overlaid: list[str] = []
+    try:
+        for index, lower in enumerate(dirs):
+            if _overlay_one(index, lower, layers, layers_fd, userns):
+                overlaid.append(lower)
+        # The overlays hold their own references to the layers; detach the tmpfs so the
+        # code cannot reach the upper dirs behind the overlay's back.
+        _check(_libc().umount2(os.fsencode(f"/proc/self/fd/{layers_fd}"), _MNT_DETACH),
+               "detach layers")
+        try:
+            os.rmdir(layers)
+        except OSError:
+            pass
+        for path, fd in keep.items():
+            if any(_within(path, d) for d in overlaid):
+                _rebind(fd, path, read_only=path != scratch)
+        writable = list(overlaid)
+        if os.path.isdir("/dev/shm"):
+            _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+            writable.append("/dev/shm")
+    finally:
+        os.close(layers_fd)
+        for fd in keep.values():
+            os.close(fd)
+    return writable, len(overlaid) == len(dirs)
+
+
+def _overlay_one(index: int, lower: str, layers: str, layers_fd: int, userns: bool) -> bool:
+    try:
+        info = os.stat(lower)
+        upper, work = os.path.join(layers, f"u{index}"), os.path.join(layers, f"w{index}")
+        os.mkdir(upper)
+        os.mkdir(work)
+        # The merged root takes the upper dir's owner and mode: copy the real folder's.
+        try:
+            os.chown(upper, info.st_uid, info.st_gid)
+        except OSError:
+            pass  # an owner outside our uid map
+        os.chmod(upper, stat.S_IMODE(info.st_mode))
+        lower_fd = os.open(lower, os.O_PATH | os.O_CLOEXEC)
+        try:
+            # /proc/self/fd paths: no escaping of ',' ':' in user folder names needed.
+            options = (f"lowerdir=/proc/self/fd/{lower_fd},"
+                       f"upperdir=/proc/self/fd/{layers_fd}/u{index},"
+                       f"workdir=/proc/self/fd/{layers_fd}/w{index}")
+            # userxattr: overlay metadata in user.* xattrs, required inside a userns.
+            _mount("overlay", lower, "overlay", 0, options + (",userxattr" if userns else ""))
+        finally:
+            os.close(lower_fd)
+    except OSError:
+        return False  # e.g. a lower fs overlayfs refuses; Landlock then refuses writes
+    # Verify rather than trust: the path must now lead to another filesystem.
+    return os.stat(lower).st_dev != info.st_dev
+
+
+def _rebind(fd: int, path: str, *, read_only: bool) -> None:
+    try:
+        _mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+    except OSError:
+        return  # stays hidden behind the overlay: writes there are discarded
+    if not read_only:
+        return
+    attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY, 0, 0, 0)  # set, clr, propagation, userns
+    result = _syscall(_NR_MOUNT_SETATTR, ctypes.c_int(_AT_FDCWD), os.fsencode(path),
+                      ctypes.c_uint(_AT_RECURSIVE), ctypes.byref(attr), ctypes.c_size_t(32))
+    if result < 0:
+        # No mount_setattr (kernel < 5.12): a writable bind would let writes reach the
+        # disk through the overlay's Landlock grant, so hide the submount again.
+        _libc().umount2(os.fsencode(path), _MNT_DETACH)
+
+
+# ---------------------------------------------------------------------------- public
+
+def forced_ceiling() -> FilesMode:
+    """The strongest mode allowed by ``COORDEX_ISOLATION_FORCE`` (default: no cap)."""
+    value = os.environ.get(FORCE_ENV, "").strip().lower()
+    return value if value in ("refused", "none") else "discarded"  # type: ignore[return-value]
+
+
+def force_unavailable(mode: FilesMode | None) -> FilesMode | None:
+    """Test hook: make :func:`protect` act as if stronger modes were unavailable.
+
+    Sets ``COORDEX_ISOLATION_FORCE`` in this process's environment, which forked and
+    spawned children inherit. ``"refused"`` skips namespaces and overlays; ``"none"``
+    skips Landlock too; ``None`` or ``"discarded"`` removes the cap.
+
+    Returns:
+        The previous forced value, for restoring it.
+    """
+    previous = os.environ.get(FORCE_ENV)
+    if mode in (None, "discarded"):
+        os.environ.pop(FORCE_ENV, None)
+    elif mode in ("refused", "none"):
+        os.environ[FORCE_ENV] = mode
+    else:
+        raise ValueError(f"mode must be 'refused', 'none' or None, not {mode!r}")
+    return previous if previous in ("refused", "none") else None  # type: ignore[return-value]
+
+
+def _weaker(a: FilesMode, b: FilesMode) -> FilesMode:
+    return a if _RANK[a] <= _RANK[b] else b
+
+
+def protect(work_paths: Sequence[str], scratch: str, *,
+            allow: FilesMode = "discarded") -> FilesMode:
+    """Make disk writes outside ``scratch`` not outlive this process.
+
+    Call it in a freshly forked, single-threaded child before any user code: it changes
+    the calling process for good (namespaces, Landlock) and cannot be undone.
+
+    Args:
+        work_paths: folders whose writes the code should see but that must not change
+            (typically home and the session cwd). Missing ones and "/" are skipped;
+            nested ones are covered by their parent.
+        scratch: the call's private scratch folder, created and removed by the caller;
+            it stays writable and becomes ``TMPDIR``/``TMP``/``TEMP``.
+        allow: the strongest mode to try; ``COORDEX_ISOLATION_FORCE`` may lower it.
+
+    Returns:
+        The mode that holds now: ``"discarded"``, ``"refused"`` or ``"none"``.
+    """
+    if allow not in _RANK:
+        raise ValueError(f"allow must be one of {_MODES}, not {allow!r}")
+    scratch = os.path.realpath(scratch)
+    for name in ("TMPDIR", "TMP", "TEMP"):
+        os.environ[name] = scratch
+    tempfile.tempdir = scratch  # the forked copy may have cached the old one
+    ceiling = _weaker(allow, forced_ceiling())
+    if ceiling == "none" or not sys.platform.startswith("linux"):
+        return "none"
+    abi = landlock_abi()
+    mode: FilesMode = "refused"
+    writable = [scratch, *_DEVICES]
+    if ceiling == "discarded":
+        dirs = _work_dirs(work_paths, scratch)
+        try:
+            # Mounts copied into a user namespace are locked, and overlayfs refuses a
+            # lower dir with locked mounts below it. Root can skip the user namespace
+            # then; anyone else gets those dirs refused instead of discarded.
+            nested = any(_within(p, d) and p != d for p in _mount_points() for d in dirs)
+            userns = _enter_namespaces(userns=not nested)
+            overlaid, complete = _mount_overlays(dirs, scratch, userns)
+            writable += overlaid
+            if complete:
+                mode = "discarded"
+            try:
+                os.chdir(os.getcwd())  # re-enter: the old dentry bypasses the overlay
+            except OSError:
+                pass
+        except OSError:
+            pass  # no namespaces here: fall through to Landlock alone
+    if not _landlock_usable(abi):
+        return "none"
+    try:
+        _landlock_restrict(abi, writable)
+    except OSError:
+        return "none"
+    return mode
+
+
+def best_mode(allow: FilesMode = "discarded") -> FilesMode:
+    """The mode :func:`protect` is expected to reach here, from :func:`probe` (cached)."""
+    ceiling = _weaker(allow, forced_ceiling())
+    caps = probe()
+    if ceiling == "none" or not _landlock_usable(caps["landlock_abi"]):
+        return "none"
+    if ceiling == "discarded" and caps["overlay"]:
+        return "discarded"
+    return "refused"
+
+
+def probe() -> Capabilities:
+    """What this machine supports, tried once in a throwaway forked child, then cached.
+
+    Returns:
+        ``{"userns": bool, "overlay": bool, "landlock_abi": int}`` - whether the child
+        could enter a user namespace, whether it could mount a working overlay (in a
+        user namespace or, for root, a plain mount namespace), and the Landlock ABI
+        version (0: none).
+    """
+    global _probe_cache
+    if _probe_cache is None:
+        _probe_cache = _probe_in_child()
+    return dict(_probe_cache)  # type: ignore[return-value]
+
+
+def _probe_in_child() -> Capabilities:
+    result: Capabilities = {"userns": False, "overlay": False, "landlock_abi": landlock_abi()}
+    if not sys.platform.startswith("linux"):
+        return result
+    _libc()  # load before fork: the child should only make syscalls
+    base = tempfile.mkdtemp(prefix="coordex-probe-")
+    read_end, write_end = os.pipe()
+    try:
+        os.mkdir(os.path.join(base, "lower"))
+        with warnings.catch_warnings():
+            # 3.12+ warns about fork() in a threaded process; the child only makes
+            # syscalls and leaves with os._exit.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            report = {"userns": False, "overlay": False}
+            try:
+                os.close(read_end)
+                userns = _enter_namespaces()
+                report["userns"] = userns
+                lower = os.path.join(base, "lower")
+                _, complete = _mount_overlays([lower], base, userns)
+                with open(os.path.join(lower, "probe"), "w") as f:
+                    f.write("x")
+                report["overlay"] = complete
+            except BaseException:
+                pass
+            finally:
+                os.write(write_end, json.dumps(report).encode())
+                os._exit(0)
+        os.close(write_end)
+        write_end = -1
+        data = b""
+        while chunk := os.read(read_end, 4096):
+            data += chunk
+        os.waitpid(pid, 0)
+        report = json.loads(data or b"{}")
+        result["userns"] = bool(report.get("userns"))
+        result["overlay"] = bool(report.get("overlay"))
+        # The overlay was private to the child: the probe file never reached the disk.
+        result["overlay"] &= not os.path.exists(os.path.join(base, "lower", "probe"))
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+        _remove_tree(base)
+    return result
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_LAUNCHER = """\
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("_coordex_isolation", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+args = json.loads(sys.argv[2])
+report = open(args["report"], "w") if args["report"] else None
+mode = module.protect(args["work_paths"], args["scratch"], allow=args["allow"])
+os.environ[module.MODE_ENV] = mode
+if report is not None:
+    report.write(mode)
+    report.close()
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
+
+
+def protected_bash_argv(work_paths: Sequence[str], scratch: str, *,
+                        allow: FilesMode = "discarded",
+                        bash: Sequence[str] = ("bash", "--norc", "--noprofile"),
+                        report_path: str | None = None,
+                        ) -> tuple[list[str], FilesMode] | None:
+    """How to start a bash under the same protection as :func:`protect`.
+
+    The argv runs a small Python launcher (this interpreter, isolated mode, loading this
+    file by path) that calls :func:`protect` in itself and then execs ``bash``; bash
+    sees the mode in ``$COORDEX_ISOLATION``.
+
+    Args:
+        work_paths, scratch, allow: as for :func:`protect`.
+        bash: the command to exec once protected.
+        report_path: if given, the launcher writes the mode that actually held there
+            (opened before protection, so it may be anywhere writable).
+
+    Returns:
+        ``(argv, expected_mode)``, or None when nothing can be protected here
+        (expected mode "none"): start bash as usual then.
+    """
+    expected = best_mode(allow)
+    if expected == "none":
+        return None
+    args = {"work_paths": list(work_paths), "scratch": scratch, "allow": allow,
+            "report": report_path}
+    argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, os.path.abspath(__file__),
+            json.dumps(args), *bash]
+    return argv, expected
