@@ -1,0 +1,534 @@
+"""Build environments with uv into content-addressed folders, once, atomically.
+
+How a build goes (``EnvironmentBuilder.ensure_built``):
+
+1. Take the in-process lock and the cross-process file lock ``envs/.locks/<hash>.lock``,
+   so two threads or two processes asking for one spec build it once: the second waits,
+   then finds the marker and returns ``cached=True``.
+2. If ``envs/<hash>/.coordex-built.json`` exists the environment is done: the marker is
+   the last thing a build writes, so its presence means "complete".
+3. Otherwise remove leftovers of crashed builds of this hash (``envs/.tmp-<hash>-*``),
+   then ``uv venv --relocatable`` into a fresh temporary sibling, ``uv pip install`` the
+   requirements into it, write the marker, and ``os.rename`` the sibling to
+   ``envs/<hash>``. The rename is atomic on one filesystem, so a crash at any point leaves
+   either no ``envs/<hash>`` at all or a complete one — never a half-made environment.
+
+``--relocatable`` matters because the venv is built under a temporary name: it makes
+console scripts use a relative shebang trampoline and the activation scripts locate
+themselves, so ``bin/<script>`` and ``bash`` with ``PATH=env/bin`` keep working after the
+rename (the interpreter symlink and ``pyvenv.cfg`` never held the folder's path).
+
+uv runs in its own process group with a deadline shared by the whole build; on timeout
+the group is killed. Every line uv prints goes to the build log under ``root/logs`` and to
+``on_progress``. The facts that change a build's result besides the spec — interpreter,
+uv version, index settings — are gathered here (:func:`hash_inputs`) and hashed into the
+folder name by :meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from ..core.errors import CoordexError
+from ..core.spec import EnvironmentSpec
+
+ProgressCallback = Callable[[str], None]
+
+MARKER = ".coordex-built.json"
+TMP_PREFIX = ".tmp-"
+LOCKS_DIR = ".locks"
+LOG_TAIL_LINES = 40
+
+# Environment variables that change what uv resolves: part of the spec hash, so a
+# different index never reuses a folder built from another one. PIP_* are listed
+# because users set them expecting an effect; uv ignores them, hashing them is harmless.
+INDEX_SETTINGS = (
+    "UV_INDEX", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS",
+    "UV_NO_INDEX", "UV_INDEX_STRATEGY", "UV_PRERELEASE", "UV_RESOLUTION", "UV_EXCLUDE_NEWER",
+    "UV_TORCH_BACKEND", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
+)
+
+# uv reads configuration files (uv.toml, pyproject [tool.uv]) from the working folder and
+# the user's config dir. Builds pass --no-config so that only what is hashed (the spec and
+# INDEX_SETTINGS) decides the result: same hash, same environment, on any machine.
+_UV_COMMON = ("--no-config", "--color", "never")
+
+# --link-mode=copy: uv's default on Linux is to hardlink files from its cache into the
+# venv. Code running in an environment can write to its own site-packages (a monkey
+# patch saved to disk, `open(module.__file__, "w")`); with hardlinks that write lands in
+# uv's cache and silently corrupts every environment built from it later (astral-sh/uv
+# #10579 shows the effect). Copying costs time once per build — measured by
+# benchmarks/bench_env_build.py: ~50 ms vs ~7 ms for a 400-file wheel — and builds
+# happen once per spec, so the isolation is worth it.
+LINK_MODE = "copy"
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The Python an environment is built on, and the facts about it that get hashed."""
+
+    executable: str
+    implementation: str
+    version: str
+    base: str
+    platform: str
+
+    def hash_facts(self) -> dict[str, str]:
+        return {"implementation": self.implementation, "version": self.version,
+                "base": self.base, "platform": self.platform}
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    path: Path
+    python: Path
+    duration_ms: float
+    cached: bool
+
+
+# -- facts about the machine ------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def uv_binary() -> str:
+    """The uv executable shipped with the ``uv`` package (a coordex dependency)."""
+    from uv import find_uv_bin
+
+    return str(find_uv_bin())
+
+
+@functools.lru_cache(maxsize=1)
+def uv_version() -> str:
+    done = subprocess.run([uv_binary(), "--version"], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL, check=False)
+    return (done.stdout.strip() or done.stderr.strip() or "uv unknown").splitlines()[0]
+
+
+def index_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    source = os.environ if environ is None else environ
+    return {k: source[k] for k in INDEX_SETTINGS if source.get(k)}
+
+
+def hash_inputs(interpreter: Interpreter, environ: Mapping[str, str] | None = None,
+                ) -> dict[str, Any]:
+    """Everything besides the spec that changes a build's result (hashed with it)."""
+    return {"python": interpreter.hash_facts(), "uv": uv_version(),
+            "index": index_settings(environ), "link_mode": LINK_MODE}
+
+
+@functools.lru_cache(maxsize=1)
+def current_interpreter() -> Interpreter:
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return Interpreter(
+        executable=sys.executable,
+        implementation=sys.implementation.name,
+        version=platform.python_version(),
+        base=os.path.realpath(base),
+        platform=f"{sys.platform}-{platform.machine()}",
+    )
+
+
+_PROBE = (
+    "import json, os, platform, sys; "
+    "b = getattr(sys, '_base_executable', None) or sys.executable; "
+    "print(json.dumps({'implementation': sys.implementation.name, "
+    "'version': platform.python_version(), 'base': os.path.realpath(b), "
+    "'platform': sys.platform + '-' + platform.machine()}))"
+)
+
+
+@functools.lru_cache(maxsize=32)
+def _probe(executable: str) -> Interpreter:
+    done = subprocess.run([executable, "-I", "-c", _PROBE], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL, check=True)
+    facts = json.loads(done.stdout)
+    return Interpreter(executable=executable, **facts)
+
+
+def find_interpreter(requires_python: str | None) -> Interpreter:
+    """The agent's own Python when it satisfies ``requires_python``; else one uv finds.
+
+    Raises:
+        CoordexError: ``environment`` when no installed interpreter matches.
+    """
+    own = current_interpreter()
+    if requires_python is None or SpecifierSet(requires_python).contains(
+            Version(own.version), prereleases=True):
+        return own
+    command = [uv_binary(), "python", "find", "--no-project", *_UV_COMMON,
+               "--no-python-downloads", requires_python]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL, check=False)
+        found = done.stdout.strip().splitlines()
+        if done.returncode == 0 and found:
+            return _probe(found[-1])
+        log = (done.stderr or done.stdout).strip()
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log = f"{type(exc).__name__}: {exc}"
+    raise CoordexError(
+        "environment",
+        f"No Python interpreter on this machine matches requires-python "
+        f"{requires_python!r} (the agent's own is {own.version}).",
+        f"Relax requires-python so it includes {own.version} (e.g. '>={_minor(own.version)}'), "
+        f"or install a matching Python ('uv python install') and create the environment "
+        f"again.",
+        log=log[-4000:],
+    )
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+# -- the builder ----------------------------------------------------------------------------------
+
+
+class EnvironmentBuilder:
+    """Builds specs into ``envs_dir/<spec_hash>``; see the module docstring for the steps."""
+
+    def __init__(self, envs_dir: Path, logs_dir: Path, *, timeout: float = 900.0) -> None:
+        self.envs_dir = envs_dir.absolute()
+        self.logs_dir = logs_dir.absolute()
+        self.timeout = timeout
+        self._guard = threading.Lock()
+        self._thread_locks: dict[str, threading.Lock] = {}
+
+    # -- layout -------------------------------------------------------------------------------
+
+    def folder(self, spec_hash: str) -> Path:
+        return self.envs_dir / spec_hash
+
+    def marker(self, spec_hash: str) -> Path:
+        return self.folder(spec_hash) / MARKER
+
+    def is_built(self, spec_hash: str) -> bool:
+        return self.marker(spec_hash).exists()
+
+    @staticmethod
+    def python_in(folder: Path) -> Path:
+        if os.name == "nt":
+            return folder / "Scripts" / "python.exe"
+        return folder / "bin" / "python"
+
+    def log_path(self, spec_hash: str) -> Path:
+        return self.logs_dir / f"build-{spec_hash[:16]}.log"
+
+    # -- building -----------------------------------------------------------------------------
+
+    def ensure_built(self, spec: EnvironmentSpec, spec_hash: str, interpreter: Interpreter,
+                     *, on_progress: ProgressCallback | None = None,
+                     label: str = "environment") -> BuildOutcome:
+        """Return the built environment for ``spec_hash``, building it if needed.
+
+        Raises:
+            CoordexError: ``environment`` when uv fails, times out, or the lock is held
+                by another builder for longer than the build timeout; ``log`` holds the
+                tail of the build log.
+        """
+        started = time.monotonic()
+        folder = self.folder(spec_hash)
+        if self.is_built(spec_hash):
+            return self._outcome(folder, started, cached=True)
+        deadline = started + self.timeout
+        with self._locked(spec_hash, deadline, label, on_progress):
+            if self.is_built(spec_hash):  # another thread or process built it meanwhile
+                return self._outcome(folder, started, cached=True)
+            try:
+                self._build(spec, spec_hash, interpreter, deadline, on_progress, label)
+            except OSError as exc:  # disk full, permissions, a vanished uv binary
+                raise CoordexError(
+                    "environment", f"Could not build {label}: {type(exc).__name__}: {exc}.",
+                    f"Check that {self.envs_dir} is writable and has free space, then build "
+                    "again.", log=_tail_of(self.log_path(spec_hash)))
+        return self._outcome(folder, started, cached=False)
+
+    def _outcome(self, folder: Path, started: float, *, cached: bool) -> BuildOutcome:
+        return BuildOutcome(folder, self.python_in(folder),
+                            round((time.monotonic() - started) * 1000, 3), cached)
+
+    @contextlib.contextmanager
+    def _locked(self, spec_hash: str, deadline: float, label: str,
+                on_progress: ProgressCallback | None) -> Iterator[None]:
+        with self._guard:
+            thread_lock = self._thread_locks.setdefault(spec_hash, threading.Lock())
+        if not thread_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise self._lock_timeout(label)
+        try:
+            lock_dir = self.envs_dir / LOCKS_DIR
+            lock_dir.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(lock_dir / f"{spec_hash}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                _emit(on_progress, f"Waiting for another process building {label}...")
+                try:
+                    lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+                except Timeout:
+                    raise self._lock_timeout(label)
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            thread_lock.release()
+
+    def _lock_timeout(self, label: str) -> CoordexError:
+        return CoordexError(
+            "environment",
+            f"Gave up waiting for another build of {label}: it held the build lock for "
+            f"more than build_timeout={self.timeout:g}s.",
+            "Try again later, or raise build_timeout (Executor(build_timeout=...)) if builds "
+            "of this spec are expected to take that long.",
+            log="",
+        )
+
+    def _build(self, spec: EnvironmentSpec, spec_hash: str, interpreter: Interpreter,
+               deadline: float, on_progress: ProgressCallback | None, label: str) -> None:
+        self.envs_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self._clear_leftovers(spec_hash)
+        tmp = self.envs_dir / f"{TMP_PREFIX}{spec_hash}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        log = _BuildLog(self.log_path(spec_hash), on_progress)
+        started = time.monotonic()
+        try:
+            log.line(f"=== build of {label} ({spec_hash}) pid={os.getpid()} "
+                     f"at {time.strftime('%Y-%m-%d %H:%M:%S')} with {uv_version()}")
+            log.line(f"=== python {interpreter.implementation} {interpreter.version} "
+                     f"({interpreter.executable})")
+            for requirement in spec.requirements:
+                log.line(f"=== requirement {requirement}")
+            uv = uv_binary()
+            self._run(log, deadline, label, spec,
+                      [uv, "venv", "--relocatable", "--no-project", *_UV_COMMON,
+                       "--no-python-downloads", "--python", interpreter.executable, str(tmp)])
+            python = self.python_in(tmp)
+            requirements_file = tmp / "coordex-requirements.txt"
+            requirements_file.write_text(spec.requirements_txt(), encoding="utf-8")
+            if spec.requirements:
+                self._run(log, deadline, label, spec,
+                          [uv, "pip", "install", *_UV_COMMON, "--python", str(python),
+                           f"--link-mode={LINK_MODE}", "-r", str(requirements_file)])
+            installed = self._freeze(uv, python, deadline)
+            duration_ms = round((time.monotonic() - started) * 1000, 3)
+            _write_marker(tmp / MARKER, {
+                "spec_hash": spec_hash, "normalised": spec.normalised(),
+                "python": asdict(interpreter), "uv": uv_version(), "link_mode": LINK_MODE,
+                "installed": installed, "built_at": time.time(), "duration_ms": duration_ms,
+                "builder_pid": os.getpid(),
+            })
+            os.rename(tmp, self.folder(spec_hash))
+            log.line(f"=== built in {duration_ms:.0f} ms -> {self.folder(spec_hash)}")
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            log.close()
+
+    def _clear_leftovers(self, spec_hash: str) -> None:
+        # Called with the hash's lock held, so no live build of this hash owns these.
+        for leftover in self.envs_dir.glob(f"{TMP_PREFIX}{spec_hash}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        folder = self.folder(spec_hash)
+        if folder.exists() and not self.marker(spec_hash).exists():
+            shutil.rmtree(folder, ignore_errors=True)  # not ours: a folder without marker
+
+    def _run(self, log: _BuildLog, deadline: float, label: str, spec: EnvironmentSpec,
+             command: list[str]) -> None:
+        log.line("$ " + " ".join(_display(c) for c in command))
+        env = dict(os.environ)
+        env.pop("VIRTUAL_ENV", None)  # --python names the target; never the caller's venv
+        env["NO_COLOR"] = "1"
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, cwd=str(self.envs_dir), env=env,
+            start_new_session=True,  # its own group: a timeout kills uv and its children
+        )
+        reader = threading.Thread(target=log.pump, args=(process.stdout,), daemon=True)
+        reader.start()
+        try:
+            returncode = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            reader.join(timeout=5)
+            log.line(f"=== killed: build_timeout={self.timeout:g}s reached")
+            raise CoordexError(
+                "environment",
+                f"Building {label} took longer than build_timeout={self.timeout:g}s; the "
+                "build was stopped and nothing was kept.",
+                "Raise build_timeout (Executor(build_timeout=...)) for large specs, or pin "
+                "fewer or lighter packages.",
+                log=log.tail(),
+            )
+        except BaseException:
+            _kill_group(process)
+            raise
+        reader.join(timeout=5)
+        if returncode != 0:
+            raise _uv_failed(label, spec, log.tail(), returncode)
+
+    def _freeze(self, uv: str, python: Path, deadline: float) -> list[str]:
+        try:
+            done = subprocess.run(
+                [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)],
+                capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
+                cwd=str(self.envs_dir), timeout=max(1.0, deadline - time.monotonic()))
+        except (OSError, subprocess.SubprocessError):
+            return []
+        return [line for line in done.stdout.splitlines() if line.strip()]
+
+    # -- cleaning up ----------------------------------------------------------------------------
+
+    def remove_unused(self, keep: set[str], *, remove_envs: bool = True) -> dict[str, Any]:
+        """Delete crashed builds' temp folders, and (if ``remove_envs``) env folders whose
+        hash is not in ``keep``. Folders whose lock another process holds are left alone."""
+        removed: list[str] = []
+        skipped: list[str] = []
+        if not self.envs_dir.is_dir():
+            return {"removed": removed, "skipped": skipped}
+        for entry in sorted(self.envs_dir.iterdir()):
+            name = entry.name
+            if name == LOCKS_DIR or not entry.is_dir():
+                continue
+            if name.startswith(TMP_PREFIX):
+                spec_hash = name[len(TMP_PREFIX):].split("-", 1)[0]
+            elif remove_envs and name not in keep:
+                spec_hash = name
+            else:
+                continue
+            lock = FileLock(str(self.envs_dir / LOCKS_DIR / f"{spec_hash}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                skipped.append(name)
+                continue
+            try:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(name)
+            finally:
+                lock.release()
+        return {"removed": removed, "skipped": skipped}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+class _BuildLog:
+    """The build log file plus an in-memory tail; forwards each line to ``on_progress``."""
+
+    def __init__(self, path: Path, on_progress: ProgressCallback | None) -> None:
+        self._file = path.open("a", encoding="utf-8")
+        self._tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self._on_progress = on_progress
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self._tail.append(text)
+            if not self._file.closed:
+                self._file.write(text + "\n")
+                self._file.flush()
+        _emit(self._on_progress, text)
+
+    def pump(self, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            self.line(raw.decode("utf-8", "replace").rstrip())
+        stream.close()
+
+    def tail(self) -> str:
+        with self._lock:
+            return "\n".join(self._tail)
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def _emit(on_progress: ProgressCallback | None, text: str) -> None:
+    if on_progress is not None:
+        try:
+            on_progress(text)
+        except Exception:  # a broken progress callback must not break the build
+            pass
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    try:
+        if os.name == "posix":
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail_of(path: Path) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace")
+                         .splitlines()[-LOG_TAIL_LINES:])
+    except OSError:
+        return ""
+
+
+def _write_marker(path: Path, record: dict[str, Any]) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(record, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _display(arg: str) -> str:
+    return arg if arg and all(c.isalnum() or c in "-_=./:@+" for c in arg) else repr(arg)
+
+
+def _uv_failed(label: str, spec: EnvironmentSpec, tail: str, returncode: int) -> CoordexError:
+    lines = tail.splitlines()
+    # uv's resolver explanation starts at its first "error:" line (older uv: "\u00d7" in
+    # colour-free mode); "cause:" and "hint:" lines follow.
+    start = next((i for i, line in enumerate(lines) if line.startswith(("error:", "\u00d7"))), None)
+    reason_lines = lines[start:] if start is not None else lines[-6:]
+    reason = "\n".join(line for line in reason_lines if line.strip()
+                       and not line.startswith("==="))
+    named = [n for n in spec.names() if n in reason.lower()]
+    what = (f"the requirement(s) for {', '.join(repr(n) for n in named)}" if named
+            else "the requirements uv names")
+    offline = "network was disabled" in reason or os.environ.get("UV_OFFLINE")
+    where = (" Offline, uv can only use its cache and file:// URLs." if offline else "")
+    return CoordexError(
+        "environment",
+        f"Could not build {label}: uv exited with status {returncode}.\n{reason}",
+        f"Change {what} in the spec: check the name and that the pinned version exists on "
+        f"the index (or point at a wheel with 'name @ file:///...'), relax conflicting "
+        f"pins, then create the environment again with the corrected spec.{where}",
+        log=tail,
+    )
+
+
+__all__ = [
+    "INDEX_SETTINGS", "LINK_MODE", "MARKER", "BuildOutcome", "EnvironmentBuilder",
+    "Interpreter", "current_interpreter", "find_interpreter", "hash_inputs",
+    "index_settings", "uv_binary", "uv_version",
+]
