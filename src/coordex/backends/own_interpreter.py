@@ -35,6 +35,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import gc
 import io
 import json
 import os
@@ -525,7 +526,7 @@ class OwnInterpreter:
             sel.close()
             for fd in readers:
                 os.close(fd)
-            _, status = os.waitpid(pid, 0)
+            status = _reap_soon(pid)
         isolation = {"names": True, "objects": True, "files": "none"}
         try:
             cell = json.loads(b"".join(chunks).decode("utf-8"))
@@ -558,6 +559,9 @@ def _forked_child(session: NamespaceSession, request: RunRequest,
     try:
         for r, _ in pipes.values():
             os.close(r)
+        # Freeze what the session holds: a collection in the copy would walk (and so
+        # copy page by page) every object the session owns.
+        gc.freeze()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -582,7 +586,36 @@ def _forked_child(session: NamespaceSession, request: RunRequest,
     except BaseException:
         code = 70
     finally:
+        # Close the pipes before exiting: tearing down a large copy-on-write image takes
+        # milliseconds, and the parent returns as soon as it sees end-of-file.
+        for target in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                target.flush()
+        for fd in (1, 2, pipes["result"][1]):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         os._exit(code)
+
+
+def _reap_soon(pid: int) -> int | None:
+    """The child's exit status if it has exited, else reap it on a short-lived thread."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if done:
+        return status
+    time.sleep(0.0005)
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        return status
+    threading.Thread(target=_wait_quietly, args=(pid,), daemon=True).start()
+    return None
+
+
+def _wait_quietly(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _decoder() -> Any:

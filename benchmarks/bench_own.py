@@ -1,0 +1,63 @@
+"""The agent's own interpreter: call overhead against a bare exec, and read-only
+against copy.deepcopy of a session holding a ledger as an agent would load it.
+
+Run: python benchmarks/bench_own.py [--big]   (--big adds a 1 GB buffer case)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _util import fmt, median_seconds, table  # noqa: E402
+
+from coordex import Executor  # noqa: E402
+
+LEDGER = ("ledger = [{'id': i, 'account': 'acct-%d' % (i % 997), 'amount': i * 0.01}"
+          " for i in range(200_000)]\nblob = bytearray(SIZE)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--big", action="store_true", help="also measure a 1 GB buffer")
+    args = parser.parse_args()
+    rows = [("case", "coordex", "peer", "peer", "ratio")]
+    with tempfile.TemporaryDirectory() as root, Executor(root=root) as ex:
+        ns: dict[str, object] = {}
+        bare = median_seconds(lambda: exec("x = 1", ns), 5000)
+        call = median_seconds(lambda: ex.execute_code("x = 1", state_mode="stateful"), 5000)
+        rows.append(("stateful call 'x = 1'", fmt(call), "bare exec", fmt(bare),
+                     f"overhead {fmt(call - bare)}"))
+        stateless = median_seconds(lambda: ex.execute_code("x = 1"), 3000)
+        rows.append(("stateless call 'x = 1'", fmt(stateless), "bare exec", fmt(bare),
+                     f"overhead {fmt(stateless - bare)}"))
+        sizes = [("200k records + 100 MB", 100 * 2**20)]
+        if args.big:
+            sizes.append(("200k records + 1 GB", 2**30))
+        for label, size in sizes:
+            ex.execute_code(LEDGER.replace("SIZE", str(size)), state_mode="stateful",
+                            session_name="audit", timeout=600)
+            session = ex._sessions[next(k for k in ex._sessions if k.session_id == 1)]
+            state = {"ledger": session.namespace["ledger"], "blob": session.namespace["blob"]}
+            ro = median_seconds(lambda: ex.execute_code(
+                "ledger.sort(key=lambda r: -r['amount']); len(ledger)",
+                state_mode="read_only", session_name="audit"), 10, warmup=1)
+            ro_empty = median_seconds(lambda: ex.execute_code(
+                "len(ledger)", state_mode="read_only", session_name="audit"), 20, warmup=2)
+            deep = median_seconds(lambda: copy.deepcopy(state), 3, warmup=0)
+            rows.append((f"read_only len() on {label}", fmt(ro_empty), "deepcopy", fmt(deep),
+                         f"{deep / ro_empty:.0f}x faster"))
+            rows.append((f"read_only sort on {label}", fmt(ro), "deepcopy", fmt(deep),
+                         f"{deep / ro:.1f}x faster"))
+            ex.close_session(session_name="audit")
+            del state, session
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
