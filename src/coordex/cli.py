@@ -213,8 +213,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # --- env -----------------------------------------------------------------------------------
 
 
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if column.endswith("_at") and isinstance(value, (int, float)):
+        import datetime
+
+        return datetime.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
 def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    cells = [[_cell(c, r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:

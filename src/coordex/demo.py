@@ -153,12 +153,14 @@ print("inside the copy:", len(ledger), "rows, largest", ledger[0]["amount"])
         self.out("    the session is unchanged: same rows, same order, totals intact.")
 
     def step_environment(self) -> None:
-        from .tools import environments_of
+        from .tools import build_environment, environments_of
 
         environments = environments_of(self.ex)
         if environments is None:
             raise StepSkipped("this build has no dedicated environments yet")
-        wheel = write_forecast_wheel(self.workdir / "wheels")
+        # Under the data folder, so the spec (which names the wheel's path) and hence the
+        # environment are the same on the next run with this COORDEX_HOME.
+        wheel = write_forecast_wheel(Path(self.ex.root) / "demo-wheels")
         spec = f"{WHEEL_NAME.replace('_', '-')} @ {wheel.as_uri()}\n"
         self.out(f">>> environments.create({spec.strip()!r}, name='forecast')")
         created = environments.create(spec, name="forecast")
@@ -167,10 +169,14 @@ print("inside the copy:", len(ledger), "rows, largest", ledger[0]["amount"])
         else:
             self.out(f"    => venv_id={created['venv_id']} (built on first use)")
         _expect(created, "venv_id" in created, "create should return a venv_id")
+        self.out(f">>> environments.build({created['venv_id']})   (uv output on stderr)")
+        built = build_environment(environments, created["venv_id"], _to_stderr)
+        if "error_type" in built:
+            self.show(built)
+        _expect(built, True, "the environment should build")
         monthly = self.call(_MONTHLY_CODE, state_mode="read_only", session_name="audit")
         _expect(monthly, monthly.get("result") is not None, "monthly totals should come back")
         series = ast.literal_eval(monthly["result"])
-        self.out("    (first use builds the environment with uv; a later run reuses it)")
         code = f"""
 from {WHEEL_NAME} import linear_forecast
 linear_forecast({series!r}, steps=3)
@@ -265,6 +271,10 @@ def _expect(record: dict[str, Any], condition: bool, claim: str) -> None:
 
 def _clip(text: str, limit: int = 1500) -> str:
     return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2:]
+
+
+def _to_stderr(stream: str, text: str) -> None:
+    print(f"    [{stream}] {text.rstrip()}", file=sys.stderr, flush=True)
 
 
 def _one_line(text: str, limit: int) -> str:
