@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import fmt, median_seconds, table  # noqa: E402
+from _util import fmt, median_seconds, table
 
-from coordex import Executor  # noqa: E402
+from coordex import Executor
 
 LEDGER = ("ledger = [{'id': i, 'account': 'acct-%d' % (i % 997), 'amount': i * 0.01}"
           " for i in range(200_000)]\nblob = bytearray(SIZE)")
@@ -49,7 +49,7 @@ def main() -> None:
                 state_mode="read_only", session_name="audit"), 10, warmup=1)
             ro_empty = median_seconds(lambda: ex.execute_code(
                 "len(ledger)", state_mode="read_only", session_name="audit"), 20, warmup=2)
-            deep = median_seconds(lambda: copy.deepcopy(state), 3, warmup=0)
+            deep = median_seconds(lambda s=state: copy.deepcopy(s), 3, warmup=0)
             rows.append((f"read_only len() on {label}", fmt(ro_empty), "deepcopy", fmt(deep),
                          f"{deep / ro_empty:.0f}x faster"))
             rows.append((f"read_only sort on {label}", fmt(ro), "deepcopy", fmt(deep),

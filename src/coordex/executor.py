@@ -564,7 +564,7 @@ class Executor:
         """Tool definitions for ``"openai"``, ``"anthropic"`` or ``"mcp"``."""
         from .tools import tool_definitions
 
-        return tool_definitions(format)  # type: ignore[arg-type]
+        return tool_definitions(format)
 
 
 class Environments:

@@ -32,6 +32,7 @@ started by user code, signal handlers, and ``os._exit`` ends the agent itself.
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import contextlib
 import ctypes
@@ -43,7 +44,6 @@ import selectors
 import signal
 import sys
 import tempfile
-import _thread
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -73,7 +73,7 @@ class _RoutedStream(io.TextIOBase):
         self._name = name
         self.original = original
 
-    def write(self, text: str) -> int:  # type: ignore[override]
+    def write(self, text: str) -> int:
         sink = getattr(_local, self._name, None)
         if sink is None:
             return int(self.original.write(text) or 0)
@@ -149,9 +149,9 @@ def _routed_streams() -> Iterator[None]:
     replace ``sys.stdout`` whenever they like; whatever is there is wrapped and put back.
     """
     saved = (sys.stdout, sys.stderr, sys.stdin)
-    sys.stdout = _RoutedStream("stdout", saved[0])  # type: ignore[assignment]
-    sys.stderr = _RoutedStream("stderr", saved[1])  # type: ignore[assignment]
-    sys.stdin = _RoutedStdin(saved[2])  # type: ignore[assignment]
+    sys.stdout = _RoutedStream("stdout", saved[0])
+    sys.stderr = _RoutedStream("stderr", saved[1])
+    sys.stdin = _RoutedStdin(saved[2])
     try:
         yield
     finally:
@@ -162,7 +162,8 @@ class _FdCapture:
     """Points fds 1 and 2 at temporary files (and 0 at /dev/null) during one call."""
 
     def __init__(self) -> None:
-        self._files = {1: tempfile.TemporaryFile(), 2: tempfile.TemporaryFile()}
+        # Kept open for the executor's life (closed in close()), so no context manager.
+        self._files = {1: tempfile.TemporaryFile(), 2: tempfile.TemporaryFile()}  # noqa: SIM115
         self._devnull = os.open(os.devnull, os.O_RDONLY)
         self._saved: dict[int, int] = {}
 
@@ -489,7 +490,7 @@ class OwnInterpreter:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - runs in the child, reported through pipes
                 _forked_child(session, request, pipes, protect)
-        for r, w in pipes.values():
+        for _, w in pipes.values():
             os.close(w)
         readers = {pipes["stdout"][0]: "stdout", pipes["stderr"][0]: "stderr",
                    pipes["result"][0]: "result"}
@@ -533,7 +534,7 @@ class OwnInterpreter:
             isolation["files"] = cell.pop("files", "none")
         except ValueError:
             cell = None
-        if cell is None or interrupted_at is not None and cell.get("interrupted") is not True:
+        if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
             if interrupted_at is not None:
                 outcome = _timed_out(out, err, stuck=False)
             else:

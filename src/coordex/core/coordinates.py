@@ -175,7 +175,18 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 __all__ = [
-    "LANGUAGES", "STATE_MODES", "Coordinate", "CoordexError", "Language", "SessionKey",
-    "StateMode", "check_code", "check_coordinate", "check_language", "check_session",
-    "check_state_mode", "check_timeout", "check_venv_id",
+    "LANGUAGES",
+    "STATE_MODES",
+    "CoordexError",
+    "Coordinate",
+    "Language",
+    "SessionKey",
+    "StateMode",
+    "check_code",
+    "check_coordinate",
+    "check_language",
+    "check_session",
+    "check_state_mode",
+    "check_timeout",
+    "check_venv_id",
 ]

@@ -21,7 +21,7 @@ import sys
 import traceback
 
 _THIS_FILE = __file__
-_CELL_SOURCES = []  # filenames registered in linecache, oldest first (bounded)
+_CELL_SOURCES = []  # type: list[str]  # filenames registered in linecache, oldest first (bounded)
 _MAX_CELLS_IN_LINECACHE = 200
 _counter = [0]
 
