@@ -1,0 +1,120 @@
+"""The protocol module and docs/protocol.md say the same thing; plain values round-trip.
+
+jupyter_client's protocol doc and code drifted apart (5.5 vs 5.4); this test keeps ours
+in step: every message type and field of ``MESSAGES`` is documented under its own
+heading, the version matches, and the worker files stay valid Python 3.8.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from coordex import protocol
+from coordex.protocol import (
+    HOST_TO_WORKER,
+    MESSAGES,
+    PROTOCOL_VERSION,
+    WORKER_TO_HOST,
+    ProtocolError,
+    decode,
+    encode,
+    from_wire,
+    message,
+    to_wire,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "protocol.md"
+WORKER_DIR = ROOT / "src" / "coordex" / "worker"
+
+
+def _sections() -> dict[str, str]:
+    text = DOC.read_text()
+    parts = re.split(r"^### `(\w+)`", text, flags=re.MULTILINE)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def test_version_matches_the_doc() -> None:
+    found = re.search(r"Protocol version: \*\*(\d+)\*\*", DOC.read_text())
+    assert found is not None and int(found.group(1)) == PROTOCOL_VERSION
+
+
+def test_every_message_and_field_is_documented_in_its_section() -> None:
+    sections = _sections()
+    assert set(sections) == set(MESSAGES), "doc headings and MESSAGES differ"
+    for kind, (direction, required, optional) in MESSAGES.items():
+        body = sections[kind].split("\n### ", 1)[0]
+        arrow = "host → worker" if direction == HOST_TO_WORKER else "worker → host"
+        assert arrow in sections[kind].splitlines()[0], kind
+        for name in required:
+            assert re.search(rf"- `{name}` —", body), f"{kind}.{name} undocumented"
+        for name in optional:
+            assert re.search(rf"- `{name}` \(\*optional\*", body), \
+                f"{kind}.{name} not documented as optional"
+
+
+def test_directions_are_known() -> None:
+    assert {spec[0] for spec in MESSAGES.values()} == {HOST_TO_WORKER, WORKER_TO_HOST}
+
+
+def test_messages_are_checked() -> None:
+    line = encode(message("inspect", id="1"))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode(line, HOST_TO_WORKER) == {"type": "inspect", "id": "1"}
+    with pytest.raises(ProtocolError, match="does not travel"):
+        decode(line, WORKER_TO_HOST)
+    with pytest.raises(ProtocolError, match="lacks field"):
+        message("run", id="1", code="x")
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        decode(b'{"type": "nope"}')
+    with pytest.raises(ProtocolError, match="not a JSON line"):
+        decode(b"garbage")
+    with pytest.raises(ProtocolError, match="run mode"):
+        message("run", id="1", code="", mode="sideways", output_limit=1, mark="m")
+
+
+def test_lines_are_ascii_whatever_the_text() -> None:
+    line = encode(message("run", id="1", code="print('héllo\\n✓')", mode="stateful",
+                          output_limit=10, mark="m"))
+    line.decode("ascii")
+    assert decode(line)["code"] == "print('héllo\\n✓')"
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 3, 2.5, "text", b"\x00\xff", [1, [b"a"]], {"k": {"n": [None]}},
+    {"__bytes__": "looks like bytes"}, {"__dict__": {"__bytes__": 1}},
+])
+def test_plain_values_round_trip(value: object) -> None:
+    assert from_wire(decode(encode(message("capability_result", id="1",
+                                           value=to_wire(value))))["value"]) == value
+
+
+def test_tuples_become_lists() -> None:
+    assert from_wire(to_wire((1, (2, b"x")))) == [1, [2, b"x"]]
+
+
+def test_non_plain_values_name_the_type_and_the_way_out() -> None:
+    with pytest.raises(TypeError, match=r"argument\[1\] is a builtins.set object.*file"):
+        to_wire([1, {2}], "argument")
+    with pytest.raises(TypeError, match="key of type int"):
+        to_wire({1: "a"})
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+    with pytest.raises(TypeError, match="nested more than"):
+        to_wire(cyclic)
+
+
+def test_reexport_is_the_worker_module() -> None:
+    from coordex.worker import _coordex_protocol
+
+    assert protocol.MESSAGES is _coordex_protocol.MESSAGES
+
+
+@pytest.mark.parametrize("name", ["_coordex_worker.py", "_coordex_protocol.py",
+                                  "_coordex_engine.py"])
+def test_worker_files_are_python_38(name: str) -> None:
+    ast.parse((WORKER_DIR / name).read_text(), feature_version=(3, 8))
