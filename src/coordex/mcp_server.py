@@ -142,14 +142,18 @@ class OutputRelay:
             return self._seen, self._tail
 
 
+async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
+    update = relay.take()
+    if update is not None:
+        progress, message = update
+        # A no-op when the client sent no progress token.
+        await ctx.session.report_progress(float(progress), None, message)
+
+
 async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
     while True:
         await anyio.sleep(PROGRESS_INTERVAL)
-        update = relay.take()
-        if update is not None:
-            progress, message = update
-            # A no-op when the client sent no progress token.
-            await ctx.session.report_progress(float(progress), None, message)
+        await _send_progress(ctx, relay)
 
 
 # --- the server ------------------------------------------------------------------------
@@ -195,6 +199,11 @@ async def run_tool(
     except anyio.get_cancelled_exc_class():
         cancel.set()
         raise
+    if ctx is not None:
+        # Output of the last interval (or of a call shorter than one) still goes out,
+        # ahead of the result.
+        with contextlib.suppress(Exception):
+            await _send_progress(ctx, relay)
     return result
 
 

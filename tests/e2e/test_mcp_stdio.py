@@ -178,3 +178,66 @@ def test_figures_come_back_as_image_content(tmp_path: Path) -> None:
         assert isinstance(text, TextContent) and images[0].data not in text.text
 
     run_session(tmp_path, body)
+
+
+def test_bash_sessions_keep_their_shell_state(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        first = await session.call_tool("execute_code", {
+            "code": "cd /tmp && GREETING=hello && false", "language": "bash",
+            "state_mode": "stateful"})
+        assert not first.is_error, first  # a non-zero exit is a result, not an error
+        assert structured(first)["exit_code"] == 1
+        second = await session.call_tool("execute_code", {
+            "code": 'echo "$GREETING from $PWD"', "language": "bash", "state_mode": "stateful"})
+        assert structured(second)["stdout"].strip() == "hello from /tmp"
+
+    run_session(tmp_path, body)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_environment_built_with_progress_then_used(tmp_path: Path) -> None:
+    from coordex.demo import write_forecast_wheel
+
+    wheel = write_forecast_wheel(tmp_path / "wheels")
+    spec = f"coordex-demo-forecast @ {wheel.as_uri()}\n"
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async def body(session: ClientSession) -> None:
+        names = {tool.name for tool in (await session.list_tools()).tools}
+        if "create_environment" not in names:
+            pytest.skip("this build has no environments")
+        created = await session.call_tool(
+            "create_environment", {"spec": spec, "name": "forecast", "build": True},
+            progress_callback=on_progress)
+        assert not created.is_error, created
+        venv_id = structured(created)["venv_id"]
+        assert any("[build]" in m for m in messages), messages
+        listed = structured(await session.call_tool("list_environments", {}))
+        assert [e["venv_id"] for e in listed["environments"]] == [venv_id]
+        used = await session.call_tool("execute_code", {
+            "code": "from coordex_demo_forecast import linear_forecast\n"
+                    "linear_forecast([1.0, 2.0, 3.0], steps=2)",
+            "venv_id": venv_id})
+        assert structured(used)["result"] == "[4.0, 5.0]"
+
+    run_session(tmp_path, body)
+
+
+def test_a_cancelled_call_leaves_the_server_responsive(tmp_path: Path) -> None:
+    async def body(session: ClientSession) -> None:
+        with pytest.raises(Exception):  # noqa: B017 - the SDK's timeout error type is internal
+            await session.call_tool("execute_code", {
+                "code": "import time\ntime.sleep(4)",
+                "timeout": 10}, read_timeout_seconds=0.5)
+        with anyio.fail_after(3):
+            listed = await session.call_tool("list_sessions", {})
+        assert not listed.is_error
+        with anyio.fail_after(20):  # at worst the abandoned call runs out first
+            after = await session.call_tool("execute_code", {"code": "'still here'"})
+        assert structured(after)["result"] == "'still here'"
+
+    run_session(tmp_path, body)
