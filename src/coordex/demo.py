@@ -42,11 +42,11 @@ WHEEL_VERSION = "0.1.0"
 
 # The stored function of step 5. It lives at module level so its source can be read,
 # and it reads `ledger` from the session it runs in.
-def mark_reviewed(limit):  # type: ignore[no-untyped-def]
+def mark_reviewed(limit):
     """Mark the first `limit` ledger rows as reviewed; return how many are reviewed."""
-    for row in ledger[:limit]:  # type: ignore[name-defined]  # noqa: F821
+    for row in ledger[:limit]:  # noqa: F821
         row["reviewed"] = True
-    return sum(1 for row in ledger if row.get("reviewed"))  # type: ignore[name-defined]  # noqa: F821
+    return sum(1 for row in ledger if row.get("reviewed"))  # noqa: F821
 
 
 class StepFailed(Exception):
