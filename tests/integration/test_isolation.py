@@ -179,11 +179,15 @@ def test_discarded_refuses_writes_outside_work_paths(tree: dict[str, Path]) -> N
                 "delete": attempt(lambda: os.unlink(other / "note.txt")),
                 "overwrite": attempt(lambda: (other / "note.txt").write_text("x")),
                 "truncate": attempt(lambda: os.truncate(other / "note.txt", 0)),
-                "devnull": attempt(lambda: Path("/dev/null").write_text("x"))}
+                "devnull": attempt(lambda: Path("/dev/null").write_text("x")),
+                "signal_parent": attempt(lambda: os.kill(os.getppid(), 0))}
 
     report = in_child(body)
     assert report.pop("mode") == "discarded"
     assert report.pop("devnull") == "ok"
+    # Landlock ABI 6 scopes signals to the child's own domain.
+    expected_signal = "PermissionError:1" if isolation.landlock_abi() >= 6 else "ok"
+    assert report.pop("signal_parent") == expected_signal
     assert set(report.values()) == {"PermissionError:13"}, report
     assert snapshot(other) == before
 
@@ -355,3 +359,41 @@ def test_seccomp_fallback_refuses_truncate(tree: dict[str, Path]) -> None:
     report = in_child(body)
     assert report["truncate"] == "PermissionError:1"
     assert target.read_text() == "note\n"
+
+
+def test_landlock_abi_1_rules_still_refuse_everything_outside_scratch(
+        tree: dict[str, Path]) -> None:
+    """The oldest ABI (kernel 5.13): no REFER or TRUNCATE rights, seccomp fills in."""
+    if isolation.landlock_abi() < 1 or not isolation._landlock_usable(1):
+        pytest.skip("needs Landlock and the seccomp truncate fallback")
+    other, scratch = tree["other"], tree["scratch"]
+    (scratch / "a").mkdir()
+
+    def body() -> dict[str, Any]:
+        isolation._landlock_restrict(1, [str(scratch)])
+        return {"write": attempt(lambda: (other / "note.txt").write_text("x")),
+                "truncate": attempt(lambda: os.truncate(other / "note.txt", 0)),
+                "scratch": attempt(lambda: (scratch / "f").write_text("f")),
+                "same_dir_rename": attempt(lambda: os.rename(scratch / "f", scratch / "g"))}
+
+    report = in_child(body)
+    assert report == {"write": "PermissionError:13", "truncate": "PermissionError:1",
+                      "scratch": "ok", "same_dir_rename": "ok"}
+    assert (other / "note.txt").read_text() == "note\n"
+
+
+def test_threaded_process_is_never_claimed_protected(tree: dict[str, Path]) -> None:
+    def body() -> dict[str, Any]:
+        import threading
+
+        stop = threading.Event()
+        thread = threading.Thread(target=stop.wait)
+        thread.start()
+        try:
+            mode = isolation.protect([str(tree["work"])], str(tree["scratch"]))
+        finally:
+            stop.set()
+            thread.join()
+        return {"mode": mode}
+
+    assert in_child(body) == {"mode": "none"}

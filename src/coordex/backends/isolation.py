@@ -58,6 +58,9 @@ What a protected call may still do (the limits):
 Landlock ABI below 3 cannot refuse ``truncate(2)`` by path; there a seccomp filter makes
 ``truncate`` fail with ``EPERM`` (x86-64 and aarch64), or the mode is ``"none"``.
 
+:func:`protect` must run single-threaded; in a threaded process it returns ``"none"``.
+The module runs on CPython 3.8+ so a worker in an older environment can load it too.
+
 Test hook: ``COORDEX_ISOLATION_FORCE=refused|none`` caps the strongest mode tried (see
 :func:`force_unavailable`). This module is standard-library only so the bash launcher
 (:func:`protected_bash_argv`) can load it by path without importing coordex.
@@ -331,7 +334,7 @@ def _reap_helper(helper: int | None, go: int | None, *, proceed: bool) -> bool:
     finally:
         os.close(go)  # EOF makes `read` fail, so a cancelled helper exits at once
     _, status = os.waitpid(helper, 0)
-    return proceed and os.waitstatus_to_exitcode(status) == 0
+    return proceed and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def _write(path: str, text: str) -> None:
@@ -360,17 +363,20 @@ def _mount_points() -> list[str]:
     points = []
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            # mountinfo escapes space, tab, newline and backslash as octal (e.g. \040).
-            field = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]),
-                           line.split(b" ")[4])
+            field = line.split(b" ", 5)[4]
+            if b"\\" in field:  # space, tab, newline and backslash come octal: \040
+                field = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field)
             points.append(os.fsdecode(field))
     return points
 
 
-def _mount_overlays(dirs: Sequence[str], scratch: str, userns: bool) -> tuple[list[str], bool]:
-    """Overlay every dir in ``dirs``; return (paths now writable, all dirs overlaid)."""
+def _mount_overlays(dirs: Sequence[str], scratch: str, userns: bool,
+                    points: Sequence[str]) -> tuple[list[str], bool]:
+    """Overlay every dir in ``dirs``; return (paths now writable, all dirs overlaid).
+
+    ``points`` are the mount points (from :func:`_mount_points`) before any change.
+    """
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing we mount reaches the host
-    points = _mount_points()
     # Submounts inside a work dir are hidden by its overlay; keep handles to bind them
     # back. Only the outermost ones: MS_REC carries what is mounted below them.
     nested = sorted({p for p in points for d in dirs if _within(p, d) and p != d
@@ -382,30 +388,37 @@ def _mount_overlays(dirs: Sequence[str], scratch: str, userns: bool) -> tuple[li
             keep[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             pass
-    layers = os.path.join(scratch, ".coordex-overlay")
-    os.mkdir(layers, 0o700)
+    # The layers tmpfs goes on /dev/shm and is then covered by the call's private
+    # /dev/shm: hidden from the code without an unmount (a lazy unmount waits for an RCU
+    # grace period, ~1.5 ms). Without /dev/shm it sits in scratch and is detached.
+    on_shm = os.path.isdir("/dev/shm")
+    layers = "/dev/shm" if on_shm else os.path.join(scratch, ".coordex-overlay")
+    if not on_shm:
+        os.mkdir(layers, 0o700)
     _mount("tmpfs", layers, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0700")
     layers_fd = os.open(layers, os.O_PATH | os.O_CLOEXEC)
     overlaid: list[str] = []
+    writable: list[str] = []
     try:
         for index, lower in enumerate(dirs):
             if _overlay_one(index, lower, layers, layers_fd, userns):
                 overlaid.append(lower)
-        # The overlays hold their own references to the layers; detach the tmpfs so the
-        # code cannot reach the upper dirs behind the overlay's back.
-        _check(_libc().umount2(os.fsencode(f"/proc/self/fd/{layers_fd}"), _MNT_DETACH),
-               "detach layers")
-        try:
-            os.rmdir(layers)
-        except OSError:
-            pass
+        # The overlays hold their own references to the layers, so covering or detaching
+        # the tmpfs keeps the code from reaching the upper dirs behind their back.
+        if on_shm:
+            _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+            writable.append("/dev/shm")
+        else:
+            _check(_libc().umount2(os.fsencode(f"/proc/self/fd/{layers_fd}"), _MNT_DETACH),
+                   "detach layers")
+            try:
+                os.rmdir(layers)
+            except OSError:
+                pass
         for path, fd in keep.items():
             if any(_within(path, d) for d in overlaid):
                 _rebind(fd, path, read_only=path != scratch)
-        writable = list(overlaid)
-        if os.path.isdir("/dev/shm"):
-            _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
-            writable.append("/dev/shm")
+        writable += overlaid
     finally:
         os.close(layers_fd)
         for fd in keep.values():
@@ -516,6 +529,10 @@ def protect(work_paths: Sequence[str], scratch: str, *,
     ceiling = _weaker(allow, forced_ceiling())
     if ceiling == "none" or not sys.platform.startswith("linux"):
         return "none"
+    if len(os.listdir("/proc/self/task")) != 1:
+        # Landlock binds only the calling thread and unshare(CLONE_NEWUSER) refuses a
+        # threaded process: other threads would write freely, so promise nothing.
+        return "none"
     abi = landlock_abi()
     mode: FilesMode = "refused"
     writable = [scratch, *_DEVICES]
@@ -525,9 +542,10 @@ def protect(work_paths: Sequence[str], scratch: str, *,
             # Mounts copied into a user namespace are locked, and overlayfs refuses a
             # lower dir with locked mounts below it. Root can skip the user namespace
             # then; anyone else gets those dirs refused instead of discarded.
-            nested = any(_within(p, d) and p != d for p in _mount_points() for d in dirs)
+            points = _mount_points()
+            nested = any(_within(p, d) and p != d for p in points for d in dirs)
             userns = _enter_namespaces(userns=not nested)
-            overlaid, complete = _mount_overlays(dirs, scratch, userns)
+            overlaid, complete = _mount_overlays(dirs, scratch, userns, points)
             writable += overlaid
             if complete:
                 mode = "discarded"
@@ -593,7 +611,7 @@ def _probe_in_child() -> Capabilities:
                 userns = _enter_namespaces()
                 report["userns"] = userns
                 lower = os.path.join(base, "lower")
-                _, complete = _mount_overlays([lower], base, userns)
+                _, complete = _mount_overlays([lower], base, userns, _mount_points())
                 with open(os.path.join(lower, "probe"), "w") as f:
                     f.write("x")
                 report["overlay"] = complete
