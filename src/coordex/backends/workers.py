@@ -1,0 +1,897 @@
+"""Python worker processes: one per stateful session, and fork-server templates.
+
+How it works:
+
+- :class:`_WorkerProcess` owns one OS process running ``worker/_coordex_worker.py``
+  (launched by path with the environment's interpreter) and its four pipes: protocol in,
+  protocol out, and the worker's fds 1 and 2, which this side reads directly. It knows
+  how to start (checking the ``hello`` handshake), hold one *conversation* (send a
+  message, stream output, answer capability calls, enforce the timeout by SIGINT then
+  escalation) and stop (shutdown -> SIGINT -> SIGTERM -> SIGKILL of its process group,
+  always reaped). It applies no fault policy.
+- :class:`WorkerSession` holds one process for a stateful session and applies SPEC
+  section 6: a process found dead is replaced (``state_lost``); one that dies during a
+  call is replaced and the call retried once (``retried``), then ``crashed``.
+- :class:`WorkerTemplate` keeps clean workers that never run code themselves: each
+  stateless call forks a fresh child of one (about a millisecond, against tens of
+  milliseconds for an interpreter start). Idle templates are pooled so parallel
+  stateless calls do not queue.
+
+Every outcome is a plain dict (``backends.base``); failures are SPEC error dicts.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from ..core.errors import CoordexError, make_error
+from ..core.results import OutputBuffer
+from ..protocol import (
+    PROTOCOL_VERSION,
+    WORKER_TO_HOST,
+    LineReader,
+    ProtocolError,
+    decode,
+    encode,
+    from_wire,
+    message,
+    to_wire,
+)
+from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, empty_outcome
+
+WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
+START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
+MARK_WAIT = 0.5  # after `done`, how long to wait for the end mark on fds 1/2
+CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
+STOP_STEP = 1.0  # each stage of close() waits this long before escalating
+INSPECT_TIMEOUT = 10.0
+_READ_SIZE = 1 << 16
+_PIPE_SIZE = 1 << 20
+RunMode = Literal["stateful", "read_only", "stateless"]
+
+
+class CapabilityHost(Protocol):
+    """Host functions exposed to worker code as global names (implemented by the executor)."""
+
+    def names(self) -> list[str]: ...
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
+
+
+class WorkerStartError(CoordexError):
+    """A worker process could not be started or did not complete the handshake."""
+
+    def __init__(self, error: str, suggestion: str, log: str = "") -> None:
+        super().__init__("crashed", error, suggestion, state_lost=True, log=log)
+
+
+def worker_env(env: dict[str, str] | None) -> dict[str, str]:
+    """The worker's environment: the given one (or ours) with pagers and plots tamed."""
+    result = dict(os.environ if env is None else env)
+    result["PAGER"] = "cat"
+    result["GIT_PAGER"] = "cat"
+    result["MPLBACKEND"] = "Agg"  # workers have no display; figures are collected as PNG
+    return result
+
+
+# -- output capture -----------------------------------------------------------------------
+
+
+class _StreamCapture:
+    """One stream of one call: bytes in, text out (bounded), stopping at the run's mark."""
+
+    def __init__(self, request: RunRequest, stream: str, mark: bytes | None) -> None:
+        self.request = request
+        self.stream = stream
+        self.mark = mark
+        self.buffer = OutputBuffer(request.output_limit)
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.pending = bytearray()
+        self.marked = mark is None
+
+    def feed(self, data: bytes) -> bytes:
+        """Take bytes; return whatever follows the mark (it belongs to the next call)."""
+        if self.marked:
+            return data
+        assert self.mark is not None
+        self.pending += data
+        at = self.pending.find(self.mark)
+        if at >= 0:
+            rest = bytes(self.pending[at + len(self.mark):])
+            self._emit(bytes(self.pending[:at]))
+            self.pending.clear()
+            self.marked = True
+            self.finish()
+            return rest
+        # Hold back a tail that could be the start of the mark split across reads.
+        hold = 0
+        for size in range(min(len(self.mark) - 1, len(self.pending)), 0, -1):
+            if self.pending.endswith(self.mark[:size]):
+                hold = size
+                break
+        cut = len(self.pending) - hold
+        self._emit(bytes(self.pending[:cut]))
+        del self.pending[:cut]
+        return b""
+
+    def finish(self) -> None:
+        self._emit(bytes(self.pending))
+        self.pending.clear()
+        tail = self.decoder.decode(b"", final=True)
+        if tail:
+            self.buffer.write(tail)
+            emit(self.request, self.stream, tail)
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            text = self.decoder.decode(data)
+            if text:
+                self.buffer.write(text)
+                emit(self.request, self.stream, text)
+
+
+@dataclass
+class _Reply:
+    """How one conversation with a worker ended."""
+
+    message: dict[str, Any] | None = None  # the reply (`done`, `inspect_result`), if any
+    stdout: str = ""
+    stderr: str = ""
+    truncated: bool = False
+    interrupted: bool = False  # we sent SIGINT (the timeout passed)
+    child_killed: bool = False  # we had the worker kill its fork child (SIGUSR1)
+    worker_killed: bool = False  # we killed the worker (it ignored the interrupt)
+    died: bool = False  # the worker ended during the call without us killing it
+    death: str = ""  # how it ended, for messages
+    notes: list[str] = field(default_factory=list)
+
+
+# -- one process --------------------------------------------------------------------------
+
+
+class _WorkerProcess:
+    """One worker OS process, its pipes and its handshake. No fault policy here."""
+
+    def __init__(self, python: str | Path, env: dict[str, str] | None, cwd: str | None,
+                 start_timeout: float = START_TIMEOUT) -> None:
+        self.python = str(python)
+        self.capability_names: list[str] | None = None
+        self.hello: dict[str, Any] = {}
+        self.close_step = ""
+        self._carry: dict[int, bytes] = {}
+        self._counter = 0
+        self._closed = False
+        self._busy = False
+        self._state_lock = threading.Lock()
+        self._spawn(env, cwd)
+        try:
+            self._handshake(start_timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _spawn(self, env: dict[str, str] | None, cwd: str | None) -> None:
+        if not os.path.exists(self.python):
+            raise WorkerStartError(
+                f"Cannot start a Python worker: interpreter {self.python!r} does not exist.",
+                "Build the environment again (environments.build(venv_id)) or check the "
+                "interpreter path.")
+        to_worker_r, self._to_worker = os.pipe()
+        self._from_worker, from_worker_w = os.pipe()
+        self._out_r, out_w = os.pipe()
+        self._err_r, err_w = os.pipe()
+        for fd in (self._out_r, self._err_r):
+            with contextlib.suppress(OSError, AttributeError):
+                # Linux: a bigger pipe lets a chatty cell run ahead of our reads.
+                import fcntl
+
+                fcntl.fcntl(fd, 1031, _PIPE_SIZE)  # F_SETPIPE_SZ
+        argv = [self.python, "-u", "-I", str(WORKER_SCRIPT),
+                "--in", str(to_worker_r), "--out", str(from_worker_w)]
+        try:
+            # start_new_session: the worker leads a process group, so close() can take
+            # its fork children and the user's subprocesses down with it.
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                pass_fds=(to_worker_r, from_worker_w), cwd=cwd, env=worker_env(env),
+                start_new_session=True)
+        except OSError as exc:
+            for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
+                os.close(fd)
+            raise WorkerStartError(
+                f"Cannot start a Python worker with {self.python!r}: {exc}.",
+                "Check that the environment's interpreter runs (rebuild the environment).")
+        finally:
+            for fd in (to_worker_r, from_worker_w, out_w, err_w):
+                os.close(fd)
+        self._reader = LineReader(self._from_worker)
+        self._selector = selectors.DefaultSelector()
+        for fd in (self._from_worker, self._out_r, self._err_r):
+            self._selector.register(fd, selectors.EVENT_READ)
+
+    def _handshake(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        log = bytearray()
+        lines: list[bytes] = []
+        eof = False
+        while not lines and not eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerStartError(
+                    f"The Python worker ({self.python}) did not announce itself within "
+                    f"{timeout:g} s.", "Check that the interpreter starts (run it by hand); "
+                    "a very slow disk may need a larger start timeout.", _tail(log))
+            for key, _ in self._selector.select(left):
+                data = self._read(key.fd)
+                if key.fd == self._from_worker:
+                    if not data:
+                        eof = True
+                    lines.extend(self._reader.feed(data))
+                elif data:
+                    log += data
+        if not lines:
+            self._proc.wait()
+            raise WorkerStartError(
+                f"The Python worker ({self.python}) exited with status "
+                f"{self._proc.returncode} before the handshake.",
+                "The interpreter must be CPython >= 3.8; the log shows why it stopped.",
+                _tail(log))
+        try:
+            hello = decode(lines[0], WORKER_TO_HOST)
+            if hello["type"] != "hello":
+                raise ProtocolError(f"expected 'hello' first, got {hello['type']!r}")
+        except ProtocolError as exc:
+            raise WorkerStartError(
+                f"The Python worker ({self.python}) did not start with a valid handshake: "
+                f"{exc}.", "Something else printed to the protocol pipe, or the worker file "
+                "is not coordex's; reinstall coordex.", _tail(log))
+        if hello["protocol"] != PROTOCOL_VERSION:
+            raise WorkerStartError(
+                f"The Python worker speaks protocol {hello['protocol']!r}; this host speaks "
+                f"protocol {PROTOCOL_VERSION}.", "The worker file and the host come from "
+                "different coordex versions; reinstall coordex so both match.", _tail(log))
+        self.hello = hello
+        for line in lines[1:]:  # nothing should follow the hello unasked
+            raise WorkerStartError(f"The Python worker sent {line[:200]!r} unasked after "
+                                   "its handshake.", "Reinstall coordex.", _tail(log))
+        if log:
+            self._carry[self._err_r] = bytes(log)  # startup noise: shown with the first call
+
+    # -- state ------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return not self._closed and self._proc.poll() is None
+
+    def _read(self, fd: int) -> bytes:
+        try:
+            return os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return b""
+        except OSError:
+            return b""  # treated as end of file
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """Write one message; raises BrokenPipeError if the worker has gone."""
+        data = memoryview(encode(msg))
+        while data:
+            data = data[os.write(self._to_worker, data):]
+
+    def next_id(self) -> str:
+        self._counter += 1
+        return str(self._counter)
+
+    def set_capabilities(self, names: list[str]) -> None:
+        if names != self.capability_names:
+            self.send(message("capabilities", names=names))
+            self.capability_names = names
+
+    # -- one conversation -----------------------------------------------------------------
+
+    def converse(self, msg: dict[str, Any], reply_type: str, request: RunRequest,
+                 capabilities: CapabilityHost | None, *, fork_child: bool = False,
+                 mark: bytes | None = None) -> _Reply:
+        """Send ``msg`` and serve the worker until its ``reply_type`` reply (or its end).
+
+        Output on fds 1/2 is streamed through ``emit`` and captured up to the request's
+        limit; when ``mark`` is given the reply is complete only once both streams have
+        shown it. Past ``request.timeout`` the worker gets SIGINT; if ``fork_child``,
+        after the grace period the worker is told to kill its fork child (SIGUSR1);
+        after a last grace the worker itself is killed.
+        """
+        with self._state_lock:
+            if self._closed:
+                return _Reply(died=True, death="the worker was closed")
+            self._busy = True
+        try:
+            return self._converse(msg, reply_type, request, capabilities, fork_child, mark)
+        finally:
+            with self._state_lock:
+                self._busy = False
+                closed = self._closed
+            if closed:
+                self._release_fds()
+
+    def _converse(self, msg: dict[str, Any], reply_type: str, request: RunRequest,
+                  capabilities: CapabilityHost | None, fork_child: bool,
+                  mark: bytes | None) -> _Reply:
+        captures = {self._out_r: _StreamCapture(request, "stdout", mark),
+                    self._err_r: _StreamCapture(request, "stderr", mark)}
+        reply = _Reply()
+        for fd, capture in captures.items():
+            carried = self._carry.pop(fd, b"")
+            if carried:
+                self._carry[fd] = capture.feed(carried)
+        try:
+            self.send(msg)
+        except OSError:
+            return self._ended(reply, captures, killed=False)
+        now = time.monotonic()
+        escalate_at = now + request.timeout
+        stage = 0  # 0 running, 1 interrupted, 2 fork child killed
+        mark_deadline: float | None = None
+        while True:
+            if reply.message is not None and (
+                    all(c.marked for c in captures.values())
+                    or (mark_deadline is not None and time.monotonic() >= mark_deadline)):
+                break
+            now = time.monotonic()
+            if reply.message is None and now >= escalate_at:
+                if stage == 0:
+                    reply.interrupted = True
+                    self._signal(signal.SIGINT)
+                    stage, escalate_at = 1, now + INTERRUPT_GRACE
+                elif stage == 1 and fork_child:
+                    reply.child_killed = True
+                    self._signal(signal.SIGUSR1)
+                    stage, escalate_at = 2, now + CHILD_KILL_GRACE
+                else:
+                    reply.worker_killed = True
+                    self.kill()
+                    return self._ended(reply, captures, killed=True)
+            wait = (mark_deadline if mark_deadline is not None else escalate_at) - now
+            for key, _ in self._selector.select(max(wait, 0.0)):
+                data = self._read(key.fd)
+                if key.fd in captures:
+                    if data:
+                        rest = captures[key.fd].feed(data)
+                        if rest:
+                            self._carry[key.fd] = self._carry.get(key.fd, b"") + rest
+                    continue
+                if not data:
+                    return self._ended(reply, captures, killed=False)
+                for line in self._reader.feed(data):
+                    try:
+                        incoming = decode(line, WORKER_TO_HOST)
+                    except ProtocolError as exc:
+                        reply.notes.append(f"the worker broke the protocol: {exc}")
+                        self.kill()
+                        return self._ended(reply, captures, killed=False)
+                    if incoming["type"] == "capability_call":
+                        self._answer(incoming, capabilities)
+                    elif incoming["type"] == reply_type and incoming.get("id") == msg.get("id"):
+                        reply.message = incoming
+                        mark_deadline = time.monotonic() + MARK_WAIT
+        for capture in captures.values():
+            if not capture.marked:
+                capture.finish()
+        return self._collect(reply, captures)
+
+    def _collect(self, reply: _Reply, captures: dict[int, _StreamCapture]) -> _Reply:
+        out, err = captures[self._out_r], captures[self._err_r]
+        reply.stdout = out.buffer.getvalue()
+        reply.stderr = err.buffer.getvalue()
+        reply.truncated = out.buffer.truncated or err.buffer.truncated
+        return reply
+
+    def _ended(self, reply: _Reply, captures: dict[int, _StreamCapture], killed: bool) -> _Reply:
+        """The worker is gone (or going): drain what it wrote, reap it, say how it ended."""
+        if not killed:
+            reply.died = True
+        # Grandchildren may hold fds 1/2 open, so drain only for a moment.
+        deadline = time.monotonic() + 0.2
+        open_fds = set(captures)
+        while open_fds and time.monotonic() < deadline:
+            for key, _ in self._selector.select(deadline - time.monotonic()):
+                if key.fd in open_fds:
+                    data = self._read(key.fd)
+                    if data:
+                        captures[key.fd].feed(data)
+                    else:
+                        open_fds.discard(key.fd)
+            if not self._selector.select(0):
+                break
+        for capture in captures.values():
+            capture.finish()
+        self.kill()
+        code = self._proc.returncode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+            reply.death = f"killed by signal {name}"
+        else:
+            reply.death = f"exited with status {code}"
+        reply.notes.append(reply.death)
+        return self._collect(reply, captures)
+
+    def _answer(self, call: dict[str, Any], capabilities: CapabilityHost | None) -> None:
+        name = call.get("name")
+        try:
+            if capabilities is None or name not in capabilities.names():
+                available = ", ".join(repr(n) for n in (capabilities.names()
+                                                        if capabilities else [])) or "none"
+                raise LookupError(f"no host capability named {name!r} (available: {available})")
+            args = from_wire(call["args"])
+            kwargs = from_wire(call["kwargs"])
+            value = capabilities.call(str(name), list(args), dict(kwargs))
+            reply = message("capability_result", id=call["id"],
+                            value=to_wire(value, f"the result of capability {name!r}"))
+        except Exception as exc:
+            reply = message("capability_result", id=call["id"],
+                            error={"type": type(exc).__name__, "message": str(exc)})
+        try:
+            self.send(reply)
+        except OSError:
+            pass  # the worker died; the caller sees end of file next
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(OSError):
+            if self._proc.poll() is None:
+                os.kill(self._proc.pid, signum)
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap the worker. Idempotent."""
+        with contextlib.suppress(OSError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self._proc.kill()
+        self._proc.wait()
+
+    def close(self) -> None:
+        """Stop in stages (shutdown, SIGINT, SIGTERM, SIGKILL), reap, release the pipes."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            busy = self._busy
+        steps: list[tuple[str, int | None]] = [("shutdown", None), ("interrupt", signal.SIGINT),
+                                               ("terminate", signal.SIGTERM)]
+        for step, signum in steps:
+            if self._proc.poll() is not None:
+                break
+            self.close_step = step
+            if signum is None:
+                with contextlib.suppress(OSError):
+                    self.send(message("shutdown"))
+                if busy:
+                    continue  # a running cell will not read it; go straight on
+            else:
+                self._signal(signum)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(STOP_STEP)
+        if self._proc.poll() is None:
+            self.close_step = "kill"
+        # Always: the group may still hold fork children or the user's subprocesses.
+        self.kill()
+        with self._state_lock:
+            if not self._busy:
+                self._release_fds()
+
+    def _release_fds(self) -> None:
+        if getattr(self, "_fds_released", False):
+            return
+        self._fds_released = True
+        with contextlib.suppress(Exception):
+            self._selector.close()
+        for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _tail(data: bytes | bytearray, limit: int = 4000) -> str:
+    text = bytes(data).decode("utf-8", "replace")
+    return text[-limit:]
+
+
+# -- outcomes -----------------------------------------------------------------------------
+
+
+def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
+    """Turn a finished conversation into the backend outcome dict (no fault policy)."""
+    outcome = empty_outcome()
+    outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated)
+    done = reply.message or {}
+    if mode == "read_only":
+        outcome["isolation"] = done.get("isolation") or {"names": True, "objects": True,
+                                                         "files": "none"}
+    failed = bool(done.get("error")) or bool(done.get("child_died")) or not done
+    if reply.interrupted and failed:
+        outcome["error"] = _timeout_error(reply, request, mode)
+        return outcome
+    if not done:  # only when the worker was closed under the call
+        outcome["error"] = make_error(
+            "crashed", "The worker was closed while the code ran.",
+            "Run the code again (a stateful call opens a new session).", state_lost=True)
+        return outcome
+    error = done.get("error")
+    if error:
+        outcome["error"] = _execution_error(error, reply, mode)
+        return outcome
+    outcome["result"] = done.get("result")
+    outcome["images"] = done.get("images") or []
+    if mode == "stateful":
+        outcome["rebound"] = done.get("rebound") or []
+        outcome["deleted"] = done.get("deleted") or []
+    return outcome
+
+
+def _timeout_error(reply: _Reply, request: RunRequest, mode: RunMode) -> dict[str, Any]:
+    limit = f"{request.timeout:g} s"
+    common = {"stdout": reply.stdout, "stderr": reply.stderr}
+    if reply.worker_killed:
+        return make_error(
+            "timeout",
+            f"The code ran past its timeout of {limit} and did not stop within "
+            f"{INTERRUPT_GRACE:g} s of the interrupt, so its process was killed and "
+            "restarted: the session's state is lost.",
+            "Run the setup steps again before continuing. Keep long work interruptible "
+            "(do not ignore SIGINT or swallow KeyboardInterrupt), split it into smaller "
+            "calls, or pass a larger timeout=....", state_lost=True, **common)
+    if mode == "stateful":
+        return make_error(
+            "timeout",
+            f"The code ran past its timeout of {limit} and was interrupted; the session "
+            "survived with its state (names bound before the interrupt are kept).",
+            "Continue in the same session: make the code faster, work on a smaller piece, "
+            "or pass a larger timeout=....", state_lost=False, **common)
+    where = ("the session is unchanged" if mode == "read_only"
+             else "nothing was kept, as with any stateless call")
+    return make_error(
+        "timeout",
+        f"The code ran past its timeout of {limit} and was stopped; {where}.",
+        "Make the code faster, work on a smaller piece, or pass a larger timeout=....",
+        state_lost=False, **common)
+
+
+def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dict[str, Any]:
+    exception = str(error.get("exception") or "Exception")
+    text = str(error.get("message") or "")
+    headline = f"{exception}: {text}" if text else exception
+    if exception in ("SyntaxError", "IndentationError", "TabError"):
+        error_text = f"The code does not compile: {headline}"
+        suggestion = "Fix the syntax at the line the traceback shows; nothing in the code ran."
+    elif exception == "SystemExit":
+        error_text = f"The code raised SystemExit ({text or 'exit()'}); the process keeps running."
+        suggestion = ("Remove the sys.exit()/exit() call; to stop early, put the code in a "
+                      "function and return from it.")
+    else:
+        error_text = f"The code raised {headline}"
+        suggestion = "Fix the error at the line the traceback points to, then run it again."
+    if mode == "stateful" and exception not in ("SyntaxError", "IndentationError", "TabError"):
+        suggestion += " Names bound before the failing line are kept in the session."
+    elif mode == "read_only":
+        suggestion += " The session was not changed."
+    return make_error("execution", error_text, suggestion,
+                      traceback=str(error.get("traceback") or ""), stdout=reply.stdout,
+                      stderr=reply.stderr, exception=exception)
+
+
+def _crashed(reply: _Reply, mode: RunMode, attempts: int) -> dict[str, Any]:
+    how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
+    if mode == "read_only":
+        what = (f"The read-only copy of the session died {attempts} time(s) while running "
+                f"this code ({how}); the session itself is unchanged.")
+        lost = False
+    elif mode == "stateless":
+        what = f"The process running this code died {attempts} time(s) ({how})."
+        lost = True
+    else:
+        what = (f"The worker process died {attempts} time(s) while running this code "
+                f"({how}); the session's state is lost.")
+        lost = True
+    return make_error(
+        "crashed", what,
+        "The code probably ends its own process (os._exit, os.kill, a crash in a C "
+        "extension, running out of memory); change that part. The next call starts on a "
+        "fresh process.", state_lost=lost)
+
+
+def _fork_child_died(reply: _Reply) -> bool:
+    died = (reply.message or {}).get("child_died")
+    if died and not reply.interrupted:
+        if died.get("signal"):
+            try:
+                how = f"killed by signal {signal.Signals(died['signal']).name}"
+            except ValueError:
+                how = f"killed by signal {died['signal']}"
+        else:
+            how = f"exited with status {died.get('code')}"
+        reply.notes.append(how)
+        return True
+    return False
+
+
+def _run_message(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
+                 mark: str) -> dict[str, Any]:
+    return message("run", id=proc.next_id(), code=request.code, mode=mode,
+                   output_limit=request.output_limit, mark=mark, timeout=request.timeout,
+                   protect=list(request.protect_paths))
+
+
+def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
+              capabilities: CapabilityHost | None) -> _Reply:
+    try:
+        proc.set_capabilities(list(capabilities.names()) if capabilities else [])
+    except OSError:
+        return _Reply(died=True, death="the worker had gone")
+    mark = f"\x1e\x1fcoordex-{secrets.token_hex(8)}\x1f\x1e"
+    msg = _run_message(proc, request, mode, mark)
+    return proc.converse(msg, "done", request, capabilities,
+                         fork_child=mode != "stateful", mark=mark.encode("ascii"))
+
+
+# -- sessions -----------------------------------------------------------------------------
+
+
+class WorkerSession:
+    """One Python process held open for one stateful session.
+
+    Calls are serialised (one at a time); different sessions run in parallel. The
+    process is started here, so a broken interpreter fails at construction with
+    :class:`WorkerStartError` (a ``crashed`` :class:`CoordexError`).
+    """
+
+    def __init__(self, python: str | Path, *, env: dict[str, str] | None = None,
+                 cwd: str | None = None, capabilities: CapabilityHost | None = None,
+                 start_timeout: float = START_TIMEOUT) -> None:
+        self._python = python
+        self._env = env
+        self._cwd = cwd
+        self._capabilities = capabilities
+        self._start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._closed = False
+        self._proc: _WorkerProcess | None = self._start()
+
+    def _start(self) -> _WorkerProcess:
+        return _WorkerProcess(self._python, self._env, self._cwd, self._start_timeout)
+
+    @property
+    def pid(self) -> int:
+        """The current worker's pid (it changes when the process is replaced)."""
+        return self._proc.pid if self._proc is not None else -1
+
+    def alive(self) -> bool:
+        return not self._closed and self._proc is not None and self._proc.alive()
+
+    def run(self, request: RunRequest) -> Outcome:
+        """Run code in the session's namespace (stateful)."""
+        return self._call(request, "stateful")
+
+    def run_read_only(self, request: RunRequest) -> Outcome:
+        """Run code against a fork of the session; the session is never changed."""
+        return self._call(request, "read_only")
+
+    def inspect(self) -> dict[str, Any]:
+        """``{"names": [{"name","type","repr"}...], "capabilities": [...]}``; changes nothing."""
+        with self._lock:
+            if self._closed:
+                return {"names": [], "capabilities": [], "closed": True}
+            proc, lost = self._ensure()
+            if isinstance(proc, dict):
+                return {"names": [], "capabilities": [], "error": proc}
+            msg = message("inspect", id=proc.next_id())
+            request = RunRequest(code="", timeout=INSPECT_TIMEOUT)
+            reply = proc.converse(msg, "inspect_result", request, self._capabilities)
+            found = reply.message or {}
+            result: dict[str, Any] = {"names": found.get("names", []),
+                                      "capabilities": found.get("capabilities", [])}
+            if lost or reply.died or reply.worker_killed:
+                result["state_lost"] = True
+            if reply.died or reply.worker_killed:
+                self._replace_quietly()
+            return result
+
+    def close(self) -> None:
+        """End the worker (and everything it started); idempotent, safe from any thread."""
+        self._closed = True
+        proc = self._proc
+        if proc is not None:
+            proc.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _ensure(self) -> tuple[_WorkerProcess | dict[str, Any], bool]:
+        """The live process, replacing a dead one. Returns (process or error, state_lost)."""
+        proc = self._proc
+        if proc is not None and proc.alive():
+            return proc, False
+        lost = proc is not None  # None: an earlier call already reported the loss
+        if proc is not None:
+            proc.close()
+        self._proc = None
+        try:
+            self._proc = self._start()
+        except CoordexError as exc:
+            return exc.to_dict(), True
+        return self._proc, lost
+
+    def _replace_quietly(self) -> None:
+        """After a loss already reported: start the next process now (or on the next call)."""
+        if self._proc is not None:
+            self._proc.close()
+        self._proc = None
+        if not self._closed:
+            with contextlib.suppress(CoordexError):
+                self._proc = self._start()
+
+    def _call(self, request: RunRequest, mode: RunMode) -> Outcome:
+        with self._lock:
+            if self._closed:
+                outcome = empty_outcome()
+                outcome["error"] = make_error(
+                    "crashed", "This worker session has been closed.",
+                    "Open a new session with a stateful call.", state_lost=True)
+                return outcome
+            proc, lost = self._ensure()
+            if isinstance(proc, dict):
+                return {**empty_outcome(), "error": proc, "state_lost": True}
+            reply = _run_once(proc, request, mode, self._capabilities)
+            retried = False
+            if self._closed:
+                reply.notes.append("the session was closed during the call")
+            elif reply.died or _fork_child_died(reply):
+                retried = True
+                if reply.died:
+                    lost = True
+                    proc, _ = self._ensure()
+                    if isinstance(proc, dict):
+                        return {**empty_outcome(), "error": proc, "state_lost": True,
+                                "retried": True}
+                notes = reply.notes
+                reply = _run_once(proc, request, mode, self._capabilities)
+                reply.notes[:0] = notes
+                if reply.died or _fork_child_died(reply):
+                    lost = lost or reply.died
+                    outcome = empty_outcome()
+                    outcome.update(stdout=reply.stdout, stderr=reply.stderr,
+                                   truncated=reply.truncated, retried=True)
+                    outcome["error"] = _crashed(reply, mode, 2)
+                    if mode == "read_only":
+                        outcome["isolation"] = {"names": True, "objects": True,
+                                                "files": "none"}
+                    if reply.died:
+                        self._replace_quietly()
+                    if lost:
+                        outcome["state_lost"] = True
+                        outcome["error"]["state_lost"] = True
+                    return outcome
+            if self._closed and (reply.died or not reply.message
+                                 or reply.message.get("error")):
+                outcome = empty_outcome()
+                outcome["error"] = make_error(
+                    "crashed", "The session was closed while the code ran.",
+                    "Open a new session with a stateful call.", state_lost=True)
+                return outcome
+            outcome = _outcome(reply, request, mode)
+            if reply.worker_killed:
+                lost = True
+                self._replace_quietly()
+            if lost:
+                outcome["state_lost"] = True
+            if retried:
+                outcome["retried"] = True
+            return outcome
+
+
+class WorkerTemplate:
+    """Fork-server for the stateless calls of one environment.
+
+    Holds clean workers that never run code in their own namespace; each call forks a
+    fresh child of one, which starts from an empty namespace and is gone afterwards.
+    A template busy with one call is not shared: a parallel call takes another idle
+    template or starts one (at most ``max_idle`` are kept afterwards).
+    """
+
+    def __init__(self, python: str | Path, *, env: dict[str, str] | None = None,
+                 cwd: str | None = None, capabilities: CapabilityHost | None = None,
+                 start_timeout: float = START_TIMEOUT, max_idle: int | None = None) -> None:
+        self._python = python
+        self._env = env
+        self._cwd = cwd
+        self._capabilities = capabilities
+        self._start_timeout = start_timeout
+        self._max_idle = max_idle or max(2, min(8, os.cpu_count() or 2))
+        self._lock = threading.Lock()
+        self._idle: list[_WorkerProcess] = []
+        self._busy: set[_WorkerProcess] = set()
+        self._closed = False
+        self._idle.append(self._start())  # fail early, and make the first call fast
+
+    def _start(self) -> _WorkerProcess:
+        return _WorkerProcess(self._python, self._env, self._cwd, self._start_timeout)
+
+    def _checkout(self) -> _WorkerProcess:
+        with self._lock:
+            while self._idle:
+                proc = self._idle.pop()
+                if proc.alive():
+                    self._busy.add(proc)
+                    return proc
+                proc.close()
+        proc = self._start()
+        with self._lock:
+            self._busy.add(proc)
+        return proc
+
+    def _checkin(self, proc: _WorkerProcess, healthy: bool) -> None:
+        with self._lock:
+            self._busy.discard(proc)
+            keep = healthy and not self._closed and len(self._idle) < self._max_idle
+            if keep:
+                self._idle.append(proc)
+        if not keep:
+            proc.close()
+
+    def run_stateless(self, request: RunRequest) -> Outcome:
+        """Run code in a fresh fork of a clean template; nothing is kept."""
+        if self._closed:
+            return {**empty_outcome(), "error": make_error(
+                "crashed", "This environment's stateless runner has been closed.",
+                "Create a new executor.", state_lost=True)}
+        notes: list[str] = []
+        for attempt in (1, 2):
+            try:
+                proc = self._checkout()
+            except CoordexError as exc:
+                return {**empty_outcome(), "error": exc.to_dict()}
+            reply = _run_once(proc, request, "stateless", self._capabilities)
+            healthy = not (reply.died or reply.worker_killed)
+            self._checkin(proc, healthy)
+            if not (reply.died or _fork_child_died(reply)) or self._closed:
+                outcome = _outcome(reply, request, "stateless")
+                if attempt == 2:
+                    outcome["retried"] = True
+                return outcome
+            notes.extend(reply.notes)
+        reply.notes = notes
+        outcome = empty_outcome()
+        outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated,
+                       retried=True)
+        outcome["error"] = _crashed(reply, "stateless", 2)
+        return outcome
+
+    def close(self) -> None:
+        """End every template process (idle or busy); idempotent."""
+        with self._lock:
+            self._closed = True
+            procs = list(self._idle) + list(self._busy)
+            self._idle.clear()
+        for proc in procs:
+            proc.close()
+
+
+__all__ = ["WORKER_SCRIPT", "CapabilityHost", "WorkerSession", "WorkerStartError",
+           "WorkerTemplate", "worker_env"]
+
+if sys.platform == "win32":  # pragma: no cover - fork, process groups and pass_fds are POSIX
+    raise ImportError("coordex worker processes need a POSIX platform")
