@@ -147,7 +147,13 @@ def _read_tokens(path: str) -> dict[str, str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
-    from .mcp_server import BearerTenantApp, TokenFileError, make_tenant, serve_http
+    from .mcp_server import (
+        BearerTenantApp,
+        TokenFileError,
+        bind_socket,
+        make_tenant,
+        serve_http,
+    )
 
     env_token = (os.environ.get("COORDEX_TOKEN") or "").strip() or None
     root = base_root(args.home)
@@ -174,6 +180,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say("COORDEX_TOKEN is not set; this run's bearer token (shown once):")
         print(f"  {token}", file=sys.stderr, flush=True)
 
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        return EXIT_FAILURE
     _terminate_as_interrupt()
     tenants = []
     try:
@@ -184,25 +195,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 ex = make_executor(args, root=root)
             tenants.append(make_tenant(name or "default", token, ex, args.host, args.allowed_host))
     except Exception as exc:
+        sock.close()
         for tenant in tenants:
             tenant.executor.close()
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
         return EXIT_FAILURE
 
     app = BearerTenantApp(tenants)
+    port = sock.getsockname()[1]
+    shown = f"[{args.host}]" if ":" in args.host else args.host
 
-    def ready(host: str, port: int) -> None:
-        shown = f"[{host}]" if ":" in host else host
+    def ready() -> None:
         _say(f"serving MCP on http://{shown}:{port}/mcp ({len(tenants)} tenant(s))")
 
     try:
-        anyio.run(serve_http, app, args.host, args.port, ready)
+        anyio.run(serve_http, app, sock, ready)
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
-        _say(f"cannot serve on {args.host}:{args.port}: {exc}")
+    except SystemExit as exc:  # uvicorn exits on a failed startup (e.g. the lifespan)
+        _say(f"the HTTP server stopped during startup (code {exc.code}).")
         return EXIT_FAILURE
     finally:
+        sock.close()
         # The app's lifespan closes executors on a clean shutdown; closing twice is safe.
         for tenant in tenants:
             with contextlib.suppress(Exception):

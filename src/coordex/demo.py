@@ -40,6 +40,7 @@ LEDGER_ROWS = 3000
 WHEEL_NAME = "coordex_demo_forecast"
 WHEEL_VERSION = "0.1.0"
 
+
 # The stored function of step 5. It lives at module level so its source can be read,
 # and it reads `ledger` from the session it runs in.
 def mark_reviewed(limit):

@@ -35,6 +35,7 @@ import io
 import json
 import os
 import re
+import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -454,35 +455,50 @@ def tenant_roots(base: Path, names: Sequence[str]) -> dict[str, Path]:
     return {name: base / "tenants" / name for name in names}
 
 
-async def serve_http(app: BearerTenantApp, host: str, port: int,
-                     on_ready: Callable[[str, int], None] | None = None) -> None:
-    """Run ``app`` under uvicorn until interrupted; ``on_ready(host, port)`` once bound."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0 = any free port); OSError if it cannot.
+
+    Bound here rather than by uvicorn so a busy port is a clean error before any
+    executor starts, and ``--port 0`` can report the port it got.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_http(app: BearerTenantApp, sock: socket.socket,
+                     on_ready: Callable[[], None] | None = None) -> None:
+    """Run ``app`` under uvicorn on ``sock`` until interrupted; ``on_ready()`` once serving."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
 
     async def announce() -> None:
         while not server.started:
-            if server.should_exit:
-                return
             await anyio.sleep(0.05)
-        bound = port
-        for srv in getattr(server, "servers", []):
-            for sock in srv.sockets:
-                bound = sock.getsockname()[1]
-                break
         if on_ready is not None:
-            on_ready(host, bound)
+            on_ready()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(announce)
-        await server.serve()
-        tg.cancel_scope.cancel()
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            tg.cancel_scope.cancel()
 
 
 __all__ = [
     "BearerTenantApp", "OutputRelay", "Tenant", "TokenFileError", "WireFds", "available_tools",
-    "build_server", "claim_stdio", "internal_error", "make_tenant", "parse_tokens", "run_tool",
+    "bind_socket", "build_server", "claim_stdio", "internal_error", "make_tenant", "parse_tokens", "run_tool",
     "security_settings", "serve_http", "serve_stdio", "tenant_roots", "to_tool_result",
 ]

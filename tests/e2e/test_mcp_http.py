@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,14 @@ def test_a_bad_tokens_file_is_a_usage_error(tmp_path: Path) -> None:
     missing = run_cli("serve", "--tokens", str(tmp_path / "absent"),
                       env=child_env(tmp_path / "home"))
     assert missing.returncode == 2
+
+
+def test_a_busy_port_is_a_clean_failure(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("serve", "--port", str(port),
+                       env=child_env(tmp_path / "home", COORDEX_TOKEN=TOKEN))
+    assert done.returncode == 1
+    assert "cannot listen" in done.stderr and "Traceback" not in done.stderr
