@@ -156,6 +156,15 @@ def test_tenants_cannot_see_each_other(tmp_path: Path) -> None:
                               "session_name": "vault"}),
         ])
         assert still[0]["result"] == "42"
+        # Alice's MCP session id is meaningless with Bob's token.
+        alice_auth = {**ACCEPT, "authorization": "Bearer alice-token-0123456789"}
+        init = httpx.post(url, json=INITIALIZE, headers=alice_auth)
+        hijack = httpx.post(url, headers={
+            **ACCEPT, "authorization": "Bearer bob-token-0123456789",
+            "mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18",
+        }, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "list_sessions", "arguments": {}}})
+        assert hijack.status_code in (400, 404), hijack.text
         refused = httpx.post(url, json=INITIALIZE,
                              headers={**ACCEPT, "authorization": "Bearer ignored-token-0123456789"})
         assert refused.status_code == 401
