@@ -341,7 +341,8 @@ def cmd_functions_list(args: argparse.Namespace) -> int:
         print("No stored functions yet. Define one with @ex.functions.define().")
     else:
         rows = [f if isinstance(f, dict) else {"name": str(f)} for f in functions]
-        _print_table(rows, ("name", "version", "venv_id", "defined_at"))
+        preferred = ("name", "version", "signature", "env", "created_at")
+        _print_table(rows, [c for c in preferred if any(c in r for r in rows)] or ["name"])
     return EXIT_OK
 
 
@@ -359,7 +360,8 @@ def cmd_functions_show(args: argparse.Namespace) -> int:
             except KeyError:
                 _say(f"no stored function named {args.name!r}; see 'coordex functions list'.")
                 return EXIT_FAILURE
-            record = {k: getattr(fn, k) for k in ("name", "version", "env", "source")
+            record = {k: getattr(fn, k) for k in
+                      ("name", "version", "signature", "doc", "env", "created_at", "source")
                       if hasattr(fn, k)}
     if _is_error(record):
         _show_error(record)
