@@ -94,6 +94,7 @@ class Executor:
         self._environments: Any = None
         self._functions: Any = None
         self._closed = False
+        self._progress = _Progress()
         self._inject_globals(self._sessions[PLAN_KEY])
         _LIVE.add(self)
 
@@ -132,7 +133,9 @@ class Executor:
     def execute_code(self, code: str, language: str = "python", state_mode: str = "stateless",
                      session_id: int | None = None, session_name: str | None = None,
                      venv_id: int | None = None, timeout: float | None = None,
-                     on_output: OutputCallback | None = None) -> dict[str, Any]:
+                     on_output: OutputCallback | None = None, *,
+                     on_progress: Callable[[str], None] | None = None,
+                     cancel: threading.Event | None = None) -> dict[str, Any]:
         """Run ``code`` at one coordinate and return the SPEC result or error dict.
 
         Args:
@@ -145,6 +148,11 @@ class Executor:
             venv_id: ``None`` for the agent's own interpreter, or an environment id.
             timeout: seconds for this call (default: the executor's).
             on_output: ``on_output(stream, text)`` called with output chunks as they come.
+            on_progress: ``on_progress(line)`` called with environment build lines when
+                this call builds its environment on first use (builds do not count
+                against ``timeout``).
+            cancel: an event a front end sets when its request is cancelled; the code is
+                then interrupted as on a timeout.
         """
         started = time.perf_counter()
         coordinate: Coordinate | None = None
@@ -157,7 +165,8 @@ class Executor:
                 raise validation("on_output must be a callable taking (stream, text).",
                                  "Pass a function like lambda stream, text: ..., or None.")
             self._check_open()
-            request = RunRequest(code, limit, on_output, self.output_limit)
+            request = RunRequest(code, limit, on_output, self.output_limit, cancel=cancel)
+            self._progress.callback = on_progress
             outcome, session = self._dispatch(coordinate, request)
         except CoordexError as exc:
             record = exc.to_dict()
@@ -310,7 +319,7 @@ class Executor:
         else:
             from .backends.workers import WorkerSession
 
-            python = self.environments_manager.python_for(key.venv_id)
+            python = self.environments_manager.python_for(key.venv_id, self._progress.emit)
             backend = WorkerSession(python, env=self._worker_env(key.venv_id),
                                     capabilities=_CapabilityBridge(self))
         with self._lock:
@@ -329,7 +338,7 @@ class Executor:
             return template
         from .backends.workers import WorkerTemplate
 
-        python = self.environments_manager.python_for(venv_id)
+        python = self.environments_manager.python_for(venv_id, self._progress.emit)
         template = WorkerTemplate(python, env=self._worker_env(venv_id),
                                   capabilities=_CapabilityBridge(self))
         with self._lock:
@@ -566,6 +575,72 @@ class Executor:
 
         return tool_definitions(format)
 
+    # ------------------------------------------------------------------ library hooks
+
+    def _library_execute(self, code: str, *, state_mode: str, session_id: int | None,
+                         session_name: str | None, venv_id: int | None,
+                         timeout: float | None, on_output: OutputCallback | None,
+                         output_limit: int) -> dict[str, Any]:
+        """``execute_code`` of Python for a stored-function call (``coordex.library``).
+
+        Same validation, registry, capacity and isolation, with two differences: the
+        output limit may be larger (the function's value comes back in ``result``), and
+        a call from code running in the very session it names (plan code calling
+        ``functions.f.stateful()(...)``) runs there at once instead of waiting for that
+        session's lock, which the outer call holds.
+        """
+        started = time.perf_counter()
+        coordinate: Coordinate | None = None
+        try:
+            coordinate = coords.check_coordinate("python", state_mode, session_id,
+                                                 session_name, venv_id)
+            limit = coords.check_timeout(timeout) or self.timeout
+            self._check_open()
+            request = RunRequest(code, limit, on_output, max(output_limit, self.output_limit))
+            active = self._library_active_session(coordinate)
+            if active is not None:
+                key, session, runner = active
+                if coordinate.state_mode == "read_only":
+                    outcome = self._own_read_only(session, request)
+                else:  # nested: runs inline on this thread, inside the outer call
+                    outcome = self._own._run_on(runner, session, session.namespace, request)
+                where = self._session_record(key)
+            else:
+                outcome, where = self._dispatch(coordinate, request)
+        except CoordexError as exc:
+            record = exc.to_dict()
+            if coordinate is not None:
+                record.setdefault("state_mode", coordinate.state_mode)
+            record["duration_ms"] = _ms(started)
+            return record
+        outcome.pop("rebound", None)
+        outcome.pop("deleted", None)
+        return self._shape(outcome, where, coordinate, started)
+
+    def _library_active_session(self, coordinate: Coordinate) -> tuple[
+            SessionKey, NamespaceSession, Any] | None:
+        """The own-interpreter session ``coordinate`` names if this thread is running
+        code in it right now (its namespace is the globals of a frame on the stack)."""
+        import sys
+
+        from .backends import own_interpreter
+
+        if coordinate.venv_id is not None or coordinate.state_mode == "stateless":
+            return None
+        if not getattr(own_interpreter._local, "in_call", False):
+            return None
+        with self._lock:
+            key = self._registry.find(coordinate)
+            backend = self._sessions.get(key) if key is not None else None
+        if key is None or not isinstance(backend, NamespaceSession) or backend.runner is None:
+            return None
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            if frame.f_globals is backend.namespace:
+                return key, backend, backend.runner
+            frame = frame.f_back
+        return None
+
 
 class Environments:
     """``ex.environments``: a thin dict-returning facade over the environment manager."""
@@ -582,11 +657,26 @@ class Environments:
     def build(self, venv_id: int, on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         return self._guard(lambda m: m.build(venv_id, on_progress=on_progress))
 
+    def remove_unused(self) -> dict[str, Any]:
+        """Delete built environment folders that no stored environment refers to."""
+        return self._guard(lambda m: m.remove_unused())
+
     def _guard(self, action: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
         try:
             return dict(action(self._executor.environments_manager))
         except CoordexError as exc:
             return exc.to_dict()
+
+
+class _Progress(threading.local):
+    """The build-progress callback of the call running on this thread."""
+
+    callback: Callable[[str], None] | None = None
+
+    def emit(self, line: str) -> None:
+        if self.callback is not None:
+            with contextlib.suppress(Exception):
+                self.callback(line)
 
 
 class _CapabilityBridge:

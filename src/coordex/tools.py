@@ -362,6 +362,9 @@ def call_tool(
     if name == "execute_code":
         if cancel is not None and _accepts(executor.execute_code, "cancel"):
             args["cancel"] = cancel
+        if on_output is not None and _accepts(executor.execute_code, "on_progress"):
+            relay = on_output
+            args["on_progress"] = lambda line: relay("build", line)
         return cast(dict[str, Any], executor.execute_code(on_output=on_output, **args))
     if name == "list_sessions":
         return cast(dict[str, Any], executor.list_sessions())

@@ -11,6 +11,8 @@ The executor adds ``session``, ``state_mode`` and ``duration_ms``; backends neve
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,25 @@ class RunRequest:
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     # Read-only file protection: folders whose writes are discarded (SPEC guarantee 3).
     protect_paths: tuple[str, ...] = field(default_factory=tuple)
+    # Set by a front end whose request was cancelled: interrupt like a timeout.
+    cancel: threading.Event | None = None
+
+
+def wait_for(lock: Any, seconds: float, cancel: threading.Event | None) -> bool:
+    """Acquire ``lock`` within ``seconds``; give up early when ``cancel`` is set.
+
+    Without a cancel event this is one blocking acquire. With one, the wait is cut into
+    short slices so a cancelled request stops within ~50 ms.
+    """
+    if cancel is None:
+        return bool(lock.acquire(True, max(0.0, seconds)))
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if lock.acquire(True, max(0.0, min(0.05, left))):
+            return True
+        if left <= 0 or cancel.is_set():
+            return False
 
 
 def emit(request: RunRequest, stream: str, text: str) -> None:

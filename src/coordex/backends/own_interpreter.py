@@ -53,7 +53,7 @@ from typing import Any
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
 from ..worker import _coordex_engine as engine
-from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, wait_for
 
 # One own-interpreter call at a time: file descriptors 0-2, the cwd and os.environ are
 # process-wide. Re-entrant so a capability or stored function called from user code
@@ -432,7 +432,7 @@ class OwnInterpreter:
                 self._fds.start()
                 try:
                     runner.submit(job)
-                    finished = done.acquire(True, max(0.0, deadline - time.monotonic()))
+                    finished = wait_for(done, deadline - time.monotonic(), request.cancel)
                     if not finished:
                         runner.interrupt()
                         finished = done.acquire(True, INTERRUPT_GRACE)
@@ -505,13 +505,15 @@ class OwnInterpreter:
         try:
             while sel.get_map():
                 now = time.monotonic()
-                if interrupted_at is None and now >= deadline:
+                if interrupted_at is None and (now >= deadline or _cancelled(request)):
                     _signal(pid, signal.SIGINT)
                     interrupted_at = now
                 if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
                     _signal(pid, signal.SIGKILL)
                     break
                 wait = (deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE)
+                if request.cancel is not None:
+                    wait = min(wait, now + 0.05)
                 for key, _ in sel.select(max(0.0, wait - now)):
                     data = os.read(key.fd, 65536)
                     if not data:
@@ -596,6 +598,10 @@ def _forked_child(session: NamespaceSession, request: RunRequest,
             with contextlib.suppress(OSError):
                 os.close(fd)
         os._exit(code)
+
+
+def _cancelled(request: RunRequest) -> bool:
+    return request.cancel is not None and request.cancel.is_set()
 
 
 def _reap_soon(pid: int) -> int | None:
