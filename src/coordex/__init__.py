@@ -2,6 +2,7 @@
 
 from .core.errors import CoordexError
 from .executor import Executor
+from .library.errors import CallError
 
-__all__ = ["CoordexError", "Executor"]
+__all__ = ["CallError", "CoordexError", "Executor"]
 __version__ = "0.1.0"

@@ -580,7 +580,8 @@ class Executor:
     def _library_execute(self, code: str, *, state_mode: str, session_id: int | None,
                          session_name: str | None, venv_id: int | None,
                          timeout: float | None, on_output: OutputCallback | None,
-                         output_limit: int) -> dict[str, Any]:
+                         output_limit: int,
+                         on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         """``execute_code`` of Python for a stored-function call (``coordex.library``).
 
         Same validation, registry, capacity and isolation, with two differences: the
@@ -597,6 +598,7 @@ class Executor:
             limit = coords.check_timeout(timeout) or self.timeout
             self._check_open()
             request = RunRequest(code, limit, on_output, max(output_limit, self.output_limit))
+            self._progress.callback = on_progress
             active = self._library_active_session(coordinate)
             if active is not None:
                 key, session, runner = active

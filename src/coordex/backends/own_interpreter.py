@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.errors import make_error
+from ..core.errors import ERROR_TYPES, make_error
 from ..core.results import OutputBuffer
 from ..worker import _coordex_engine as engine
 from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, wait_for
@@ -652,6 +652,15 @@ def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffe
             "The session survived with its state (interrupted: state kept). Make the code "
             "faster or do less per call, or pass a larger timeout=.",
             stdout=stdout, stderr=stderr, state_lost=False)
+    elif (cell.get("error") or {}).get("coordex_error_type") in ERROR_TYPES:
+        # A coordex error raised inside the code (a stored-function CallError): the
+        # model sees its own error_type and suggestion, not a generic execution error.
+        error = cell["error"]
+        outcome["error"] = make_error(
+            error["coordex_error_type"], error.get("coordex_error") or error["message"],
+            error.get("coordex_suggestion") or _execution_suggestion(error["exception"]),
+            traceback=error["traceback"], stdout=stdout, stderr=stderr,
+            exception=error["exception"])
     elif cell.get("error"):
         error = cell["error"]
         outcome["error"] = make_error(

@@ -76,11 +76,18 @@ def format_error(exc, limit=None):
         message = str(exc)
     except BaseException:
         message = "<str() of the exception failed>"
-    return {
+    record = {
         "exception": type(exc).__name__,
         "message": shorten(message, 2000),
         "traceback": shorten(text, limit or 20000),
     }
+    # An exception that already is a coordex error (coordex.CallError from a stored
+    # function call) says so through these attributes; the host keeps its type.
+    for attr in ("coordex_error_type", "coordex_error", "coordex_suggestion"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, str):
+            record[attr] = shorten(value, 4000)
+    return record
 
 
 def collect_figures():
