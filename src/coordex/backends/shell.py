@@ -543,7 +543,8 @@ def _crashed_error(signame: str, stateless: bool) -> dict[str, Any]:
 def _closed_outcome() -> Outcome:
     return {"stdout": "", "stderr": "", "truncated": False, "result": None,
             "exit_code": None, "images": [],
-            "error": make_error("crashed", "This bash session was closed.",
+            "error": make_error("crashed", "This bash session was closed (its shell and "
+                                "every process it started were ended).",
                                 "Start a new session with a stateful call, or use "
                                 "state_mode='stateless'.", state_lost=True),
             "state_lost": True}
@@ -675,6 +676,12 @@ class ShellSession:
                 return lost
             out, err, ending = self._shell.run(code, request)
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
+            if self._closed:
+                # close() from another thread ended the shell under this call; the call
+                # may even have finished normally in the race, but its session is gone.
+                closed = _closed_outcome()
+                outcome.update(error=closed["error"], state_lost=True)
+                return outcome
             if not ending.survived:
                 # Already told to the caller in this outcome: the next call's fresh shell
                 # is not news.
