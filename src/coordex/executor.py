@@ -603,7 +603,10 @@ class Executor:
             if active is not None:
                 key, session, runner = active
                 if coordinate.state_mode == "read_only":
-                    outcome = self._own_read_only(session, request)
+                    # A view of the live session (its runner is busy with the outer call,
+                    # so the session itself reads as stuck); the fork copies it as it is.
+                    view = self._own.new_session(session.namespace)
+                    outcome = self._own_read_only(view, request)
                 else:  # nested: runs inline on this thread, inside the outer call
                     outcome = self._own._run_on(runner, session, session.namespace, request)
                 where = self._session_record(key)

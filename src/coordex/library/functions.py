@@ -277,10 +277,11 @@ class StoredFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.stateless()(*args, **kwargs)
 
-    def stateless(self, *, timeout: float | None = None,
-                  on_output: OutputCallback | None = None) -> Call:
-        """A fresh namespace (or process) per call; nothing is kept."""
-        return Call(self, "stateless", None, None, timeout, on_output)
+    def stateless(self, session_id: int | None = None, session_name: str | None = None, *,
+                  timeout: float | None = None, on_output: OutputCallback | None = None) -> Call:
+        """A fresh namespace (or process) per call; nothing is kept. Naming a session
+        is a ``validation`` error, as for execute_code."""
+        return Call(self, "stateless", session_id, session_name, timeout, on_output)
 
     def stateful(self, session_id: int | None = None, session_name: str | None = None, *,
                  timeout: float | None = None, on_output: OutputCallback | None = None) -> Call:
@@ -464,6 +465,15 @@ class FunctionLibrary:
         items = [f"{r.signature} v{r.version}" for r in self._store.latest_all()]
         return f"<functions: {', '.join(items) or 'none stored'}>"
 
+    def show(self, name: str, version: int | None = None) -> dict[str, Any]:
+        """One function as a dict, source included; an error dict if there is none
+        (never raises: for front ends such as ``coordex functions show``)."""
+        try:
+            fn = self.get(name, version)
+        except CallError as exc:
+            return exc.record
+        return {**fn.describe(), "source": fn.source}
+
     def list(self) -> dict[str, Any]:
         """``{"functions": [{"name","version","signature","doc","env","venv_id",
         "created_at","versions"}...]}``: the latest version of each, by name."""
@@ -534,10 +544,10 @@ def _encode_arguments(fn: StoredFunction, args: tuple[Any, ...], kwargs: dict[st
         path, type_name = getattr(exc, "path", "an argument"), getattr(exc, "type_name", "?")
         raise CallError(
             "validation",
-            f"Cannot pass {path} (a {type_name}) to {fn.name!r}: it runs in environment "
+            f"Cannot pass {path} (of type {type_name}) to {fn.name!r}: it runs in environment "
             f"venv_id={venv_id}, another process, and only {_PLAIN} cross into it.",
-            "Write it to a file (e.g. df.to_csv('data.csv')) and pass the path, or pass a "
-            "plain value (a list, dict or string) instead. Nothing ran.")
+            "Write it to a file and pass the path (e.g. df.to_csv('data.csv'), then pass "
+            "'data.csv'), or pass a plain value (a list, dict or string). Nothing ran.")
     return json.dumps(encoded)
 
 
