@@ -333,3 +333,19 @@ def test_old_and_new_library_versions_in_one_plan(root: Path, ledger_wheels: dic
 
 def _calls(ex: Executor, venv_id: int) -> int:
     return sum(s["calls"] for s in ex.list_sessions()["sessions"] if s["venv_id"] == venv_id)
+
+
+def test_call_returns_a_dict_for_front_ends(ex: Executor) -> None:
+    ex.functions.define(source="def pair(a, b=0):\n    print('pairing')\n    return (a, b'x')\n")
+    result = ex.functions.call("pair", [1], {"b": 2}, state_mode="stateful", session_name="s")
+    assert result["value"] == [1, {"__bytes__": "eA=="}] and result["stdout"] == "pairing\n"
+    assert result["function"] == {"name": "pair", "version": 1}
+    assert result["session"]["session_name"] == "s" and result["state_mode"] == "stateful"
+    assert ex.functions.call("pair", [{1}])["value_repr"] == "({1}, b'x')"
+    assert ex.functions.call("pairs")["error_type"] == "not_found"
+    assert ex.functions.call("pair", [1], state_mode="readonly")["error_type"] == "validation"
+    assert ex.functions.call("pair", state_mode="read_only")["error_type"] == "validation"
+    assert ex.functions.call("pair")["error_type"] == "execution"  # missing argument
+    shown = ex.functions.show("pair")
+    assert shown["source"].startswith("def pair") and shown["version"] == 1
+    assert ex.functions.show("nope")["error_type"] == "not_found"

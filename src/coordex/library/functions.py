@@ -32,7 +32,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -271,7 +271,11 @@ class StoredFunction:
         self.__doc__ = record.doc
 
     def __repr__(self) -> str:
-        where = "own interpreter" if self.env is None else "own environment"
+        where = "own interpreter"
+        if self.record.env_key is not None:
+            needs = [ln for ln in self.record.env_key.splitlines() if not ln.startswith("#")]
+            where = "environment: " + (", ".join(needs) or "no packages")
+            where = where if len(where) <= 100 else where[:97] + "..."
         return f"<stored function {self.signature} v{self.version}, {where}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -505,7 +509,46 @@ class FunctionLibrary:
             self._venv_ids[key] = venv_id
         return venv_id
 
+    def call(self, name: str, args: Sequence[Any] | None = None,
+             kwargs: dict[str, Any] | None = None, *, state_mode: str = "stateless",
+             session_id: int | None = None, session_name: str | None = None,
+             version: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Call a stored function and return a dict; never raises (for front ends).
+
+        Returns:
+            the execute_code result keys (``stdout``, ``stderr``, ``session``, ...) plus
+            ``function`` (name and version) and ``value``: the return value as plain
+            JSON-ready data (bytes as ``{"__bytes__": base64}``), or ``None`` with
+            ``value_repr`` when it is not plain. On failure, the error dict.
+        """
+        try:
+            mode = coords.check_state_mode(state_mode)
+            fn = self.get(name, version)
+            placed = Call(fn, mode, session_id, session_name, timeout, None)
+            if not isinstance(args, list | tuple | type(None)) or \
+                    not isinstance(kwargs, dict | type(None)):
+                raise CallError("validation", "args must be a list and kwargs a dict.",
+                                "Pass args=[...] and kwargs={...}, or leave them out.")
+            record, value = self._invoke(placed, tuple(args or ()), dict(kwargs or {}),
+                                         echo=False)
+        except CoordexError as exc:
+            return _as_call_error(exc).record
+        record = {k: v for k, v in record.items() if k != "result"}
+        record["function"] = {"name": fn.name, "version": fn.version}
+        try:
+            record["value"] = _codec.encode(value)
+        except _codec.NotPlain:
+            from ..worker._coordex_engine import safe_repr
+
+            record["value"], record["value_repr"] = None, safe_repr(value, 2000)
+        return record
+
     def _call(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._invoke(call, args, kwargs, echo=call.on_output is None)[1]
+
+    def _invoke(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                echo: bool) -> tuple[dict[str, Any], Any]:
+        """Run one call; returns (the executor's record, the value) or raises CallError."""
         fn = call.function
         venv_id = None if fn.env is None else self._venv_id(fn.env, fn.record.env_key)
         # Own interpreter: real objects through a slot; a read-only call runs in a fork,
@@ -527,13 +570,13 @@ class FunctionLibrary:
         finally:
             if token is not None:
                 _SLOTS.pop(token, None)
-        if call.on_output is None:
+        if echo:
             _echo(record)
         if "error_type" in record:
             raise _call_failed(fn, record)
         if slot is not None and not plain_value:
-            return slot.value
-        return _decode_result(fn, record)
+            return record, slot.value
+        return record, _decode_result(fn, record)
 
 
 def _encode_arguments(fn: StoredFunction, args: tuple[Any, ...], kwargs: dict[str, Any],
