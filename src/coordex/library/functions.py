@@ -585,6 +585,11 @@ def _encode_arguments(fn: StoredFunction, args: tuple[Any, ...], kwargs: dict[st
         encoded = [_codec.encode(list(args), "args"), _codec.encode(kwargs, "kwargs")]
     except _codec.NotPlain as exc:
         path, type_name = getattr(exc, "path", "an argument"), getattr(exc, "type_name", "?")
+        if type_name.startswith("pathlib."):
+            raise CallError(
+                "validation", f"Cannot pass {path} (a {type_name}) to {fn.name!r}: it runs in "
+                f"environment venv_id={venv_id}, another process, and only {_PLAIN} cross "
+                "into it.", f"Pass the path as a string instead: str({path}). Nothing ran.")
         raise CallError(
             "validation",
             f"Cannot pass {path} (of type {type_name}) to {fn.name!r}: it runs in environment "

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -169,9 +170,7 @@ def _one(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> Func
     return None if row is None else _record(row)
 
 
-def _record(row: tuple[object, ...]) -> FunctionRecord:
+def _record(row: tuple[Any, ...]) -> FunctionRecord:
     name, version, source, env, env_key, signature, doc, created_at = row
-    return FunctionRecord(str(name), int(version), str(source),  # type: ignore[call-overload]
-                          None if env is None else str(env),
-                          None if env_key is None else str(env_key), str(signature),
-                          None if doc is None else str(doc), float(created_at))  # type: ignore[arg-type]
+    return FunctionRecord(str(name), int(version), str(source), env, env_key, str(signature),
+                          doc, float(created_at))
