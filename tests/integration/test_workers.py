@@ -345,8 +345,18 @@ def test_capability_errors_are_execution_errors(session: WorkerSession) -> None:
     assert session.run(req("add(1, 2)"))["result"] == "3"
 
 
-def test_capabilities_in_stateless_runs(template: WorkerTemplate) -> None:
-    assert template.run_stateless(req("add('a', 'b')"))["result"] == "'ab'"
+def test_capabilities_in_stateless_runs(python: str) -> None:
+    caps = Caps()
+    template = WorkerTemplate(python, capabilities=caps)
+    try:
+        assert template.run_stateless(req("add('a', 'b')"))["result"] == "'ab'"
+        # A standby child forked before the change still sees the new name.
+        caps.table["late"] = lambda: "arrived"
+        assert template.run_stateless(req("late()"))["result"] == "'arrived'"
+        del caps.table["add"]
+        assert template.run_stateless(req("add"))["error"]["exception"] == "NameError"
+    finally:
+        template.close()
 
 
 # -- output -------------------------------------------------------------------------------

@@ -74,12 +74,12 @@ def test_messages_are_checked() -> None:
     with pytest.raises(ProtocolError, match="not a JSON line"):
         decode(b"garbage")
     with pytest.raises(ProtocolError, match="run mode"):
-        message("run", id="1", code="", mode="sideways", output_limit=1, mark="m")
+        message("run", id="1", code="", mode="sideways", output_limit=1)
 
 
 def test_lines_are_ascii_whatever_the_text() -> None:
     line = encode(message("run", id="1", code="print('héllo\\n✓')", mode="stateful",
-                          output_limit=10, mark="m"))
+                          output_limit=10))
     line.decode("ascii")
     assert decode(line)["code"] == "print('héllo\\n✓')"
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
-import secrets
 import selectors
 import signal
 import subprocess
@@ -53,8 +52,8 @@ from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, empty_outcome
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
-MARK_WAIT = 0.5  # after `done`, how long to wait for the end mark on fds 1/2
 CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
+SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
 STOP_STEP = 1.0  # each stage of close() waits this long before escalating
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
@@ -90,56 +89,43 @@ def worker_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 class _StreamCapture:
-    """One stream of one call: bytes in, text out (bounded), stopping at the run's mark."""
+    """One stream of one call: bytes in, text out (bounded and streamed).
 
-    def __init__(self, request: RunRequest, stream: str, mark: bytes | None) -> None:
+    The buffer and decoder are made on the first byte: most calls print nothing, and
+    this sits on the path every call takes.
+    """
+
+    def __init__(self, request: RunRequest, stream: str) -> None:
         self.request = request
         self.stream = stream
-        self.mark = mark
-        self.buffer = OutputBuffer(request.output_limit)
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.pending = bytearray()
-        self.marked = mark is None
+        self.buffer: OutputBuffer | None = None
+        self.decoder: codecs.IncrementalDecoder | None = None
 
-    def feed(self, data: bytes) -> bytes:
-        """Take bytes; return whatever follows the mark (it belongs to the next call)."""
-        if self.marked:
-            return data
-        assert self.mark is not None
-        self.pending += data
-        at = self.pending.find(self.mark)
-        if at >= 0:
-            rest = bytes(self.pending[at + len(self.mark):])
-            self._emit(bytes(self.pending[:at]))
-            self.pending.clear()
-            self.marked = True
-            self.finish()
-            return rest
-        # Hold back a tail that could be the start of the mark split across reads.
-        hold = 0
-        for size in range(min(len(self.mark) - 1, len(self.pending)), 0, -1):
-            if self.pending.endswith(self.mark[:size]):
-                hold = size
-                break
-        cut = len(self.pending) - hold
-        self._emit(bytes(self.pending[:cut]))
-        del self.pending[:cut]
-        return b""
+    def feed(self, data: bytes) -> None:
+        if self.decoder is None:
+            self.decoder = _utf8_decoder("replace")
+        self._write(self.decoder.decode(data))
 
     def finish(self) -> None:
-        self._emit(bytes(self.pending))
-        self.pending.clear()
-        tail = self.decoder.decode(b"", final=True)
-        if tail:
-            self.buffer.write(tail)
-            emit(self.request, self.stream, tail)
+        if self.decoder is not None:
+            self._write(self.decoder.decode(b"", final=True))
 
-    def _emit(self, data: bytes) -> None:
-        if data:
-            text = self.decoder.decode(data)
-            if text:
-                self.buffer.write(text)
-                emit(self.request, self.stream, text)
+    def _write(self, text: str) -> None:
+        if text:
+            if self.buffer is None:
+                self.buffer = OutputBuffer(self.request.output_limit)
+            self.buffer.write(text)
+            emit(self.request, self.stream, text)
+
+    def text(self) -> str:
+        return "" if self.buffer is None else self.buffer.getvalue()
+
+    @property
+    def truncated(self) -> bool:
+        return self.buffer is not None and self.buffer.truncated
+
+
+_utf8_decoder = codecs.getincrementaldecoder("utf-8")
 
 
 @dataclass
@@ -220,6 +206,9 @@ class _WorkerProcess:
         finally:
             for fd in (to_worker_r, from_worker_w, out_w, err_w):
                 os.close(fd)
+        for fd in (self._out_r, self._err_r):
+            os.set_blocking(fd, False)
+        self._eof: set[int] = set()
         self._reader = LineReader(self._from_worker)
         self._selector = selectors.DefaultSelector()
         for fd in (self._from_worker, self._out_r, self._err_r):
@@ -304,22 +293,20 @@ class _WorkerProcess:
     # -- one conversation -----------------------------------------------------------------
 
     def converse(self, msg: dict[str, Any], reply_type: str, request: RunRequest,
-                 capabilities: CapabilityHost | None, *, fork_child: bool = False,
-                 mark: bytes | None = None) -> _Reply:
+                 capabilities: CapabilityHost | None, *, fork_child: bool = False) -> _Reply:
         """Send ``msg`` and serve the worker until its ``reply_type`` reply (or its end).
 
         Output on fds 1/2 is streamed through ``emit`` and captured up to the request's
-        limit; when ``mark`` is given the reply is complete only once both streams have
-        shown it. Past ``request.timeout`` the worker gets SIGINT; if ``fork_child``,
-        after the grace period the worker is told to kill its fork child (SIGUSR1);
-        after a last grace the worker itself is killed.
+        limit. Past ``request.timeout`` the worker gets SIGINT; if ``fork_child``, after
+        the grace period the worker is told to kill its fork child (SIGUSR1); after a
+        last grace the worker itself is killed.
         """
         with self._state_lock:
             if self._closed:
                 return _Reply(died=True, death="the worker was closed")
             self._busy = True
         try:
-            return self._converse(msg, reply_type, request, capabilities, fork_child, mark)
+            return self._converse(msg, reply_type, request, capabilities, fork_child)
         finally:
             with self._state_lock:
                 self._busy = False
@@ -328,30 +315,26 @@ class _WorkerProcess:
                 self._release_fds()
 
     def _converse(self, msg: dict[str, Any], reply_type: str, request: RunRequest,
-                  capabilities: CapabilityHost | None, fork_child: bool,
-                  mark: bytes | None) -> _Reply:
-        captures = {self._out_r: _StreamCapture(request, "stdout", mark),
-                    self._err_r: _StreamCapture(request, "stderr", mark)}
+                  capabilities: CapabilityHost | None, fork_child: bool) -> _Reply:
+        captures = {self._out_r: _StreamCapture(request, "stdout"),
+                    self._err_r: _StreamCapture(request, "stderr")}
         reply = _Reply()
         for fd, capture in captures.items():
             carried = self._carry.pop(fd, b"")
             if carried:
-                self._carry[fd] = capture.feed(carried)
+                capture.feed(carried)
         try:
             self.send(msg)
         except OSError:
             return self._ended(reply, captures, killed=False)
-        now = time.monotonic()
-        escalate_at = now + request.timeout
+        escalate_at = time.monotonic() + request.timeout
+        # Fork runs take longer than the spin, and spinning would take the CPU a
+        # fork child needs on a small machine: spin only for in-process cells.
+        spin_until = time.monotonic() + (0.0 if fork_child else SPIN_WAIT)
         stage = 0  # 0 running, 1 interrupted, 2 fork child killed
-        mark_deadline: float | None = None
-        while True:
-            if reply.message is not None and (
-                    all(c.marked for c in captures.values())
-                    or (mark_deadline is not None and time.monotonic() >= mark_deadline)):
-                break
+        while reply.message is None:
             now = time.monotonic()
-            if reply.message is None and now >= escalate_at:
+            if now >= escalate_at:
                 if stage == 0:
                     reply.interrupted = True
                     self._signal(signal.SIGINT)
@@ -364,15 +347,14 @@ class _WorkerProcess:
                     reply.worker_killed = True
                     self.kill()
                     return self._ended(reply, captures, killed=True)
-            wait = (mark_deadline if mark_deadline is not None else escalate_at) - now
-            for key, _ in self._selector.select(max(wait, 0.0)):
-                data = self._read(key.fd)
+            # Spin briefly before sleeping: most cells answer within a few hundred
+            # microseconds, and waking a sleeping thread costs tens of them.
+            wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
+            for key, _ in self._selector.select(wait):
                 if key.fd in captures:
-                    if data:
-                        rest = captures[key.fd].feed(data)
-                        if rest:
-                            self._carry[key.fd] = self._carry.get(key.fd, b"") + rest
+                    self._pump(key.fd, captures[key.fd])
                     continue
+                data = self._read(key.fd)
                 if not data:
                     return self._ended(reply, captures, killed=False)
                 for line in self._reader.feed(data):
@@ -386,36 +368,48 @@ class _WorkerProcess:
                         self._answer(incoming, capabilities)
                     elif incoming["type"] == reply_type and incoming.get("id") == msg.get("id"):
                         reply.message = incoming
-                        mark_deadline = time.monotonic() + MARK_WAIT
-        for capture in captures.values():
-            if not capture.marked:
-                capture.finish()
+        # Pipes are synchronous: whatever the worker (or a fork child that has exited)
+        # wrote to fds 1/2 before `done` is already in the pipes, so one non-blocking
+        # drain completes the call's output. Only a background process the code left
+        # running can write later; that lands in the next call.
+        for fd, capture in captures.items():
+            self._pump(fd, capture, drain=True)
+            capture.finish()
         return self._collect(reply, captures)
+
+    def _pump(self, fd: int, capture: _StreamCapture, drain: bool = False) -> None:
+        """Read what is ready on an output pipe (all of it when ``drain``)."""
+        while fd not in self._eof:
+            try:
+                data = os.read(fd, _READ_SIZE)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                # Every writer closed it (the code closed fd 1, say): stop watching.
+                self._eof.add(fd)
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(fd)
+                return
+            capture.feed(data)
+            if not drain and len(data) < _READ_SIZE:
+                return
 
     def _collect(self, reply: _Reply, captures: dict[int, _StreamCapture]) -> _Reply:
         out, err = captures[self._out_r], captures[self._err_r]
-        reply.stdout = out.buffer.getvalue()
-        reply.stderr = err.buffer.getvalue()
-        reply.truncated = out.buffer.truncated or err.buffer.truncated
+        reply.stdout = out.text()
+        reply.stderr = err.text()
+        reply.truncated = out.truncated or err.truncated
         return reply
 
     def _ended(self, reply: _Reply, captures: dict[int, _StreamCapture], killed: bool) -> _Reply:
         """The worker is gone (or going): drain what it wrote, reap it, say how it ended."""
         if not killed:
             reply.died = True
-        # Grandchildren may hold fds 1/2 open, so drain only for a moment.
-        deadline = time.monotonic() + 0.2
-        open_fds = set(captures)
-        while open_fds and time.monotonic() < deadline:
-            for key, _ in self._selector.select(deadline - time.monotonic()):
-                if key.fd in open_fds:
-                    data = self._read(key.fd)
-                    if data:
-                        captures[key.fd].feed(data)
-                    else:
-                        open_fds.discard(key.fd)
-            if not self._selector.select(0):
-                break
+        # Grandchildren may hold fds 1/2 open: take what is there, never wait for EOF.
+        for fd, capture in captures.items():
+            self._pump(fd, capture, drain=True)
         for capture in captures.values():
             capture.finish()
         self.kill()
@@ -630,23 +624,16 @@ def _fork_child_died(reply: _Reply) -> bool:
     return False
 
 
-def _run_message(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
-                 mark: str) -> dict[str, Any]:
-    return message("run", id=proc.next_id(), code=request.code, mode=mode,
-                   output_limit=request.output_limit, mark=mark, timeout=request.timeout,
-                   protect=list(request.protect_paths))
-
-
 def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
               capabilities: CapabilityHost | None) -> _Reply:
     try:
         proc.set_capabilities(list(capabilities.names()) if capabilities else [])
     except OSError:
         return _Reply(died=True, death="the worker had gone")
-    mark = f"\x1e\x1fcoordex-{secrets.token_hex(8)}\x1f\x1e"
-    msg = _run_message(proc, request, mode, mark)
-    return proc.converse(msg, "done", request, capabilities,
-                         fork_child=mode != "stateful", mark=mark.encode("ascii"))
+    msg = message("run", id=proc.next_id(), code=request.code, mode=mode,
+                  output_limit=request.output_limit, timeout=request.timeout,
+                  protect=list(request.protect_paths))
+    return proc.converse(msg, "done", request, capabilities, fork_child=mode != "stateful")
 
 
 # -- sessions -----------------------------------------------------------------------------

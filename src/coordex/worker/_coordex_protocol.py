@@ -11,8 +11,9 @@ Rules the protocol keeps:
 2. Protocol lines travel on two private pipes (not fds 0/1/2). The worker's fds 1 and 2
    are plain pipes the host reads itself, so output from ``print``, ``os.write(1, ...)``,
    forked children and subprocesses is captured without the worker's help and can never
-   corrupt the protocol. At the end of a run the worker writes the run's ``mark`` to
-   fds 1 and 2, so the host knows it has read all of that run's output.
+   corrupt the protocol. The worker flushes before ``done``, and pipe writes are
+   synchronous, so once ``done`` is read a non-blocking drain of fds 1/2 completes the
+   run's output.
 3. A run is answered by exactly one ``done``; in between the worker may send
    ``capability_call`` lines, each answered by one ``capability_result`` with its ``id``.
 
@@ -38,7 +39,7 @@ WORKER_TO_HOST = "worker->host"
 MESSAGES: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
     "hello": (WORKER_TO_HOST, ("protocol", "python", "pid"), ("fork", "executable")),
     "capabilities": (HOST_TO_WORKER, ("names",), ()),
-    "run": (HOST_TO_WORKER, ("id", "code", "mode", "output_limit", "mark"),
+    "run": (HOST_TO_WORKER, ("id", "code", "mode", "output_limit"),
             ("timeout", "protect")),
     "capability_call": (WORKER_TO_HOST, ("id", "name", "args", "kwargs"), ()),
     "capability_result": (HOST_TO_WORKER, ("id",), ("value", "error")),

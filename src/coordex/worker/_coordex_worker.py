@@ -22,16 +22,22 @@ SIGINT is ignored, so a late interrupt can never end the worker.
 
 from __future__ import annotations
 
+import _signal
 import os
 import signal
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 try:
     import _coordex_engine as engine
     import _coordex_protocol as wire
+
+    try:  # optional: read-only file protection, when that module sits beside us
+        import _coordex_isolation as isolation
+    except ImportError:
+        isolation = None
 finally:
     # The folder is only needed for these two imports; keep the user's sys.path clean.
     if sys.path and sys.path[0] == _HERE:
@@ -53,6 +59,8 @@ class _State:
     channel: Optional[Channel] = None  # set by main()
     capabilities: Dict[str, Capability] = {}  # name -> stub currently installed
     script_module: Any = None
+    unreaped: List[int] = []  # fork children that answered and are still exiting
+    standby: Optional[Tuple[int, int, int]] = None  # (pid, run pipe, result pipe)
 
 
 class Channel:
@@ -64,11 +72,7 @@ class Channel:
         self._next_call = 0
 
     def send(self, msg: Dict[str, Any]) -> None:
-        data = wire.encode(msg)
-        view = memoryview(data)
-        while view:
-            written = os.write(self.out_fd, view)
-            view = view[written:]
+        _write_all(self.out_fd, wire.encode(msg))
 
     def receive(self) -> Optional[Dict[str, Any]]:
         """The next message from the host, or None when the host has gone."""
@@ -125,14 +129,14 @@ def protect(paths: List[str]) -> str:
 
     The seam for read-only file protection (SPEC guarantee 3): an optional sibling
     module ``_coordex_isolation`` with ``protect(paths) -> "discarded"|"refused"|"none"``
-    takes over when present. Without it nothing is protected, and the result says so.
+    takes over when present (it is imported at start-up, while this folder is on
+    ``sys.path``). Without it nothing is protected, and the result says so.
     """
-    try:
-        import _coordex_isolation
-    except ImportError:
+    if isolation is None:
         return "none"
     try:
-        return _coordex_isolation.protect(paths)
+        mode = isolation.protect(paths)
+        return mode if mode in ("discarded", "refused") else "none"
     except Exception as exc:  # protection failed: run unprotected, never over-claim
         sys.stderr.write("coordex: file protection unavailable (%s: %s)\n"
                          % (type(exc).__name__, exc))
@@ -154,8 +158,14 @@ def _on_sigusr1(signum: int, frame: Any) -> None:
 
 
 def install_signal_handlers() -> None:
-    signal.signal(signal.SIGINT, _on_sigint)
-    signal.signal(signal.SIGUSR1, _on_sigusr1)
+    """(Re)install our handlers; cheap when they are already in place.
+
+    ``_signal`` is the C module under ``signal``: its getsignal/signal skip the enum
+    conversions that made this a measurable part of every call.
+    """
+    for signum, handler in ((signal.SIGINT, _on_sigint), (signal.SIGUSR1, _on_sigusr1)):
+        if _signal.getsignal(signum) is not handler:
+            _signal.signal(signum, handler)
 
 
 def _signal_child(signum: int) -> None:
@@ -204,20 +214,18 @@ def _user_names(namespace: Dict[str, Any]) -> List[str]:
             and not (name in stubs and namespace[name] is stubs[name])]
 
 
-def _finish_output(mark: str) -> None:
-    """Flush the user's streams and write the run's mark to fds 1 and 2."""
+def _flush_user_streams() -> None:
+    """Push what the code printed into fds 1/2 before ``done`` is sent.
+
+    The host drains the output pipes once it reads ``done``; pipe writes are
+    synchronous, so flushing first is all the ordering the two need.
+    """
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             if stream is not None:
                 stream.flush()
         except BaseException:
             pass
-    data = mark.encode("ascii")
-    for fd in (1, 2):
-        try:
-            os.write(fd, data)
-        except OSError:
-            pass  # the cell closed the fd; the host stops waiting for the mark after a moment
 
 
 def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
@@ -244,21 +252,43 @@ def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, An
     return outcome
 
 
-def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
-    """Run the cell in a fork child; this process's state is never touched."""
-    read_fd, write_fd = os.pipe()
+def _fork() -> int:
     import warnings
 
+    _flush_user_streams()  # buffered text must not be written twice (by both processes)
     with warnings.catch_warnings():
         # 3.12+ warns that fork() in a multi-threaded process may deadlock. Threads the
         # user started are a known risk of read_only; the warning would only be noise
         # in the user's stderr.
         warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        _child_main(msg, namespace, write_fd)  # never returns
-    os.close(write_fd)
+        return os.fork()
+
+
+def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
+    """Run the cell in a fork child; this process's state is never touched.
+
+    A stateless run takes the waiting standby child when there is one (see
+    :func:`ensure_standby`). The child closes the result pipe before it exits, so the
+    answer arrives while the kernel still tears its copy-on-write memory down; it is
+    reaped after ``done`` has gone (see :func:`reap_children`).
+    """
+    standby = _State.standby if msg["mode"] == "stateless" else None
+    _State.standby = None
+    if standby is not None:
+        pid, read_fd = standby[0], standby[2]
+        handoff = dict(msg, capabilities=sorted(_State.capabilities))
+        try:
+            _write_all(standby[1], wire.encode(handoff))
+        except OSError:
+            pass  # the standby died; reported below as a child that did not answer
+        os.close(standby[1])
+    else:
+        read_fd, write_fd = os.pipe()
+        pid = _fork()
+        if pid == 0:
+            os.close(read_fd)
+            _child_main(msg, namespace, write_fd)  # never returns
+        os.close(write_fd)
     _State.fork_child = pid
     try:
         chunks = []
@@ -270,37 +300,123 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]
             if not data:
                 break
             chunks.append(data)
-        status = os.waitpid(pid, 0)[1]
     finally:
-        _State.fork_child = 0
         os.close(read_fd)
     raw = b"".join(chunks)
     if raw:
+        _State.unreaped.append(pid)
+        _State.fork_child = 0
         import json
 
-        return json.loads(raw.decode("ascii"))
+        outcome = json.loads(raw.decode("ascii"))  # type: Dict[str, Any]
+        return outcome
     # The child died before it could report (os._exit, a signal, SIGUSR1 from the host).
+    try:
+        status = os.waitpid(pid, 0)[1]
+    finally:
+        _State.fork_child = 0
     died: Dict[str, Optional[int]] = {"code": None, "signal": None}
     if os.WIFSIGNALED(status):
         died["signal"] = os.WTERMSIG(status)
     elif os.WIFEXITED(status):
         died["code"] = os.WEXITSTATUS(status)
-    outcome: Dict[str, Any] = {"result": None, "error": None, "interrupted": False,
-                               "images": [], "child_died": died}
+    outcome = {"result": None, "error": None, "interrupted": False, "images": [],
+               "child_died": died}
     if msg["mode"] == "read_only":
         outcome["isolation"] = {"names": True, "objects": True, "files": "none"}
     return outcome
 
 
+def ensure_standby() -> None:
+    """Keep one fork child ready for the next stateless run (templates only).
+
+    Forking, and the child's own setup, then happen between calls instead of on the
+    caller's time: the child waits for its ``run`` on a private pipe. A standby is only
+    ever forked from a worker that has run nothing in its own namespace, so it is as
+    fresh as a child forked on demand.
+    """
+    if _State.standby is not None:
+        return
+    msg_r, msg_w = os.pipe()
+    result_r, result_w = os.pipe()
+    pid = _fork()
+    if pid == 0:
+        os.close(msg_w)
+        os.close(result_r)
+        _standby_main(msg_r, result_w)  # never returns
+    os.close(msg_r)
+    os.close(result_w)
+    _State.standby = (pid, msg_w, result_r)
+
+
+def _standby_main(msg_fd: int, result_fd: int) -> None:
+    status = 70
+    try:
+        _prepare_child()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # until it has a cell to interrupt
+        # The first cell in a fresh fork spends most of its time in copy-on-write page
+        # faults (allocator pools, the compiler, json); take them now, while idle.
+        engine.run_cell("_warm = [{'a': 1}]\nlen(_warm)", {}, 100)
+        wire.decode(wire.encode(wire.message("inspect", id="warm-up")))
+        namespace = fresh_namespace()
+        reader = wire.LineReader(msg_fd)
+        line = reader.read_line()
+        if line is None:  # the template is closing
+            status = 0
+        else:
+            msg = wire.decode(line)
+            set_capabilities(namespace, msg["capabilities"])  # names may have changed
+            _child_main(msg, namespace, result_fd)  # never returns
+    except BaseException:
+        pass
+    os._exit(status)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def reap_children(block: bool = False) -> None:
+    """Reap fork children that reported and are exiting.
+
+    Without ``block`` a child still tearing its memory down stays listed and is reaped
+    after a later message, so the worker never waits on the kernel between calls.
+    """
+    waiting = []
+    for pid in _State.unreaped:
+        try:
+            done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if not done:
+            waiting.append(pid)
+    _State.unreaped = waiting
+
+
+def _prepare_child() -> None:
+    import gc
+
+    # Everything inherited is frozen out of the collector: a full collection would
+    # walk (and so copy-on-write) every page of a large session.
+    gc.freeze()
+    _State.in_fork_child = True
+    _State.fork_child = 0
+    _State.unreaped = []
+    _State.standby = None
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
 def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) -> None:
     status = 70
     try:
-        _State.in_fork_child = True
-        _State.fork_child = 0
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        if not _State.in_fork_child:
+            _prepare_child()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if msg["mode"] == "stateless":
-            namespace = fresh_namespace()
+            if "capabilities" not in msg:  # forked on demand, not a prepared standby
+                namespace = fresh_namespace()
             files = None
         else:
             files = protect(msg.get("protect") or [])
@@ -309,28 +425,22 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
             outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
         except KeyboardInterrupt:
             pass
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if outcome is None:
             outcome = {"result": None, "interrupted": True, "images": [],
                        "error": {"exception": "KeyboardInterrupt", "message": "",
                                  "traceback": "KeyboardInterrupt\n"}}
         if files is not None:
             outcome["isolation"] = {"names": True, "objects": True, "files": files}
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _flush_user_streams()
         import json
 
-        data = json.dumps(outcome, separators=(",", ":")).encode("ascii")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(result_fd, view):]
+        _write_all(result_fd, json.dumps(outcome, separators=(",", ":")).encode("ascii"))
+        os.close(result_fd)
         status = 0
     except BaseException:
         pass
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
         os._exit(status)
 
 
@@ -362,15 +472,19 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
                     outcome = run_stateful(msg, namespace)
                 else:
                     outcome = run_forked(msg, namespace)
-                _finish_output(msg["mark"])
+                _flush_user_streams()
                 outcome["id"] = msg["id"]
                 outcome["type"] = "done"
                 channel.send(outcome)
+                if msg["mode"] == "stateless":
+                    ensure_standby()
             elif kind == "inspect":
                 names = inspect_names(namespace)
                 channel.send(wire.message("inspect_result", id=msg["id"], names=names,
                                           capabilities=sorted(_State.capabilities)))
             # capability_result outside a call: a reply to an interrupted call; drop it.
+            if _State.unreaped:
+                reap_children()
         except KeyboardInterrupt:
             continue  # an interrupt that raced the end of a cell; the host has its answer
 
@@ -402,6 +516,12 @@ def main(argv: List[str]) -> int:
         "hello", protocol=wire.PROTOCOL_VERSION, python=list(sys.version_info[:3]),
         pid=os.getpid(), fork=hasattr(os, "fork"), executable=sys.executable))
     serve(channel, namespace)
+    reap_children(block=True)
+    if _State.standby is not None:  # end of file on its pipe makes it exit; reap it
+        pid, msg_w, result_r = _State.standby
+        os.close(msg_w)
+        os.close(result_r)
+        os.waitpid(pid, 0)
     return 0
 
 
