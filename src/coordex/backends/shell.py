@@ -573,8 +573,9 @@ class ShellSession:
 
     One call runs at a time per session (a lock); different sessions run in parallel.
     A shell found dead when a call arrives is replaced and the outcome says
-    ``state_lost``; a shell that ends *during* a call is not retried. Raises ``OSError``
-    when bash cannot be started at all.
+    ``state_lost``; a shell that ends *during* a call is not retried (``exit``, or a
+    failing command after ``set -e``, as in a terminal). Raises ``OSError`` when bash
+    cannot be started at all.
     """
 
     # Read-only guarantee 3 (files) as achieved by read_only_command; isolation.py
