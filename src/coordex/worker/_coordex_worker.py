@@ -13,7 +13,8 @@ Run modes:
   whole process (any object works: locks, generators, DataFrames) and leaves with
   ``os._exit``; this process, and so the session, never sees what it changed.
 - ``stateless`` forks too, but the child starts from a fresh namespace. A worker that
-  only ever serves stateless runs is a clean *template* (a fork server).
+  only ever serves stateless runs is a clean *template* (a fork server); it keeps one
+  *standby* child forked and warmed up between calls, so a call only hands it the code.
 
 SIGINT raises KeyboardInterrupt in the cell (the engine reports it, the state stays);
 while a fork child runs, SIGINT is forwarded to it and SIGUSR1 kills it. Between cells
