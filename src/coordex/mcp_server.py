@@ -54,20 +54,20 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from . import __version__
 from .core.errors import make_error
-from .tools import TOOL_NAMES, call_tool, environments_of, tool_definitions
+from .tools import TOOL_NAMES, call_tool, tool_definitions
 
 # How often progress notifications may be sent while output streams in, and how much
 # of the newest output each one carries.
 PROGRESS_INTERVAL = 0.25
 PROGRESS_TAIL_CHARS = 1000
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-ENVIRONMENT_TOOLS = ("list_environments", "create_environment")
 
 INSTRUCTIONS = (
     "coordex runs Python or bash code for you. Use execute_code with state_mode='stateful' "
     "and a session_name for work of several steps, 'stateless' for one-off checks and "
-    "'read_only' to look at a session without changing it. Errors carry a 'suggestion': "
-    "follow it."
+    "'read_only' to look at a session without changing it. Keep functions you will reuse "
+    "with define_function and run them with call_function (the same three state modes). "
+    "Errors carry a 'suggestion': follow it."
 )
 
 
@@ -160,12 +160,6 @@ async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay
 # --- the server ------------------------------------------------------------------------
 
 
-def available_tools(executor: Any) -> list[str]:
-    """Tool names this executor can serve (environment tools need ``ex.environments``)."""
-    has_envs = environments_of(executor) is not None
-    return [n for n in TOOL_NAMES if has_envs or n not in ENVIRONMENT_TOOLS]
-
-
 async def run_tool(
     executor: Any, name: str, arguments: dict[str, Any] | None,
     ctx: ServerRequestContext[Any, Any] | None = None,
@@ -209,32 +203,25 @@ async def run_tool(
 
 
 def build_server(executor: Any, name: str = "coordex") -> Server[Any]:
-    """A low-level MCP server exposing coordex's tools over ``executor``."""
-    tool_names = available_tools(executor)
+    """A low-level MCP server exposing every coordex tool over ``executor``."""
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        defs = tool_definitions("mcp", names=tool_names)
-        assert isinstance(defs, list)  # the names come from TOOL_NAMES
+        defs = tool_definitions("mcp")
+        assert isinstance(defs, list)  # "mcp" is a known format
         return types.ListToolsResult(tools=[types.Tool.model_validate(d) for d in defs])
 
     async def call(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        if params.name in TOOL_NAMES and params.name not in tool_names:
-            record = make_error(
-                "validation",
-                f"Tool {params.name!r} is not available on this server.",
-                f"Call one of {', '.join(repr(n) for n in tool_names)}.",
-            )
-            return to_tool_result(record)
+        # Unknown tools and malformed arguments come back from call_tool as error dicts.
         record = await run_tool(executor, params.name, params.arguments, ctx)
         return to_tool_result(record)
 
     def input_schema(tool: str) -> dict[str, Any] | None:
         # Used by the SDK only for header validation; the schema is the tools.py one.
-        defs = tool_definitions("mcp", names=[tool]) if tool in tool_names else []
+        defs = tool_definitions("mcp", names=[tool]) if tool in TOOL_NAMES else []
         return defs[0]["inputSchema"] if isinstance(defs, list) and defs else None
 
     return Server(
@@ -498,7 +485,7 @@ async def serve_http(app: BearerTenantApp, sock: socket.socket,
 
 
 __all__ = [
-    "BearerTenantApp", "OutputRelay", "Tenant", "TokenFileError", "WireFds", "available_tools",
+    "BearerTenantApp", "OutputRelay", "Tenant", "TokenFileError", "WireFds",
     "bind_socket", "build_server", "claim_stdio", "internal_error", "make_tenant", "parse_tokens", "run_tool",
     "security_settings", "serve_http", "serve_stdio", "tenant_roots", "to_tool_result",
 ]

@@ -14,19 +14,24 @@ Anthropic loop all dispatch the same way. Unknown tools, unknown arguments and m
 required arguments come back as ``validation`` error dicts (SPEC section 4), never as
 exceptions; everything else (types, modes, session rules) is the executor's to check.
 
+The tools come in three groups: sessions (``execute_code``, ``list_sessions``,
+``inspect_session``, ``close_session``), environments (``list_environments``,
+``create_environment``) and the stored-function library (``list_functions``,
+``show_function``, ``define_function``, ``call_function``), which places a stored
+function at a coordinate exactly as ``execute_code`` places code.
+
 This module imports nothing that starts a process or touches the disk.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from .core.errors import make_error, nearest, quoted_list
+from .core.errors import CoordexError, make_error, nearest, quoted_list
 
 ToolFormat = Literal["openai", "anthropic", "mcp"]
 FORMATS: tuple[ToolFormat, ...] = ("openai", "anthropic", "mcp")
@@ -78,6 +83,23 @@ _VENV_ID = {
     "list_environments). Omit to use the agent's own interpreter. Sessions in different "
     "environments are unrelated even with the same id.",
 }
+_TIMEOUT = {
+    "type": "number",
+    "exclusiveMinimum": 0,
+    "description": "Seconds before the code is interrupted (default 60). "
+    "Environment builds do not count against it.",
+}
+_FUNCTION_NAME = {
+    "type": "string",
+    "minLength": 1,
+    "description": "Name of the stored function, as list_functions shows it.",
+}
+_FUNCTION_VERSION = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "A stored version of the function (see 'versions'); omit for the latest.",
+}
+_STATE_MODES = ["stateless", "stateful", "read_only"]
 
 
 def _object(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
@@ -107,6 +129,32 @@ stateless must not name one. venv_id runs in a dedicated environment with its ow
 packages (see create_environment); omit it for the agent's own interpreter. Errors come \
 back as {"error", "error_type", "suggestion"}: follow the suggestion."""
 
+_CALL_FUNCTION_DESCRIPTION = """\
+Call a stored function (see list_functions / define_function) with JSON arguments and \
+get back its return value as "value" (plain JSON; bytes as {"__bytes__": base64}), plus \
+what it printed. A function stored with an env runs in that environment.
+
+Choose state_mode by what the call is for:
+- stateful: let the function change a session - it runs inside the kept session (session 0 \
+when none is named), which keeps the function and whatever it changed for later calls.
+- read_only: try it against a copy of an existing session first - it sees the session's \
+state, and nothing it changes or writes is kept (the result's "isolation" says which \
+guarantees held).
+- stateless: a one-off - a fresh namespace, nothing is kept.
+
+Sessions are Python sessions, named as in execute_code: session_name or session_id, never \
+both; read_only must name an existing session; stateless must not name one. Errors come \
+back as {"error", "error_type", "suggestion"}: follow the suggestion."""
+
+_DEFINE_FUNCTION_DESCRIPTION = """\
+Store a Python function in the library so it can be called later (call_function, or \
+functions.NAME(...) inside execute_code Python) - it survives restarts. The source must \
+be self-contained: put imports and helpers inside the function or around it in source. \
+Storing the same source and env again keeps the version; anything else adds a new \
+version (older ones stay callable). Returns the stored record: name, version, signature, \
+doc, env, venv_id, versions."""
+
+
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         name="execute_code",
@@ -122,7 +170,7 @@ TOOLS: tuple[ToolSpec, ...] = (
                 "language": _LANGUAGE,
                 "state_mode": {
                     "type": "string",
-                    "enum": ["stateless", "stateful", "read_only"],
+                    "enum": _STATE_MODES,
                     "default": "stateless",
                     "description": "'stateful' for work of several steps in a kept session; "
                     "'stateless' for a one-off check; 'read_only' for a look at an existing "
@@ -131,12 +179,7 @@ TOOLS: tuple[ToolSpec, ...] = (
                 "session_id": _SESSION_ID,
                 "session_name": _SESSION_NAME,
                 "venv_id": _VENV_ID,
-                "timeout": {
-                    "type": "number",
-                    "exclusiveMinimum": 0,
-                    "description": "Seconds before the code is interrupted (default 60). "
-                    "Environment builds do not count against it.",
-                },
+                "timeout": _TIMEOUT,
             },
             required=("code",),
         ),
@@ -225,6 +268,101 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         required=("spec",),
         idempotent=True,
+        open_world=True,
+    ),
+    ToolSpec(
+        name="list_functions",
+        title="List stored functions",
+        description="List the stored functions (latest version of each): name, version, "
+        "signature, doc, env, venv_id and all versions. Call one with call_function; see its "
+        "source with show_function. Changes nothing.",
+        parameters=_object({}),
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="show_function",
+        title="Show a stored function",
+        description="Show one stored function: its source, signature, doc, env (the "
+        "environment spec it runs in, or null for the agent's own interpreter), venv_id and "
+        "versions. Changes nothing.",
+        parameters=_object(
+            {
+                "name": _FUNCTION_NAME,
+                "version": _FUNCTION_VERSION,
+            },
+            required=("name",),
+        ),
+        required=("name",),
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="define_function",
+        title="Define a stored function",
+        description=_DEFINE_FUNCTION_DESCRIPTION,
+        parameters=_object(
+            {
+                "source": {
+                    "type": "string",
+                    "description": "Python text defining the function with def, e.g. "
+                    "\"def total(rows):\\n    return sum(r['amount'] for r in rows)\". It may "
+                    "also hold imports and helpers.",
+                },
+                "name": {
+                    "type": "string",
+                    "description": "Which function in source to store and call. Optional when "
+                    "source defines exactly one top-level function.",
+                },
+                "env": {
+                    "type": "string",
+                    "description": "Environment the function runs in, as a requirements list "
+                    "(one per line, e.g. 'pandas<2'), PEP 723 script metadata ('# /// script' "
+                    "... '# ///') or pyproject.toml text. Omit to run it in the agent's own "
+                    "interpreter.",
+                },
+            },
+            required=("source",),
+        ),
+        required=("source",),
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="call_function",
+        title="Call a stored function",
+        description=_CALL_FUNCTION_DESCRIPTION,
+        parameters=_object(
+            {
+                "name": _FUNCTION_NAME,
+                "args": {
+                    "type": "array",
+                    "items": {"description": "A plain JSON value."},
+                    "default": [],
+                    "description": "Positional arguments, as a JSON array of plain values.",
+                },
+                "kwargs": {
+                    "type": "object",
+                    "additionalProperties": True,
+                    "default": {},
+                    "description": "Keyword arguments, as a JSON object of plain values.",
+                },
+                "state_mode": {
+                    "type": "string",
+                    "enum": _STATE_MODES,
+                    "default": "stateless",
+                    "description": "'stateful' to let the function change a kept session; "
+                    "'read_only' to try it against a copy of an existing session first; "
+                    "'stateless' for a one-off call.",
+                },
+                "session_id": _SESSION_ID,
+                "session_name": _SESSION_NAME,
+                "version": _FUNCTION_VERSION,
+                "timeout": _TIMEOUT,
+            },
+            required=("name",),
+        ),
+        required=("name",),
+        destructive=True,
         open_world=True,
     ),
 )
@@ -350,87 +488,124 @@ def call_tool(
 ) -> dict[str, Any]:
     """Run one tool call against an executor and return its result or error dict.
 
-    Blocking (run it in a worker thread from async code). ``on_output(stream, text)``
-    receives output chunks of ``execute_code`` and build lines of ``create_environment``
+    The one router every front end uses. Blocking (run it in a worker thread from async
+    code). ``on_output(stream, text)`` receives output chunks of ``execute_code`` and
+    build lines (stream ``"build"``) of ``execute_code`` and of ``create_environment``
     with ``build=true``, for progress reporting. ``cancel`` is handed to
-    ``execute_code`` when the executor accepts it (setting it interrupts the run).
+    ``execute_code`` (setting it interrupts the run).
     """
     problem = check_arguments(name, arguments)
     if problem is not None:
         return problem
-    args: dict[str, Any] = dict(arguments or {})
-    if name == "execute_code":
-        if cancel is not None and _accepts(executor.execute_code, "cancel"):
-            args["cancel"] = cancel
-        if on_output is not None and _accepts(executor.execute_code, "on_progress"):
-            relay = on_output
-            args["on_progress"] = lambda line: relay("build", line)
-        return cast(dict[str, Any], executor.execute_code(on_output=on_output, **args))
-    if name == "list_sessions":
-        return cast(dict[str, Any], executor.list_sessions())
-    if name == "inspect_session":
-        return cast(dict[str, Any], executor.inspect_session(**args))
-    if name == "close_session":
-        return cast(dict[str, Any], executor.close_session(**args))
-    environments = environments_of(executor)
-    if environments is None:
-        return make_error(
-            "validation",
-            f"{name} is not available in this coordex version.",
-            "Run code in the agent's own interpreter (omit venv_id).",
-        )
-    if name == "list_environments":
-        return cast(dict[str, Any], environments.list())
-    # create_environment
+    handler = _HANDLERS[name]
+    return handler(executor, dict(arguments or {}), on_output, cancel)
+
+
+# (executor, arguments, on_output, cancel) -> result or error dict
+_Handler = Callable[[Any, dict[str, Any], OnOutput | None, threading.Event | None],
+                    dict[str, Any]]
+
+
+def _execute_code(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+                  cancel: threading.Event | None) -> dict[str, Any]:
+    return cast(dict[str, Any], ex.execute_code(
+        on_output=on_output, on_progress=_build_lines(on_output), cancel=cancel, **args))
+
+
+def _create_environment(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+                        cancel: threading.Event | None) -> dict[str, Any]:
     build = args.pop("build", False)
-    created = cast(dict[str, Any], environments.create(**args))
+    created = cast(dict[str, Any], ex.environments.create(**args))
     if not build or "error_type" in created:
         return created
-    built = build_environment(environments, created["venv_id"], on_output)
+    built = build_environment(ex.environments, created["venv_id"], on_output)
     if "error_type" in built:
         return built
     return {**created, **built}
+
+
+def _show_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+                   cancel: threading.Event | None) -> dict[str, Any]:
+    return cast(dict[str, Any], ex.functions.show(args["name"], args.get("version")))
+
+
+def _define_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+                     cancel: threading.Event | None) -> dict[str, Any]:
+    source, env = args["source"], args.get("env")
+    if not isinstance(source, str):
+        # define(source=None) would mean "use me as a decorator"; a model means text.
+        return make_error(
+            "validation", f"source must be Python text defining a function, got {source!r:.80}.",
+            "Pass the function's code as a string: source='def f(x):\\n    return x'.")
+    if isinstance(env, str) and not env.strip():
+        env = None  # an empty spec means "no environment", not "an empty one"
+    try:
+        stored = ex.functions.define(source=source, name=args.get("name"), env=env)
+    except CoordexError as exc:
+        return exc.to_dict()
+    return cast(dict[str, Any], stored.describe())
+
+
+def _call_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+                   cancel: threading.Event | None) -> dict[str, Any]:
+    return cast(dict[str, Any], ex.functions.call(
+        args["name"], args.get("args"), args.get("kwargs"),
+        state_mode=args.get("state_mode", "stateless"), session_id=args.get("session_id"),
+        session_name=args.get("session_name"), version=args.get("version"),
+        timeout=args.get("timeout")))
+
+
+def _plain(method: Callable[[Any], Any]) -> _Handler:
+    """A handler that passes the arguments on unchanged to ``method(executor)``."""
+    def handler(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+                cancel: threading.Event | None) -> dict[str, Any]:
+        return cast(dict[str, Any], method(ex)(**args))
+
+    return handler
+
+
+_HANDLERS: dict[str, _Handler] = {
+    "execute_code": _execute_code,
+    "list_sessions": _plain(lambda ex: ex.list_sessions),
+    "inspect_session": _plain(lambda ex: ex.inspect_session),
+    "close_session": _plain(lambda ex: ex.close_session),
+    "list_environments": _plain(lambda ex: ex.environments.list),
+    "create_environment": _create_environment,
+    "list_functions": _plain(lambda ex: ex.functions.list),
+    "show_function": _show_function,
+    "define_function": _define_function,
+    "call_function": _call_function,
+}
+assert set(_HANDLERS) == set(TOOL_NAMES), "every tool needs exactly one handler"
+
+
+def _build_lines(on_output: OnOutput | None) -> Callable[[str], None] | None:
+    """``on_progress(line)`` for environment builds, relayed as ``on_output("build", line)``."""
+    if on_output is None:
+        return None
+    relay = on_output
+
+    def on_progress(line: str) -> None:
+        relay("build", line)
+
+    return on_progress
 
 
 def build_environment(
     environments: Any, venv_id: int, on_output: OnOutput | None = None
 ) -> dict[str, Any]:
     """``environments.build(venv_id)``, streaming build lines as ``on_output("build", line)``."""
-    if on_output is not None and _accepts(environments.build, "on_progress"):
-        def on_progress(line: str) -> None:
-            on_output("build", line)
-
-        return cast(dict[str, Any], environments.build(venv_id, on_progress=on_progress))
-    return cast(dict[str, Any], environments.build(venv_id))
+    return cast(dict[str, Any], environments.build(venv_id, on_progress=_build_lines(on_output)))
 
 
-def environments_of(executor: Any) -> Any | None:
-    """``executor.environments`` if this build supports environments, else None."""
-    try:
-        environments = getattr(executor, "environments", None)
-        if environments is None:
-            return None
-        # The facade imports its backend lazily; probe it once.
-        listing = environments.list()
-    except (ImportError, AttributeError, NotImplementedError):
-        return None
-    return environments if isinstance(listing, dict) else None
+def environments_of(executor: Any) -> Any:
+    """``executor.environments`` (every Executor has them; kept for the CLI and demo)."""
+    return executor.environments
 
 
-def library_of(executor: Any) -> Any | None:
-    """``executor.functions`` (the stored-function library) if available, else None."""
-    try:
-        return getattr(executor, "functions", None)
-    except (ImportError, NotImplementedError):
-        return None
-
-
-def _accepts(fn: Any, keyword: str) -> bool:
-    """Whether ``fn`` takes ``keyword`` (optional executor features are probed, not assumed)."""
-    try:
-        return keyword in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+def library_of(executor: Any) -> Any:
+    """``executor.functions``, the stored-function library (kept for the CLI and demo)."""
+    return executor.functions
 
 
 __all__ = [

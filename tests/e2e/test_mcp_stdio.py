@@ -119,6 +119,68 @@ def test_validation_errors_are_tool_results_with_the_error_dict(tmp_path: Path) 
     run_session(tmp_path, body)
 
 
+def test_a_stored_function_defined_then_tried_read_only_then_run_stateful(
+        tmp_path: Path) -> None:
+    source = (
+        "def mark_reviewed(limit):\n"
+        "    \"\"\"Mark the first `limit` rows reviewed; return how many are.\"\"\"\n"
+        "    for row in rows[:limit]:\n"
+        "        row['reviewed'] = True\n"
+        "    return sum(1 for row in rows if row.get('reviewed'))\n"
+    )
+    count_reviewed = "sum(1 for row in rows if row.get('reviewed'))"
+
+    async def body(session: ClientSession) -> None:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        for name, read_only in (("list_functions", True), ("show_function", True),
+                                ("define_function", False), ("call_function", False)):
+            annotations = tools[name].annotations
+            assert annotations is not None and annotations.read_only_hint is read_only, name
+        assert tools["call_function"].input_schema["properties"]["state_mode"]["enum"] == [
+            "stateless", "stateful", "read_only"]
+
+        loaded = await session.call_tool("execute_code", {
+            "code": "rows = [{'id': i} for i in range(4)]", "state_mode": "stateful",
+            "session_name": "audit"})
+        assert not loaded.is_error, loaded
+
+        defined = await session.call_tool("define_function", {"source": source})
+        assert not defined.is_error, defined
+        assert structured(defined)["name"] == "mark_reviewed"
+        assert structured(defined)["version"] == 1
+        listed = structured(await session.call_tool("list_functions", {}))
+        assert [f["name"] for f in listed["functions"]] == ["mark_reviewed"]
+
+        tried = await session.call_tool("call_function", {
+            "name": "mark_reviewed", "args": [3], "state_mode": "read_only",
+            "session_name": "audit"})
+        assert not tried.is_error, tried
+        assert structured(tried)["value"] == 3
+        assert structured(tried)["isolation"]["objects"] is True
+        untouched = await session.call_tool("execute_code", {
+            "code": count_reviewed, "state_mode": "stateful", "session_name": "audit"})
+        assert structured(untouched)["result"] == "0"
+
+        applied = await session.call_tool("call_function", {
+            "name": "mark_reviewed", "kwargs": {"limit": 2}, "state_mode": "stateful",
+            "session_name": "audit"})
+        assert not applied.is_error, applied
+        assert structured(applied)["value"] == 2
+        changed = await session.call_tool("execute_code", {
+            "code": count_reviewed, "state_mode": "stateful", "session_name": "audit"})
+        assert structured(changed)["result"] == "2"
+
+        missing = await session.call_tool("call_function", {
+            "name": "mark_reveiwed", "args": [1], "state_mode": "stateful",
+            "session_name": "audit"})
+        assert missing.is_error
+        record = structured(missing)
+        assert record["error_type"] == "not_found"
+        assert "Did you mean 'mark_reviewed'?" in record["suggestion"]
+
+    run_session(tmp_path, body)
+
+
 def test_raw_fd1_writes_do_not_corrupt_the_protocol(tmp_path: Path) -> None:
     code = (
         "import os, subprocess, sys\n"
