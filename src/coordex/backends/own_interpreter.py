@@ -570,6 +570,11 @@ def _forked_child(session: NamespaceSession, request: RunRequest,
         os.dup2(devnull, 0)
         os.dup2(pipes["stdout"][1], 1)
         os.dup2(pipes["stderr"][1], 2)
+        # Only fds 1 and 2 may hold the output pipes, so closing them before exit is
+        # seen by the parent as end-of-file at once.
+        os.close(pipes["stdout"][1])
+        os.close(pipes["stderr"][1])
+        os.close(devnull)
         out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                errors="replace", write_through=True)
         err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
