@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .backends import isolation  # imported here, not in the fork: saves ~2 ms a call
 from .backends.base import Outcome, OutputCallback, RunRequest
 from .backends.own_interpreter import NamespaceSession, OwnInterpreter
 from .core import coordinates as coords
@@ -262,10 +263,6 @@ class Executor:
         paths = self._protect_paths(session.cwd)
 
         def protect() -> str:
-            try:
-                from .backends import isolation
-            except ImportError:
-                return "none"
             os.environ.update(TMPDIR=scratch, TMP=scratch, TEMP=scratch)
             return str(isolation.protect(paths, scratch))
 
