@@ -552,7 +552,7 @@ def _call_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
         args["name"], args.get("args"), args.get("kwargs"),
         state_mode=args.get("state_mode", "stateless"), session_id=args.get("session_id"),
         session_name=args.get("session_name"), version=args.get("version"),
-        timeout=args.get("timeout")))
+        timeout=args.get("timeout"), on_output=on_output))
 
 
 def _plain(method: Callable[[Any], Any]) -> _Handler:

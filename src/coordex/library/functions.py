@@ -126,7 +126,8 @@ def analyse(source: str, name: str | None) -> tuple[str, str, str | None]:
             raise CallError(
                 "validation",
                 f"Cannot tell which function to store: the source defines {found}.",
-                "Pass name='...' naming the function to call.")
+                "Pass name='...' naming the function to call." if defs else
+                "Define one top-level function with def, e.g. source='def f(x):\n    return x'.")
         name = next(iter(defs))
     _check_name(name)
     node = defs.get(name)
@@ -512,8 +513,11 @@ class FunctionLibrary:
     def call(self, name: str, args: Sequence[Any] | None = None,
              kwargs: dict[str, Any] | None = None, *, state_mode: str = "stateless",
              session_id: int | None = None, session_name: str | None = None,
-             version: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+             version: int | None = None, timeout: float | None = None,
+             on_output: OutputCallback | None = None) -> dict[str, Any]:
         """Call a stored function and return a dict; never raises (for front ends).
+
+        ``on_output(stream, text)`` receives what the function prints as it runs.
 
         Returns:
             the execute_code result keys (``stdout``, ``stderr``, ``session``, ...) plus
@@ -524,7 +528,7 @@ class FunctionLibrary:
         try:
             mode = coords.check_state_mode(state_mode)
             fn = self.get(name, version)
-            placed = Call(fn, mode, session_id, session_name, timeout, None)
+            placed = Call(fn, mode, session_id, session_name, timeout, on_output)
             if not isinstance(args, list | tuple | type(None)) or \
                     not isinstance(kwargs, dict | type(None)):
                 raise CallError("validation", "args must be a list and kwargs a dict.",
@@ -637,7 +641,7 @@ def _call_failed(fn: StoredFunction, record: dict[str, Any]) -> CallError:
                 f"helpers inside {fn.name!r} (or in its source= text), then define it again.")
         else:
             record["suggestion"] = (
-                f"{fn.name!r} v{fn.version} raised; read CallError.traceback, then fix the "
+                f"{fn.name!r} v{fn.version} raised; read the traceback, then fix the "
                 "arguments or define a corrected version.")
     return CallError.from_record(record)
 
