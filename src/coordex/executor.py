@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .backends import isolation  # imported here, not in the fork: saves ~2 ms a call
-from .backends.base import Outcome, OutputCallback, RunRequest
+from .backends.base import SESSION_CWD, Outcome, OutputCallback, RunRequest
 from .backends.own_interpreter import NamespaceSession, OwnInterpreter
 from .core import coordinates as coords
 from .core.coordinates import Coordinate, SessionKey
@@ -57,7 +58,9 @@ class Executor:
         build_timeout: seconds an environment build may take (not counted in ``timeout``).
         output_limit: characters kept per stream (head and tail); the rest is cut.
         read_only_paths: folders whose writes a read-only call discards (default: the
-            session's working directory and the home folder).
+            session's working directory and the home folder). Relative entries are
+            taken relative to the session's working directory (``"."`` is that
+            directory); writes anywhere else are refused.
         envs_dir: where built environments live (default ``root/envs``); tenants may
             share one, since folders are named by the spec's hash.
 
@@ -248,10 +251,11 @@ class Executor:
         try:
             with self._lock:
                 self._registry.begin_call(key, time.time())
-            if isinstance(backend, NamespaceSession):
-                outcome = self._own_read_only(backend, request)
-            else:
-                outcome = dict(backend.run_read_only(request))
+            with self._protected(request) as protected:
+                if isinstance(backend, NamespaceSession):
+                    outcome = self._own_read_only(backend, protected)
+                else:
+                    outcome = dict(backend.run_read_only(protected))
             outcome.pop("rebound", None)
             outcome.pop("deleted", None)
             return outcome, record
@@ -259,25 +263,30 @@ class Executor:
             lock.release()
 
     def _own_read_only(self, session: NamespaceSession, request: RunRequest) -> Outcome:
+        scratch, paths = request.scratch, request.protect_paths
+        isolation.best_mode()  # probe once and load libc here, not in every fork child
+
+        def protect() -> str:  # in the fork child, after it entered the session's cwd
+            return "none" if scratch is None else str(isolation.protect(paths, scratch))
+
+        return self._own.run_read_only(session, request, protect)
+
+    @contextlib.contextmanager
+    def _protected(self, request: RunRequest) -> Iterator[RunRequest]:
+        """``request`` with a fresh scratch folder and the folders to protect (SPEC
+        guarantee 3); the scratch folder is removed when the call is over."""
         scratch = tempfile.mkdtemp(prefix="coordex-ro-")
-        paths = self._protect_paths(session.cwd)
-
-        def protect() -> str:
-            os.environ.update(TMPDIR=scratch, TMP=scratch, TEMP=scratch)
-            return str(isolation.protect(paths, scratch))
-
         try:
-            return self._own.run_read_only(session, request, protect)
+            yield dataclasses.replace(request, protect_paths=self._protect_paths(),
+                                      scratch=scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _protect_paths(self, cwd: str) -> list[str]:
+    def _protect_paths(self) -> tuple[str, ...]:
+        # Backends resolve SESSION_CWD against the session's own cwd where the copy runs.
         if self.read_only_paths is not None:
-            return list(self.read_only_paths)
-        paths = [os.path.expanduser("~")]
-        if cwd and cwd != "/":
-            paths.insert(0, cwd)
-        return paths
+            return tuple(self.read_only_paths)
+        return (SESSION_CWD, os.path.expanduser("~"))
 
     def _shape(self, outcome: Outcome, session: dict[str, Any], coordinate: Coordinate,
                started: float) -> dict[str, Any]:
@@ -603,7 +612,8 @@ class Executor:
                     # A view of the live session (its runner is busy with the outer call,
                     # so the session itself reads as stuck); the fork copies it as it is.
                     view = self._own.new_session(session.namespace)
-                    outcome = self._own_read_only(view, request)
+                    with self._protected(request) as protected:
+                        outcome = self._own_read_only(view, protected)
                 else:  # nested: runs inline on this thread, inside the outer call
                     outcome = self._own._run_on(runner, session, session.namespace, request)
                 where = self._session_record(key)

@@ -24,6 +24,8 @@ Outcome = dict[str, Any]
 
 # After SIGINT, how long code gets to stop before its process is killed (state lost).
 INTERRUPT_GRACE = 2.0
+# In ``RunRequest.protect_paths``: the session's working directory, wherever it is now.
+SESSION_CWD = "."
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,14 @@ class RunRequest:
     timeout: float
     on_output: OutputCallback | None = None
     output_limit: int = DEFAULT_OUTPUT_LIMIT
-    # Read-only file protection: folders whose writes are discarded (SPEC guarantee 3).
+    # Read-only file protection (SPEC guarantee 3), applied only when ``scratch`` is set:
+    # folders whose writes the copy sees but that must not change. Relative entries are
+    # resolved where the copy runs, against the session's working directory, so
+    # ``SESSION_CWD`` (".") stands for that directory in every backend.
     protect_paths: tuple[str, ...] = field(default_factory=tuple)
+    # The call's private scratch folder (its TMPDIR), created and removed by the caller;
+    # None: the copy is not protected and reports ``files: "none"``.
+    scratch: str | None = None
     # Set by a front end whose request was cancelled: interrupt like a timeout.
     cancel: threading.Event | None = None
 

@@ -37,17 +37,26 @@ mount namespace then, and an unprivileged user gets ``"refused"``. If the scratc
 lies inside a work folder it is bound back read-write. Every mount lives in the child's
 own mount namespace and disappears with it (unless the child leaves a daemon behind).
 
-What a protected call may still do (the limits):
+What a protected call may still do (the limits). Guarantee 3 is about the disk: a
+read-only call is a look that must not change the session or its files, not a sandbox
+for hostile code. So, by decision:
 
-* network access, and talking to local daemons over pathname unix sockets (a daemon may
-  write on the code's behalf, e.g. through the docker socket);
+* network access stays open (Landlock's network rules are deliberately not used: reading
+  a URL or querying a database is a legitimate look), and so does talking to local
+  daemons over pathname unix sockets (a daemon may write on the code's behalf, e.g.
+  through the docker socket);
+* host capabilities called from Python code run in the agent's process, unprotected;
+* processes the call leaves running keep the protected view until they exit: the bash
+  copy's process group is ended with the call, but a fork child's background processes
+  (own interpreter, environment worker) are not (a worker's end with its session);
 * signals and abstract unix sockets are scoped to the child's own processes only where
   Landlock ABI >= 6; below that the code may signal any process its uid may signal;
 * writes through file descriptors or shared memory maps (``numpy.memmap(mode="r+")``)
   opened before the fork are not intercepted;
 * in ``"refused"`` mode root keeps its host capabilities apart from writing files
   (it may still e.g. reboot or reconfigure the network); in ``"discarded"`` mode the
-  capabilities exist only inside the child's user namespace;
+  capabilities exist only inside the child's user namespace, except where root had to
+  use a plain mount namespace (mounts nested in a work folder, user namespaces blocked);
 * renaming a directory that exists in a work folder fails with ``EXDEV`` in
   ``"discarded"`` mode (overlayfs without ``redirect_dir``; ``mv`` falls back to a
   copy); Landlock ABI 1 refuses every cross-directory rename;
@@ -69,19 +78,25 @@ Test hook: ``COORDEX_ISOLATION_FORCE=refused|none`` caps the strongest mode trie
 from __future__ import annotations
 
 import ctypes
-import json
 import os
-import platform
-import re
 import stat
 import struct
 import sys
-import tempfile
-import warnings
-from collections.abc import Sequence
-from typing import Literal, TypedDict
 
-FilesMode = Literal["discarded", "refused", "none"]
+# Only what protect() needs is imported at load: the bash launcher loads this module in
+# a fresh interpreter on every protected call, and json, re, tempfile, platform and
+# typing would add ~12 ms there. Types are for the checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Literal, TypedDict
+
+    FilesMode = Literal["discarded", "refused", "none"]
+
+    class Capabilities(TypedDict):
+        userns: bool
+        overlay: bool
+        landlock_abi: int
 
 FORCE_ENV = "COORDEX_ISOLATION_FORCE"
 # Exported to the protected bash so a script (and the bash backend) can read the mode.
@@ -108,7 +123,8 @@ _MOUNT_ATTR_RDONLY = 1
 
 # Landlock and mount_setattr use the unified syscall numbers on every architecture but
 # alpha, which offsets new syscalls by 110.
-_NR_OFFSET = 110 if platform.machine() == "alpha" else 0
+_MACHINE = os.uname().machine if hasattr(os, "uname") else ""  # = platform.machine()
+_NR_OFFSET = 110 if _MACHINE == "alpha" else 0
 _NR_MOUNT_SETATTR = 442 + _NR_OFFSET
 _NR_LANDLOCK_CREATE_RULESET = 444 + _NR_OFFSET
 _NR_LANDLOCK_ADD_RULE = 445 + _NR_OFFSET
@@ -134,12 +150,6 @@ _TRUNCATE_SYSCALLS: dict[str, tuple[int, tuple[int, ...]]] = {
     "x86_64": (0xC000003E, (76, 0x40000000 | 76)),  # native and x32
     "aarch64": (0xC00000B7, (45,)),
 }
-
-
-class Capabilities(TypedDict):
-    userns: bool
-    overlay: bool
-    landlock_abi: int
 
 
 class _PathBeneath(ctypes.Structure):
@@ -195,12 +205,12 @@ def landlock_abi() -> int:
 
 def _landlock_usable(abi: int) -> bool:
     # Below ABI 3 truncate(2) by path escapes Landlock; only a seccomp filter closes it.
-    return abi >= 3 or (abi >= 1 and platform.machine() in _TRUNCATE_SYSCALLS)
+    return abi >= 3 or (abi >= 1 and _MACHINE in _TRUNCATE_SYSCALLS)
 
 
 def _deny_truncate() -> None:
     """Install a seccomp filter making truncate(2) fail with EPERM (Landlock ABI < 3)."""
-    arch, numbers = _TRUNCATE_SYSCALLS[platform.machine()]
+    arch, numbers = _TRUNCATE_SYSCALLS[_MACHINE]
     ld_abs, jeq, ret = 0x20, 0x15, 0x06
     allow, eperm = 0x7FFF0000, 0x00050000 | 1
     prog: list[tuple[int, int, int, int]] = [
@@ -348,7 +358,10 @@ def _work_dirs(work_paths: Sequence[str], scratch: str) -> list[str]:
     """Existing directories, resolved, deduplicated, nested ones dropped, "/" skipped."""
     found: set[str] = set()
     for path in work_paths:
-        real = os.path.realpath(os.path.expanduser(path))
+        try:
+            real = os.path.realpath(os.path.expanduser(path))  # "." is the cwd
+        except OSError:
+            continue  # "." in a deleted folder: nothing to overlay, Landlock refuses it
         if real != "/" and os.path.isdir(real) and not _within(real, scratch):
             found.add(real)
     ordered = sorted(found)
@@ -365,6 +378,8 @@ def _mount_points() -> list[str]:
         for line in f:
             field = line.split(b" ", 5)[4]
             if b"\\" in field:  # space, tab, newline and backslash come octal: \040
+                import re
+
                 field = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field)
             points.append(os.fsdecode(field))
     return points
@@ -525,7 +540,9 @@ def protect(work_paths: Sequence[str], scratch: str, *,
     scratch = os.path.realpath(scratch)
     for name in ("TMPDIR", "TMP", "TEMP"):
         os.environ[name] = scratch
-    tempfile.tempdir = scratch  # the forked copy may have cached the old one
+    if "tempfile" in sys.modules:  # the forked copy may have cached the old folder
+        import tempfile  # already loaded: free
+        tempfile.tempdir = scratch
     ceiling = _weaker(allow, forced_ceiling())
     if ceiling == "none" or not sys.platform.startswith("linux"):
         return "none"
@@ -591,6 +608,10 @@ def probe() -> Capabilities:
 
 
 def _probe_in_child() -> Capabilities:
+    import json
+    import tempfile
+    import warnings
+
     result: Capabilities = {"userns": False, "overlay": False, "landlock_abi": landlock_abi()}
     if not sys.platform.startswith("linux"):
         return result
@@ -645,31 +666,38 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+# argv: this file's folder, scratch, allow, report path or "", "1" for a new process
+# group or "", the number of work paths, the work paths, then the command to exec.
+# Plain argv and a sys.path import (appended: the standard library still comes first)
+# rather than json and importlib.util, whose imports would double the launcher's cost.
 _LAUNCHER = """\
-import importlib.util, json, os, sys
-spec = importlib.util.spec_from_file_location("_coordex_isolation", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-args = json.loads(sys.argv[2])
-report = open(args["report"], "w") if args["report"] else None
-mode = module.protect(args["work_paths"], args["scratch"], allow=args["allow"])
+import os, sys
+sys.path.append(sys.argv[1])
+import isolation as module
+scratch, allow, report_path, new_group, count = sys.argv[2:7]
+paths = sys.argv[7:7 + int(count)]
+command = sys.argv[7 + int(count):]
+if new_group:
+    os.setpgid(0, 0)
+report = open(report_path, "w") if report_path else None
+mode = module.protect(paths, scratch, allow=allow)
 os.environ[module.MODE_ENV] = mode
 if report is not None:
     report.write(mode)
     report.close()
-os.execvp(sys.argv[3], sys.argv[3:])
+os.execvp(command[0], command)
 """
 
 
 def protected_bash_argv(work_paths: Sequence[str], scratch: str, *,
                         allow: FilesMode = "discarded",
                         bash: Sequence[str] = ("bash", "--norc", "--noprofile"),
-                        report_path: str | None = None,
+                        report_path: str | None = None, new_group: bool = False,
                         ) -> tuple[list[str], FilesMode] | None:
     """How to start a bash under the same protection as :func:`protect`.
 
-    The argv runs a small Python launcher (this interpreter, isolated mode, loading this
-    file by path) that calls :func:`protect` in itself and then execs ``bash``; bash
+    The argv runs a small Python launcher (this interpreter, isolated mode, importing this
+    file from its folder) that calls :func:`protect` in itself and then execs ``bash``; bash
     sees the mode in ``$COORDEX_ISOLATION``.
 
     Args:
@@ -677,6 +705,8 @@ def protected_bash_argv(work_paths: Sequence[str], scratch: str, *,
         bash: the command to exec once protected.
         report_path: if given, the launcher writes the mode that actually held there
             (opened before protection, so it may be anywhere writable).
+        new_group: the launcher first makes itself a process group leader, so its
+            caller can signal (and end) everything the protected bash starts at once.
 
     Returns:
         ``(argv, expected_mode)``, or None when nothing can be protected here
@@ -685,8 +715,8 @@ def protected_bash_argv(work_paths: Sequence[str], scratch: str, *,
     expected = best_mode(allow)
     if expected == "none":
         return None
-    args = {"work_paths": list(work_paths), "scratch": scratch, "allow": allow,
-            "report": report_path}
-    argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, os.path.abspath(__file__),
-            json.dumps(args), *bash]
+    paths = list(work_paths)
+    argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER,
+            os.path.dirname(os.path.abspath(__file__)), scratch, allow, report_path or "",
+            "1" if new_group else "", str(len(paths)), *paths, *bash]
     return argv, expected

@@ -26,9 +26,19 @@ STATUS`` is queued behind it; if it arrives within ``INTERRUPT_GRACE`` the shell
 survived. Otherwise the group is killed and the next call gets a fresh shell. A pidfd
 in the same selector reports the shell's death (``exit 3``, a signal) without polling.
 
-Read-only calls run in a subshell ``( eval ... )`` of the session's shell: a forked
-copy whose changes die with it. :meth:`ShellSession.read_only_command` builds that
-command; file isolation wraps it there.
+Read-only calls start in a subshell of the session's shell: a forked copy whose
+changes die with it. A subshell cannot protect the disk itself (unshare and Landlock
+need a fresh process image), so where protection works (SPEC guarantee 3,
+:mod:`.isolation`) the subshell writes the session's state to a private file -
+variables exported or not, functions, aliases, ``shopt``/``set`` options, positional
+parameters; the cwd, umask, limits and open fds pass through ``exec`` - and ``exec``s
+the isolation launcher, which protects itself, leaves the session's process group for
+its own and ``exec``s a plain bash that restores the state and runs the code. The copy
+keeps the session's stdout/stderr pipes (output is captured and streamed exactly as in
+a stateful call) and stdin at ``/dev/null``. Its own process group lets a timeout
+interrupt it, kill it if it ignores the interrupt, and end whatever it left running,
+without touching the session. Where nothing can be protected the plain subshell
+(:meth:`ShellSession.read_only_command`) runs the code and says ``files: "none"``.
 """
 
 from __future__ import annotations
@@ -39,8 +49,10 @@ import fcntl
 import os
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
+import tempfile
 import termios
 import threading
 import time
@@ -50,6 +62,7 @@ from typing import Any
 
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
+from . import isolation
 from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit
 
 __all__ = ["ShellSession", "run_stateless"]
@@ -78,7 +91,6 @@ VOLATILE_VARIABLES = frozenset({
     "LINES", "BASHOPTS", "SHELLOPTS",
 })
 PRIVATE_PREFIX = "__coordex_"
-ISOLATION_FILES = "none"
 
 # Prints the session's state as NUL-separated records: ``c PWD``, ``v NAME VALUE``,
 # ``a NAME DECLARE-P-TEXT`` (arrays), ``f NAME``, ``l NAME VALUE``. It runs in a subshell
@@ -129,6 +141,111 @@ def _driver_lines(token: str, code_fd: int, status_fd: int) -> tuple[bytes, byte
 
 def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+# -- the protected read-only copy ------------------------------------------------------
+
+# Variables a protected copy does not restore: bash's own (read-only or ever-changing),
+# and those the launcher set for the copy (its scratch TMPDIR, the mode).
+_NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
+    "BASH", "BASH_VERSINFO", "BASH_VERSION", "BASH_EXECUTION_STRING", "EUID", "UID",
+    "PPID", "GROUPS", "TMPDIR", "TMP", "TEMP", isolation.MODE_ENV,
+    f"{PRIVATE_PREFIX}code", f"{PRIVATE_PREFIX}v", f"{PRIVATE_PREFIX}n",
+}
+# The copy's bash runs `-c SCRIPT bash STATE`: SCRIPT sources the state file (errors
+# silenced there, and `|| :` keeps -e from acting), then holds the trace flags and the
+# code itself, so `set -x` traces read "+ cmd" and errors "bash: line N: ..." as in
+# the session. Code too long for one argument (Linux: 128 KiB) is eval'd from the state
+# instead (its traces then read "++ cmd").
+_SOURCE_STATE = '\\builtin . "$1"\n'
+_SCRIPT_ARG = "@coordex-copy-script@"  # the exec line expands SCRIPT here
+_INLINE_CODE_LIMIT = 120_000
+# Every variable name starts with a letter or "_": "${!a@}" ... lists them without a fork.
+_ALL_NAMES = " ".join(f'"${{!{c}@}}"' for c in
+                      "_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+class _ProtectedCopy:
+    """One protected read-only copy of a session's shell: its private files and group.
+
+    The private folder (not the call's scratch, which the code may write) holds the pid
+    the subshell writes before it ``exec``s the launcher (so the copy's process group
+    id), the session's options and state, and the mode the launcher reports once
+    protection held.
+    """
+
+    def __init__(self, request: RunRequest, env: Mapping[str, str]) -> None:
+        assert request.scratch is not None
+        self.folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
+        self.pid_file = os.path.join(self.folder, "pid")
+        self.options_file = os.path.join(self.folder, "options")
+        self.state_file = os.path.join(self.folder, "state")
+        self.mode_file = os.path.join(self.folder, "mode")
+        bash = shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
+        self.spec = isolation.protected_bash_argv(
+            request.protect_paths, request.scratch, report_path=self.mode_file,
+            bash=(bash, "--norc", "--noprofile", "-c", _SCRIPT_ARG, "bash",
+                  self.state_file), new_group=True)
+
+    def command(self, code: str) -> str:
+        """The bash text, run by the session's driver line, that starts the copy."""
+        assert self.spec is not None
+        q = _shell_quote
+        p = PRIVATE_PREFIX
+        skip = "|".join(sorted(_NOT_RESTORED))
+        launcher = " ".join(f'"${p}run"' if arg == _SCRIPT_ARG else q(arg)
+                            for arg in self.spec[0])
+        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
+            script = f'{p}run={q(_SOURCE_STATE)}"${p}f${p}ro"; '
+        else:
+            script = f'{p}run={q(_SOURCE_STATE)}\'\\builtin eval "${p}f${p}ro"\'; '
+        restore_tail = "\\builtin set +xv\n} 2>/dev/null || :\n"
+        return (
+            # Note the trace flags (the driver line turned them on for this text), then
+            # work untraced and with the user's -e/-u/-f off; the options are saved first.
+            f"( {{ {p}f=; [[ $- == *x* ]] && {p}f+='set -x; '; "
+            f"[[ $- == *v* ]] && {p}f+='set -v; '; \\builtin set +xv; }} 2>/dev/null\n"
+            f"\\builtin printf %s \"$BASHPID\" >| {q(self.pid_file)}\n"
+            f"{{ \\builtin shopt -p; \\builtin set +o; }} >| {q(self.options_file)} 2>/dev/null\n"
+            f"\\builtin set +euf\n"
+            f"{p}ro={q(code)}; {p}v=()\n"
+            f"for {p}n in {_ALL_NAMES}; do case ${p}n in ({skip}) ;; "
+            f'(*) {p}v+=("${p}n") ;; esac; done\n'
+            f"{{ \\builtin printf '{{\\n'; \\builtin declare -p \"${{{p}v[@]}}\"; "
+            f"\\builtin declare -f; \\builtin alias -p; "
+            f"\\builtin printf '\\\\builtin . %s\\n' {q(q(self.options_file))}; "
+            f"\\builtin printf 'set --'; (($#)) && \\builtin printf ' %q' \"$@\"; "
+            f"\\builtin printf %s {q(chr(10) + restore_tail)}; }} >| {q(self.state_file)} "
+            "2>/dev/null\n"
+            f"{script}\\builtin exec {launcher} )"
+        )
+
+    def pgid(self) -> int | None:
+        """The copy's process group, once the subshell has written its pid."""
+        try:
+            with open(self.pid_file) as f:
+                pid = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return None
+        return pid if pid > 1 else None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Signal the copy's process group (before the launcher made it, a no-op)."""
+        pgid = self.pgid()
+        if pgid is not None:
+            _signal_group(pgid, sig)
+
+    def files(self) -> str:
+        """The mode the launcher reported, "none" if it never reported one."""
+        try:
+            with open(self.mode_file) as f:
+                mode = f.read().strip()
+        except OSError:
+            return "none"
+        return mode if mode in ("discarded", "refused") else "none"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 # -- one bash process ------------------------------------------------------------------
@@ -237,16 +354,27 @@ class _Shell:
 
     # -- one exchange ------------------------------------------------------------------
 
-    def run(self, code: str, request: RunRequest) -> tuple[_Stream, _Stream, _Ending]:
-        """Run ``code`` through the driver line; returns the two streams and the ending."""
+    def run(self, code: str, request: RunRequest, copy: _ProtectedCopy | None = None,
+            ) -> tuple[_Stream, _Stream, _Ending]:
+        """Run ``code`` through the driver line; returns the two streams and the ending.
+
+        With ``copy``, the code starts a protected copy in its own process group: a
+        timeout interrupts that group too, kills it (not the session) if it ignores the
+        interrupt, and whatever the copy left running is ended afterwards.
+        """
         payload = code.replace("\0", "").encode("utf-8", "surrogateescape") + b"\0"
         out, err = _Stream("stdout", request), _Stream("stderr", request)
-        ending = self.exchange(self._driver, payload, request, streams=(out, err))
+        try:
+            ending = self.exchange(self._driver, payload, request, streams=(out, err),
+                                   copy=copy)
+        finally:
+            if copy is not None:
+                copy.signal(signal.SIGKILL)  # its background jobs, and so its namespaces
         return out, err, ending
 
     def exchange(self, line: bytes, payload: bytes | None, request: RunRequest, *,
                  streams: tuple[_Stream, _Stream] | None = None,
-                 interruptible: bool = True) -> _Ending:
+                 interruptible: bool = True, copy: _ProtectedCopy | None = None) -> _Ending:
         out, err = streams or (_Stream("stdout", request), _Stream("stderr", request))
         by_name = {"stdout": (self._stdout, out), "stderr": (self._stderr, err)}
         ending = _Ending()
@@ -261,10 +389,18 @@ class _Shell:
             self._selector.register(self._code_w, selectors.EVENT_WRITE, "code")
         deadline = time.monotonic() + request.timeout
         finished = False
+        copy_killed = False
         try:
             while not finished:
                 wait = deadline - time.monotonic()
                 if wait <= 0:
+                    if ending.timed_out and copy is not None and not copy_killed:
+                        # The copy ignored SIGINT: kill it alone; the session's shell,
+                        # waiting for it, then runs the sync line.
+                        copy_killed = True
+                        copy.signal(signal.SIGKILL)
+                        deadline = time.monotonic() + INTERRUPT_GRACE
+                        continue
                     if ending.timed_out or not interruptible:
                         ending.timed_out = True
                         ending.survived = False
@@ -272,6 +408,8 @@ class _Shell:
                         break
                     ending.timed_out = True
                     self._interrupt()
+                    if copy is not None:
+                        copy.signal(signal.SIGINT)
                     expect = b"s"
                     deadline = time.monotonic() + INTERRUPT_GRACE
                     continue
@@ -578,16 +716,13 @@ class ShellSession:
     cannot be started at all.
     """
 
-    # Read-only guarantee 3 (files) as achieved by read_only_command; isolation.py
-    # overrides both together when it can protect the disk.
-    isolation_files = ISOLATION_FILES
-
     def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
         self._env = _shell_env(env)
         self._cwd = cwd
         self._lock = threading.Lock()
         self._closed = False
         self._loss_reported = False
+        self._copy: _ProtectedCopy | None = None  # the read-only copy running now
         self._shell = _Shell(self._env, cwd)
         self._baseline = self._dump(self._shell)
 
@@ -606,19 +741,40 @@ class ShellSession:
         return self._call(request.code, request)
 
     def run_read_only(self, request: RunRequest) -> Outcome:
-        """Run ``request.code`` against a throwaway copy (a subshell) of the session."""
-        outcome = self._call(self.read_only_command(request.code), request)
-        outcome["isolation"] = {"names": True, "objects": True, "files": self.isolation_files}
+        """Run ``request.code`` against a throwaway copy of the session.
+
+        With ``request.scratch`` set and protection available here, the copy runs under
+        :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported;
+        otherwise a plain subshell runs it and ``files`` is ``"none"``.
+        """
+        copy = _ProtectedCopy(request, self._env) if request.scratch is not None else None
+        try:
+            if copy is None or copy.spec is None:
+                outcome = self._call(self.read_only_command(request.code, request.scratch),
+                                     request)
+                files = "none"
+            else:
+                outcome = self._call(copy.command(request.code), request, copy)
+                files = copy.files()
+        finally:
+            if copy is not None:
+                copy.remove()
+        outcome["isolation"] = {"names": True, "objects": True, "files": files}
         return outcome
 
-    def read_only_command(self, code: str) -> str:
+    def read_only_command(self, code: str, scratch: str | None = None) -> str:
         """The bash text that runs ``code`` so that nothing reaches the session.
 
         A subshell is a fork of the session's shell: it sees every variable, function,
         alias, option and the cwd, and whatever it changes ends with it (``exit`` too).
-        File isolation wraps this command; it is the seam for that.
+        It does not protect the disk; see :meth:`run_read_only`. With ``scratch`` it
+        becomes the subshell's ``TMPDIR``/``TMP``/``TEMP``.
         """
-        return f"( \\builtin eval {_shell_quote(code)} )"
+        temp = ""
+        if scratch is not None:
+            folder = _shell_quote(scratch)
+            temp = f"\\builtin export TMPDIR={folder} TMP={folder} TEMP={folder}; "
+        return f"( {temp}\\builtin eval {_shell_quote(code)} )"
 
     def inspect(self) -> dict[str, Any]:
         """What the session added to the environment it started with; changes nothing.
@@ -653,6 +809,9 @@ class ShellSession:
         returns a ``crashed`` outcome.
         """
         self._closed = True
+        copy = self._copy
+        if copy is not None:  # a read-only copy lives in its own process group
+            copy.signal(signal.SIGKILL)
         shell = self._shell
         shell.terminate()
         with self._lock:
@@ -668,14 +827,19 @@ class ShellSession:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _call(self, code: str, request: RunRequest) -> Outcome:
+    def _call(self, code: str, request: RunRequest,
+              copy: _ProtectedCopy | None = None) -> Outcome:
         with self._lock:
             if self._closed:
                 return _closed_outcome()
             lost = self._ensure_shell()
             if isinstance(lost, dict):
                 return lost
-            out, err, ending = self._shell.run(code, request)
+            self._copy = copy
+            try:
+                out, err, ending = self._shell.run(code, request, copy)
+            finally:
+                self._copy = None
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
             if self._closed:
                 # close() from another thread ended the shell under this call; the call

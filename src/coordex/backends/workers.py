@@ -630,9 +630,12 @@ def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
         proc.set_capabilities(list(capabilities.names()) if capabilities else [])
     except OSError:
         return _Reply(died=True, death="the worker had gone")
+    fields: dict[str, Any] = {}
+    if mode == "read_only" and request.scratch is not None:
+        # The fork child protects the disk itself; "." resolves to the worker's cwd there.
+        fields.update(protect=list(request.protect_paths), scratch=request.scratch)
     msg = message("run", id=proc.next_id(), code=request.code, mode=mode,
-                  output_limit=request.output_limit, timeout=request.timeout,
-                  protect=list(request.protect_paths))
+                  output_limit=request.output_limit, timeout=request.timeout, **fields)
     return proc.converse(msg, "done", request, capabilities, fork_child=mode != "stateful")
 
 

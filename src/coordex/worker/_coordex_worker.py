@@ -11,7 +11,10 @@ Run modes:
   the cell rebound or deleted (compared by identity).
 - ``read_only`` ``fork()``s: the child runs the cell against a copy-on-write copy of the
   whole process (any object works: locks, generators, DataFrames) and leaves with
-  ``os._exit``; this process, and so the session, never sees what it changed.
+  ``os._exit``; this process, and so the session, never sees what it changed. When the
+  ``run`` names a scratch folder, the child first protects the disk with coordex's
+  ``backends/isolation.py``, which this worker loads by path (it is standard-library
+  only and 3.8-compatible too): one copy of that logic for every backend.
 - ``stateless`` forks too, but the child starts from a fresh namespace. A worker that
   only ever serves stateless runs is a clean *template* (a fork server); it keeps one
   *standby* child forked and warmed up between calls, so a call only hands it the code.
@@ -34,17 +37,14 @@ sys.path.insert(0, _HERE)
 try:
     import _coordex_engine as engine
     import _coordex_protocol as wire
-
-    try:  # optional: read-only file protection, when that module sits beside us
-        import _coordex_isolation as isolation
-    except ImportError:
-        isolation = None
 finally:
     # The folder is only needed for these two imports; keep the user's sys.path clean.
     if sys.path and sys.path[0] == _HERE:
         del sys.path[0]
 
 _HIDDEN_NAMES = ("__builtins__", "_")
+# Read-only file protection: coordex/backends/isolation.py, beside this folder.
+ISOLATION_PATH = os.path.join(os.path.dirname(_HERE), "backends", "isolation.py")
 
 
 class CapabilityError(Exception):
@@ -62,6 +62,8 @@ class _State:
     script_module: Any = None
     unreaped: List[int] = []  # fork children that answered and are still exiting
     standby: Optional[Tuple[int, int, int]] = None  # (pid, run pipe, result pipe)
+    isolation: Any = None  # backends/isolation.py once loaded (see load_isolation)
+    isolation_error = ""  # why it could not be loaded
 
 
 class Channel:
@@ -125,23 +127,56 @@ class Capability:
         return wire.from_wire(reply.get("value"))
 
 
-def protect(paths: List[str]) -> str:
+def load_isolation() -> Any:
+    """The isolation module, loaded by path on first use; None if it cannot load.
+
+    Called in this process before a protected fork, so every later child inherits it
+    loaded (with libc) instead of paying the import each call.
+    """
+    if _State.isolation is None and not _State.isolation_error:
+        try:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("_coordex_isolation",
+                                                          ISOLATION_PATH)
+            if spec is None or spec.loader is None:
+                raise ImportError("no module at %r" % ISOLATION_PATH)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            module.landlock_abi()  # loads libc now, once
+            _State.isolation = module
+        except Exception as exc:
+            _State.isolation_error = "%s: %s" % (type(exc).__name__, exc)
+    return _State.isolation
+
+
+def protect(paths: List[str], scratch: Optional[str]) -> str:
     """Called in a read_only fork child before user code; returns the files mode.
 
-    The seam for read-only file protection (SPEC guarantee 3): an optional sibling
-    module ``_coordex_isolation`` with ``protect(paths) -> "discarded"|"refused"|"none"``
-    takes over when present (it is imported at start-up, while this folder is on
-    ``sys.path``). Without it nothing is protected, and the result says so.
+    SPEC guarantee 3: ``scratch`` becomes TMPDIR/TMP/TEMP and stays writable; writes to
+    ``paths`` ("." is this process's cwd) are discarded, writes elsewhere refused. Without
+    a scratch folder (the host asked for nothing) or without the isolation module, nothing
+    is protected and the result says so.
     """
-    if isolation is None:
+    if not scratch:
+        return "none"
+    for name in ("TMPDIR", "TMP", "TEMP"):
+        os.environ[name] = scratch
+    if "tempfile" in sys.modules:  # it may have cached the old folder
+        import tempfile  # already loaded: free
+        tempfile.tempdir = scratch
+    module = _State.isolation
+    if module is None:
+        sys.stderr.write("coordex: file protection unavailable (%s)\n"
+                         % (_State.isolation_error or "not loaded"))
         return "none"
     try:
-        mode = isolation.protect(paths)
-        return mode if mode in ("discarded", "refused") else "none"
-    except Exception as exc:  # protection failed: run unprotected, never over-claim
-        sys.stderr.write("coordex: file protection unavailable (%s: %s)\n"
+        mode = module.protect(paths, scratch)
+    except Exception as exc:  # protection failed: never over-claim
+        sys.stderr.write("coordex: file protection failed (%s: %s)\n"
                          % (type(exc).__name__, exc))
         return "none"
+    return mode if mode in ("discarded", "refused") else "none"
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -284,6 +319,8 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]
             pass  # the standby died; reported below as a child that did not answer
         os.close(standby[1])
     else:
+        if msg["mode"] == "read_only" and msg.get("scratch"):
+            load_isolation()
         read_fd, write_fd = os.pipe()
         pid = _fork()
         if pid == 0:
@@ -420,7 +457,7 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
                 namespace = fresh_namespace()
             files = None
         else:
-            files = protect(msg.get("protect") or [])
+            files = protect(msg.get("protect") or [], msg.get("scratch"))
         outcome = None
         try:
             outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
