@@ -358,10 +358,13 @@ class Executor:
         return existing
 
     def _bash_env(self, venv_id: int | None) -> dict[str, str] | None:
+        """The environment for bash: the host's, or with ``venv_id`` activated."""
         if venv_id is None:
             return None
-        env = self._worker_env(venv_id)
-        return env
+        # Built on first use for bash too: activating a folder that does not exist yet
+        # would silently leave the host's python first on PATH.
+        self.environments_manager.python_for(venv_id, self._progress.emit)
+        return self._worker_env(venv_id)
 
     def _worker_env(self, venv_id: int) -> dict[str, str]:
         env = dict(os.environ)

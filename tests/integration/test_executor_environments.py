@@ -173,6 +173,19 @@ def test_unresolvable_environment_is_an_environment_error(env_ex: tuple[Executor
     assert r["log"] and r["suggestion"]
 
 
+def test_bash_builds_its_environment_on_first_use(tmp_path: Path) -> None:
+    os.environ.setdefault("UV_OFFLINE", "1")
+    with Executor(root=tmp_path / "home") as ex:
+        venv = ex.environments.create("", name="empty")["venv_id"]
+        lines: list[str] = []
+        r = ex.execute_code('command -v python; python -c "import sys; print(sys.prefix)"',
+                            language="bash", venv_id=venv, on_progress=lines.append)
+        python, prefix = r["stdout"].splitlines()
+        assert python == f"{prefix}/bin/python"
+        assert lines, "the build on first use reports progress"
+        assert ex.environments.list()["environments"][0]["built"] is True
+
+
 def test_two_pins_side_by_side_and_close_ends_every_process(tmp_path: Path, wheels: Path) -> None:
     os.environ.setdefault("UV_OFFLINE", "1")
     before = child_pids()
