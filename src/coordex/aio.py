@@ -1,0 +1,68 @@
+"""``AsyncExecutor``: the Executor for asyncio code.
+
+Each method runs the blocking Executor call in a worker thread, so the event loop keeps
+serving other tasks while code runs. Cancelling the awaiting task interrupts the running
+code (as a timeout would) through the call's cancel event; the session survives exactly
+as it does on a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .executor import Executor
+
+
+class AsyncExecutor:
+    """Async wrapper over :class:`Executor`; same arguments, same dicts.
+
+    Use ``async with AsyncExecutor(...) as ex:``; ``ex.sync`` is the wrapped Executor
+    (for ``capability``, ``functions``, ``plan_namespace`` and ``tool_definitions``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.sync = Executor(*args, **kwargs)
+
+    async def __aenter__(self) -> AsyncExecutor:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def execute_code(self, code: str, **kwargs: Any) -> dict[str, Any]:
+        """``Executor.execute_code``; cancelling the task interrupts the code."""
+        cancel = threading.Event()
+        kwargs.setdefault("cancel", cancel)
+        task = asyncio.ensure_future(asyncio.to_thread(self.sync.execute_code, code, **kwargs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancel.set()
+            # The thread stops within the interrupt grace; wait so nothing runs on.
+            await asyncio.wait([task])
+            raise
+
+    async def list_sessions(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.list_sessions)
+
+    async def inspect_session(self, **kwargs: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.inspect_session, **kwargs)
+
+    async def close_session(self, **kwargs: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.close_session, **kwargs)
+
+    async def create_environment(self, spec: str, name: str | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.environments.create, spec, name)
+
+    async def build_environment(self, venv_id: int,
+                                on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.environments.build, venv_id, on_progress)
+
+    async def list_environments(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.environments.list)
