@@ -306,3 +306,17 @@ def test_closed_executor_returns_errors(root: Path) -> None:
     executor.close()
     executor.close()
     assert executor.execute_code("1")["error_type"] == "validation"
+
+
+def test_without_a_safe_fork_read_only_says_objects_were_not_copied(
+        ex: Executor, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordex.backends import own_interpreter
+
+    monkeypatch.setattr(own_interpreter, "FORK_IS_SAFE", False)
+    ex.execute_code("rows = [1]\nflag = 1", state_mode="stateful", session_name="a")
+    r = ex.execute_code("rows.append(2); flag = 2; len(rows)", state_mode="read_only",
+                        session_name="a")
+    assert r["result"] == "2"
+    assert r["isolation"] == {"names": True, "objects": False, "files": "none"}
+    after = ex.execute_code("rows, flag", state_mode="stateful", session_name="a")
+    assert after["result"] == "([1, 2], 1)"  # names held; the in-place append reached it

@@ -55,6 +55,11 @@ from ..core.results import OutputBuffer
 from ..worker import _coordex_engine as engine
 from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, wait_for
 
+# fork() copies only the calling thread. On Linux and the BSDs the C library and CPython
+# cope with that; on macOS system frameworks may abort in a child of a threaded process,
+# so there read-only falls back to a shallow copy (and says ``objects: false``).
+FORK_IS_SAFE = hasattr(os, "fork") and sys.platform != "darwin"
+
 # One own-interpreter call at a time: file descriptors 0-2, the cwd and os.environ are
 # process-wide. Re-entrant so a capability or stored function called from user code
 # may run another own-interpreter call (it runs inline on the same thread).
@@ -473,7 +478,7 @@ class OwnInterpreter:
         """Run against a copy of the session: a fork where possible, else a shallow copy."""
         if session.stuck:
             return _still_busy()
-        if hasattr(os, "fork"):
+        if FORK_IS_SAFE:
             return self._run_forked(session, request, protect)
         copy = NamespaceSession(dict(session.namespace), session.cwd, session.environ.copy())
         outcome = self._run_on(self._free_stateless_runner(), copy, copy.namespace, request)
