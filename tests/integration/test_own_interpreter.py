@@ -250,6 +250,17 @@ def test_on_output_streams_before_the_call_returns(ex: Executor) -> None:
     assert "".join(t for s, t, _ in seen if s == "stderr") == "second\n"
 
 
+def test_child_process_output_streams_while_it_runs(ex: Executor) -> None:
+    seen: list[tuple[str, float]] = []
+    started = time.monotonic()
+    r = ex.execute_code("import subprocess\n"
+                        "subprocess.run(['sh', '-c', 'echo early; sleep 0.6; echo late >&2'])",
+                        on_output=lambda s, t: seen.append((t, time.monotonic() - started)))
+    assert r["stdout"] == "early\n" and r["stderr"] == "late\n"
+    early = next(at for text, at in seen if "early" in text)
+    assert early < 0.5  # delivered before the child went on to sleep
+
+
 def test_inspect_and_provenance(ex: Executor) -> None:
     ex.execute_code("a = 1\nb = 2", state_mode="stateful", session_name="p")
     ex.execute_code("b = 3", state_mode="stateful", session_name="p")

@@ -33,9 +33,11 @@ started by user code, signal handlers, and ``os._exit`` ends the agent itself.
 from __future__ import annotations
 
 import _thread
+import array
 import builtins
 import contextlib
 import ctypes
+import fcntl
 import gc
 import io
 import json
@@ -43,7 +45,7 @@ import os
 import selectors
 import signal
 import sys
-import tempfile
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -163,51 +165,101 @@ def _routed_streams() -> Iterator[None]:
         sys.stdout, sys.stderr, sys.stdin = saved
 
 
-class _FdCapture:
-    """Points fds 1 and 2 at temporary files (and 0 at /dev/null) during one call."""
+class _FdPump:
+    """Streams what is written to file descriptors 1 and 2 during a call, as it comes.
+
+    During a call fds 1 and 2 point at two pipes (and fd 0 at /dev/null); one reader
+    thread per executor forwards what arrives to the running call's sinks, so output of
+    child processes and C code reaches ``on_output`` live. After the call the fds are
+    restored and the pipes drained before the call returns: the reader routes each chunk
+    under ``_lock``, so once both pipes are empty with the lock held, everything written
+    during the call has been delivered. Writes that arrive between calls (a background
+    process still running) are dropped.
+    """
 
     def __init__(self) -> None:
-        # Kept open for the executor's life (closed in close()), so no context manager.
-        self._files = {1: tempfile.TemporaryFile(), 2: tempfile.TemporaryFile()}  # noqa: SIM115
+        self._pipes = {1: os.pipe(), 2: os.pipe()}
+        for r, w in self._pipes.values():
+            os.set_blocking(r, False)
+            os.set_inheritable(w, False)
         self._devnull = os.open(os.devnull, os.O_RDONLY)
         self._saved: dict[int, int] = {}
+        self._sinks: dict[int, Callable[[str], None]] = {}
+        self._decoders = {1: _decoder(), 2: _decoder()}
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._closed = False
+        self._thread = threading.Thread(target=self._pump, name="coordex-fd-pump", daemon=True)
+        self._thread.start()
 
-    def start(self) -> None:
+    def start(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
         _flush_real_streams()
-        for fd, f in self._files.items():
+        with self._lock:
+            self._sinks = {1: out, 2: err}
+        for fd, (_, w) in self._pipes.items():
             self._saved[fd] = os.dup(fd)
-            os.dup2(f.fileno(), fd)
+            os.dup2(w, fd)
         self._saved[0] = os.dup(0)
         os.dup2(self._devnull, 0)
 
-    def stop(self) -> dict[int, str]:
+    def stop(self) -> None:
         _flush_real_streams()
         for fd, saved in self._saved.items():
             os.dup2(saved, fd)
             os.close(saved)
         self._saved.clear()
-        return {fd: self._drain(f) for fd, f in self._files.items()}
+        deadline = time.monotonic() + 1.0
+        while True:
+            with self._lock:
+                if not any(_pending(r) for r, _ in self._pipes.values()) \
+                        or time.monotonic() > deadline:
+                    for fd, decoder in self._decoders.items():
+                        tail = decoder.decode(b"", final=True)
+                        if tail and fd in self._sinks:
+                            self._sinks[fd](tail)
+                    self._sinks = {}
+                    return
+            time.sleep(0.0002)
 
-    @staticmethod
-    def _drain(f: Any, limit: int = 4 * 1024 * 1024) -> str:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return ""
-        f.seek(0)
-        if size <= limit:
-            data = f.read(size)
-        else:  # keep head and tail; OutputBuffer cuts further
-            head = f.read(limit // 2)
-            f.seek(size - limit // 2)
-            data = head + b"\n...\n" + f.read()
-        f.seek(0)
-        f.truncate(0)
-        return bytes(data).decode("utf-8", "replace")
+    def _pump(self) -> None:
+        sel = selectors.DefaultSelector()
+        for fd, (r, _) in self._pipes.items():
+            sel.register(r, selectors.EVENT_READ, fd)
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        try:
+            while not self._closed:
+                for key, _ in sel.select():
+                    if key.data is None:
+                        return
+                    with self._lock:
+                        try:
+                            data = os.read(key.fd, 65536)
+                        except BlockingIOError:
+                            continue
+                        sink = self._sinks.get(key.data)
+                        if sink is not None and data:
+                            text = self._decoders[key.data].decode(data)
+                            if text:
+                                sink(text)
+        finally:
+            sel.close()
 
     def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        os.close(self._devnull)
+        self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=2)
+        for r, w in self._pipes.values():
+            os.close(r)
+            os.close(w)
+        for fd in (self._devnull, self._wake_r, self._wake_w):
+            os.close(fd)
+
+
+def _pending(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD)."""
+    buf = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return int(buf[0])
 
 
 def _flush_real_streams() -> None:
@@ -360,7 +412,7 @@ class OwnInterpreter:
     """Runs Python cells in this process. One instance per Executor."""
 
     def __init__(self) -> None:
-        self._fds = _FdCapture()
+        self._fds = _FdPump()
         self._closed = False
         self._stateless_runners: list[_Runner] = []
         self._runner_lock = threading.Lock()
@@ -410,12 +462,17 @@ class OwnInterpreter:
         done = _thread.allocate_lock()
         done.acquire()
 
+        # The runner thread (print) and the fd pump (child processes) both write here.
+        sink_lock = threading.Lock()
+
         def sink_out(text: str) -> None:
-            out.write(text)
+            with sink_lock:
+                out.write(text)
             emit(request, "stdout", text)
 
         def sink_err(text: str) -> None:
-            err.write(text)
+            with sink_lock:
+                err.write(text)
             emit(request, "stderr", text)
 
         def job() -> None:
@@ -434,7 +491,7 @@ class OwnInterpreter:
             return _own_busy(out, err)
         try:
             with _session_process_state(session), _routed_streams():
-                self._fds.start()
+                self._fds.start(sink_out, sink_err)
                 try:
                     runner.submit(job)
                     finished = wait_for(done, deadline - time.monotonic(), request.cancel)
@@ -442,12 +499,9 @@ class OwnInterpreter:
                         runner.interrupt()
                         finished = done.acquire(True, INTERRUPT_GRACE)
                 finally:
-                    fd_text = self._fds.stop()
+                    self._fds.stop()
         finally:
             OWN_LOCK.release()
-        for fd, text in fd_text.items():
-            if text:
-                (sink_out if fd == 1 else sink_err)(text)
         if not finished:
             return _timed_out(out, err, stuck=True)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"])
