@@ -11,11 +11,11 @@ How it works:
   runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores it keeps the
   session busy; later calls to that session return ``timeout`` at once until it ends.
   The price is one thread hand-off (~50 us here) per call.
-- Output: ``sys.stdout``/``sys.stderr`` are replaced once by proxies that route writes
-  to the capture of the call running on the current thread (streamed to ``on_output``);
-  writes to file descriptors 1/2 (child processes, C code) go to a temporary file that
-  is swapped in with ``dup2`` for the duration of the call and read afterwards, and fd 0
-  is ``/dev/null`` so nothing waits on input. Because descriptors are process-wide,
+- Output: ``sys.stdout``/``sys.stderr`` are wrapped for the duration of each call by
+  proxies that route writes to the capture of the call running on the current thread
+  (streamed to ``on_output``); file descriptors 1/2 (child processes, C code) point at
+  pipes whose reader thread streams them to the same capture, and fd 0 is
+  ``/dev/null`` so nothing waits on input. Because descriptors are process-wide,
   own-interpreter calls run one at a time (``OWN_LOCK``); worker and shell sessions
   still run in parallel with them.
 - ``read_only`` forks this process: the child runs the code against a copy-on-write
@@ -23,7 +23,8 @@ How it works:
   the session. Only the forking thread exists in the child; a lock another thread held
   at fork time stays held there, so code touching such an object can deadlock — the
   child is then killed at the timeout and the session is untouched either way. Where
-  ``fork`` is missing the copy is shallow and the result says ``objects: false``.
+  ``fork`` is missing or unsafe (macOS) the copy is shallow and the result says
+  ``objects: false``.
 
 What still leaks between own-interpreter sessions (they share one process):
 ``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, threads
