@@ -173,11 +173,7 @@ class Executor:
             self._progress.callback = on_progress
             outcome, session = self._dispatch(coordinate, request)
         except CoordexError as exc:
-            record = exc.to_dict()
-            if coordinate is not None:
-                record.setdefault("state_mode", coordinate.state_mode)
-            record["duration_ms"] = _ms(started)
-            return record
+            return _error_record(exc, coordinate, started)
         return self._shape(outcome, session, coordinate, started)
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
@@ -623,11 +619,7 @@ class Executor:
             else:
                 outcome, where = self._dispatch(coordinate, request)
         except CoordexError as exc:
-            record = exc.to_dict()
-            if coordinate is not None:
-                record.setdefault("state_mode", coordinate.state_mode)
-            record["duration_ms"] = _ms(started)
-            return record
+            return _error_record(exc, coordinate, started)
         outcome.pop("rebound", None)
         outcome.pop("deleted", None)
         return self._shape(outcome, where, coordinate, started)
@@ -734,6 +726,15 @@ def _close_all() -> None:
     for executor in list(_LIVE):
         with contextlib.suppress(Exception):
             executor.close()
+
+
+def _error_record(exc: CoordexError, coordinate: Coordinate | None,
+                  started: float) -> dict[str, Any]:
+    record = exc.to_dict()
+    if coordinate is not None:
+        record.setdefault("state_mode", coordinate.state_mode)
+    record["duration_ms"] = _ms(started)
+    return record
 
 
 def _ms(started: float) -> float:
