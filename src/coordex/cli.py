@@ -90,6 +90,14 @@ def open_executor(args: argparse.Namespace) -> Iterator[Any]:
         ex.close()
 
 
+def _only_interrupts(exc: BaseException) -> bool:
+    """True for KeyboardInterrupt, or an exception group holding only interrupts."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return bool(inner) and all(_only_interrupts(e) for e in inner)
+
+
 def _terminate_as_interrupt() -> None:
     # SIGTERM (from a supervisor or an MCP client shutting us down) should unwind like
     # Ctrl-C, so `with Executor` closes and every child process is reaped.
@@ -210,11 +218,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         anyio.run(serve_http, app, sock, ready)
-    except KeyboardInterrupt:
-        pass
     except SystemExit as exc:  # uvicorn exits on a failed startup (e.g. the lifespan)
         _say(f"the HTTP server stopped during startup (code {exc.code}).")
         return EXIT_FAILURE
+    except BaseException as exc:
+        # SIGTERM arrives as KeyboardInterrupt, which anyio may wrap in an exception group.
+        if not _only_interrupts(exc):
+            raise
     finally:
         sock.close()
         # The app's lifespan closes executors on a clean shutdown; closing twice is safe.

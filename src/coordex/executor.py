@@ -75,8 +75,11 @@ class Executor:
                  envs_dir: str | os.PathLike[str] | None = None) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
-        if coords.check_timeout(timeout) is None:
-            raise ValueError("timeout must be a positive number of seconds")
+        try:
+            if coords.check_timeout(timeout) is None:
+                raise ValueError("timeout must be a positive number of seconds, not None")
+        except CoordexError as exc:
+            raise ValueError(exc.error) from None
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.root.mkdir(parents=True, exist_ok=True)
         self.timeout = float(timeout)
@@ -296,6 +299,9 @@ class Executor:
                     record[key] = outcome[key]
             if outcome.get("images"):
                 record.setdefault("images", outcome["images"])
+            if coordinate.state_mode == "read_only":
+                # Nothing ran (the session was busy): no copy was made, nothing is claimed.
+                record.setdefault("isolation", {"names": True, "objects": True, "files": "none"})
             if outcome.get("state_lost"):
                 record["state_lost"] = True
             record["duration_ms"] = _ms(started)
@@ -389,9 +395,11 @@ class Executor:
     # ------------------------------------------------------------------ sessions API
 
     def list_sessions(self) -> dict[str, Any]:
-        """All open sessions with their provenance, and the cap."""
+        """All open sessions with their provenance, and the cap (none once closed)."""
         with self._lock:
-            records = []
+            records: list[dict[str, Any]] = []
+            if self._closed:
+                return {"sessions": records, "max_sessions": self._registry.max_sessions}
             for entry in self._registry.entries():
                 record = entry.record()
                 backend = self._sessions.get(entry.key)
@@ -462,6 +470,7 @@ class Executor:
         try:
             coordinate = coords.check_coordinate(language, "stateful", session_id,
                                                  session_name, venv_id)
+            self._check_open()
             if not coordinate.names_session:
                 raise validation(
                     "close_session needs a session: pass session_id or session_name.",

@@ -86,6 +86,7 @@ _VENV_ID = {
 _TIMEOUT = {
     "type": "number",
     "exclusiveMinimum": 0,
+    "maximum": 604800,
     "description": "Seconds before the code is interrupted (default 60). "
     "Environment builds do not count against it.",
 }

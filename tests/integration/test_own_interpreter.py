@@ -331,3 +331,41 @@ def test_without_a_safe_fork_read_only_says_objects_were_not_copied(
     assert r["isolation"] == {"names": True, "objects": False, "files": "none"}
     after = ex.execute_code("rows, flag", state_mode="stateful", session_name="a")
     assert after["result"] == "([1, 2], 1)"  # names held; the in-place append reached it
+
+
+def test_pagers_never_take_over(ex: Executor) -> None:
+    code = ("import subprocess\n"
+            "subprocess.run(['sh', '-c', 'echo $PAGER $GIT_PAGER'], capture_output=True,"
+            " text=True).stdout")
+    for kwargs in ({}, {"state_mode": "stateful", "session_name": "p"}):
+        assert ex.execute_code(code, **kwargs)["result"] == repr("cat cat\n")
+
+
+def test_a_shortened_result_counts_as_truncated(root: Path) -> None:
+    with Executor(root=root, output_limit=500) as small:
+        r = small.execute_code("'y' * 10_000")
+        assert r["truncated"] is True and len(r["result"]) < 700
+        assert small.execute_code("'y' * 10")["truncated"] is False
+
+
+def test_a_busy_session_still_reports_isolation_on_read_only(ex: Executor) -> None:
+    ex.execute_code("import time; time.sleep(3)", state_mode="stateful", session_name="busy",
+                    timeout=0.2)
+    r = ex.execute_code("1", state_mode="read_only", session_name="busy")
+    assert r["error_type"] == "timeout"
+    assert r["isolation"] == {"names": True, "objects": True, "files": "none"}
+
+
+def test_stateless_errors_do_not_speak_of_a_session(ex: Executor) -> None:
+    r = ex.execute_code("1/0")
+    assert "session" not in r["suggestion"]
+    r = ex.execute_code("while True: pass", timeout=0.3)
+    assert r["error_type"] == "timeout" and "session" not in r["suggestion"]
+
+
+def test_a_closed_executor_lists_nothing_and_closes_nothing(root: Path) -> None:
+    executor = Executor(root=root)
+    executor.execute_code("1", state_mode="stateful", session_name="x")
+    executor.close()
+    assert executor.list_sessions()["sessions"] == []
+    assert executor.close_session(session_name="x")["error_type"] == "validation"

@@ -54,6 +54,7 @@ def test_typos_get_a_did_you_mean(kwargs: dict[str, object], hint: str) -> None:
     {"session_id": True, "state_mode": "stateful"},
     {"session_id": "1", "state_mode": "stateful"},
     {"session_id": 1.5, "state_mode": "stateful"},
+    {"session_id": 2**70, "state_mode": "stateful"},
     {"session_name": "", "state_mode": "stateful"},
     {"session_name": "a\x00b", "state_mode": "stateful"},
     {"session_name": 3, "state_mode": "stateful"},
@@ -72,7 +73,7 @@ def test_good_coordinates_pass() -> None:
     assert check_coordinate().state_mode == "stateless"
 
 
-@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), "5", True])
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), "5", True, 1e10, 10**300])
 def test_bad_timeouts_are_refused(value: object) -> None:
     with pytest.raises(CoordexError):
         check_timeout(value)

@@ -63,6 +63,9 @@ from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, wait_for
 # so there read-only falls back to a shallow copy (and says ``objects: false``).
 FORK_IS_SAFE = hasattr(os, "fork") and sys.platform != "darwin"
 
+# Pagers never take over a call (SPEC section 6): what a child process sees.
+FIXED_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat"}
+
 # One own-interpreter call at a time: file descriptors 0-2, the cwd and os.environ are
 # process-wide. Re-entrant so a capability or stored function called from user code
 # may run another own-interpreter call (it runs inline on the same thread).
@@ -413,14 +416,23 @@ class OwnInterpreter:
     """Runs Python cells in this process. One instance per Executor."""
 
     def __init__(self) -> None:
+        # Sessions run with FIXED_ENV. Where the host leaves these unset they are set in
+        # the host too, so entering a session costs no environment change per call.
+        for key, value in FIXED_ENV.items():
+            os.environ.setdefault(key, value)
         self._fds = _FdPump()
         self._closed = False
         self._stateless_runners: list[_Runner] = []
         self._runner_lock = threading.Lock()
 
     def new_session(self, namespace: dict[str, Any] | None = None) -> NamespaceSession:
+        environ = environ_snapshot()
+        encode_key = getattr(os.environ, "encodekey", lambda k: k)
+        encode_value = getattr(os.environ, "encodevalue", lambda v: v)
+        for key, value in FIXED_ENV.items():
+            environ[encode_key(key)] = encode_value(value)
         return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
-                                _getcwd(), environ_snapshot())
+                                _getcwd(), environ)
 
     # -- running -----------------------------------------------------------------------
 
@@ -444,7 +456,8 @@ class OwnInterpreter:
         namespace = fresh_namespace()
         namespace.update(extra_globals)
         runner = self._free_stateless_runner()
-        return self._run_on(runner, None, namespace, request)
+        return self._run_on(runner, self.new_session(namespace), namespace, request,
+                            mode="stateless")
 
     def _free_stateless_runner(self) -> _Runner:
         with self._runner_lock:
@@ -457,7 +470,8 @@ class OwnInterpreter:
             return runner
 
     def _run_on(self, runner: _Runner, session: NamespaceSession | None,
-                namespace: dict[str, Any], request: RunRequest) -> Outcome:
+                namespace: dict[str, Any], request: RunRequest,
+                mode: str = "stateful") -> Outcome:
         out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
         box: dict[str, Any] = {}
         done = _thread.allocate_lock()
@@ -486,7 +500,8 @@ class OwnInterpreter:
                 done.release()
 
         if getattr(_local, "in_call", False):
-            return self._run_inline(session, namespace, request, sink_out, sink_err, out, err)
+            return self._run_inline(session, namespace, request, sink_out, sink_err, out, err,
+                                    mode)
         deadline = time.monotonic() + request.timeout
         if not OWN_LOCK.acquire(timeout=request.timeout):
             return _own_busy(out, err)
@@ -504,14 +519,15 @@ class OwnInterpreter:
         finally:
             OWN_LOCK.release()
         if not finished:
-            return _timed_out(out, err, stuck=True)
-        return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"])
+            return _timed_out(out, err, stuck=True, mode=mode)
+        return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
+                                  mode=mode)
 
     @staticmethod
     def _run_inline(session: NamespaceSession | None, namespace: dict[str, Any],
                     request: RunRequest, sink_out: Callable[[str], None],
                     sink_err: Callable[[str], None], out: OutputBuffer,
-                    err: OutputBuffer) -> Outcome:
+                    err: OutputBuffer, mode: str) -> Outcome:
         """A call made from code already running here (a stored function, a capability).
 
         The outer call holds the process-wide state already, so this one runs on the
@@ -524,7 +540,7 @@ class OwnInterpreter:
                 cell = engine.run_cell(request.code, namespace, request.output_limit)
         finally:
             _local.stdout, _local.stderr = saved
-        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"])
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode)
 
     # -- read-only ---------------------------------------------------------------------
 
@@ -536,7 +552,8 @@ class OwnInterpreter:
         if FORK_IS_SAFE:
             return self._run_forked(session, request, protect)
         copy = NamespaceSession(dict(session.namespace), session.cwd, session.environ.copy())
-        outcome = self._run_on(self._free_stateless_runner(), copy, copy.namespace, request)
+        outcome = self._run_on(self._free_stateless_runner(), copy, copy.namespace, request,
+                               mode="read_only")
         outcome["isolation"] = {"names": True, "objects": False, "files": "none"}
         return outcome
 
@@ -598,11 +615,12 @@ class OwnInterpreter:
             cell = None
         if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
             if interrupted_at is not None:
-                outcome = _timed_out(out, err, stuck=False)
+                outcome = _timed_out(out, err, stuck=False, mode="read_only")
             else:
                 outcome = _crashed_copy(out, err, status)
         else:
-            outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]))
+            outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
+                                         mode="read_only")
         outcome["isolation"] = isolation
         return outcome
 
@@ -704,18 +722,28 @@ def _signal(pid: int, sig: int) -> None:
 # --------------------------------------------------------------------------- outcomes
 
 
+_INTERRUPTED = {
+    "stateful": "The session survived with its state (interrupted: state kept). Make the "
+                "code faster or do less per call, or pass a larger timeout=.",
+    "stateless": "Nothing is kept from a stateless call. Make the code faster or do less per "
+                 "call, or pass a larger timeout=.",
+    "read_only": "The read-only copy was stopped; the session itself is unchanged. Make the "
+                 "code faster or pass a larger timeout=.",
+}
+
+
 def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer,
-                       timed_out: bool) -> Outcome:
+                       timed_out: bool, mode: str = "stateful") -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
     outcome: Outcome = {
-        "stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
+        "stdout": stdout, "stderr": stderr,
+        "truncated": out.truncated or err.truncated or bool(cell.get("result_truncated")),
         "result": cell.get("result"), "exit_code": None, "images": cell.get("images") or [],
     }
     if timed_out:
         outcome["error"] = make_error(
             "timeout", "The code ran past its timeout and was interrupted.",
-            "The session survived with its state (interrupted: state kept). Make the code "
-            "faster or do less per call, or pass a larger timeout=.",
+            _INTERRUPTED.get(mode, _INTERRUPTED["stateful"]),
             stdout=stdout, stderr=stderr, state_lost=False)
     elif (cell.get("error") or {}).get("coordex_error_type") in ERROR_TYPES:
         # A coordex error raised inside the code (a stored-function CallError): the
@@ -723,46 +751,55 @@ def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffe
         error = cell["error"]
         outcome["error"] = make_error(
             error["coordex_error_type"], error.get("coordex_error") or error["message"],
-            error.get("coordex_suggestion") or _execution_suggestion(error["exception"]),
+            error.get("coordex_suggestion") or _execution_suggestion(error["exception"], mode),
             traceback=error["traceback"], stdout=stdout, stderr=stderr,
             exception=error["exception"])
     elif cell.get("error"):
         error = cell["error"]
         outcome["error"] = make_error(
             "execution", f"{error['exception']}: {error['message']}".rstrip(": "),
-            _execution_suggestion(error["exception"]),
+            _execution_suggestion(error["exception"], mode),
             traceback=error["traceback"], stdout=stdout, stderr=stderr,
             exception=error["exception"])
     return outcome
 
 
-def _execution_suggestion(exception: str) -> str:
+def _execution_suggestion(exception: str, mode: str = "stateful") -> str:
     if exception == "SyntaxError" or exception == "IndentationError":
         return "Fix the syntax at the line the traceback points to and run the call again."
     if exception == "SystemExit":
-        return ("The code called sys.exit()/exit(); the session is still running. Remove the "
-                "exit call, or use stateless mode for a one-off script.")
+        return ("The code called sys.exit()/exit(); nothing was ended. Remove the exit call "
+                "and run it again.")
     if exception == "NameError":
-        return ("A name is not defined in this session. Define it first (run the defining code "
-                "in the same session with state_mode='stateful'), or inspect_session to see "
-                "which names exist.")
+        where = ("this session" if mode != "stateless" else
+                 "a stateless call, which starts from an empty namespace")
+        return (f"A name is not defined in {where}. Define it in the same code, or run it in "
+                "a session that has it (state_mode='stateful' with session_name=...); "
+                "inspect_session shows which names a session holds.")
     if exception in ("ModuleNotFoundError", "ImportError"):
         return ("The module is not installed in this interpreter. Create an environment with it "
                 "(environments.create / create_environment) and pass its venv_id.")
-    return "Read the traceback, fix the code and run it again; the session's state is kept."
+    if mode == "stateful":
+        return "Read the traceback, fix the code and run it again; the session's state is kept."
+    if mode == "read_only":
+        return "Read the traceback, fix the code and run it again; the session is unchanged."
+    return "Read the traceback, fix the code and run it again."
 
 
-def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool) -> Outcome:
+def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str) -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
-    if stuck:
+    if stuck and mode == "stateful":
         suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
                       "bytecode); the agent's own interpreter cannot be killed, so the session "
                       "is still busy and its state is kept. Further calls to this session "
                       "return timeout at once until the code stops: wait, or use another "
                       "session.")
+    elif stuck:
+        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
+                      "bytecode) and finishes in the background of the agent's process; no "
+                      "session is affected. Make it faster or pass a larger timeout=.")
     else:
-        suggestion = ("The read-only copy was stopped; the session itself is unchanged. Make "
-                      "the code faster or pass a larger timeout=.")
+        suggestion = _INTERRUPTED.get(mode, _INTERRUPTED["stateful"])
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
             "error": make_error("timeout", "The code ran past its timeout.", suggestion,

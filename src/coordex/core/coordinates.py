@@ -19,6 +19,8 @@ StateMode = Literal["stateless", "stateful", "read_only"]
 LANGUAGES: tuple[Language, ...] = ("python", "bash")
 STATE_MODES: tuple[StateMode, ...] = ("stateless", "stateful", "read_only")
 MAX_SESSION_NAME = 200
+MAX_SESSION_ID = 2**31 - 1  # JSON clients (JavaScript) lose precision above 2**53 anyway
+MAX_TIMEOUT = 7 * 24 * 3600.0  # beyond a week a deadline is a mistake, and OS waits overflow
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,9 @@ def check_session(session_id: Any, session_name: Any) -> tuple[int | None, str |
             "Cannot specify both session_id and session_name.",
             f"Pass only one: session_id={_short(session_id)} or session_name={_short(session_name)}.",
         )
-    if session_id is not None and (not _is_int(session_id) or session_id < 0):
+    if session_id is not None and (not _is_int(session_id) or not 0 <= session_id <= MAX_SESSION_ID):
         raise validation(
-            f"session_id must be an integer >= 0, got {_short(session_id)}.",
+            f"session_id must be an integer from 0 to {MAX_SESSION_ID}, got {_short(session_id)}.",
             "Use an integer such as session_id=1, or name the session with session_name='...'.",
         )
     if session_name is not None:
@@ -157,10 +159,11 @@ def check_code(code: Any) -> str:
 def check_timeout(timeout: Any) -> float | None:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-            or timeout != timeout or timeout == float("inf"):
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout <= MAX_TIMEOUT:
         raise validation(
-            f"timeout must be a positive number of seconds, got {_short(timeout)}.",
+            f"timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:.0f} "
+            f"(a week), got {_short(timeout)}.",
             "Use e.g. timeout=30, or omit it for the executor's default.",
         )
     return float(timeout)

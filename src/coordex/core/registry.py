@@ -68,7 +68,10 @@ class SessionEntry:
         }
 
     def label(self) -> str:
-        where = "own interpreter" if self.key.venv_id is None else f"venv_id={self.key.venv_id}"
+        if self.key.venv_id is not None:
+            where = f"venv_id={self.key.venv_id}"
+        else:
+            where = "own interpreter" if self.key.language == "python" else "no environment"
         ident = repr(self.name) if self.name is not None else f"id {self.key.session_id}"
         return f"{ident} ({self.key.language}, {where})"
 
@@ -218,7 +221,10 @@ class SessionRegistry:
     def not_found(self, coordinate: Coordinate) -> CoordexError:
         language, venv = coordinate.language, coordinate.venv_id
         title = LANGUAGE_TITLE[language]
-        where = "the agent's own interpreter" if venv is None else f"venv_id={venv}"
+        if venv is not None:
+            where = f"venv_id={venv}"
+        else:
+            where = "the agent's own interpreter" if language == "python" else "the host (no environment)"
         same = [e for e in self.entries() if e.key.language == language and e.key.venv_id == venv]
         opened = ", ".join(e.label() for e in same) or "none"
         if coordinate.session_name is not None:

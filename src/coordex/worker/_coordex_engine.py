@@ -36,6 +36,7 @@ def shorten(text, limit):
 
 
 def safe_repr(value, limit=None):
+    """repr(value), never raising, shortened in the middle past ``limit``."""
     try:
         text = repr(value)
     except BaseException as exc:  # a broken __repr__ is the user's bug, not ours
@@ -132,7 +133,11 @@ def run_cell(code, namespace, result_limit=65536, filename=None):
             value = eval(last, namespace)
             if value is not None:
                 namespace["_"] = value
-                outcome["result"] = safe_repr(value, result_limit)
+                text = safe_repr(value)
+                if result_limit is not None and len(text) > result_limit:
+                    outcome["result_truncated"] = True
+                    text = shorten(text, result_limit)
+                outcome["result"] = text
     except KeyboardInterrupt as exc:
         outcome["interrupted"] = True
         outcome["error"] = format_error(exc)
