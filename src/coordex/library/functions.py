@@ -446,7 +446,7 @@ class FunctionLibrary:
             return self.get(name)
         except CallError as exc:
             # Also an AttributeError, so hasattr()/getattr(..., default) keep working.
-            raise _MissingFunction.from_record(exc.record)
+            raise FunctionNotFoundError.from_record(exc.record)
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
@@ -652,5 +652,5 @@ def _as_call_error(exc: CoordexError) -> CallError:
     return CallError(exc.error_type, exc.error, exc.suggestion, **exc.extra)
 
 
-class _MissingFunction(CallError, AttributeError):
+class FunctionNotFoundError(CallError, AttributeError):
     """``functions.nope``: a ``not_found`` CallError that is also an AttributeError."""
