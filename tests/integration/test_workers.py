@@ -8,6 +8,7 @@ check that no child process survives.
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -202,6 +203,26 @@ def test_stateless_runs_start_from_nothing(template: WorkerTemplate) -> None:
     assert r["result"] is None
 
 
+def test_stateless_runs_hold_no_other_calls_pipes(template: WorkerTemplate) -> None:
+    # Standbys wait side by side; none may reach another's pipes (its code or result).
+    code = ("import os\nfds = {}\nfor fd in os.listdir('/proc/self/fd'):\n    try:\n"
+            "        fds[int(fd)] = os.readlink('/proc/self/fd/' + fd)\n    except OSError:\n"
+            "        pass\nsorted(fd for fd, what in fds.items() if what.startswith('pipe:'))")
+    for _ in range(5):
+        pipes = ast.literal_eval(template.run_stateless(req(code))["result"])
+        # fds 1 and 2, the two protocol pipes and the child's own result pipe
+        assert len(pipes) == 5 and {1, 2} <= set(pipes), pipes
+
+
+def test_long_results_are_relayed_whole(session: WorkerSession,
+                                        template: WorkerTemplate) -> None:
+    # A `done` longer than one atomic pipe write goes through the worker.
+    code = "'x' * 20000"
+    assert template.run_stateless(req(code))["result"] == repr("x" * 20000)
+    assert session.run_read_only(req(code))["result"] == repr("x" * 20000)
+    assert template.run_stateless(req("'short'"))["result"] == "'short'"
+
+
 def test_parallel_stateless_calls_do_not_queue(template: WorkerTemplate) -> None:
     results: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -391,6 +412,7 @@ def test_close_leaves_no_child_alive(python: str) -> None:
     before = child_pids()
     s = WorkerSession(python)
     t = WorkerTemplate(python)
+    assert t.run_stateless(req("1"))["result"] == "1"  # the template now keeps standbys
     r = s.run(req("import subprocess\np = subprocess.Popen(['sleep', '60'])\np.pid"))
     grandchild = int(r["result"])
     assert grandchild in child_pids()

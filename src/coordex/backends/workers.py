@@ -13,9 +13,12 @@ How it works:
   section 6: a process found dead is replaced (``state_lost``); one that dies during a
   call is replaced and the call retried once (``retried``), then ``crashed``.
 - :class:`WorkerTemplate` keeps clean workers that never run code themselves: each
-  stateless call forks a fresh child of one (about a millisecond, against tens of
-  milliseconds for an interpreter start). Idle templates are pooled so parallel
-  stateless calls do not queue.
+  stateless call runs in a fresh fork child of one, taken from a few the worker keeps
+  forked and warmed up (under a millisecond, against ten or more for an interpreter
+  start). Idle templates are pooled so parallel stateless calls do not queue.
+
+A call is one conversation on the protocol pipes; ``select.poll`` waits on them, after a
+short spin for in-process cells (see ``_converse``).
 
 Every outcome is a plain dict (``backends.base``); failures are SPEC error dicts.
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
-import selectors
+import select
 import signal
 import subprocess
 import sys
@@ -210,9 +213,11 @@ class _WorkerProcess:
             os.set_blocking(fd, False)
         self._eof: set[int] = set()
         self._reader = LineReader(self._from_worker)
-        self._selector = selectors.DefaultSelector()
+        # poll() rather than selectors: this sits on every call's path, and the
+        # selectors layer costs more than the system call it wraps.
+        self._poll = select.poll()
         for fd in (self._from_worker, self._out_r, self._err_r):
-            self._selector.register(fd, selectors.EVENT_READ)
+            self._poll.register(fd, select.POLLIN)
 
     def _handshake(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -226,9 +231,9 @@ class _WorkerProcess:
                     f"The Python worker ({self.python}) did not announce itself within "
                     f"{timeout:g} s.", "Check that the interpreter starts (run it by hand); "
                     "a very slow disk may need a larger start timeout.", _tail(log))
-            for key, _ in self._selector.select(left):
-                data = self._read(key.fd)
-                if key.fd == self._from_worker:
+            for fd, _ in self._poll.poll(left * 1000):
+                data = self._read(fd)
+                if fd == self._from_worker:
                     if not data:
                         eof = True
                     lines.extend(self._reader.feed(data))
@@ -350,11 +355,11 @@ class _WorkerProcess:
             # Spin briefly before sleeping: most cells answer within a few hundred
             # microseconds, and waking a sleeping thread costs tens of them.
             wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
-            for key, _ in self._selector.select(wait):
-                if key.fd in captures:
-                    self._pump(key.fd, captures[key.fd])
+            for fd, _ in self._poll.poll(wait * 1000):
+                if fd in captures:
+                    self._pump(fd, captures[fd])
                     continue
-                data = self._read(key.fd)
+                data = self._read(fd)
                 if not data:
                     return self._ended(reply, captures, killed=False)
                 for line in self._reader.feed(data):
@@ -372,8 +377,10 @@ class _WorkerProcess:
         # wrote to fds 1/2 before `done` is already in the pipes, so one non-blocking
         # drain completes the call's output. Only a background process the code left
         # running can write later; that lands in the next call.
+        ready = {fd for fd, _ in self._poll.poll(0)}
         for fd, capture in captures.items():
-            self._pump(fd, capture, drain=True)
+            if fd in ready:
+                self._pump(fd, capture, drain=True)
             capture.finish()
         return self._collect(reply, captures)
 
@@ -390,7 +397,7 @@ class _WorkerProcess:
                 # Every writer closed it (the code closed fd 1, say): stop watching.
                 self._eof.add(fd)
                 with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(fd)
+                    self._poll.unregister(fd)
                 return
             capture.feed(data)
             if not drain and len(data) < _READ_SIZE:
@@ -494,8 +501,6 @@ class _WorkerProcess:
         if getattr(self, "_fds_released", False):
             return
         self._fds_released = True
-        with contextlib.suppress(Exception):
-            self._selector.close()
         for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
             with contextlib.suppress(OSError):
                 os.close(fd)

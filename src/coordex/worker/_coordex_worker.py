@@ -16,8 +16,12 @@ Run modes:
   ``backends/isolation.py``, which this worker loads by path (it is standard-library
   only and 3.8-compatible too): one copy of that logic for every backend.
 - ``stateless`` forks too, but the child starts from a fresh namespace. A worker that
-  only ever serves stateless runs is a clean *template* (a fork server); it keeps one
-  *standby* child forked and warmed up between calls, so a call only hands it the code.
+  only ever serves stateless runs is a clean *template* (a fork server); it keeps a few
+  *standby* children forked and warmed up between calls, so a call only hands one the
+  code (see :func:`fill_standbys`).
+
+A fork child sends its ``done`` to the host itself when the line fits one atomic pipe
+write, so the answer does not wait for this process to wake up and relay it.
 
 SIGINT raises KeyboardInterrupt in the cell (the engine reports it, the state stays);
 while a fork child runs, SIGINT is forwarded to it and SIGUSR1 kills it. Between cells
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import _signal
 import os
+import select
 import signal
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -43,6 +48,10 @@ finally:
         del sys.path[0]
 
 _HIDDEN_NAMES = ("__builtins__", "_")
+STANDBYS = 3  # warmed fork children a template keeps (see fill_standbys)
+_ATOMIC_WRITE = getattr(select, "PIPE_BUF", 512)  # longest pipe write that is atomic
+_MISSING = object()
+_SENT = b"+"  # on a result pipe: the child has sent its `done` to the host itself
 # Read-only file protection: coordex/backends/isolation.py, beside this folder.
 ISOLATION_PATH = os.path.join(os.path.dirname(_HERE), "backends", "isolation.py")
 
@@ -61,7 +70,7 @@ class _State:
     capabilities: Dict[str, Capability] = {}  # name -> stub currently installed
     script_module: Any = None
     unreaped: List[int] = []  # fork children that answered and are still exiting
-    standby: Optional[Tuple[int, int, int]] = None  # (pid, run pipe, result pipe)
+    standbys: List[Tuple[int, int, int]] = []  # (pid, run pipe, result pipe), oldest first
     isolation: Any = None  # backends/isolation.py once loaded (see load_isolation)
     isolation_error = ""  # why it could not be loaded
 
@@ -244,10 +253,14 @@ def set_capabilities(namespace: Dict[str, Any], names: List[str]) -> None:
 
 
 def _user_names(namespace: Dict[str, Any]) -> List[str]:
-    stubs = _State.capabilities
-    return [name for name in namespace
-            if name not in _HIDDEN_NAMES and not (name.startswith("__") and name.endswith("__"))
-            and not (name in stubs and namespace[name] is stubs[name])]
+    return [name for name in namespace if _is_user_name(namespace, name)]
+
+
+def _is_user_name(namespace: Dict[str, Any], name: str) -> bool:
+    if name in _HIDDEN_NAMES or (name.startswith("__") and name.endswith("__")):
+        return False
+    stub = _State.capabilities.get(name)
+    return stub is None or namespace.get(name) is not stub
 
 
 def _flush_user_streams() -> None:
@@ -265,7 +278,9 @@ def _flush_user_streams() -> None:
 
 
 def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
-    before = {name: namespace[name] for name in _user_names(namespace)}
+    # A plain copy (C speed) and a filter over the few names that changed: the diff
+    # costs next to nothing however many names the session holds.
+    before = namespace.copy()
     outcome = None
     try:
         try:
@@ -281,10 +296,12 @@ def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, An
             outcome = {"result": None, "interrupted": True, "images": [],
                        "error": {"exception": "KeyboardInterrupt", "message": "",
                                  "traceback": "KeyboardInterrupt\n"}}
-    after = _user_names(namespace)
-    outcome["rebound"] = [name for name in after
-                          if name not in before or namespace[name] is not before[name]]
-    outcome["deleted"] = [name for name in before if name not in namespace]
+    missing = _MISSING
+    outcome["rebound"] = [name for name, value in namespace.items()
+                          if before.get(name, missing) is not value
+                          and _is_user_name(namespace, name)]
+    outcome["deleted"] = [name for name in before
+                          if name not in namespace and _is_user_name(before, name)]
     return outcome
 
 
@@ -300,16 +317,19 @@ def _fork() -> int:
         return os.fork()
 
 
-def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
+def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """Run the cell in a fork child; this process's state is never touched.
 
-    A stateless run takes the waiting standby child when there is one (see
-    :func:`ensure_standby`). The child closes the result pipe before it exits, so the
-    answer arrives while the kernel still tears its copy-on-write memory down; it is
-    reaped after ``done`` has gone (see :func:`reap_children`).
+    A stateless run takes the oldest waiting standby child when there is one (see
+    :func:`fill_standbys`). The child sends ``done`` to the host itself when the line
+    fits one atomic pipe write (then this returns None), otherwise it hands the outcome
+    back here to relay. Either way it closes the result pipe before it exits, so this
+    process learns the run is over while the kernel still tears the child's
+    copy-on-write memory down; it is reaped later (see :func:`reap_children`).
     """
-    standby = _State.standby if msg["mode"] == "stateless" else None
-    _State.standby = None
+    standby = None
+    if msg["mode"] == "stateless" and _State.standbys:
+        standby = _State.standbys.pop(0)
     if standby is not None:
         pid, read_fd = standby[0], standby[2]
         handoff = dict(msg, capabilities=sorted(_State.capabilities))
@@ -344,6 +364,8 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]
     if raw:
         _State.unreaped.append(pid)
         _State.fork_child = 0
+        if raw == _SENT:
+            return None
         import json
 
         outcome = json.loads(raw.decode("ascii"))  # type: Dict[str, Any]
@@ -365,16 +387,23 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]
     return outcome
 
 
-def ensure_standby() -> None:
-    """Keep one fork child ready for the next stateless run (templates only).
+def fill_standbys(channel: Channel) -> None:
+    """Keep ``STANDBYS`` fork children ready for the next stateless runs (templates only).
 
-    Forking, and the child's own setup, then happen between calls instead of on the
-    caller's time: the child waits for its ``run`` on a private pipe. A standby is only
-    ever forked from a worker that has run nothing in its own namespace, so it is as
-    fresh as a child forked on demand.
+    Called after each stateless run, so usually one fork replaces the child that run
+    used. Each child's warm-up (its copy-on-write faults, about a millisecond) happens
+    while it waits for its ``run`` on a private pipe; with several in the pool,
+    back-to-back calls take a child that warmed up while earlier calls ran. Standbys
+    are only ever forked from a worker that has run nothing in its own namespace, so
+    each is as fresh as a child forked on demand.
     """
-    if _State.standby is not None:
-        return
+    while len(_State.standbys) < STANDBYS:
+        fork_standby()
+        _warm_template(channel)
+
+
+def fork_standby() -> None:
+    """Fork one standby child and add it to the pool."""
     msg_r, msg_w = os.pipe()
     result_r, result_w = os.pipe()
     pid = _fork()
@@ -384,7 +413,21 @@ def ensure_standby() -> None:
         _standby_main(msg_r, result_w)  # never returns
     os.close(msg_r)
     os.close(result_w)
-    _State.standby = (pid, msg_w, result_r)
+    _State.standbys.append((pid, msg_w, result_r))
+
+
+def _warm_template(channel: Channel) -> None:
+    """Take this process's own copy-on-write faults for the next handoff now.
+
+    After a fork every page is shared with the child, and the first write to one (a
+    reference count is enough) copies it. Going through the handoff path once while
+    idle keeps those copies off the next caller's time.
+    """
+    line = wire.encode(wire.message("run", id="warm-up", code="", mode="stateless",
+                                    output_limit=1))
+    msg = wire.decode(line[:-1], wire.HOST_TO_WORKER)
+    wire.encode(dict(msg, capabilities=sorted(_State.capabilities)))
+    channel.reader.pending()
 
 
 def _standby_main(msg_fd: int, result_fd: int) -> None:
@@ -393,12 +436,18 @@ def _standby_main(msg_fd: int, result_fd: int) -> None:
         _prepare_child()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # until it has a cell to interrupt
         # The first cell in a fresh fork spends most of its time in copy-on-write page
-        # faults (allocator pools, the compiler, json); take them now, while idle.
-        engine.run_cell("_warm = [{'a': 1}]\nlen(_warm)", {}, 100)
-        wire.decode(wire.encode(wire.message("inspect", id="warm-up")))
+        # faults (allocator pools, the compiler, json); take them now, while idle, on
+        # the same path a real run takes.
+        warm = engine.run_cell("_warm = [{'a': 1}]\nlen(_warm)", {}, 100)
+        warm.update(id="warm-up", type="done")
+        wire.decode(wire.encode(warm), wire.WORKER_TO_HOST)
+        wire.decode(wire.encode(wire.message("run", id="warm-up", code="", mode="stateless",
+                                             output_limit=1, capabilities=[])))
+        _flush_user_streams()
         namespace = fresh_namespace()
         reader = wire.LineReader(msg_fd)
         line = reader.read_line()
+        os.close(msg_fd)  # the template has closed its end; nothing else comes
         if line is None:  # the template is closing
             status = 0
         else:
@@ -442,7 +491,12 @@ def _prepare_child() -> None:
     _State.in_fork_child = True
     _State.fork_child = 0
     _State.unreaped = []
-    _State.standby = None
+    # Another standby's pipes must not reach this child's code: it could hand that
+    # standby code of its own, or read another call's result.
+    for _, msg_w, result_r in _State.standbys:
+        os.close(msg_w)
+        os.close(result_r)
+    _State.standbys = []
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
@@ -471,9 +525,18 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
         if files is not None:
             outcome["isolation"] = {"names": True, "objects": True, "files": files}
         _flush_user_streams()
-        import json
-
-        _write_all(result_fd, json.dumps(outcome, separators=(",", ":")).encode("ascii"))
+        outcome["id"] = msg["id"]
+        outcome["type"] = "done"
+        line = wire.encode(outcome)
+        channel = _State.channel
+        if channel is not None and len(line) <= _ATOMIC_WRITE:
+            # One write of at most PIPE_BUF bytes is atomic: the host gets the whole
+            # line or, if this child is killed first, none of it. Longer lines go
+            # through the parent, which never dies half-way through one.
+            _write_all(channel.out_fd, line)
+            _write_all(result_fd, _SENT)
+        else:
+            _write_all(result_fd, line)
         os.close(result_fd)
         status = 0
     except BaseException:
@@ -507,15 +570,16 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
                 set_capabilities(namespace, msg["names"])
             elif kind == "run":
                 if msg["mode"] == "stateful":
-                    outcome = run_stateful(msg, namespace)
+                    outcome = run_stateful(msg, namespace)  # type: Optional[Dict[str, Any]]
                 else:
                     outcome = run_forked(msg, namespace)
-                _flush_user_streams()
-                outcome["id"] = msg["id"]
-                outcome["type"] = "done"
-                channel.send(outcome)
+                if outcome is not None:  # else the fork child has sent `done` itself
+                    _flush_user_streams()
+                    outcome["id"] = msg["id"]
+                    outcome["type"] = "done"
+                    channel.send(outcome)
                 if msg["mode"] == "stateless":
-                    ensure_standby()
+                    fill_standbys(channel)
             elif kind == "inspect":
                 names = inspect_names(namespace)
                 channel.send(wire.message("inspect_result", id=msg["id"], names=names,
@@ -555,10 +619,11 @@ def main(argv: List[str]) -> int:
         pid=os.getpid(), fork=hasattr(os, "fork"), executable=sys.executable))
     serve(channel, namespace)
     reap_children(block=True)
-    if _State.standby is not None:  # end of file on its pipe makes it exit; reap it
-        pid, msg_w, result_r = _State.standby
+    standbys, _State.standbys = _State.standbys, []
+    for _, msg_w, result_r in standbys:  # end of file on its pipe makes each one exit
         os.close(msg_w)
         os.close(result_r)
+    for pid, _, _ in standbys:
         os.waitpid(pid, 0)
     return 0
 
