@@ -158,6 +158,22 @@ def test_sessions_in_environments_are_listed_inspected_and_closed(env_ex: tuple[
     assert ex.inspect_session(session_name="insp", venv_id=venv)["error_type"] == "not_found"
 
 
+def test_names_bound_before_an_error_keep_their_provenance(env_ex: tuple[Executor, int]) -> None:
+    ex, venv = env_ex
+    r = ex.execute_code("early = 1\n1/0", state_mode="stateful", session_name="prov",
+                        venv_id=venv)
+    assert r["error_type"] == "execution"
+    ex.execute_code("late = 2", state_mode="stateful", session_name="prov", venv_id=venv)
+    names = {n["name"]: n for n in ex.inspect_session(session_name="prov", venv_id=venv)["names"]}
+    assert names["early"]["bound_at_call"] == 1 and names["late"]["bound_at_call"] == 2
+
+
+def test_a_shortened_result_counts_as_truncated_in_a_worker(env_ex: tuple[Executor, int]) -> None:
+    ex, venv = env_ex
+    r = ex.execute_code("'y' * 200_000", venv_id=venv)
+    assert r["truncated"] is True and len(r["result"]) < 70_000
+
+
 def test_unknown_environment_lists_the_known_ones(env_ex: tuple[Executor, int]) -> None:
     ex, venv = env_ex
     r = ex.execute_code("1", venv_id=venv + 40)

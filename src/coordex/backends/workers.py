@@ -517,8 +517,13 @@ def _tail(data: bytes | bytearray, limit: int = 4000) -> str:
 def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
     """Turn a finished conversation into the backend outcome dict (no fault policy)."""
     outcome = empty_outcome()
-    outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated)
     done = reply.message or {}
+    outcome.update(stdout=reply.stdout, stderr=reply.stderr,
+                   truncated=reply.truncated or bool(done.get("result_truncated")))
+    if mode == "stateful":
+        # Names bound before an error or an interrupt stay bound: provenance needs them.
+        outcome["rebound"] = done.get("rebound") or []
+        outcome["deleted"] = done.get("deleted") or []
     if mode == "read_only":
         outcome["isolation"] = done.get("isolation") or {"names": True, "objects": True,
                                                          "files": "none"}
@@ -537,9 +542,6 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
         return outcome
     outcome["result"] = done.get("result")
     outcome["images"] = done.get("images") or []
-    if mode == "stateful":
-        outcome["rebound"] = done.get("rebound") or []
-        outcome["deleted"] = done.get("deleted") or []
     return outcome
 
 
@@ -607,11 +609,12 @@ def _crashed(reply: _Reply, mode: RunMode, attempts: int) -> dict[str, Any]:
         what = (f"The worker process died {attempts} time(s) while running this code "
                 f"({how}); the session's state is lost.")
         lost = True
+    after = ("The session keeps its state." if mode == "read_only" else
+             "The next call starts on a fresh process.")
     return make_error(
         "crashed", what,
         "The code probably ends its own process (os._exit, os.kill, a crash in a C "
-        "extension, running out of memory); change that part. The next call starts on a "
-        "fresh process.", state_lost=lost)
+        f"extension, running out of memory); change that part. {after}", state_lost=lost)
 
 
 def _fork_child_died(reply: _Reply) -> bool:
