@@ -94,7 +94,7 @@ def _only_interrupts(exc: BaseException) -> bool:
     """True for KeyboardInterrupt, or an exception group holding only interrupts."""
     if isinstance(exc, KeyboardInterrupt):
         return True
-    inner = getattr(exc, "exceptions", None)
+    inner = getattr(exc, "exceptions", None) or ()
     return bool(inner) and all(_only_interrupts(e) for e in inner)
 
 
