@@ -161,6 +161,47 @@ def test_xtrace_shows_only_the_users_commands(session: ShellSession) -> None:
     assert "builtin" not in str(out["stderr"])
 
 
+def test_verbose_and_alias_options_persist_like_any_other(session: ShellSession) -> None:
+    ok(session.run(req("set -v")))
+    out = ok(session.run(req("echo one\necho two")))
+    assert out["stderr"] == "echo one\necho two\n"  # the user's lines, none of ours
+    ok(session.run(req("set +v")))
+    assert ok(session.run(req("echo quiet")))["stderr"] == ""
+    ok(session.run(req("alias hi='echo aliased'; shopt -u expand_aliases")))
+    assert "command not found" in str(ok(session.run(req("hi")))["stderr"])
+    ok(session.run(req("shopt -s expand_aliases")))
+    assert ok(session.run(req("hi")))["stdout"] == "aliased\n"
+
+
+def test_job_table_and_return_behave_as_in_a_sourced_script(session: ShellSession) -> None:
+    out = ok(session.run(req("sleep 0.01; /bin/true; sleep 100 & jobs; kill %1; wait; echo done")))
+    assert out["stdout"].startswith("[1]+  Running") and out["stdout"].endswith("done\n")
+    assert out["stdout"].count("\n") == 2  # finished foreground commands are not jobs
+    out = ok(session.run(req("echo before; return 4; echo never")))
+    assert (out["stdout"], out["exit_code"]) == ("before\n", 4)
+
+
+def test_commands_see_only_their_three_standard_fds(session: ShellSession) -> None:
+    out = ok(session.run(req("ls /proc/self/fd")))
+    assert str(out["stdout"]).split() == ["0", "1", "2", "3"]  # 3: ls's own listing
+
+
+def test_an_interrupt_keeps_the_users_stderr_exactly(session: ShellSession) -> None:
+    out = session.run(req("echo err >&2; sleep 30", timeout=0.3))
+    assert out["error"]["error_type"] == "timeout" and out["stderr"] == "err\n"
+
+
+def test_timeout_before_bash_has_read_a_large_call_keeps_state(session: ShellSession,
+                                                                tmp_path: Path) -> None:
+    # The interrupt waits until bash has the whole line; none of the call may run later.
+    ok(session.run(req("kept=1")))
+    filler = ": padding-padding-padding; " * 40000
+    out = session.run(req(f"sleep 30; {filler} echo tail > {tmp_path}/ran", timeout=0.01))
+    assert out["error"]["error_type"] == "timeout" and out["error"]["state_lost"] is False
+    assert ok(session.run(req("echo $kept")))["stdout"] == "1\n"
+    assert not (tmp_path / "ran").exists()
+
+
 def test_large_code_and_nul_bytes(session: ShellSession) -> None:
     code = "".join(f"v{i}={i}\n" for i in range(30000)) + "echo $v29999"
     assert len(code) > 200_000

@@ -10,21 +10,33 @@ the next one, every variable, function, alias, option and the cwd intact). ``+m`
 turns job control off, so background jobs stay in the shell's process group (close()
 reaps them) and ignore SIGINT (a timeout never kills them).
 
-Each call writes one fixed *driver line* to bash's stdin. The code itself travels on a
-private *code pipe*: the driver line reads it with ``read -d ''`` and runs it as
-``eval "$code" </dev/null``, so a command that reads stdin gets end-of-file at once.
-The eval is wrapped in ``. /dev/stdin <<<...`` because bash runs sourced text as
-non-interactive: no ``[1] 1234`` job notices, no ``exit`` echo. After it, the driver
-line writes ``TOKEN r STATUS`` to a private *status pipe*; reading that line is how
-completion is detected. The command's writes to stdout/stderr happened before it, so
-both pipes are then drained without blocking. User output is never parsed, so nothing
-a command prints (or ``set -x`` traces) can fake completion, and output without a
-trailing newline is kept exactly.
+Bash's own fd 2 is a private *status pipe*; the user's stderr reaches it at a high fd.
+Each call is one *trigger line* on bash's stdin: assignments of the call number, of
+the code as one ``$'...'`` word, and of ``PROMPT_COMMAND`` to a fixed *runner*. Bash
+runs PROMPT_COMMAND after the line, non-interactively (no ``[1] 1234`` job notices,
+no ``exit`` echo) and at the top level (``declare`` makes globals). The runner unsets
+PROMPT_COMMAND, sources a nameless file (``/dev/fd/N``) whose one line evals the code
+with stdin at /dev/null, the user's stderr moved onto fd 2 and our fds closed -
+sourced so that bash cleans finished foreground jobs out of its job table and
+``return`` ends the code - and then sets PS1 to the *record* ``TOKEN r CALL STATUS
+FLAGS``. Bash prints PS1 to its fd 2 (the status pipe) just before it reads the next
+line; reading that record is how completion is detected. The code's output was
+written before it, so both pipes are then drained without blocking. Everything else
+bash prints there - startup warnings, ``set -x`` traces and ``set -v`` echoes of our
+own lines, the newline after ^C - is never the user's and is skipped; user output is
+never parsed, so nothing a command prints can fake completion, and output without a
+trailing newline is kept exactly. PROMPT_COMMAND restores the parser's ``set -v`` and
+expand_aliases when it ends; the record's FLAGS let the next trigger line put back
+what the code chose. For a short call the caller polls the pipes without sleeping
+for a moment (``SPIN_SECONDS``): a wake-up costs more than the whole call.
 
-On timeout the process group gets SIGINT and a *sync line* that writes ``TOKEN s
-STATUS`` is queued behind it; if it arrives within ``INTERRUPT_GRACE`` the shell
-survived. Otherwise the group is killed and the next call gets a fresh shell. A pidfd
-in the same selector reports the shell's death (``exit 3``, a signal) without polling.
+On timeout the process group gets SIGINT - once bash has read the whole trigger line,
+so no interrupt can cut it - and a *sync line* that sets PS1 to ``TOKEN s CALL
+STATUS FLAGS`` is queued behind it; if that record arrives within
+``INTERRUPT_GRACE`` the shell survived. Otherwise the group is killed and the next
+call gets a fresh shell. Records carry the call number, so a prompt printed twice
+(an interrupt that lands while bash waits) is never taken for a later call's. A
+pidfd reports the shell's death (``exit 3``, a signal) without polling.
 
 Read-only calls start in a subshell of the session's shell: a forked copy whose
 changes die with it. A subshell cannot protect the disk itself (unshare and Landlock
@@ -48,7 +60,7 @@ import codecs
 import fcntl
 import os
 import secrets
-import selectors
+import select
 import shutil
 import signal
 import subprocess
@@ -88,7 +100,7 @@ VOLATILE_VARIABLES = frozenset({
     "EPOCHSECONDS", "EPOCHREALTIME", "BASH_COMMAND", "PIPESTATUS", "BASH_LINENO",
     "BASH_SOURCE", "FUNCNAME", "BASH_ARGC", "BASH_ARGV", "BASH_ARGV0", "HISTCMD",
     "BASH_ALIASES", "BASH_CMDS", "BASH_REMATCH", "PWD", "OLDPWD", "DIRSTACK", "COLUMNS",
-    "LINES", "BASHOPTS", "SHELLOPTS",
+    "LINES", "BASHOPTS", "SHELLOPTS", "PS1",
 })
 PRIVATE_PREFIX = "__coordex_"
 
@@ -111,32 +123,96 @@ done
 )"""
 
 
-def _driver_lines(token: str, code_fd: int, status_fd: int) -> tuple[bytes, bytes]:
-    """The line that runs one call, and the line that reports after an interrupt.
+# How long a call watches its pipes without sleeping before it blocks in poll(). A
+# blocked waiter costs a wake-up (tens of µs on a VM) when bash answers; a builtin-only
+# call answers well within this, and a longer command wastes at most this much CPU.
+SPIN_SECONDS = 0.0003
+# A timeout never interrupts bash while it still reads a (large) trigger line - what it
+# would make of the rest of the line is not something to rely on: it waits for the
+# handover, polling this often, for at most INTERRUPT_GRACE.
+HANDOVER_POLL = 0.002
 
-    Both end in the same bookkeeping: note the status and whether ``set -x``/``set -v``
-    are on, switch them off (silently: the group's stderr is /dev/null) so our own
-    commands never show in the user's trace, report to the status fd, and empty the
-    prompts (an interactive bash prints PS1 before each line). The next call's code
-    turns the flags back on as its first, untraced, command.
+_utf8_decoder = codecs.getincrementaldecoder("utf-8")
+
+
+def _quote_code(code: str) -> bytes:
+    """``code`` as one ``$'...'`` word on one line (NUL bytes dropped).
+
+    Only ``\\``, ``'``, newline and ``!`` (history expansion, were a user to turn it
+    back on) are escaped; every other byte, binary ones included, stands for itself.
     """
-    p = PRIVATE_PREFIX
-    keep = (
-        f"{{ {p}status=$?; {p}flags=; [[ $- == *x* ]] && {p}flags+=$'set -x\\n'; "
-        f"[[ $- == *v* ]] && {p}flags+=$'set -v\\n'; \\builtin set +xv; }} 2>/dev/null; "
-    )
-    resets = "PS0= PS1= PS2=; \\builtin unset PROMPT_COMMAND\n"
-    report = f"\\builtin printf '%s {{kind}} %d\\n' {token} \"${p}status\" >&{status_fd}; "
-    # `. /dev/stdin <<<...` rather than a bare eval: bash runs sourced text as
-    # non-interactive, so no "[1] 1234" job notices and no "exit" echo.
-    run = (
-        f"IFS= \\builtin read -r -d '' -u {code_fd} {p}code; "
-        f"\\builtin . /dev/stdin <<<'\\builtin eval \"${{{p}flags-}}${p}code\" "
-        f"</dev/null {code_fd}<&- {status_fd}>&-'; "
-    )
-    driver = run + keep + report.format(kind="r") + resets
-    sync = keep + report.format(kind="s") + resets
-    return driver.encode(), sync.encode()
+    data = code.encode("utf-8", "surrogateescape")
+    if b"\0" in data:
+        data = data.replace(b"\0", b"")
+    data = (data.replace(b"\\", b"\\\\").replace(b"'", b"\\'").replace(b"\n", b"\\n")
+            .replace(b"!", b"\\041"))
+    return b"$'" + data + b"'"
+
+
+# What a record says after the status: ``$-``, then the length of BASHOPTS.
+# PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
+# (bash 5.2 keeps echo_input_at_read - set -v - and expand_aliases there), so what the
+# code did to those two the next trigger line repeats at the top level: set -v from
+# ``$-``; expand_aliases when the shopt options changed at all (their length is a
+# cheap tell; matching BASHOPTS against a pattern costs a call ~4 us).
+_FLAGS = "$-:${#BASHOPTS}"
+# Makes the parser's expand_aliases what ``shopt`` says it is, at the top level.
+_SYNC_ALIASES = ("case :$BASHOPTS: in *:expand_aliases:*) \\builtin shopt -s expand_aliases ;; "
+                 "*) \\builtin shopt -u expand_aliases ;; esac")
+
+
+@dataclass(frozen=True)
+class _Protocol:
+    """The fixed texts one shell is driven with; see the module docstring.
+
+    ``runner`` is the body of the runner file; ``setup`` the first line bash reads;
+    ``trigger`` the head of every call's line (``%d`` takes the call number, the code
+    follows as a ``$'...'`` word).
+    """
+
+    runner: bytes
+    setup: bytes
+    trigger: bytes
+
+    @classmethod
+    def build(cls, token: str, stderr_fd: int, runner_fd: int) -> _Protocol:
+        p = PRIVATE_PREFIX
+        # Sourced, not eval'd in PROMPT_COMMAND directly: only while a file is sourced
+        # does bash clean finished foreground jobs out of its job table (else `jobs`
+        # and %1 see them), and `return` ends the code as it did in a sourced script.
+        # Our fds are closed for the code (its children see 0, 1 and 2 only) and come
+        # back after it, whatever it did to those numbers. The eval's redirections
+        # come after its trace and its line's set -v echo: those go to the status pipe.
+        runner = (f"\\builtin eval \"${p}code\" </dev/null 2>&{stderr_fd}- "
+                  f"{runner_fd}<&-\n")
+        prompt_command = (
+            f"\\builtin unset PROMPT_COMMAND; \\builtin . /dev/fd/{runner_fd}; "
+            f"PS1=\"\\n${p}record${p}call $? {_FLAGS}\\n\"")
+        setup = (f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
+                 f"\\builtin shopt -s expand_aliases; {p}run={_shell_quote(prompt_command)}; "
+                 f"{p}record='{token} r '; {p}call=0; ").encode() + _sync_line(token, 0)
+        trigger = f"PROMPT_COMMAND=${p}run {p}call=%d {p}code=".encode()
+        return cls(runner.encode(), setup, trigger)
+
+
+def _sync_line(token: str, number: int) -> bytes:
+    """The line that reports ``TOKEN s NUMBER STATUS FLAGS`` once bash reads commands.
+
+    It also makes the parser's set -v and expand_aliases agree with the options again
+    (an interrupt can land after the runner restored them).
+    """
+    return (f"PS1=\"\\n{token} s {number} $? {_FLAGS}\\n\"; \\builtin unset PROMPT_COMMAND; "
+            f"case $- in *v*) \\builtin set -v ;; *) \\builtin set +v ;; esac; {_SYNC_ALIASES}\n"
+            ).encode()
+
+
+def _parse_flags(field: bytes) -> tuple[bool, int]:
+    """(set -v, length of BASHOPTS) from a record's flags field."""
+    dash, _, options = field.partition(b":")
+    try:
+        return b"v" in dash, int(options)
+    except ValueError:
+        return b"v" in dash, -1
 
 
 def _shell_quote(text: str) -> str:
@@ -151,6 +227,7 @@ _NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
     "BASH", "BASH_VERSINFO", "BASH_VERSION", "BASH_EXECUTION_STRING", "EUID", "UID",
     "PPID", "GROUPS", "TMPDIR", "TMP", "TEMP", isolation.MODE_ENV,
     f"{PRIVATE_PREFIX}code", f"{PRIVATE_PREFIX}v", f"{PRIVATE_PREFIX}n",
+    f"{PRIVATE_PREFIX}run", f"{PRIVATE_PREFIX}record", f"{PRIVATE_PREFIX}call",
 }
 # The copy's bash runs `-c SCRIPT bash STATE`: SCRIPT sources the state file (errors
 # silenced there, and `|| :` keeps -e from acting), then holds the trace flags and the
@@ -252,21 +329,39 @@ class _ProtectedCopy:
 
 
 class _Stream:
-    """One output stream of a call: decoded incrementally, bounded, streamed out."""
+    """One output stream of a call: decoded incrementally, bounded, streamed out.
+
+    Nothing is allocated until the first byte arrives: most calls print little.
+    """
+
+    __slots__ = ("_decoder", "buffer", "name", "request")
 
     def __init__(self, name: str, request: RunRequest) -> None:
         self.name = name
         self.request = request
-        self.buffer = OutputBuffer(request.output_limit)
+        self.buffer: OutputBuffer | None = None
         # Invalid UTF-8 (binary output) becomes U+FFFD; a character split across two
         # reads is held back until its remaining bytes arrive.
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder: codecs.IncrementalDecoder | None = None
 
     def feed(self, data: bytes, final: bool = False) -> None:
+        if self._decoder is None:
+            if not data:
+                return
+            self._decoder = _utf8_decoder(errors="replace")
+            self.buffer = OutputBuffer(self.request.output_limit)
         text = self._decoder.decode(data, final)
         if text:
+            assert self.buffer is not None
             self.buffer.write(text)
             emit(self.request, self.name, text)
+
+    def getvalue(self) -> str:
+        return "" if self.buffer is None else self.buffer.getvalue()
+
+    @property
+    def truncated(self) -> bool:
+        return self.buffer is not None and self.buffer.truncated
 
 
 @dataclass
@@ -275,73 +370,86 @@ class _Ending:
 
     exit_code: int | None = None
     timed_out: bool = False
-    aborted: bool = False  # SIGINT abandoned the driver line (bash then prints "\n")
+    aborted: bool = False  # the code did not finish: the status is the sync line's
     survived: bool = True
     returncode: int | None = None  # bash's own exit status when it ended during the call
+
+
+_STDOUT, _STDERR, _STATUS, _STDIN, _PIDFD = range(5)
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
 class _Shell:
     """One bash process, its pipes and its process group. Knows nothing of sessions."""
 
     def __init__(self, env: Mapping[str, str], cwd: str | None) -> None:
-        self.token = secrets.token_hex(8).encode()
-        code_r, code_w = os.pipe()
+        token = secrets.token_hex(8)
+        self.token = token.encode()
         status_r, status_w = os.pipe()
-        child_code = fcntl.fcntl(code_r, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
-        child_status = fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
-        os.close(status_w)
+        err_r, err_w = os.pipe()
+        # The user's stderr reaches bash at a high fd; bash's own fd 2 is the status pipe.
+        child_err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
+        os.close(err_w)
+        runner_fd = _anonymous_file()
+        protocol = _Protocol.build(token, child_err, runner_fd)
         try:
+            os.write(runner_fd, protocol.runner)
             self._proc = subprocess.Popen(
-                BASH_ARGV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True,
-                pass_fds=(child_code, child_status), bufsize=0,
+                BASH_ARGV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=status_w,
+                env=dict(env), cwd=cwd, start_new_session=True,
+                pass_fds=(child_err, runner_fd), bufsize=0,
             )
         except BaseException:
-            for fd in (code_r, code_w, status_r, child_code, child_status):
+            for fd in (status_r, err_r):
                 os.close(fd)
             raise
-        os.close(child_code)
-        os.close(child_status)
+        finally:
+            for fd in (status_w, child_err, runner_fd):
+                os.close(fd)
         self.pid = self._proc.pid
-        assert self._proc.stdin and self._proc.stdout and self._proc.stderr
+        assert self._proc.stdin and self._proc.stdout
         self._stdin = self._proc.stdin.fileno()
         self._stdout = self._proc.stdout.fileno()
-        self._stderr = self._proc.stderr.fileno()
-        # We keep the code pipe's read end too: after an interrupt it may hold code bash
-        # never read, and we drain it so the next call's read starts clean. It stays
-        # blocking: O_NONBLOCK belongs to the open pipe, which bash's copy shares.
-        self._code_r, self._code_w, self._status_r = code_r, code_w, status_r
-        for fd in (self._stdout, self._stderr, self._status_r, self._code_w):
+        self._stderr, self._status_r = err_r, status_r
+        # Our ends only (bash holds other open file descriptions), so O_NONBLOCK is ours.
+        for fd in (self._stdin, self._stdout, self._stderr, self._status_r):
             os.set_blocking(fd, False)
         self._status_buf = b""
+        self._number = 0  # the last call or sync line handed to bash
+        # set -v as the code left it, and as bash's top level has it (PROMPT_COMMAND
+        # restores the latter after every call); the length of BASHOPTS last reported,
+        # and whether the next trigger line must re-sync expand_aliases.
+        self._verbose = self._top_verbose = False
+        self._options_length = -1
+        self._sync_aliases = False
         self._reap_lock = threading.Lock()
         self._reaped = False
         self._released = False
 
-        self._driver, self._sync = _driver_lines(self.token.decode(), child_code,
-                                                 child_status)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._stdout, selectors.EVENT_READ, "stdout")
-        self._selector.register(self._stderr, selectors.EVENT_READ, "stderr")
-        self._selector.register(self._status_r, selectors.EVENT_READ, "status")
+        self._setup, self._trigger = protocol.setup, protocol.trigger
+        self._kinds = {self._stdout: _STDOUT, self._stderr: _STDERR,
+                       self._status_r: _STATUS, self._stdin: _STDIN}
+        self._poller = select.poll()
+        for fd in (self._stdout, self._stderr, self._status_r):
+            self._poller.register(fd, select.POLLIN)
+        self._outputs = select.poll()
+        for fd in (self._stdout, self._stderr):
+            self._outputs.register(fd, select.POLLIN)
         self._pidfd: int | None = None
         try:
             self._pidfd = os.pidfd_open(self.pid)
-            self._selector.register(self._pidfd, selectors.EVENT_READ, "pidfd")
+            self._poller.register(self._pidfd, select.POLLIN)
+            self._kinds[self._pidfd] = _PIDFD
         except (AttributeError, OSError):
             self._pidfd = None
         self._start()
 
     def _start(self) -> None:
-        # History off (and no file to write it to), prompts empty, aliases on. The
-        # startup warnings of an interactive bash without a terminal ("no job control
-        # in this shell") are read and dropped with the rest of this exchange.
-        setup = (
-            br"\builtin set +o history +H; \builtin unset HISTFILE MAILCHECK; "
-            br"\builtin shopt -s expand_aliases; __coordex_flags=; "
-        ) + self._sync
-        ending = self.exchange(setup, None, RunRequest(code="", timeout=START_TIMEOUT),
-                               interruptible=False)
+        # History off (and no file to write it to), aliases on, the runner stored. What
+        # bash prints while starting ("no job control in this shell", the first prompt)
+        # goes to its fd 2, the status pipe, where only records are looked for.
+        ending = self.exchange(self._setup, 0, RunRequest(code="", timeout=START_TIMEOUT),
+                               kind=b"s", interruptible=False)
         if ending.timed_out or ending.returncode is not None:
             self.terminate()
             self.release()
@@ -356,114 +464,150 @@ class _Shell:
 
     def run(self, code: str, request: RunRequest, copy: _ProtectedCopy | None = None,
             ) -> tuple[_Stream, _Stream, _Ending]:
-        """Run ``code`` through the driver line; returns the two streams and the ending.
+        """Run ``code`` through a trigger line; returns the two streams and the ending.
 
         With ``copy``, the code starts a protected copy in its own process group: a
         timeout interrupts that group too, kills it (not the session) if it ignores the
         interrupt, and whatever the copy left running is ended afterwards.
         """
-        payload = code.replace("\0", "").encode("utf-8", "surrogateescape") + b"\0"
+        self._number += 1
+        line = self._trigger % self._number + _quote_code(code) + b"\n"
+        if self._sync_aliases:
+            line = _SYNC_ALIASES.encode() + b"; " + line
+            self._sync_aliases = False
+        if self._verbose != self._top_verbose:
+            self._top_verbose = self._verbose
+            line = (b"\\builtin set -v; " if self._verbose else b"\\builtin set +v; ") + line
         out, err = _Stream("stdout", request), _Stream("stderr", request)
         try:
-            ending = self.exchange(self._driver, payload, request, streams=(out, err),
+            ending = self.exchange(line, self._number, request, streams=(out, err),
                                    copy=copy)
         finally:
             if copy is not None:
                 copy.signal(signal.SIGKILL)  # its background jobs, and so its namespaces
         return out, err, ending
 
-    def exchange(self, line: bytes, payload: bytes | None, request: RunRequest, *,
-                 streams: tuple[_Stream, _Stream] | None = None,
+    def exchange(self, line: bytes, number: int, request: RunRequest, *,
+                 streams: tuple[_Stream, _Stream] | None = None, kind: bytes = b"r",
                  interruptible: bool = True, copy: _ProtectedCopy | None = None) -> _Ending:
+        """Hand ``line`` to bash and wait for record ``kind number`` (or bash's end)."""
         out, err = streams or (_Stream("stdout", request), _Stream("stderr", request))
-        by_name = {"stdout": (self._stdout, out), "stderr": (self._stderr, err)}
         ending = _Ending()
-        pending = memoryview(payload or b"")
-        expect = b"s" if payload is None else b"r"
-        try:
-            os.write(self._stdin, line)
-        except OSError:  # bash is gone; its pidfd / poll says so below
-            pass
-        pending = self._write_code(pending)
+        pending = self._write_input(memoryview(line))
         if pending:
-            self._selector.register(self._code_w, selectors.EVENT_WRITE, "code")
-        deadline = time.monotonic() + request.timeout
-        finished = False
-        copy_killed = False
+            self._poller.register(self._stdin, select.POLLOUT)
+        now = time.monotonic()
+        deadline = now + request.timeout
+        handover_deadline = deadline + INTERRUPT_GRACE
+        spin_until = time.perf_counter() + SPIN_SECONDS
+        sync_number = -1
+        ended = finished = copy_killed = False
         try:
             while not finished:
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    if ending.timed_out and copy is not None and not copy_killed:
-                        # The copy ignored SIGINT: kill it alone; the session's shell,
-                        # waiting for it, then runs the sync line.
-                        copy_killed = True
-                        copy.signal(signal.SIGKILL)
-                        deadline = time.monotonic() + INTERRUPT_GRACE
-                        continue
-                    if ending.timed_out or not interruptible:
+                if now >= deadline:
+                    if not interruptible or (ending.timed_out and copy is None) or (
+                            ending.timed_out and copy_killed):
                         ending.timed_out = True
                         ending.survived = False
                         self.terminate()
                         break
+                    if ending.timed_out:
+                        # The copy ignored SIGINT: kill it alone; the session's shell,
+                        # waiting for it, then reads the sync line.
+                        copy_killed = True
+                        assert copy is not None
+                        copy.signal(signal.SIGKILL)
+                        deadline = now + INTERRUPT_GRACE
+                        continue
+                    if pending or self._unread_input():
+                        if now >= handover_deadline:
+                            interruptible = False  # bash stopped reading: kill it
+                        else:
+                            deadline = now + HANDOVER_POLL
+                        continue
                     ending.timed_out = True
-                    self._interrupt()
+                    sync_number = self._interrupt()
                     if copy is not None:
                         copy.signal(signal.SIGINT)
-                    expect = b"s"
-                    deadline = time.monotonic() + INTERRUPT_GRACE
+                    deadline = now + INTERRUPT_GRACE
                     continue
-                if self._pidfd is None:
-                    wait = min(wait, POLL_FALLBACK)
-                for key, _mask in self._selector.select(wait):
-                    what = key.data
-                    if what == "code":
-                        pending = self._write_code(pending)
-                        if not pending:
-                            self._selector.unregister(self._code_w)
-                    elif what == "status":
-                        for kind, status in self._read_status():
-                            if kind == b"r":
+                if spin_until:
+                    timeout_ms: float = 0
+                    if time.perf_counter() >= spin_until:
+                        spin_until = 0
+                else:
+                    timeout_ms = (deadline - now) * 1000
+                    if self._pidfd is None:
+                        timeout_ms = min(timeout_ms, POLL_FALLBACK * 1000)
+                for fd, _events in self._poller.poll(timeout_ms):
+                    what = self._kinds[fd]
+                    if what == _STATUS:
+                        for rkind, rnumber, status, flags in self._read_status():
+                            if rkind == kind and rnumber == number:
                                 ending.exit_code = status
-                            elif ending.exit_code is None:
-                                ending.exit_code = status
-                                ending.aborted = True
-                            if kind == expect:
+                                self._note_flags(flags, top_level=kind == b"s")
+                                finished = finished or sync_number < 0
+                            elif rkind == b"s" and rnumber == sync_number:
+                                if ending.exit_code is None:
+                                    ending.exit_code = status
+                                    ending.aborted = True
+                                self._note_flags(flags, top_level=True)
                                 finished = True
-                    elif what == "pidfd":
-                        finished = True
+                    elif what == _STDOUT:
+                        self._pump(fd, out)
+                    elif what == _STDERR:
+                        self._pump(fd, err)
+                    elif what == _STDIN:
+                        pending = self._write_input(pending)
+                        if not pending:
+                            self._poller.unregister(self._stdin)
                     else:
-                        fd, stream = by_name[what]
-                        self._pump(fd, stream)
-                if self._pidfd is None and self._proc.poll() is not None:
-                    finished = True
+                        ended = finished = True
+                if self._pidfd is None and not spin_until and self._proc.poll() is not None:
+                    ended = finished = True
+                now = time.monotonic()
         finally:
             if pending:
-                self._selector.unregister(self._code_w)
-        for fd, stream in by_name.values():
-            self._pump(fd, stream)
-            stream.feed(b"", final=True)
-        if self._proc.poll() is not None or self._reaped:
+                self._poller.unregister(self._stdin)
+        # What the code wrote came before the record; a pipe poll() saw empty then may
+        # hold it now.
+        for fd, _events in self._outputs.poll(0):
+            self._pump(fd, out if fd == self._stdout else err)
+        out.feed(b"", final=True)
+        err.feed(b"", final=True)
+        if ended or self._reaped or (self._pidfd is None and self._proc.poll() is not None):
             ending.survived = False
             ending.returncode = self._proc.wait()
             self.terminate()  # background jobs of the dead shell go with it
-        elif ending.timed_out:
-            self._drain_code()
         return ending
 
-    def _interrupt(self) -> None:
+    def _note_flags(self, field: bytes, *, top_level: bool) -> None:
+        """Take in a record's flags; ``top_level``: a sync line's, already in force."""
+        verbose, length = _parse_flags(field)
+        self._verbose = verbose
+        if top_level:
+            self._top_verbose = verbose
+            self._sync_aliases = False
+        elif length != self._options_length:
+            self._sync_aliases = True
+        self._options_length = length
+
+    def _interrupt(self) -> int:
         # SIGINT to the whole group reaches the foreground command and bash; background
         # jobs ignore it (bash sets SIGINT to ignored for them without job control).
+        # Bash abandons the runner and reads the sync line next.
         _signal_group(self.pid, signal.SIGINT)
+        self._number += 1
         try:
-            os.write(self._stdin, self._sync)
+            os.write(self._stdin, _sync_line(self.token.decode(), self._number))
         except OSError:
             pass
+        return self._number
 
-    def _write_code(self, pending: memoryview) -> memoryview:
+    def _write_input(self, pending: memoryview) -> memoryview:
         while pending:
             try:
-                written = os.write(self._code_w, pending)
+                written = os.write(self._stdin, pending)
             except BlockingIOError:
                 return pending
             except OSError:  # bash died; nothing more will be read
@@ -471,52 +615,68 @@ class _Shell:
             pending = pending[written:]
         return pending
 
-    def _drain_code(self) -> None:
-        # An interrupt can land while bash reads the code pipe (or before it read the
-        # driver line at all); what it did not read would be the next call's "code".
-        # Bash is idle (the sync line ran), so reading no more than FIONREAD reports
-        # never blocks.
+    def _unread_input(self) -> int:
+        """Bytes of our input bash has not read yet (it reads into its own buffer)."""
         size = array.array("i", [0])
-        fcntl.ioctl(self._code_w, termios.FIONREAD, size)
-        while size[0] > 0:
-            size[0] -= len(os.read(self._code_r, size[0]))
+        try:
+            fcntl.ioctl(self._stdin, termios.FIONREAD, size)
+        except OSError:
+            return 0
+        return size[0]
 
     def _pump(self, fd: int, stream: _Stream) -> None:
         """Read what ``fd`` has now (never blocks) into ``stream``."""
         while True:
             try:
                 data = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                return
-            except OSError:
+            except OSError:  # BlockingIOError: drained
                 return
             if not data:
                 # The command closed the shell's stdout/stderr (or bash died): stop
-                # watching it, or the selector would report EOF forever.
-                try:
-                    self._selector.unregister(fd)
-                except (KeyError, ValueError):
-                    pass
+                # watching it, or poll() would report end-of-file forever.
+                for poller in (self._poller, self._outputs):
+                    try:
+                        poller.unregister(fd)
+                    except KeyError:
+                        pass
                 return
             stream.feed(data)
             if len(data) < READ_CHUNK:
                 return
 
-    def _read_status(self) -> list[tuple[bytes, int]]:
+    def _read_status(self) -> list[tuple[bytes, int, int, bytes]]:
+        """Records ``\\nTOKEN KIND NUMBER STATUS FLAGS\\n`` among whatever else bash printed."""
         try:
-            self._status_buf += os.read(self._status_r, 4096)
-        except (BlockingIOError, OSError):
+            data = os.read(self._status_r, READ_CHUNK)
+        except OSError:
             return []
-        records = []
-        *lines, self._status_buf = self._status_buf.split(b"\n")
-        for raw in lines:
-            parts = raw.split()
-            if len(parts) == 3 and parts[0] == self.token:
+        if not data:
+            try:
+                self._poller.unregister(self._status_r)
+            except KeyError:
+                pass
+            return []
+        buf = self._status_buf + data
+        head = b"\n" + self.token + b" "
+        records: list[tuple[bytes, int, int, bytes]] = []
+        start = 0
+        while True:
+            i = buf.find(head, start)
+            if i < 0:
+                # Keep what could be the start of a record split across two reads.
+                self._status_buf = buf[max(start, len(buf) - len(head) + 1):]
+                return records
+            end = buf.find(b"\n", i + len(head))
+            if end < 0:
+                self._status_buf = buf[i:]
+                return records
+            parts = buf[i + len(head):end].split(b" ")
+            if len(parts) == 4:
                 try:
-                    records.append((parts[1], int(parts[2])))
+                    records.append((parts[0], int(parts[1]), int(parts[2]), parts[3]))
                 except ValueError:
                     pass
-        return records
+            start = end  # this record's newline may open the next one
 
     # -- ending ------------------------------------------------------------------------
 
@@ -549,16 +709,32 @@ class _Shell:
         if self._released:
             return
         self._released = True
-        self._selector.close()
-        for fd in (self._code_r, self._code_w, self._status_r, self._pidfd):
+        for fd in (self._stderr, self._status_r, self._pidfd):
             if fd is not None:
                 os.close(fd)
-        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+        for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 try:
                     stream.close()
                 except OSError:
                     pass
+
+
+def _anonymous_file() -> int:
+    """A file with no name at an fd >= PRIVATE_FD_FLOOR (close-on-exec here).
+
+    Bash sources it as ``/dev/fd/N``, which Linux opens afresh at offset 0; with no
+    name on disk, nothing a command deletes can break the session.
+    """
+    try:
+        fd = os.memfd_create("coordex-bash-runner", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd, path = tempfile.mkstemp(prefix="coordex-bash-runner-")
+        os.unlink(path)
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
+    finally:
+        os.close(fd)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -612,12 +788,11 @@ def _signal_name(returncode: int) -> str:
 
 def _outcome(out: _Stream, err: _Stream, ending: _Ending, timeout: float, *,
              stateless: bool) -> Outcome:
-    stdout, stderr = out.buffer.getvalue(), err.buffer.getvalue()
-    if ending.aborted and stderr.endswith("\n"):
-        stderr = stderr[:-1]  # the newline an interactive bash prints for ^C, not the user's
+    # (The newline an interactive bash prints for ^C goes to its fd 2, the status pipe.)
+    stdout, stderr = out.getvalue(), err.getvalue()
     outcome: Outcome = {
         "stdout": stdout, "stderr": stderr,
-        "truncated": out.buffer.truncated or err.buffer.truncated,
+        "truncated": out.truncated or err.truncated,
         "result": None, "exit_code": ending.exit_code, "images": [],
     }
     state_lost = not ending.survived and not stateless
@@ -876,7 +1051,7 @@ class ShellSession:
         out, _err, ending = shell.run(_DUMP, request)
         if ending.timed_out or not ending.survived:
             raise RuntimeError(f"could not read the state of bash (pid {shell.pid})")
-        return _parse_dump(out.buffer.getvalue())
+        return _parse_dump(out.getvalue())
 
 
 def _parse_dump(text: str) -> dict[str, Any]:
