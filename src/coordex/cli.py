@@ -255,20 +255,10 @@ def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
-def _environments(ex: Any) -> Any:
-    from .tools import environments_of
-
-    envs = environments_of(ex)
-    if envs is None:
-        _say("this coordex build has no environment support yet.")
-    return envs
-
 
 def cmd_env_list(args: argparse.Namespace) -> int:
     with open_executor(args) as ex:
-        envs = _environments(ex)
-        if envs is None:
-            return EXIT_FAILURE
+        envs = ex.environments
         listing = envs.list()
     if _is_error(listing):
         _show_error(listing)
@@ -293,9 +283,7 @@ def cmd_env_build(args: argparse.Namespace) -> int:
     from .tools import build_environment
 
     with open_executor(args) as ex:
-        envs = _environments(ex)
-        if envs is None:
-            return EXIT_FAILURE
+        envs = ex.environments
         _say(f"building environment {args.venv_id} with uv ...")
         result = build_environment(envs, args.venv_id, _print_build_line)
     if _is_error(result):
@@ -308,9 +296,7 @@ def cmd_env_build(args: argparse.Namespace) -> int:
 
 def cmd_env_remove_unused(args: argparse.Namespace) -> int:
     with open_executor(args) as ex:
-        envs = _environments(ex)
-        if envs is None:
-            return EXIT_FAILURE
+        envs = ex.environments
         remove = getattr(envs, "remove_unused", None)
         if remove is None:
             _say("this coordex build cannot remove unused environments yet.")
@@ -326,20 +312,10 @@ def cmd_env_remove_unused(args: argparse.Namespace) -> int:
 # --- functions -----------------------------------------------------------------------------
 
 
-def _library(ex: Any) -> Any:
-    from .tools import library_of
-
-    lib = library_of(ex)
-    if lib is None:
-        _say("this coordex build has no stored-function library yet.")
-    return lib
-
 
 def cmd_functions_list(args: argparse.Namespace) -> int:
     with open_executor(args) as ex:
-        lib = _library(ex)
-        if lib is None:
-            return EXIT_FAILURE
+        lib = ex.functions
         listing = lib.list()
     if _is_error(listing):
         _show_error(listing)
@@ -358,9 +334,7 @@ def cmd_functions_list(args: argparse.Namespace) -> int:
 
 def cmd_functions_show(args: argparse.Namespace) -> int:
     with open_executor(args) as ex:
-        lib = _library(ex)
-        if lib is None:
-            return EXIT_FAILURE
+        lib = ex.functions
         show = getattr(lib, "show", None)
         if show is not None:
             record = show(args.name)

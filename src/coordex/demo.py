@@ -11,9 +11,8 @@ Six steps, each a real call through the public :class:`~coordex.Executor` API:
 5. a stored function tried read_only before it runs stateful;
 6. one wrong coordinate, and the suggestion that fixes it.
 
-Steps 4 and 5 are skipped with a note when this build has no environments or library.
-Each step checks what it claims; the demo exits 0 when every step that ran held, 1 if
-one did not.
+Each step checks what it claims; the demo exits 0 when every step held, 1 if one did
+not.
 """
 
 from __future__ import annotations
@@ -52,10 +51,6 @@ def mark_reviewed(limit):
 
 class StepFailed(Exception):
     """A step's claim did not hold; the message says which."""
-
-
-class StepSkipped(Exception):
-    """A step needs a feature this build does not have yet."""
 
 
 @dataclass
@@ -154,11 +149,9 @@ print("inside the copy:", len(ledger), "rows, largest", ledger[0]["amount"])
         self.out("    the session is unchanged: same rows, same order, totals intact.")
 
     def step_environment(self) -> None:
-        from .tools import build_environment, environments_of
+        from .tools import build_environment
 
-        environments = environments_of(self.ex)
-        if environments is None:
-            raise StepSkipped("this build has no dedicated environments yet")
+        environments = self.ex.environments
         # Under the data folder, so the spec (which names the wheel's path) and hence the
         # environment are the same on the next run with this COORDEX_HOME.
         wheel = write_forecast_wheel(Path(self.ex.root) / "demo-wheels")
@@ -186,11 +179,7 @@ linear_forecast({series!r}, steps=3)
         _expect(record, record.get("result") is not None, "the forecast should return values")
 
     def step_function(self) -> None:
-        from .tools import library_of
-
-        library = library_of(self.ex)
-        if library is None or not hasattr(library, "define"):
-            raise StepSkipped("this build has no stored-function library yet")
+        library = self.ex.functions
         self.out(">>> ex.functions.define()(mark_reviewed)")
         library.define()(mark_reviewed)
         fn = library["mark_reviewed"]
@@ -231,9 +220,6 @@ linear_forecast({series!r}, steps=3)
             self.heading(number, title)
             try:
                 step()
-            except StepSkipped as why:
-                self.out(f"    skipped: {why}.")
-                self.results.append((title, "skipped"))
             except StepFailed as why:
                 self.out(f"    FAILED: {why}")
                 self.results.append((title, "FAILED"))

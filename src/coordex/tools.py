@@ -599,18 +599,8 @@ def build_environment(
     return cast(dict[str, Any], environments.build(venv_id, on_progress=_build_lines(on_output)))
 
 
-def environments_of(executor: Any) -> Any:
-    """``executor.environments`` (every Executor has them; kept for the CLI and demo)."""
-    return executor.environments
-
-
-def library_of(executor: Any) -> Any:
-    """``executor.functions``, the stored-function library (kept for the CLI and demo)."""
-    return executor.functions
-
-
 __all__ = [
     "FORMATS", "TOOLS", "TOOL_NAMES", "ToolFormat", "ToolSpec", "build_environment", "call_tool",
-    "check_arguments", "environments_of", "get_tool", "library_of", "mcp_annotations", "render",
+    "check_arguments", "get_tool", "mcp_annotations", "render",
     "tool_definitions",
 ]
