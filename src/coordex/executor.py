@@ -212,10 +212,15 @@ class Executor:
                 backend = self._sessions.get(key)
                 if backend is None:
                     backend = self._start_session(key)
-            except CoordexError:
-                if created:
+            except BaseException as exc:
+                if created:  # never leave a reserved session without a process
                     with self._lock:
                         self._forget(key)
+                if isinstance(exc, OSError):
+                    raise CoordexError(
+                        "crashed", f"Could not start the {key.language} session: {exc}.",
+                        "Check that the program exists and the machine has free processes "
+                        "and memory, then run the call again.", state_lost=True) from exc
                 raise
             with self._lock:
                 call = self._registry.begin_call(key, time.time())

@@ -369,3 +369,16 @@ def test_a_closed_executor_lists_nothing_and_closes_nothing(root: Path) -> None:
     executor.close()
     assert executor.list_sessions()["sessions"] == []
     assert executor.close_session(session_name="x")["error_type"] == "validation"
+
+
+def test_a_session_that_cannot_start_is_not_left_reserved(
+        ex: Executor, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordex.backends import shell
+
+    def cannot_start(self: object, **kwargs: object) -> None:
+        raise OSError("no bash here")
+
+    monkeypatch.setattr(shell.ShellSession, "__init__", cannot_start)
+    r = ex.execute_code("echo", language="bash", state_mode="stateful", session_name="x")
+    assert r["error_type"] == "crashed" and "no bash here" in r["error"]
+    assert [s["language"] for s in ex.list_sessions()["sessions"]] == ["python"]
