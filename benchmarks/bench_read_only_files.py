@@ -6,7 +6,8 @@ with ``COORDEX_ISOLATION_FORCE`` capping the mode: ``none`` is the baseline (the
 call, same scratch folder, no protection: a plain fork, or for bash a plain subshell),
 then ``refused`` (Landlock) and ``discarded`` (overlay + Landlock). The hook is set
 before each executor starts so every process inherits it. "added" is the median minus
-the baseline's median.
+the baseline's median. The warm-up calls also start the bash session's launcher server
+(~20 ms, once per session), which the medians leave out.
 
     python benchmarks/bench_read_only_files.py [runs] [--no-worker]
 

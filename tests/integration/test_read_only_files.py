@@ -370,6 +370,40 @@ def test_bash_copy_background_jobs_end_with_the_call(bash: Place, tree: Tree) ->
     assert Path("/proc/self/mountinfo").read_text() == mounts
 
 
+def test_bash_copy_sees_unset_names_as_unset_and_default_signals(bash: Place) -> None:
+    setup = "unset HOME; export ONLY=1; ulimit -S -n 512"
+    assert "error" not in bash.run(setup, "stateful")
+    result = bash.run('echo "${HOME-unset} $ONLY $(ulimit -n)"; yes | head -1; '
+                      "ls /proc/self/fd | sort -n | tr '\\n' ' '")
+    assert "error" not in result, result
+    # SIGPIPE is not ignored in the copy (it would be, inherited from Python): no
+    # "yes: standard output: Broken pipe"; only 0-2 and ls's own fd are open.
+    assert result["stdout"] == "unset 1 512\ny\n0 1 2 3 "
+    assert result["stderr"] == ""
+
+
+def test_bash_launcher_server_ends_with_the_session(hook: None, tree: Tree,
+                                                    tmp_path: Path) -> None:
+    require("refused")
+    ex = Executor(root=tmp_path / "root", timeout=30, read_only_paths=["."])
+    try:
+        place = Place("bash", ex, None, "bash")
+        assert "error" not in place.run(f"cd {str(tree.work)!r}", "stateful")
+        for _ in range(2):  # the server is started once, then reused
+            assert place.run("true")["isolation"]["files"] in ("discarded", "refused")
+        assert child_pids() != set()
+    finally:
+        ex.close()
+    assert child_pids() == set()
+
+
+def test_bash_long_code_runs_in_the_copy(bash: Place) -> None:
+    code = "".join(f"v{i}={i}\n" for i in range(15000)) + "echo $v14999"
+    assert len(code) > 150_000
+    result = bash.run(code)
+    assert result["stdout"] == "14999\n" and result["isolation"]["files"] != "none"
+
+
 # -- the worker side ----------------------------------------------------------------------
 
 

@@ -71,8 +71,9 @@ Landlock ABI below 3 cannot refuse ``truncate(2)`` by path; there a seccomp filt
 The module runs on CPython 3.8+ so a worker in an older environment can load it too.
 
 Test hook: ``COORDEX_ISOLATION_FORCE=refused|none`` caps the strongest mode tried (see
-:func:`force_unavailable`). This module is standard-library only so the bash launcher
-(:func:`protected_bash_argv`) can load it by path without importing coordex.
+:func:`force_unavailable`). This module is standard-library only so the bash backend's
+launcher server (:mod:`.launcher`) and :func:`protected_bash_argv` can load it by path
+without importing coordex.
 """
 
 from __future__ import annotations
@@ -83,15 +84,17 @@ import stat
 import struct
 import sys
 
-# Only what protect() needs is imported at load: the bash launcher loads this module in
-# a fresh interpreter on every protected call, and json, re, tempfile, platform and
-# typing would add ~12 ms there. Types are for the checker only.
+# Only what protect() needs is imported at load: the bash launcher server loads this
+# module in a fresh interpreter (as does protected_bash_argv() on every call), and json,
+# re, tempfile, platform and typing would add ~12 ms there. Types are for the checker.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Literal, TypedDict
 
     FilesMode = Literal["discarded", "refused", "none"]
+
+    IdentityMapper = Callable[[str, str], bool]
 
     class Capabilities(TypedDict):
         userns: bool
@@ -159,6 +162,7 @@ class _PathBeneath(ctypes.Structure):
 
 _libc_handle: ctypes.CDLL | None = None
 _probe_cache: Capabilities | None = None
+_abi_cache: int | None = None
 
 
 def _libc() -> ctypes.CDLL:
@@ -192,7 +196,18 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
 # --------------------------------------------------------------------------- Landlock
 
 def landlock_abi() -> int:
-    """The running kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    """The running kernel's Landlock ABI version, 0 when Landlock is unavailable.
+
+    Asked once per process (a kernel's ABI does not change while it runs; through
+    ctypes the question costs ~0.1 ms) and inherited by forked children.
+    """
+    global _abi_cache
+    if _abi_cache is None:
+        _abi_cache = _ask_landlock_abi()
+    return _abi_cache
+
+
+def _ask_landlock_abi() -> int:
     if not sys.platform.startswith("linux"):
         return 0
     try:
@@ -275,7 +290,8 @@ def _landlock_restrict(abi: int, writable: Sequence[str]) -> None:
 
 # ------------------------------------------------------------------------ namespaces
 
-def _enter_namespaces(*, userns: bool = True) -> bool:
+def _enter_namespaces(*, userns: bool = True, map_identity: IdentityMapper | None = None,
+                      ) -> bool:
     """unshare a user + mount namespace keeping uid/gid; False when only a mount ns.
 
     Root falls back to (or, with ``userns=False``, goes straight to) a plain mount
@@ -285,7 +301,15 @@ def _enter_namespaces(*, userns: bool = True) -> bool:
     if not userns and uid == 0:
         _check(_libc().unshare(_CLONE_NEWNS), "unshare(mount)")
         return False
-    helper, go = _spawn_map_helper() if uid == 0 else (None, None)
+    maps: tuple[str, str] | None = None
+    helper, go = None, None
+    if uid == 0:
+        try:
+            maps = _identity_map("uid_map"), _identity_map("gid_map")
+        except OSError:
+            maps = None
+        if maps is not None and map_identity is None:
+            helper, go = _spawn_map_helper(*maps)
     try:
         _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare(user, mount)")
     except OSError:
@@ -295,7 +319,10 @@ def _enter_namespaces(*, userns: bool = True) -> bool:
         # Root where user namespaces are blocked: a mount namespace alone still works.
         _check(_libc().unshare(_CLONE_NEWNS), "unshare(mount)")
         return False
-    if _reap_helper(helper, go, proceed=True):
+    if helper is not None:
+        if _reap_helper(helper, go, proceed=True):
+            return True
+    elif maps is not None and map_identity is not None and map_identity(*maps):
         return True
     # Unprivileged (or the helper failed): map only ourselves, to ourselves.
     _write("/proc/self/setgroups", "deny")
@@ -304,14 +331,10 @@ def _enter_namespaces(*, userns: bool = True) -> bool:
     return True
 
 
-def _spawn_map_helper() -> tuple[int | None, int | None]:
+def _spawn_map_helper(uid_map: str, gid_map: str) -> tuple[int | None, int | None]:
     # Only a process with CAP_SETUID in the *parent* namespace may map more than its own
     # id, and after unshare() we no longer have it; a shell spawned just before does.
     # posix_spawn (vfork) costs the same however large the session process is.
-    try:
-        uid_map, gid_map = _identity_map("uid_map"), _identity_map("gid_map")
-    except OSError:
-        return None, None
     script = (f'read _ && printf %s "$1" > /proc/{os.getpid()}/uid_map'
               f' && printf %s "$2" > /proc/{os.getpid()}/gid_map')
     read_end, write_end = os.pipe()
@@ -518,7 +541,8 @@ def _weaker(a: FilesMode, b: FilesMode) -> FilesMode:
 
 
 def protect(work_paths: Sequence[str], scratch: str, *,
-            allow: FilesMode = "discarded") -> FilesMode:
+            allow: FilesMode = "discarded",
+            map_identity: IdentityMapper | None = None) -> FilesMode:
     """Make disk writes outside ``scratch`` not outlive this process.
 
     Call it in a freshly forked, single-threaded child before any user code: it changes
@@ -531,6 +555,11 @@ def protect(work_paths: Sequence[str], scratch: str, *,
         scratch: the call's private scratch folder, created and removed by the caller;
             it stays writable and becomes ``TMPDIR``/``TMP``/``TEMP``.
         allow: the strongest mode to try; ``COORDEX_ISOLATION_FORCE`` may lower it.
+        map_identity: for root only: ``map_identity(uid_map, gid_map)`` has a process
+            outside the new user namespace (that kept its privilege) write those maps
+            for this process, and returns whether it did. Default: a ``/bin/sh`` helper
+            spawned just before ``unshare`` (~1 ms); the bash launcher server does it
+            itself. Without a full map, root maps only itself.
 
     Returns:
         The mode that holds now: ``"discarded"``, ``"refused"`` or ``"none"``.
@@ -561,7 +590,7 @@ def protect(work_paths: Sequence[str], scratch: str, *,
             # then; anyone else gets those dirs refused instead of discarded.
             points = _mount_points()
             nested = any(_within(p, d) and p != d for p in points for d in dirs)
-            userns = _enter_namespaces(userns=not nested)
+            userns = _enter_namespaces(userns=not nested, map_identity=map_identity)
             overlaid, complete = _mount_overlays(dirs, scratch, userns, points)
             writable += overlaid
             if complete:
@@ -694,9 +723,11 @@ def protected_bash_argv(work_paths: Sequence[str], scratch: str, *,
                         bash: Sequence[str] = ("bash", "--norc", "--noprofile"),
                         report_path: str | None = None, new_group: bool = False,
                         ) -> tuple[list[str], FilesMode] | None:
-    """How to start a bash under the same protection as :func:`protect`.
+    """How to start a bash under the same protection as :func:`protect`, in one go.
 
-    The argv runs a small Python launcher (this interpreter, isolated mode, importing this
+    (The bash backend does not pay for a new interpreter per call: its launcher server,
+    :mod:`.launcher`, forks a protected child instead.) The argv runs a small Python
+    launcher (this interpreter, isolated mode, importing this
     file from its folder) that calls :func:`protect` in itself and then execs ``bash``; bash
     sees the mode in ``$COORDEX_ISOLATION``.
 

@@ -40,17 +40,20 @@ pidfd reports the shell's death (``exit 3``, a signal) without polling.
 
 Read-only calls start in a subshell of the session's shell: a forked copy whose
 changes die with it. A subshell cannot protect the disk itself (unshare and Landlock
-need a fresh process image), so where protection works (SPEC guarantee 3,
-:mod:`.isolation`) the subshell writes the session's state to a private file -
-variables exported or not, functions, aliases, ``shopt``/``set`` options, positional
-parameters; the cwd, umask, limits and open fds pass through ``exec`` - and ``exec``s
-the isolation launcher, which protects itself, leaves the session's process group for
-its own and ``exec``s a plain bash that restores the state and runs the code. The copy
-keeps the session's stdout/stderr pipes (output is captured and streamed exactly as in
-a stateful call) and stdin at ``/dev/null``. Its own process group lets a timeout
-interrupt it, kill it if it ignores the interrupt, and end whatever it left running,
-without touching the session. Where nothing can be protected the plain subshell
-(:meth:`ShellSession.read_only_command`) runs the code and says ``files: "none"``.
+need a fresh single-threaded process), so where protection works (SPEC guarantee 3,
+:mod:`.isolation`) the session's :class:`~.launcher.LauncherServer` - one small Python
+process per session, started by its first protected call and closed with it - forks
+a child that protects itself, in a process group of its own, with the call's own
+stdout/stderr pipes, stdin ``/dev/null`` and the session shell's cwd, umask and
+limits. Meanwhile a subshell of the session writes the session's state to a private
+file - variables exported or not, functions, aliases, ``shopt``/``set`` options,
+positional parameters - and prints the trace flags; those are the child's go: it
+``exec``s a plain bash that restores the state and runs the code. Output is captured
+and streamed as in a stateful call. Its own process group lets a timeout interrupt
+the copy, kill it if it ignores the interrupt, and end whatever it left running,
+without touching the session. Where nothing can be protected (or the server cannot
+start) the plain subshell (:meth:`ShellSession.read_only_command`) runs the code and
+says ``files: "none"``.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ from typing import Any
 
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
-from . import isolation
+from . import isolation, launcher
 from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit
 
 __all__ = ["ShellSession", "run_stateless"]
@@ -222,95 +225,196 @@ def _shell_quote(text: str) -> str:
 # -- the protected read-only copy ------------------------------------------------------
 
 # Variables a protected copy does not restore: bash's own (read-only or ever-changing),
-# and those the launcher set for the copy (its scratch TMPDIR, the mode).
+# and those the launcher sets for the copy (its scratch TMPDIR, the mode).
 _NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
     "BASH", "BASH_VERSINFO", "BASH_VERSION", "BASH_EXECUTION_STRING", "EUID", "UID",
     "PPID", "GROUPS", "TMPDIR", "TMP", "TEMP", isolation.MODE_ENV,
-    f"{PRIVATE_PREFIX}code", f"{PRIVATE_PREFIX}v", f"{PRIVATE_PREFIX}n",
+    f"{PRIVATE_PREFIX}code", f"{PRIVATE_PREFIX}v", f"{PRIVATE_PREFIX}n", f"{PRIVATE_PREFIX}f",
     f"{PRIVATE_PREFIX}run", f"{PRIVATE_PREFIX}record", f"{PRIVATE_PREFIX}call",
 }
-# The copy's bash runs `-c SCRIPT bash STATE`: SCRIPT sources the state file (errors
-# silenced there, and `|| :` keeps -e from acting), then holds the trace flags and the
-# code itself, so `set -x` traces read "+ cmd" and errors "bash: line N: ..." as in
-# the session. Code too long for one argument (Linux: 128 KiB) is eval'd from the state
-# instead (its traces then read "++ cmd").
-_SOURCE_STATE = '\\builtin . "$1"\n'
-_SCRIPT_ARG = "@coordex-copy-script@"  # the exec line expands SCRIPT here
+# The copy's bash runs `-c SCRIPT bash`: SCRIPT sources the state (from an fd the
+# launcher placed at _STATE_FD: the copy's view of the private folder may be an overlay
+# mounted before the state was written; errors silenced, and `|| :` keeps -e from
+# acting), then holds the trace flags and the code itself, so `set -x` traces read
+# "+ cmd" and errors "bash: line N: ..." as in the session. The state is one command a
+# line, never a group: `declare -a BASH_ARGV=...` (printed because the dump runs in a
+# sourced file, where bash keeps it) silently abandons the rest of its command list. Code too long for one
+# argument (Linux: 128 KiB) is read from a file and eval'd instead (traces "++ cmd").
+_STATE_FD = PRIVATE_FD_FLOOR
+_SOURCE_STATE = f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :\n"
+_READ_CODE = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <%s; }} 2>/dev/null || :\n"
+              f'\\builtin eval "')
 _INLINE_CODE_LIMIT = 120_000
-# Every variable name starts with a letter or "_": "${!a@}" ... lists them without a fork.
-_ALL_NAMES = " ".join(f'"${{!{c}@}}"' for c in
-                      "_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_OPTIONS_FUNCTION = f"{PRIVATE_PREFIX}options"
 
 
 class _ProtectedCopy:
     """One protected read-only copy of a session's shell: its private files and group.
 
-    The private folder (not the call's scratch, which the code may write) holds the pid
-    the subshell writes before it ``exec``s the launcher (so the copy's process group
-    id), the session's options and state, and the mode the launcher reports once
-    protection held.
+    :meth:`run` asks the session's :class:`~.launcher.LauncherServer` for a child that
+    protects itself and waits, and meanwhile has a subshell of the session
+    (:meth:`dump_command`) write the session's state to the private folder (not the
+    call's scratch, which the code may write) and print the trace flags; the flags are
+    the child's go: it execs a fresh bash that restores the state and runs the code, in
+    its own process group. The launcher writes the mode that held to ``mode_file``.
     """
 
-    def __init__(self, request: RunRequest, env: Mapping[str, str]) -> None:
+    def __init__(self, request: RunRequest, bash: str) -> None:
         assert request.scratch is not None
+        self.request = request
+        self.bash = bash
         self.folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
-        self.pid_file = os.path.join(self.folder, "pid")
-        self.options_file = os.path.join(self.folder, "options")
         self.state_file = os.path.join(self.folder, "state")
         self.mode_file = os.path.join(self.folder, "mode")
-        bash = shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
-        self.spec = isolation.protected_bash_argv(
-            request.protect_paths, request.scratch, report_path=self.mode_file,
-            bash=(bash, "--norc", "--noprofile", "-c", _SCRIPT_ARG, "bash",
-                  self.state_file), new_group=True)
+        self.code_file = os.path.join(self.folder, "code")
+        with open(self.state_file, "w"):
+            pass  # the child opens it before the dump fills it
+        self.pid: int | None = None  # the copy's pid and process group, while it runs
+        self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
 
-    def command(self, code: str) -> str:
-        """The bash text, run by the session's driver line, that starts the copy."""
-        assert self.spec is not None
+    def dump_command(self) -> str:
+        """The bash text, run by the session's driver line, that writes the state.
+
+        It prints the trace flags (``set -x; `` ...) the copy's code starts with.
+        """
         q = _shell_quote
         p = PRIVATE_PREFIX
-        skip = "|".join(sorted(_NOT_RESTORED))
-        launcher = " ".join(f'"${p}run"' if arg == _SCRIPT_ARG else q(arg)
-                            for arg in self.spec[0])
-        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
-            script = f'{p}run={q(_SOURCE_STATE)}"${p}f${p}ro"; '
-        else:
-            script = f'{p}run={q(_SOURCE_STATE)}\'\\builtin eval "${p}f${p}ro"\'; '
-        restore_tail = "\\builtin set +xv\n} 2>/dev/null || :\n"
+        state = q(self.state_file)
+        restore_tail = (f"{_OPTIONS_FUNCTION}; \\builtin unset -f {_OPTIONS_FUNCTION}\n"
+                        "\\builtin set +xv\n")
         return (
             # Note the trace flags (the driver line turned them on for this text), then
-            # work untraced and with the user's -e/-u/-f off; the options are saved first.
+            # work untraced. The state first closes its fd (bash has read the file; no
+            # function named exec exists yet: `builtin exec` would not keep the change).
+            # The options, saved first, become a function the state calls once
+            # everything else is restored; then the user's -e/-u/-f go off here.
             f"( {{ {p}f=; [[ $- == *x* ]] && {p}f+='set -x; '; "
             f"[[ $- == *v* ]] && {p}f+='set -v; '; \\builtin set +xv; }} 2>/dev/null\n"
-            f"\\builtin printf %s \"$BASHPID\" >| {q(self.pid_file)}\n"
-            f"{{ \\builtin shopt -p; \\builtin set +o; }} >| {q(self.options_file)} 2>/dev/null\n"
-            f"\\builtin set +euf\n"
-            f"{p}ro={q(code)}; {p}v=()\n"
-            f"for {p}n in {_ALL_NAMES}; do case ${p}n in ({skip}) ;; "
-            f'(*) {p}v+=("${p}n") ;; esac; done\n'
-            f"{{ \\builtin printf '{{\\n'; \\builtin declare -p \"${{{p}v[@]}}\"; "
-            f"\\builtin declare -f; \\builtin alias -p; "
-            f"\\builtin printf '\\\\builtin . %s\\n' {q(q(self.options_file))}; "
+            f"{{ \\builtin printf '\\\\exec {_STATE_FD}<&-\\n%s() {{\\n' {_OPTIONS_FUNCTION}; "
+            f"\\builtin shopt -p; \\builtin set +o; \\builtin printf ':\\n}}\\n'; }} >| {state} 2>/dev/null\n"
+            f"\\builtin set +euf; \\builtin printf %s \"${p}f\"\n"
+            # What is not restored is unset in this throwaway subshell, so one
+            # `declare -p` prints the rest (bash's read-only ones stay, and fail
+            # harmlessly in the copy). One pass: `${!a@}` per letter costs ~1 ms.
+            f"\\builtin unset -v {' '.join(sorted(_NOT_RESTORED))} 2>/dev/null\n"
+            f"{{ \\builtin declare -p; \\builtin declare -f; \\builtin alias -p; "
             f"\\builtin printf 'set --'; (($#)) && \\builtin printf ' %q' \"$@\"; "
-            f"\\builtin printf %s {q(chr(10) + restore_tail)}; }} >| {q(self.state_file)} "
-            "2>/dev/null\n"
-            f"{script}\\builtin exec {launcher} )"
+            f"\\builtin printf %s {q(chr(10) + restore_tail)}; }} >> {state} 2>/dev/null )"
         )
 
-    def pgid(self) -> int | None:
-        """The copy's process group, once the subshell has written its pid."""
+    def argv(self) -> tuple[list[str], int]:
+        """The copy's command line, and where in its script the trace flags go."""
+        code = self.request.code.replace("\0", "")
+        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
+            head, tail = _SOURCE_STATE, code
+        else:
+            with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(code)
+            head = _SOURCE_STATE + _READ_CODE % _shell_quote(self.code_file)
+            tail = f'${PRIVATE_PREFIX}ro"'
+        return [self.bash, "--norc", "--noprofile", "-c", head + tail, "bash"], len(head)
+
+    def run(self, server: launcher.LauncherServer, shell: _Shell, deadline: float,
+            ) -> tuple[_Stream, _Stream, _Ending]:
+        """Start the copy and watch it until it ends (or the deadline passes).
+
+        A timeout interrupts the copy's group, kills it if it ignores the interrupt, and
+        whatever the copy left running is killed when it ends. Raises
+        :class:`~.launcher.LauncherError` if the server died before the code ran.
+        """
+        request = self.request
+        assert request.scratch is not None
+        argv, offset = self.argv()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
+        state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            with open(self.pid_file) as f:
-                pid = int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            return None
-        return pid if pid > 1 else None
+            server.start(argv, (out_w, err_w, go_r, state_fd), session_pid=shell.pid,
+                         work_paths=request.protect_paths, scratch=request.scratch,
+                         allow="discarded", report_path=self.mode_file, splice=(4, offset),
+                         keep=(_STATE_FD,))
+        except BaseException:
+            for fd in (out_r, err_r, go_w):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, go_r, state_fd):
+                os.close(fd)
+        pid = None
+        try:
+            # The child protects itself while the session writes its state (which takes
+            # less time: no spinning, the CPU is theirs).
+            dump = RunRequest(code="", timeout=max(deadline - time.monotonic(), 0.0),
+                              output_limit=1 << 20)
+            flags, _err, ending = shell.run(self.dump_command(), dump, spin=False)
+            pid = self.pid = server.started()
+            if ending.timed_out or not ending.survived:
+                return _Stream("stdout", request), _Stream("stderr", request), ending
+            os.write(go_w, b"g" + flags.getvalue().encode())
+            os.close(go_w)
+            go_w = -1
+            return self._watch(server, pid, out_r, err_r, deadline)
+        finally:
+            if go_w >= 0:
+                os.close(go_w)  # called off: the child exits without running anything
+            if pid is not None:
+                _signal_group(pid, signal.SIGKILL)  # its background jobs, its namespaces
+                self.pid = None
+                server.release(pid)  # only now may its pid (and group id) be reused
+            os.close(out_r)
+            os.close(err_r)
+
+    def _watch(self, server: launcher.LauncherServer, pid: int, out_r: int, err_r: int,
+               deadline: float) -> tuple[_Stream, _Stream, _Ending]:
+        out, err = _Stream("stdout", self.request), _Stream("stderr", self.request)
+        streams = {out_r: out, err_r: err}
+        poller = select.poll()
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+            poller.register(fd, select.POLLIN)
+        poller.register(server.fileno(), select.POLLIN)
+        ending = _Ending()
+        killed = False
+        now = time.monotonic()
+        while ending.exit_code is None and self.failure is None:
+            if now >= deadline:
+                if not ending.timed_out:
+                    ending.timed_out = True
+                    _signal_group(pid, signal.SIGINT)
+                elif not killed:  # it ignored SIGINT: kill the copy alone
+                    killed = True
+                    _signal_group(pid, signal.SIGKILL)
+                else:
+                    self.failure = "the launcher did not report the copy's end"
+                deadline = now + INTERRUPT_GRACE
+                continue
+            for fd, _events in poller.poll((deadline - now) * 1000):
+                if fd in streams:
+                    if not _read_available(fd, streams[fd]):
+                        poller.unregister(fd)
+                    continue
+                try:
+                    events = server.read_events()
+                except launcher.LauncherError as exc:
+                    self.failure = str(exc)
+                    break
+                for kind, event_pid, value in events:
+                    if kind == b"X" and event_pid == pid:
+                        ending.exit_code = value
+            now = time.monotonic()
+        # What the copy wrote came before its end; background jobs may still hold the
+        # pipes, so take what is there without waiting for end-of-file.
+        for fd, stream in streams.items():
+            _read_available(fd, stream)
+            stream.feed(b"", final=True)
+        return out, err, ending
 
     def signal(self, sig: signal.Signals) -> None:
-        """Signal the copy's process group (before the launcher made it, a no-op)."""
-        pgid = self.pgid()
-        if pgid is not None:
-            _signal_group(pgid, sig)
+        """Signal the copy's process group (when none runs, a no-op)."""
+        pid = self.pid
+        if pid is not None:
+            _signal_group(pid, sig)
 
     def files(self) -> str:
         """The mode the launcher reported, "none" if it never reported one."""
@@ -321,8 +425,31 @@ class _ProtectedCopy:
             return "none"
         return mode if mode in ("discarded", "refused") else "none"
 
+    def forget_mode(self) -> None:
+        """Drop the mode a child reported: the code runs elsewhere, unprotected."""
+        try:
+            os.unlink(self.mode_file)
+        except OSError:
+            pass
+
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _read_available(fd: int, stream: _Stream) -> bool:
+    """Read what ``fd`` holds now (never blocks) into ``stream``; False at end-of-file."""
+    while True:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        stream.feed(data)
+        if len(data) < READ_CHUNK:
+            return True
 
 
 # -- one bash process ------------------------------------------------------------------
@@ -462,13 +589,11 @@ class _Shell:
 
     # -- one exchange ------------------------------------------------------------------
 
-    def run(self, code: str, request: RunRequest, copy: _ProtectedCopy | None = None,
+    def run(self, code: str, request: RunRequest, *, spin: bool = True,
             ) -> tuple[_Stream, _Stream, _Ending]:
         """Run ``code`` through a trigger line; returns the two streams and the ending.
 
-        With ``copy``, the code starts a protected copy in its own process group: a
-        timeout interrupts that group too, kills it (not the session) if it ignores the
-        interrupt, and whatever the copy left running is ended afterwards.
+        ``spin=False``: wait in poll() at once (when a CPU is better left to others).
         """
         self._number += 1
         line = self._trigger % self._number + _quote_code(code) + b"\n"
@@ -479,17 +604,12 @@ class _Shell:
             self._top_verbose = self._verbose
             line = (b"\\builtin set -v; " if self._verbose else b"\\builtin set +v; ") + line
         out, err = _Stream("stdout", request), _Stream("stderr", request)
-        try:
-            ending = self.exchange(line, self._number, request, streams=(out, err),
-                                   copy=copy)
-        finally:
-            if copy is not None:
-                copy.signal(signal.SIGKILL)  # its background jobs, and so its namespaces
+        ending = self.exchange(line, self._number, request, streams=(out, err), spin=spin)
         return out, err, ending
 
     def exchange(self, line: bytes, number: int, request: RunRequest, *,
                  streams: tuple[_Stream, _Stream] | None = None, kind: bytes = b"r",
-                 interruptible: bool = True, copy: _ProtectedCopy | None = None) -> _Ending:
+                 interruptible: bool = True, spin: bool = True) -> _Ending:
         """Hand ``line`` to bash and wait for record ``kind number`` (or bash's end)."""
         out, err = streams or (_Stream("stdout", request), _Stream("stderr", request))
         ending = _Ending()
@@ -499,26 +619,17 @@ class _Shell:
         now = time.monotonic()
         deadline = now + request.timeout
         handover_deadline = deadline + INTERRUPT_GRACE
-        spin_until = time.perf_counter() + SPIN_SECONDS
+        spin_until = time.perf_counter() + SPIN_SECONDS if spin else 0
         sync_number = -1
-        ended = finished = copy_killed = False
+        ended = finished = False
         try:
             while not finished:
                 if now >= deadline:
-                    if not interruptible or (ending.timed_out and copy is None) or (
-                            ending.timed_out and copy_killed):
+                    if not interruptible or ending.timed_out:
                         ending.timed_out = True
                         ending.survived = False
                         self.terminate()
                         break
-                    if ending.timed_out:
-                        # The copy ignored SIGINT: kill it alone; the session's shell,
-                        # waiting for it, then reads the sync line.
-                        copy_killed = True
-                        assert copy is not None
-                        copy.signal(signal.SIGKILL)
-                        deadline = now + INTERRUPT_GRACE
-                        continue
                     if pending or self._unread_input():
                         if now >= handover_deadline:
                             interruptible = False  # bash stopped reading: kill it
@@ -527,8 +638,6 @@ class _Shell:
                         continue
                     ending.timed_out = True
                     sync_number = self._interrupt()
-                    if copy is not None:
-                        copy.signal(signal.SIGINT)
                     deadline = now + INTERRUPT_GRACE
                     continue
                 if spin_until:
@@ -898,6 +1007,8 @@ class ShellSession:
         self._closed = False
         self._loss_reported = False
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
+        self._launcher: launcher.LauncherServer | None = None  # started on first use
+        self._bash = shutil.which("bash", path=self._env.get("PATH")) or "/bin/bash"
         self._shell = _Shell(self._env, cwd)
         self._baseline = self._dump(self._shell)
 
@@ -922,14 +1033,16 @@ class ShellSession:
         :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported;
         otherwise a plain subshell runs it and ``files`` is ``"none"``.
         """
-        copy = _ProtectedCopy(request, self._env) if request.scratch is not None else None
+        copy = None
+        if request.scratch is not None and isolation.best_mode() != "none":
+            copy = _ProtectedCopy(request, self._bash)
         try:
-            if copy is None or copy.spec is None:
+            if copy is None:
                 outcome = self._call(self.read_only_command(request.code, request.scratch),
                                      request)
                 files = "none"
             else:
-                outcome = self._call(copy.command(request.code), request, copy)
+                outcome = self._call(request.code, request, copy)
                 files = copy.files()
         finally:
             if copy is not None:
@@ -993,6 +1106,9 @@ class ShellSession:
             self._shell.terminate()
             self._shell.release()
             shell.release()
+            if self._launcher is not None:
+                self._launcher.close()
+                self._launcher = None
 
     def __enter__(self) -> ShellSession:
         return self
@@ -1010,12 +1126,22 @@ class ShellSession:
             lost = self._ensure_shell()
             if isinstance(lost, dict):
                 return lost
-            self._copy = copy
-            try:
-                out, err, ending = self._shell.run(code, request, copy)
-            finally:
-                self._copy = None
+            if copy is None:
+                out, err, ending = self._shell.run(code, request)
+            else:
+                self._copy = copy
+                try:
+                    out, err, ending = self._run_copy(copy, request)
+                finally:
+                    self._copy = None
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
+            if copy is not None and copy.failure is not None:
+                outcome["exit_code"] = None
+                outcome["error"] = make_error(
+                    "crashed", f"The read-only copy could not be watched to its end "
+                    f"({copy.failure}); it was killed.",
+                    "The session itself is unchanged: run the read-only call again.",
+                    state_lost=False)
             if self._closed:
                 # close() from another thread ended the shell under this call; the call
                 # may even have finished normally in the race, but its session is gone.
@@ -1029,6 +1155,36 @@ class ShellSession:
             if lost:
                 outcome["state_lost"] = True
             return outcome
+
+    def _run_copy(self, copy: _ProtectedCopy, request: RunRequest,
+                  ) -> tuple[_Stream, _Stream, _Ending]:
+        """A protected read-only call, through the session's launcher server.
+
+        Where the server cannot be started (or died before the code ran), the plain
+        subshell runs the code and the copy reports ``files: "none"``.
+        """
+        deadline = time.monotonic() + request.timeout
+        server = self._launcher_server()
+        if server is not None:
+            try:
+                return copy.run(server, self._shell, deadline)
+            except launcher.LauncherError:
+                self._launcher = None  # the next call starts a new one
+                server.close()
+                copy.forget_mode()  # the subshell below is not protected
+        return self._shell.run(self.read_only_command(request.code, request.scratch), request)
+
+    def _launcher_server(self) -> launcher.LauncherServer | None:
+        """The session's launcher server, started on first use (None: cannot start)."""
+        if self._launcher is not None and not self._launcher.alive():
+            self._launcher.close()
+            self._launcher = None
+        if self._launcher is None:
+            try:
+                self._launcher = launcher.LauncherServer(self._env)
+            except launcher.LauncherError:
+                return None
+        return self._launcher
 
     def _ensure_shell(self) -> bool | Outcome:
         """Replace a dead shell. True if state was lost unannounced; an outcome on failure."""
