@@ -55,27 +55,25 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_choice(argument: str, value: Any, choices: tuple[str, ...], usage: str) -> str:
+    """``value`` if it is one of ``choices``, else a validation error with a guess."""
+    if isinstance(value, str) and value in choices:
+        return value
+    guess = nearest(value, choices) if isinstance(value, str) else None
+    hint = f" Did you mean {argument}={guess!r}?" if guess else ""
+    raise validation(f"Unknown {argument} {_short(value)}.", f"{usage}{hint}")
+
+
 def check_language(language: Any) -> Language:
-    if not isinstance(language, str) or language not in LANGUAGES:
-        guess = nearest(language, LANGUAGES) if isinstance(language, str) else None
-        hint = f" Did you mean language={guess!r}?" if guess else ""
-        raise validation(
-            f"Unknown language {_short(language)}.",
-            f"Use language='python' or language='bash'.{hint}",
-        )
-    return cast(Language, language)
+    return cast(Language, _check_choice(
+        "language", language, LANGUAGES, "Use language='python' or language='bash'."))
 
 
 def check_state_mode(state_mode: Any) -> StateMode:
-    if not isinstance(state_mode, str) or state_mode not in STATE_MODES:
-        guess = nearest(state_mode, STATE_MODES) if isinstance(state_mode, str) else None
-        hint = f" Did you mean state_mode={guess!r}?" if guess else ""
-        raise validation(
-            f"Unknown state_mode {_short(state_mode)}.",
-            "Use state_mode='stateless' (a fresh run), 'stateful' (a kept session) or "
-            f"'read_only' (a look at an existing session that changes nothing).{hint}",
-        )
-    return cast(StateMode, state_mode)
+    return cast(StateMode, _check_choice(
+        "state_mode", state_mode, STATE_MODES,
+        "Use state_mode='stateless' (a fresh run), 'stateful' (a kept session) or "
+        "'read_only' (a look at an existing session that changes nothing)."))
 
 
 def check_venv_id(venv_id: Any) -> int | None:
