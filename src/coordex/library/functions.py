@@ -197,16 +197,16 @@ def call_code(source: str, name: str, *, token: str | None = None,
             "import json",
             "try:",
             "    text = json.dumps(encode(value, 'the return value'))",
-            "except NotPlain as exc:",
-            f"    raise TypeError('coordex: {name} returned %s, which cannot cross a process "
-            "boundary' % exc)",
+            "except TypeError as exc:",
+            f"    raise TypeError('coordex: {name} returned a %s, which cannot cross a process "
+            "boundary' % getattr(exc, 'type_name', '?'))",
             f"if len(text) > {RESULT_LIMIT}:",
             f"    raise ValueError('coordex: {name} returned %d characters of JSON, over the "
             f"{RESULT_LIMIT} limit' % len(text))",
             "return text",
         ]
     if token is None or plain_value:
-        body[:0] = _codec.CODEC_SOURCE.strip("\n").splitlines()
+        body[:0] = _codec.IMPORT_SOURCE.splitlines()
     lines = [source.rstrip("\n"), "", "", "def __coordex_call__():"]
     lines += ["    " + line if line else "" for line in body]
     # Last expression: the call's value (JSON text or None); the helper removes itself.

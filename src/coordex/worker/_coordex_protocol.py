@@ -143,11 +143,21 @@ class LineReader:
             self._buffer += data
 
 
+def _not_plain(message: str, where: str, type_name: str) -> TypeError:
+    """The TypeError user code sees for a value that cannot cross, carrying ``where`` it
+    sits and ``type_name`` (what it is) for callers that word their own message."""
+    exc = TypeError(message)
+    exc.where = where  # type: ignore[attr-defined]
+    exc.type_name = type_name  # type: ignore[attr-defined]
+    return exc
+
+
 def to_wire(value: Any, where: str = "value", _depth: int = 0) -> Any:
     """A plain value made JSON-safe; TypeError (naming the type and the fix) otherwise."""
     if _depth > _MAX_DEPTH:
-        raise TypeError("%s is nested more than %d levels deep (or refers to itself); "
-                        "pass a flatter plain value" % (where, _MAX_DEPTH))
+        raise _not_plain("%s is nested more than %d levels deep (or refers to itself); "
+                       "pass a flatter plain value" % (where, _MAX_DEPTH),
+                       where, "structure nested more than %d levels deep" % _MAX_DEPTH)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -159,17 +169,20 @@ def to_wire(value: Any, where: str = "value", _depth: int = 0) -> Any:
         out: Dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise TypeError("%s has a key of type %s (%r); only str keys can cross "
-                                "between host and worker" % (where, type(key).__name__, key))
+                raise _not_plain("%s has a key of type %s (%r); only str keys can cross "
+                               "between host and worker" % (where, type(key).__name__, key),
+                               "%s key %r" % (where, key), type(key).__name__)
             out[key] = to_wire(item, "%s[%r]" % (where, key), _depth + 1)
         if "__bytes__" in out or "__dict__" in out:
             return {"__dict__": out}  # escape a real dict that looks like an encoding
         return out
     kind = type(value)
-    raise TypeError(
+    name = kind.__name__ if kind.__module__ == "builtins" else \
+        "%s.%s" % (kind.__module__, kind.__qualname__)
+    raise _not_plain(
         "%s is a %s.%s object, which cannot cross between host and worker: only plain "
         "values can (%s). Write it to a file and pass the path instead."
-        % (where, kind.__module__, kind.__qualname__, PLAIN_TYPES))
+        % (where, kind.__module__, kind.__qualname__, PLAIN_TYPES), where, name)
 
 
 def from_wire(value: Any) -> Any:
