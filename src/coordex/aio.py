@@ -37,8 +37,7 @@ class AsyncExecutor:
 
     async def execute_code(self, code: str, **kwargs: Any) -> dict[str, Any]:
         """``Executor.execute_code``; cancelling the task interrupts the code."""
-        cancel = threading.Event()
-        kwargs.setdefault("cancel", cancel)
+        cancel = kwargs.setdefault("cancel", threading.Event())
         task = asyncio.ensure_future(asyncio.to_thread(self.sync.execute_code, code, **kwargs))
         try:
             return await asyncio.shield(task)

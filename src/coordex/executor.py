@@ -531,22 +531,12 @@ class Executor:
         return func(*args, **kwargs)
 
     def _session_globals(self) -> dict[str, Any]:
-        names: dict[str, Any] = dict(self._capabilities)
-        if self._functions is not None or self._library_available():
-            names["functions"] = self.functions
-        return names
+        return {**self._capabilities, "functions": self.functions}
 
     def _inject_globals(self, session: NamespaceSession) -> None:
         extra = self._session_globals()
         session.namespace.update(extra)
         session.injected.update(extra)
-
-    def _library_available(self) -> bool:
-        try:
-            from .library import functions as _  # noqa: F401
-        except ImportError:
-            return False
-        return True
 
     # ------------------------------------------------------------------ environments & library
 

@@ -40,7 +40,6 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -434,14 +433,6 @@ def make_tenant(
     return Tenant(name, token, executor, manager)
 
 
-ExecutorFactory = Callable[[Path | None], Any]
-
-
-def tenant_roots(base: Path, names: Sequence[str]) -> dict[str, Path]:
-    """Each named tenant's root: ``base/tenants/NAME``."""
-    return {name: base / "tenants" / name for name in names}
-
-
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (0 = any free port); OSError if it cannot.
 
@@ -487,5 +478,5 @@ async def serve_http(app: BearerTenantApp, sock: socket.socket,
 __all__ = [
     "BearerTenantApp", "OutputRelay", "Tenant", "TokenFileError", "WireFds",
     "bind_socket", "build_server", "claim_stdio", "internal_error", "make_tenant", "parse_tokens", "run_tool",
-    "security_settings", "serve_http", "serve_stdio", "tenant_roots", "to_tool_result",
+    "security_settings", "serve_http", "serve_stdio", "to_tool_result",
 ]
