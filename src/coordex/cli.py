@@ -62,7 +62,6 @@ def base_root(home: str | None = None) -> Path:
 def make_executor(args: argparse.Namespace, root: Path | None = None,
                   envs_dir: Path | None = None) -> Any:
     """An Executor from the common options. ``root=None`` lets the Executor resolve it."""
-    import inspect
 
     from .executor import Executor
 
@@ -76,7 +75,7 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
     if getattr(args, "timeout", None) is not None:
         kwargs["timeout"] = args.timeout
     # Built environments are content-addressed, so tenants may share them on disk.
-    if envs_dir is not None and "envs_dir" in inspect.signature(Executor).parameters:
+    if envs_dir is not None:
         kwargs["envs_dir"] = envs_dir
     return Executor(**kwargs)
 
@@ -296,12 +295,7 @@ def cmd_env_build(args: argparse.Namespace) -> int:
 
 def cmd_env_remove_unused(args: argparse.Namespace) -> int:
     with open_executor(args) as ex:
-        envs = ex.environments
-        remove = getattr(envs, "remove_unused", None)
-        if remove is None:
-            _say("this coordex build cannot remove unused environments yet.")
-            return EXIT_FAILURE
-        result = remove()
+        result = ex.environments.remove_unused()
     if _is_error(result):
         _show_error(result)
         return EXIT_FAILURE
@@ -315,38 +309,23 @@ def cmd_env_remove_unused(args: argparse.Namespace) -> int:
 
 def cmd_functions_list(args: argparse.Namespace) -> int:
     with open_executor(args) as ex:
-        lib = ex.functions
-        listing = lib.list()
+        listing = ex.functions.list()
     if _is_error(listing):
         _show_error(listing)
         return EXIT_FAILURE
-    functions = listing.get("functions", []) if isinstance(listing, dict) else list(listing)
+    functions = listing["functions"]
     if args.json:
         print(json.dumps({"functions": functions}, indent=2, default=str))
     elif not functions:
         print("No stored functions yet. Define one with @ex.functions.define().")
     else:
-        rows = [f if isinstance(f, dict) else {"name": str(f)} for f in functions]
-        preferred = ("name", "version", "signature", "env", "created_at")
-        _print_table(rows, [c for c in preferred if any(c in r for r in rows)] or ["name"])
+        _print_table(functions, ["name", "version", "signature", "env", "created_at"])
     return EXIT_OK
 
 
 def cmd_functions_show(args: argparse.Namespace) -> int:
     with open_executor(args) as ex:
-        lib = ex.functions
-        show = getattr(lib, "show", None)
-        if show is not None:
-            record = show(args.name)
-        else:
-            try:
-                fn = lib[args.name]
-            except KeyError:
-                _say(f"no stored function named {args.name!r}; see 'coordex functions list'.")
-                return EXIT_FAILURE
-            record = {k: getattr(fn, k) for k in
-                      ("name", "version", "signature", "doc", "env", "created_at", "source")
-                      if hasattr(fn, k)}
+        record = ex.functions.show(args.name)
     if _is_error(record):
         _show_error(record)
         return EXIT_FAILURE

@@ -22,6 +22,9 @@ from ..core.results import DEFAULT_OUTPUT_LIMIT
 OutputCallback = Callable[[str, str], None]
 Outcome = dict[str, Any]
 
+# Pagers never take over a call (SPEC section 6): every backend's processes see these.
+PAGER_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat"}
+
 # After SIGINT, how long code gets to stop before its process is killed (state lost).
 INTERRUPT_GRACE = 2.0
 # In ``RunRequest.protect_paths``: the session's working directory, wherever it is now.

@@ -60,15 +60,12 @@ from typing import Any
 from ..core.errors import ERROR_TYPES, make_error
 from ..core.results import OutputBuffer
 from ..worker import _coordex_engine as engine
-from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, wait_for
+from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
 
 # fork() copies only the calling thread. On Linux and the BSDs the C library and CPython
 # cope with that; on macOS system frameworks may abort in a child of a threaded process,
 # so there read-only falls back to a shallow copy (and says ``objects: false``).
 FORK_IS_SAFE = hasattr(os, "fork") and sys.platform != "darwin"
-
-# Pagers never take over a call (SPEC section 6): what a child process sees.
-FIXED_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat"}
 
 # One own-interpreter call at a time: file descriptors 0-2, the cwd and os.environ are
 # process-wide. Re-entrant so a capability or stored function called from user code
@@ -429,9 +426,9 @@ class OwnInterpreter:
     """Runs Python cells in this process. One instance per Executor."""
 
     def __init__(self) -> None:
-        # Sessions run with FIXED_ENV. Where the host leaves these unset they are set in
+        # Sessions run with PAGER_ENV. Where the host leaves these unset they are set in
         # the host too, so entering a session costs no environment change per call.
-        for key, value in FIXED_ENV.items():
+        for key, value in PAGER_ENV.items():
             os.environ.setdefault(key, value)
         self._fds = _FdPump()
         self._closed = False
@@ -442,7 +439,7 @@ class OwnInterpreter:
         environ = environ_snapshot()
         encode_key = getattr(os.environ, "encodekey", lambda k: k)
         encode_value = getattr(os.environ, "encodevalue", lambda v: v)
-        for key, value in FIXED_ENV.items():
+        for key, value in PAGER_ENV.items():
             environ[encode_key(key)] = encode_value(value)
         return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
                                 _getcwd(), environ)

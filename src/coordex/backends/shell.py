@@ -78,7 +78,7 @@ from typing import Any
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
 from . import isolation, launcher
-from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
 __all__ = ["ShellSession", "run_stateless"]
 
@@ -96,7 +96,7 @@ READ_CHUNK = 65536
 
 BASH_ARGV = ("bash", "--norc", "--noprofile", "--noediting", "-i", "+m")
 # Pagers never take over and programs do not draw for a terminal that is not there.
-FIXED_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat", "TERM": "dumb"}
+FIXED_ENV = {**PAGER_ENV, "TERM": "dumb"}
 # Bash's own ever-changing variables, and ones reported elsewhere (PWD is ``cwd``).
 VOLATILE_VARIABLES = frozenset({
     "_", "BASHPID", "BASH_SUBSHELL", "RANDOM", "SRANDOM", "SECONDS", "LINENO",

@@ -51,7 +51,7 @@ from ..protocol import (
     message,
     to_wire,
 )
-from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit, empty_outcome
+from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
@@ -82,8 +82,7 @@ class WorkerStartError(CoordexError):
 def worker_env(env: dict[str, str] | None) -> dict[str, str]:
     """The worker's environment: the given one (or ours) with pagers and plots tamed."""
     result = dict(os.environ if env is None else env)
-    result["PAGER"] = "cat"
-    result["GIT_PAGER"] = "cat"
+    result.update(PAGER_ENV)
     result["MPLBACKEND"] = "Agg"  # workers have no display; figures are collected as PNG
     return result
 
@@ -140,11 +139,9 @@ class _Reply:
     stderr: str = ""
     truncated: bool = False
     interrupted: bool = False  # we sent SIGINT (the timeout passed)
-    child_killed: bool = False  # we had the worker kill its fork child (SIGUSR1)
     worker_killed: bool = False  # we killed the worker (it ignored the interrupt)
     died: bool = False  # the worker ended during the call without us killing it
-    death: str = ""  # how it ended, for messages
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how it ended, for messages
 
 
 # -- one process --------------------------------------------------------------------------
@@ -308,7 +305,7 @@ class _WorkerProcess:
         """
         with self._state_lock:
             if self._closed:
-                return _Reply(died=True, death="the worker was closed")
+                return _Reply(died=True, notes=["the worker was closed"])
             self._busy = True
         try:
             return self._converse(msg, reply_type, request, capabilities, fork_child)
@@ -345,7 +342,6 @@ class _WorkerProcess:
                     self._signal(signal.SIGINT)
                     stage, escalate_at = 1, now + INTERRUPT_GRACE
                 elif stage == 1 and fork_child:
-                    reply.child_killed = True
                     self._signal(signal.SIGUSR1)
                     stage, escalate_at = 2, now + CHILD_KILL_GRACE
                 else:
@@ -426,10 +422,9 @@ class _WorkerProcess:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = str(-code)
-            reply.death = f"killed by signal {name}"
+            reply.notes.append(f"killed by signal {name}")
         else:
-            reply.death = f"exited with status {code}"
-        reply.notes.append(reply.death)
+            reply.notes.append(f"exited with status {code}")
         return self._collect(reply, captures)
 
     def _answer(self, call: dict[str, Any], capabilities: CapabilityHost | None) -> None:
@@ -637,7 +632,7 @@ def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
     try:
         proc.set_capabilities(list(capabilities.names()) if capabilities else [])
     except OSError:
-        return _Reply(died=True, death="the worker had gone")
+        return _Reply(died=True, notes=["the worker had gone"])
     fields: dict[str, Any] = {}
     if mode == "read_only" and request.scratch is not None:
         # The fork child protects the disk itself; "." resolves to the worker's cwd there.

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..core.errors import CoordexError, make_error
 from ..core.spec import EnvironmentSpec, parse_spec
-from .builder import EnvironmentBuilder, find_interpreter, hash_inputs
+from .builder import EnvironmentBuilder, Interpreter, find_interpreter, hash_inputs
 from .store import EnvironmentRecord, EnvironmentStore, NameTaken
 
 ProgressCallback = Callable[[str], None]
@@ -187,9 +187,10 @@ class EnvironmentManager:
             if record is None:
                 raise self._not_found(venv_id)
             spec = parse_spec(record.spec_text)
-            spec_hash = self._current_hash(record, spec)
+            interpreter = find_interpreter(spec.requires_python)
+            spec_hash = self._current_hash(record, spec, interpreter)
             outcome = self._builder.ensure_built(
-                spec, spec_hash, find_interpreter(spec.requires_python),
+                spec, spec_hash, interpreter,
                 on_progress=on_progress,
                 label=f"environment venv_id={venv_id}"
                       + (f" ({record.name!r})" if record.name else ""))
@@ -202,10 +203,11 @@ class EnvironmentManager:
                 self._touched[venv_id] = now
             return ready, outcome.cached
 
-    def _current_hash(self, record: EnvironmentRecord, spec: EnvironmentSpec) -> str:
+    def _current_hash(self, record: EnvironmentRecord, spec: EnvironmentSpec,
+                      interpreter: Interpreter) -> str:
         # Inputs besides the spec (uv upgraded, index changed) may differ from when the
         # row was created: then the same venv_id moves to a new folder.
-        spec_hash = spec.spec_hash(hash_inputs(find_interpreter(spec.requires_python)))
+        spec_hash = spec.spec_hash(hash_inputs(interpreter))
         if spec_hash != record.spec_hash:
             self._store.set_hash(record.venv_id, spec_hash)
         return spec_hash

@@ -198,8 +198,9 @@ def call_code(source: str, name: str, *, token: str | None = None,
             "try:",
             "    text = json.dumps(encode(value, 'the return value'))",
             "except TypeError as exc:",
-            f"    raise TypeError('coordex: {name} returned a %s, which cannot cross a process "
-            "boundary' % getattr(exc, 'type_name', '?'))",
+            f"    raise TypeError('coordex: %s of {name} is a %s, which cannot cross a process "
+            "boundary' % (getattr(exc, 'where', 'the return value'), "
+            "getattr(exc, 'type_name', '?')))",
             f"if len(text) > {RESULT_LIMIT}:",
             f"    raise ValueError('coordex: {name} returned %d characters of JSON, over the "
             f"{RESULT_LIMIT} limit' % len(text))",

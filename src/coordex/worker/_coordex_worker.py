@@ -606,9 +606,7 @@ def main(argv: List[str]) -> int:
             reconfigure(encoding="utf-8", errors="backslashreplace")
     # Notebook semantics: modules in the working folder are importable, as with `python -c`.
     sys.path.insert(0, "")
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    os.environ.setdefault("PAGER", "cat")
-    os.environ.setdefault("GIT_PAGER", "cat")
+    os.environ.setdefault("MPLBACKEND", "Agg")  # the host sets it (and the pagers) too
     install_signal_handlers()
     channel = Channel(in_fd, out_fd)
     _State.channel = channel
