@@ -161,6 +161,19 @@ class Executor:
             cancel: an event a front end sets when its request is cancelled; the code is
                 then interrupted as on a timeout.
         """
+        return self._execute(code, language, state_mode, session_id, session_name, venv_id,
+                             timeout, on_output, on_progress, cancel, self.output_limit,
+                             nested=False)
+
+    def _execute(self, code: Any, language: Any, state_mode: Any, session_id: Any,
+                 session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
+                 on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
+                 output_limit: int, *, nested: bool) -> dict[str, Any]:
+        """The body of every call: validate, run where the coordinate says, shape.
+
+        ``nested`` marks a stored-function call, which may come from code running in the
+        very session it names (see :meth:`_library_active_session`).
+        """
         started = time.perf_counter()
         coordinate: Coordinate | None = None
         try:
@@ -172,9 +185,13 @@ class Executor:
                 raise validation("on_output must be a callable taking (stream, text).",
                                  "Pass a function like lambda stream, text: ..., or None.")
             self._check_open()
-            request = RunRequest(code, limit, on_output, self.output_limit, cancel=cancel)
+            request = RunRequest(code, limit, on_output, output_limit, cancel=cancel)
             self._progress.callback = on_progress
-            outcome, session = self._dispatch(coordinate, request)
+            active = self._library_active_session(coordinate) if nested else None
+            if active is None:
+                outcome, session = self._dispatch(coordinate, request)
+            else:
+                outcome, session = self._run_in_active(active, coordinate, request)
         except CoordexError as exc:
             return _error_record(exc, coordinate, started)
         return self._shape(outcome, session, coordinate, started)
@@ -599,34 +616,23 @@ class Executor:
         ``functions.f.stateful()(...)``) runs there at once instead of waiting for that
         session's lock, which the outer call holds.
         """
-        started = time.perf_counter()
-        coordinate: Coordinate | None = None
-        try:
-            coordinate = coords.check_coordinate("python", state_mode, session_id,
-                                                 session_name, venv_id)
-            limit = coords.check_timeout(timeout) or self.timeout
-            self._check_open()
-            request = RunRequest(code, limit, on_output, max(output_limit, self.output_limit))
-            self._progress.callback = on_progress
-            active = self._library_active_session(coordinate)
-            if active is not None:
-                key, session, runner = active
-                if coordinate.state_mode == "read_only":
-                    # A view of the live session (its runner is busy with the outer call,
-                    # so the session itself reads as stuck); the fork copies it as it is.
-                    view = self._own.new_session(session.namespace)
-                    with self._protected(request) as protected:
-                        outcome = self._own_read_only(view, protected)
-                else:  # nested: runs inline on this thread, inside the outer call
-                    outcome = self._own._run_on(runner, session, session.namespace, request)
-                where = self._session_record(key)
-            else:
-                outcome, where = self._dispatch(coordinate, request)
-        except CoordexError as exc:
-            return _error_record(exc, coordinate, started)
-        outcome.pop("rebound", None)
-        outcome.pop("deleted", None)
-        return self._shape(outcome, where, coordinate, started)
+        return self._execute(code, "python", state_mode, session_id, session_name, venv_id,
+                             timeout, on_output, on_progress, None,
+                             max(output_limit, self.output_limit), nested=True)
+
+    def _run_in_active(self, active: tuple[SessionKey, NamespaceSession, Any],
+                       coordinate: Coordinate,
+                       request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
+        key, session, runner = active
+        if coordinate.state_mode == "read_only":
+            # A view of the live session (its runner is busy with the outer call, so the
+            # session itself reads as stuck); the fork copies it as it is.
+            view = self._own.new_session(session.namespace)
+            with self._protected(request) as protected:
+                outcome = self._own_read_only(view, protected)
+        else:  # nested: runs inline on this thread, inside the outer call
+            outcome = self._own._run_on(runner, session, session.namespace, request)
+        return outcome, self._session_record(key)
 
     def _library_active_session(self, coordinate: Coordinate) -> tuple[
             SessionKey, NamespaceSession, Any] | None:
