@@ -13,12 +13,11 @@ Run: ``python benchmarks/bench_bash.py [--calls N]``. Prints medians and ratios.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
-import time
 from collections.abc import Callable
 
 import pexpect
+from _util import median_seconds
 
 from coordex.backends.base import RunRequest
 from coordex.backends.shell import ShellSession
@@ -33,14 +32,7 @@ DUMP = "{ declare -p; declare -f; alias -p; shopt -p; set +o; echo \"cd $(printf
 
 
 def median_ms(fn: Callable[[], object], calls: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1000
+    return median_seconds(fn, calls, warmup) * 1000
 
 
 class PexpectBash:
