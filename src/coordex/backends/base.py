@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.results import DEFAULT_OUTPUT_LIMIT
 
@@ -79,3 +79,51 @@ def emit(request: RunRequest, stream: str, text: str) -> None:
 def empty_outcome() -> Outcome:
     return {"stdout": "", "stderr": "", "truncated": False, "result": None,
             "exit_code": None, "images": []}
+
+
+@runtime_checkable
+class Session(Protocol):
+    """One kept session in one place: a namespace, a worker process or a shell.
+
+    Every method returns data, never raises for what the code did: a crash, a timeout
+    or a dead process comes back as an outcome with ``error`` (and ``state_lost`` /
+    ``retried`` facts). ``close`` is idempotent and safe from any thread.
+    """
+
+    def run(self, request: RunRequest) -> Outcome:
+        """Run code in the session; what it changes stays (stateful)."""
+        ...
+
+    def run_read_only(self, request: RunRequest) -> Outcome:
+        """Run code against a copy of the session; the outcome carries ``isolation``."""
+        ...
+
+    def inspect(self) -> dict[str, Any]:
+        """What the session holds, without changing it (SPEC section 7)."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether the process (or namespace) holding the session is still there."""
+        ...
+
+    def close(self) -> None:
+        """End the session and every process it started."""
+        ...
+
+
+@runtime_checkable
+class Place(Protocol):
+    """Where code of one (language, environment) runs: it opens sessions and serves
+    stateless calls. The Executor holds one per (language, venv_id) it has used."""
+
+    def open_session(self) -> Session:
+        """Start a new kept session (raises ``CoordexError`` when it cannot start)."""
+        ...
+
+    def run_stateless(self, request: RunRequest) -> Outcome:
+        """Run code in a fresh namespace / process / shell that is gone afterwards."""
+        ...
+
+    def close(self) -> None:
+        """End every process this place started that no session owns."""
+        ...
