@@ -75,6 +75,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import messages
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
 from . import isolation, launcher
@@ -921,30 +922,12 @@ def _outcome(out: _Stream, err: _Stream, ending: _Ending, timeout: float, *,
 
 def _timeout_error(timeout: float, survived: bool, stateless: bool, *, stdout: str,
                    stderr: str) -> dict[str, Any]:
-    longer = f"timeout={max(timeout * 4, 60):g}"
-    background = "run it in the background (`cmd > out.log 2>&1 &`) and read the log later"
-    if stateless:
-        return make_error(
-            "timeout", f"The command was still running after the {timeout:g} s timeout and "
-            "was stopped.",
-            f"Raise the limit (e.g. {longer}), {background} in a stateful session, or split "
-            "the work into shorter steps.",
-            stdout=stdout, stderr=stderr, state_lost=False)
-    if survived:
-        return make_error(
-            "timeout", f"The command was still running after the {timeout:g} s timeout and "
-            "was interrupted with SIGINT.",
-            "The session survived: its variables, functions, aliases, options and cwd are "
-            f"kept. Raise the limit (e.g. {longer}), {background}, or split the work into "
-            "shorter steps.",
-            stdout=stdout, stderr=stderr, state_lost=False)
-    return make_error(
-        "timeout", f"The command was still running after the {timeout:g} s timeout, did not "
-        f"stop within {INTERRUPT_GRACE:g} s of SIGINT, and the shell was killed.",
-        "The session was restarted and its state is lost: re-create the variables, "
-        "functions, aliases and cwd you need. Then raise the limit (e.g. "
-        f"{longer}) or {background}; do not ignore SIGINT (`trap '' INT`).",
-        stdout=stdout, stderr=stderr, state_lost=True)
+    error = messages.timeout("shell", "stateless" if stateless else "stateful", timeout,
+                             survived=survived, stdout=stdout, stderr=stderr)
+    error["suggestion"] += (" A long command can run in the background "
+                            "(`cmd > out.log 2>&1 &`) in a stateful session while you read "
+                            "the log later; do not ignore SIGINT (`trap '' INT`).")
+    return error
 
 
 def _crashed_error(signame: str, stateless: bool) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ..core import messages
 from ..core.errors import CoordexError, make_error
 from ..core.results import OutputBuffer
 from ..protocol import (
@@ -541,31 +542,8 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
 
 
 def _timeout_error(reply: _Reply, request: RunRequest, mode: RunMode) -> dict[str, Any]:
-    limit = f"{request.timeout:g} s"
-    common = {"stdout": reply.stdout, "stderr": reply.stderr}
-    if reply.worker_killed:
-        return make_error(
-            "timeout",
-            f"The code ran past its timeout of {limit} and did not stop within "
-            f"{INTERRUPT_GRACE:g} s of the interrupt, so its process was killed and "
-            "restarted: the session's state is lost.",
-            "Run the setup steps again before continuing. Keep long work interruptible "
-            "(do not ignore SIGINT or swallow KeyboardInterrupt), split it into smaller "
-            "calls, or pass a larger timeout=....", state_lost=True, **common)
-    if mode == "stateful":
-        return make_error(
-            "timeout",
-            f"The code ran past its timeout of {limit} and was interrupted; the session "
-            "survived with its state (names bound before the interrupt are kept).",
-            "Continue in the same session: make the code faster, work on a smaller piece, "
-            "or pass a larger timeout=....", state_lost=False, **common)
-    where = ("the session is unchanged" if mode == "read_only"
-             else "nothing was kept, as with any stateless call")
-    return make_error(
-        "timeout",
-        f"The code ran past its timeout of {limit} and was stopped; {where}.",
-        "Make the code faster, work on a smaller piece, or pass a larger timeout=....",
-        state_lost=False, **common)
+    return messages.timeout("worker", mode, request.timeout, survived=not reply.worker_killed,
+                            stdout=reply.stdout, stderr=reply.stderr)
 
 
 def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dict[str, Any]:

@@ -82,7 +82,8 @@ def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
             f"{INTERRUPT_GRACE:g} s of the interrupt, and its {words.process} was killed and "
             "restarted: the session's state is lost.",
             with_rebuild_hint(
-                f"Re-create the {words.holds} you need before continuing. Keep long work "
+                f"The session was restarted (state lost): re-create the {words.holds} you "
+                "need before continuing. Keep long work "
                 "interruptible (do not ignore SIGINT or swallow KeyboardInterrupt), split it "
                 f"into smaller calls, or pass a larger timeout (e.g. {longer})."),
             state_lost=True, **common)
@@ -91,8 +92,9 @@ def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
             "timeout",
             f"The code ran past its timeout of {limit} and was interrupted; the session "
             f"survived with its state ({words.holds} set before the interrupt are kept).",
-            "Continue in the same session: make the code faster, work on a smaller piece, "
-            f"or pass a larger timeout (e.g. {longer}).", state_lost=False, **common)
+            "The session survived (interrupted: state kept). Continue in the same session: "
+            "make the code faster, work on a smaller piece, or pass a larger timeout (e.g. "
+            f"{longer}).", state_lost=False, **common)
     where = ("the session is unchanged" if mode == "read_only"
              else "nothing was kept, as with any stateless call")
     return make_error(
