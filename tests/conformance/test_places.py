@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from coordex import Executor
-from tests.conftest import child_pids
+from tests.conftest import assert_no_new_children, child_pids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,11 +89,7 @@ def at(request: pytest.FixtureRequest, tmp_path: Path, envs_dir: Path) -> Iterat
         yield At(ex, place, venv_id)
     finally:
         ex.close()
-    # Closing an Executor ends every process it started.
-    deadline = time.monotonic() + 5
-    while child_pids() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert child_pids() - before == set()
+    assert_no_new_children(before)  # closing an Executor ends every process it started
 
 
 # -- the three modes ------------------------------------------------------------------

@@ -828,13 +828,10 @@ def _crashed_copy(out: OutputBuffer, err: OutputBuffer, status: int | None) -> O
     stdout, stderr = out.getvalue(), err.getvalue()
     how = ""
     if status is not None and os.WIFSIGNALED(status):
-        how = f" (killed by signal {os.WTERMSIG(status)})"
+        how = f"killed by signal {os.WTERMSIG(status)}"
     elif status is not None and os.WIFEXITED(status):
-        how = f" (exit status {os.WEXITSTATUS(status)}; os._exit() or a crash)"
+        how = f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
-            "error": make_error(
-                "crashed", f"The read-only copy of the session died before finishing{how}.",
-                "The session itself is unchanged. Avoid os._exit() and code that crashes "
-                "the interpreter; run the call again after fixing it.",
-                state_lost=False, stdout=stdout, stderr=stderr)}
+            "error": messages.crashed("own", "read_only", how or "no reason given",
+                                      stdout=stdout, stderr=stderr)}

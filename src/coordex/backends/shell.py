@@ -931,18 +931,11 @@ def _timeout_error(timeout: float, survived: bool, stateless: bool, *, stdout: s
 
 
 def _crashed_error(signame: str, stateless: bool) -> dict[str, Any]:
-    if stateless:
-        return make_error(
-            "crashed", f"The bash shell was killed by {signame} during the call.",
-            "Check whether the command signals its own shell (e.g. `kill $$`); run such a "
-            "command in a subshell `( ... )` instead.", state_lost=True)
-    return make_error(
-        "crashed", f"The session's bash shell was killed by {signame} during the call; the "
-        "command was not retried.",
-        "The next call starts a fresh shell: re-create the variables, functions, aliases "
-        "and cwd you need, then run the command again. If the command signals its own shell "
-        "(e.g. `kill $$`), run it in a subshell `( ... )` or a stateless call.",
-        state_lost=True)
+    error = messages.crashed("shell", "stateless" if stateless else "stateful",
+                             f"killed by {signame}; the command was not retried")
+    error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) can run "
+                            "in a subshell `( ... )` instead.")
+    return error
 
 
 def _closed_outcome() -> Outcome:

@@ -571,23 +571,7 @@ def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dic
 
 def _crashed(reply: _Reply, mode: RunMode, attempts: int) -> dict[str, Any]:
     how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
-    if mode == "read_only":
-        what = (f"The read-only copy of the session died {attempts} time(s) while running "
-                f"this code ({how}); the session itself is unchanged.")
-        lost = False
-    elif mode == "stateless":
-        what = f"The process running this code died {attempts} time(s) ({how})."
-        lost = True
-    else:
-        what = (f"The worker process died {attempts} time(s) while running this code "
-                f"({how}); the session's state is lost.")
-        lost = True
-    after = ("The session keeps its state." if mode == "read_only" else
-             "The next call starts on a fresh process.")
-    return make_error(
-        "crashed", what,
-        "The code probably ends its own process (os._exit, os.kill, a crash in a C "
-        f"extension, running out of memory); change that part. {after}", state_lost=lost)
+    return messages.crashed("worker", mode, how, attempts=attempts)
 
 
 def _fork_child_died(reply: _Reply) -> bool:
