@@ -478,12 +478,13 @@ class Executor:
 
     # ------------------------------------------------------------------ library hooks
 
-    def _library_execute(self, code: str, *, state_mode: str, session_id: int | None,
-                         session_name: str | None, venv_id: int | None,
-                         timeout: float | None, on_output: OutputCallback | None,
-                         output_limit: int,
-                         on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """``execute_code`` of Python for a stored-function call (``coordex.library``).
+    def run_function_code(self, code: str, *, state_mode: str, session_id: int | None,
+                          session_name: str | None, venv_id: int | None,
+                          timeout: float | None, on_output: OutputCallback | None,
+                          output_limit: int,
+                          on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """``execute_code`` of Python for a stored-function call (the library's
+        :class:`~coordex.library.functions.FunctionRunner`).
 
         Same validation, registry, capacity and isolation, with two differences: the
         output limit may be larger (the function's value comes back in ``result``), and
