@@ -153,6 +153,10 @@ def _quote_code(code: str) -> bytes:
     return b"$'" + data + b"'"
 
 
+# The version of the trigger-line / record texts below (docs/protocol.md, "The bash
+# record wire"); both ends live in this module, so it changes with them.
+RECORD_WIRE_VERSION = 1
+
 # What a record says after the status: ``$-``, then the length of BASHOPTS.
 # PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
 # (bash 5.2 keeps echo_input_at_read - set -v - and expand_aliases there), so what the
