@@ -77,13 +77,17 @@ from typing import Any
 
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
-from . import isolation, launcher
+from . import _reap, isolation, launcher
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
 __all__ = ["ShellSession", "run_stateless"]
 
-# How long close() gives processes to exit after SIGTERM before SIGKILL.
-CLOSE_GRACE = 1.0
+# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL.
+_SHELL_STEPS = _reap.Steps(interrupt=False)
+# A stateless shell's session ends with it: no scan for members that left its group.
+_STATELESS_STEPS = _reap.Steps(interrupt=False, whole_session=False)
+# Past a timeout's grace the shell has had its interrupt: straight to SIGKILL.
+_KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 # Starting bash and inspecting it are ours, not the user's: generous fixed limits.
 START_TIMEOUT = 15.0
 INSPECT_TIMEOUT = 15.0
@@ -521,10 +525,9 @@ class _Shell:
         protocol = _Protocol.build(token, child_err, runner_fd)
         try:
             os.write(runner_fd, protocol.runner)
-            self._proc = subprocess.Popen(
+            self._proc = _reap.spawn(
                 BASH_ARGV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=status_w,
-                env=dict(env), cwd=cwd, start_new_session=True,
-                pass_fds=(child_err, runner_fd), bufsize=0,
+                env=dict(env), cwd=cwd, pass_fds=(child_err, runner_fd), bufsize=0,
             )
         except BaseException:
             for fd in (status_r, err_r):
@@ -551,6 +554,7 @@ class _Shell:
         self._sync_aliases = False
         self._reap_lock = threading.Lock()
         self._reaped = False
+        self.stop_step: _reap.StopStep | None = None
         self._released = False
 
         self._setup, self._trigger = protocol.setup, protocol.trigger
@@ -628,7 +632,7 @@ class _Shell:
                     if not interruptible or ending.timed_out:
                         ending.timed_out = True
                         ending.survived = False
-                        self.terminate()
+                        self.terminate(_KILL_NOW)  # it ignored the interrupt
                         break
                     if pending or self._unread_input():
                         if now >= handover_deadline:
@@ -789,29 +793,27 @@ class _Shell:
 
     # -- ending ------------------------------------------------------------------------
 
-    def terminate(self, grace: float = CLOSE_GRACE) -> None:
-        """End bash and every process in its group: TERM, wait, KILL. Thread-safe."""
+    def terminate(self, steps: _reap.Steps | None = None) -> _reap.StopStep:
+        """End bash and every process in its session by the one stop policy. Thread-safe.
+
+        An interactive bash ignores SIGINT and SIGTERM as ways to leave; SIGHUP is how
+        it is told to go (it passes the hangup on to its jobs). Returns the step reached.
+        """
         with self._reap_lock:
             if self._reaped:
-                return
-            _signal_group(self.pid, signal.SIGTERM)
-            # An interactive bash ignores SIGTERM; SIGHUP is how it is told to go.
-            try:
-                os.kill(self.pid, signal.SIGHUP)
-            except ProcessLookupError:
-                pass
-            try:
-                self._proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.pid, signal.SIGKILL)
-                self._proc.wait()
-            # Bash is reaped; anything left in its group ignored SIGTERM (or is a
-            # zombie on its way to init). Give it the grace, then SIGKILL.
-            end = time.monotonic() + grace
-            while _group_exists(self.pid) and time.monotonic() < end:
-                time.sleep(0.005)
-            _signal_group(self.pid, signal.SIGKILL)
+                return self.stop_step or "exited"
+
+            def hang_up() -> bool:
+                try:
+                    os.kill(self.pid, signal.SIGHUP)
+                except ProcessLookupError:
+                    pass
+                return True
+
+            self.stop_step = _reap.stop(self._proc, "bash", ask=hang_up,
+                                        steps=steps or _SHELL_STEPS)
             self._reaped = True
+            return self.stop_step
 
     def release(self) -> None:
         """Close our ends of the pipes. Only when no exchange is running."""
@@ -851,32 +853,6 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _group_exists(pgid: int) -> bool:
-    """Whether a live (non-zombie) process is left in group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # kill(0) also counts zombies, and an orphaned zombie stays one for good where
-    # pid 1 does not reap (many containers); only /proc tells them apart.
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                # "pid (comm) state ppid pgrp ...": comm may hold spaces and parens.
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
 
 
 def _shell_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -1250,6 +1226,6 @@ def run_stateless(request: RunRequest, *, env: dict[str, str] | None = None,
     try:
         out, err, ending = shell.run(request.code, request)
     finally:
-        shell.terminate()
+        shell.terminate(_STATELESS_STEPS)
         shell.release()
     return _outcome(out, err, ending, request.timeout, stateless=True)
