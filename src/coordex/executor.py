@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import isolation  # imported here, not in the fork: saves ~2 ms a call
+from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, RunRequest
 from .backends.own_interpreter import NamespaceSession, OwnInterpreter
 from .core import coordinates as coords
@@ -134,6 +135,7 @@ class Executor:
         if self._environments is not None:
             with contextlib.suppress(Exception):
                 self._environments.close()
+        _process_keeper().release()  # the host's process keeper, once no process is left
 
     # ------------------------------------------------------------------ execute_code
 

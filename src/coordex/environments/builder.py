@@ -19,10 +19,11 @@ themselves, so ``bin/<script>`` and ``bash`` with ``PATH=env/bin`` keep working 
 rename (the interpreter symlink and ``pyvenv.cfg`` never held the folder's path).
 
 uv runs in its own process session with a deadline shared by the whole build; on timeout
-it is stopped by coordex's one stop policy (``backends/_reap.py``). Every line uv prints goes to the build log under ``root/logs`` and to
-``on_progress``. The facts that change a build's result besides the spec — interpreter,
-uv version, index settings — are gathered here (:func:`hash_inputs`) and hashed into the
-folder name by :meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
+it is stopped by coordex's one stop policy (``backends/_reap.py``). Every line uv prints
+goes to the build log under ``root/logs`` and to ``on_progress``. The facts that change a
+build's result besides the spec — interpreter, uv version, index settings — are gathered
+here (:func:`hash_inputs`) and hashed into the folder name by
+:meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
 """
 
 from __future__ import annotations
