@@ -160,9 +160,9 @@ class Executor:
             on_progress: ``on_progress(line)`` called with environment build lines when
                 this call builds its environment on first use (builds do not count
                 against ``timeout``).
-            cancel: an event a front end sets when its request is cancelled; code in the
-                agent's own interpreter is then interrupted as on a timeout (bash and
-                environment calls run until their own timeout).
+            cancel: an event a front end sets when its request is cancelled; the code
+                is then interrupted as on a timeout, in every place (state kept; killed
+                only if it ignores the interrupt past the grace period).
         """
         return self._execute(code, language, state_mode, session_id, session_name, venv_id,
                              timeout, on_output, on_progress, cancel, self.output_limit,

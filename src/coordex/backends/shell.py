@@ -77,6 +77,7 @@ from typing import Any
 
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
+from ..core.terminal import QueryFilter
 from . import _reap, isolation, launcher
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
@@ -465,7 +466,7 @@ class _Stream:
     Nothing is allocated until the first byte arrives: most calls print little.
     """
 
-    __slots__ = ("_decoder", "buffer", "name", "request")
+    __slots__ = ("_decoder", "_queries", "buffer", "name", "request")
 
     def __init__(self, name: str, request: RunRequest) -> None:
         self.name = name
@@ -474,6 +475,8 @@ class _Stream:
         # Invalid UTF-8 (binary output) becomes U+FFFD; a character split across two
         # reads is held back until its remaining bytes arrive.
         self._decoder: codecs.IncrementalDecoder | None = None
+        # Terminal queries (``ESC [ 6 n``...) never reach a client terminal to answer.
+        self._queries = QueryFilter()
 
     def feed(self, data: bytes, final: bool = False) -> None:
         if self._decoder is None:
@@ -481,7 +484,7 @@ class _Stream:
                 return
             self._decoder = _utf8_decoder(errors="replace")
             self.buffer = OutputBuffer(self.request.output_limit)
-        text = self._decoder.decode(data, final)
+        text = self._queries.feed(self._decoder.decode(data, final), final)
         if text:
             assert self.buffer is not None
             self.buffer.write(text)
@@ -626,8 +629,15 @@ class _Shell:
         spin_until = time.perf_counter() + SPIN_SECONDS if spin else 0
         sync_number = -1
         ended = finished = False
+        # A cancelled request is interrupted at once, exactly as at its timeout.
+        cancel = request.cancel if interruptible else None
         try:
             while not finished:
+                if cancel is not None and cancel.is_set() and now < deadline \
+                        and not ending.timed_out:
+                    deadline = now
+                    handover_deadline = min(handover_deadline, now + INTERRUPT_GRACE)
+                    cancel = None
                 if now >= deadline:
                     if not interruptible or ending.timed_out:
                         ending.timed_out = True
@@ -650,7 +660,7 @@ class _Shell:
                         spin_until = 0
                 else:
                     timeout_ms = (deadline - now) * 1000
-                    if self._pidfd is None:
+                    if self._pidfd is None or cancel is not None:
                         timeout_ms = min(timeout_ms, POLL_FALLBACK * 1000)
                 for fd, _events in self._poller.poll(timeout_ms):
                     what = self._kinds[fd]

@@ -64,6 +64,7 @@ _PIPE_SIZE = 1 << 20
 RunMode = Literal["stateful", "read_only", "stateless"]
 # After a timeout's interrupt was ignored: straight to SIGKILL.
 _KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
+_CANCEL_POLL = 0.05  # with a cancel event, the wait for a reply wakes this often to look
 
 
 class CapabilityHost(Protocol):
@@ -335,8 +336,12 @@ class _WorkerProcess:
         # fork child needs on a small machine: spin only for in-process cells.
         spin_until = time.monotonic() + (0.0 if fork_child else SPIN_WAIT)
         stage = 0  # 0 running, 1 interrupted, 2 fork child killed
+        cancel = request.cancel  # a cancelled request is interrupted as at its timeout
         while reply.message is None:
             now = time.monotonic()
+            if cancel is not None and cancel.is_set() and stage == 0:
+                escalate_at = now
+                cancel = None
             if now >= escalate_at:
                 if stage == 0:
                     reply.interrupted = True
@@ -352,6 +357,8 @@ class _WorkerProcess:
             # Spin briefly before sleeping: most cells answer within a few hundred
             # microseconds, and waking a sleeping thread costs tens of them.
             wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
+            if cancel is not None:
+                wait = min(wait, _CANCEL_POLL)
             for fd, _ in self._poll.poll(wait * 1000):
                 if fd in captures:
                     self._pump(fd, captures[fd])
