@@ -99,6 +99,7 @@ class Executor:
         self._sessions: dict[SessionKey, Any] = {PLAN_KEY: self._own.new_session(self.plan_namespace)}
         self._session_locks: dict[SessionKey, threading.Lock] = {PLAN_KEY: threading.Lock()}
         self._templates: dict[int, Any] = {}
+        self._shell_places: dict[int | None, Any] = {}
         self._environments: Any = None
         self._functions: Any = None
         self._closed = False
@@ -121,9 +122,10 @@ class Executor:
                 return
             self._closed = True
             sessions = list(self._sessions.values())
-            templates = list(self._templates.values())
+            templates = list(self._templates.values()) + list(self._shell_places.values())
             self._sessions.clear()
             self._templates.clear()
+            self._shell_places.clear()
         for backend in sessions + templates:
             if not isinstance(backend, NamespaceSession):
                 with contextlib.suppress(Exception):
@@ -211,9 +213,7 @@ class Executor:
 
     def _run_stateless(self, coordinate: Coordinate, request: RunRequest) -> Outcome:
         if coordinate.language == "bash":
-            from .backends.shell import run_stateless
-
-            return dict(run_stateless(request, env=self._bash_env(coordinate.venv_id)))
+            return dict(self._shell_place(coordinate.venv_id).run_stateless(request))
         if coordinate.venv_id is None:
             return self._own.run_stateless(request, self._session_globals())
         template = self._template(coordinate.venv_id)
@@ -383,6 +383,19 @@ class Executor:
         if existing is None:
             raise _closed_error()
         return existing
+
+    def _shell_place(self, venv_id: int | None) -> Any:
+        """The bash place of one environment: it ends stateless shells still running at
+        close()."""
+        env = self._bash_env(venv_id)
+        with self._lock:
+            self._check_open()
+            place = self._shell_places.get(venv_id)
+            if place is None:
+                from .backends.shell import ShellPlace
+
+                place = self._shell_places[venv_id] = ShellPlace(env=env)
+            return place
 
     def _bash_env(self, venv_id: int | None) -> dict[str, str] | None:
         """The environment for bash: the host's, or with ``venv_id`` activated."""

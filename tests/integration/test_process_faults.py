@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from coordex import Executor
+from tests.conftest import child_pids
 
 
 @pytest.fixture
@@ -89,3 +90,65 @@ def test_cancel_interrupts_environment_code(ex: Executor, tmp_path: Path) -> Non
                 "time.sleep(60)")
     r = _cancelled_call(ex, ignoring, state_mode="stateful", venv_id=v)
     assert r["error_type"] == "timeout" and r["state_lost"] is True, r
+
+
+def _calls_in_flight(ex: Executor, calls: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Start ``calls`` in threads, close ``ex`` under them; each call's result (or what it
+    raised) and when it came back, in seconds after close."""
+    results: dict[str, Any] = {}
+
+    def run(name: str, kwargs: dict[str, Any]) -> None:
+        try:
+            results[name] = ex.execute_code(**kwargs)
+        except BaseException as exc:  # the fault under test: a call that raises
+            results[name] = exc
+        results[name + " after"] = time.monotonic() - closed_at
+
+    closed_at = float("inf")
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    closed_at = time.monotonic()
+    ex.close()
+    for thread in threads:
+        thread.join(20)
+    return results
+
+
+def test_close_ends_calls_in_flight_with_error_dicts(root: Path) -> None:
+    before = child_pids()
+    ex = Executor(root=root, timeout=30)
+    slow_py = "import time\nfor i in range(100):\n    time.sleep(0.05)\nprint('done')"
+    results = _calls_in_flight(ex, {
+        "own stateless": {"code": slow_py},
+        "bash stateless": {"code": "sleep 5; echo done", "language": "bash"},
+        "bash stateful": {"code": "sleep 5; echo done", "language": "bash",
+                          "state_mode": "stateful"},
+    })
+    for name in ("own stateless", "bash stateless", "bash stateful"):
+        r = results[name]
+        assert isinstance(r, dict), f"{name} raised {r!r}"
+        assert r.get("error_type") in ("crashed", "timeout"), (name, r)
+        assert "done" not in r.get("stdout", ""), (name, r)
+        assert results[name + " after"] < 3, (name, results[name + " after"])
+    assert child_pids() - before == set()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("offline")
+def test_close_ends_environment_calls_in_flight(root: Path) -> None:
+    before = child_pids()
+    ex = Executor(root=root, timeout=30)
+    v = ex.environments.create("")["venv_id"]
+    assert ex.execute_code("1", venv_id=v)["result"] == "1"
+    slow = "import time\ntime.sleep(5)\nprint('done')"
+    results = _calls_in_flight(ex, {
+        "stateless": {"code": slow, "venv_id": v},
+        "stateful": {"code": slow, "venv_id": v, "state_mode": "stateful"},
+    })
+    for name in ("stateless", "stateful"):
+        r = results[name]
+        assert isinstance(r, dict) and r.get("error_type") == "crashed", (name, r)
+        assert results[name + " after"] < 3, (name, results[name + " after"])
+    assert child_pids() - before == set()

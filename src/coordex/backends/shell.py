@@ -81,7 +81,7 @@ from ..core.terminal import QueryFilter
 from . import _reap, isolation, launcher
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
-__all__ = ["ShellSession", "run_stateless"]
+__all__ = ["ShellPlace", "ShellSession", "run_stateless"]
 
 # How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL.
 _SHELL_STEPS = _reap.Steps(interrupt=False)
@@ -1223,19 +1223,72 @@ def _parse_dump(text: str) -> dict[str, Any]:
     return state
 
 
+class ShellPlace:
+    """Bash of one environment: opens kept sessions and runs stateless calls.
+
+    Each stateless call gets a fresh shell that is stopped when the call returns; the
+    shells of calls still running are tracked so that :meth:`close` ends them (and
+    their commands) at once, and those calls return a ``crashed`` error dict.
+    """
+
+    def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        self._env = env
+        self._cwd = cwd
+        self._lock = threading.Lock()
+        self._running: set[_Shell] = set()
+        self._closed = False
+
+    def open_session(self) -> ShellSession:
+        return ShellSession(env=self._env, cwd=self._cwd)
+
+    def run_stateless(self, request: RunRequest) -> Outcome:
+        """Run ``request.code`` in a fresh shell that is closed (its group killed) after."""
+        if self._closed:
+            return _place_closed()
+        try:
+            shell = _Shell(_shell_env(self._env), self._cwd)
+        except (OSError, RuntimeError) as exc:
+            outcome = _start_failed(exc)
+            outcome.pop("state_lost")
+            outcome["error"]["state_lost"] = False
+            return outcome
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._running.add(shell)
+        try:
+            if closed:
+                return _place_closed()
+            out, err, ending = shell.run(request.code, request)
+        finally:
+            with self._lock:
+                self._running.discard(shell)
+            shell.terminate(_STATELESS_STEPS)
+            shell.release()
+        outcome = _outcome(out, err, ending, request.timeout, stateless=True)
+        if self._closed:  # close() ended the shell under the call
+            outcome.update(exit_code=None, error=_place_closed()["error"])
+        return outcome
+
+    def close(self) -> None:
+        """End the shells of stateless calls still running; idempotent, any thread."""
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for shell in running:
+            shell.terminate(_STATELESS_STEPS)
+
+
+def _place_closed() -> Outcome:
+    return {"stdout": "", "stderr": "", "truncated": False, "result": None,
+            "exit_code": None, "images": [],
+            "error": make_error("crashed", "The Executor was closed while this stateless "
+                                "bash call ran; its shell and commands were ended.",
+                                "Create a new Executor and run the command again.",
+                                state_lost=False)}
+
+
 def run_stateless(request: RunRequest, *, env: dict[str, str] | None = None,
                   cwd: str | None = None) -> Outcome:
     """Run ``request.code`` in a fresh shell that is closed (its whole group killed) after."""
-    try:
-        shell = _Shell(_shell_env(env), cwd)
-    except (OSError, RuntimeError) as exc:
-        outcome = _start_failed(exc)
-        outcome.pop("state_lost")
-        outcome["error"]["state_lost"] = False
-        return outcome
-    try:
-        out, err, ending = shell.run(request.code, request)
-    finally:
-        shell.terminate(_STATELESS_STEPS)
-        shell.release()
-    return _outcome(out, err, ending, request.timeout, stateless=True)
+    return ShellPlace(env=env, cwd=cwd).run_stateless(request)

@@ -852,7 +852,13 @@ class WorkerTemplate:
             reply = _run_once(proc, request, "stateless", self._capabilities)
             healthy = not (reply.died or reply.worker_killed)
             self._checkin(proc, healthy)
-            if not (reply.died or _fork_child_died(reply)) or self._closed:
+            if self._closed:  # close() stopped the template under the call
+                return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
+                        "error": make_error(
+                            "crashed", "The Executor was closed while this code ran; its "
+                            "process was stopped.", "Create a new Executor and run the code "
+                            "again.", state_lost=False)}
+            if not (reply.died or _fork_child_died(reply)):
                 outcome = _outcome(reply, request, "stateless")
                 if attempt == 2:
                     outcome["retried"] = True
