@@ -124,9 +124,8 @@ class Executor:
             self._sessions.clear()
             self._templates.clear()
         for backend in sessions + templates:
-            if not isinstance(backend, NamespaceSession):
-                with contextlib.suppress(Exception):
-                    backend.close()
+            with contextlib.suppress(Exception):
+                backend.close()
         self._own.close()
         if self._functions is not None:
             with contextlib.suppress(Exception):
@@ -505,7 +504,7 @@ class Executor:
                 self._registry.remove(key)  # raises validation for the plan namespace
                 backend = self._sessions.pop(key, None)
                 self._session_locks.pop(key, None)
-            if backend is not None and not isinstance(backend, NamespaceSession):
+            if backend is not None:
                 backend.close()
             return {"closed": True, "session": record}
         except CoordexError as exc:
