@@ -200,8 +200,9 @@ ERROR_RESULT = _result({
     "error_type": {"type": "string", "enum": list(ERROR_TYPES)},
     "suggestion": {"type": "string"},
 }, ("error", "error_type", "suggestion"))
-# A plain JSON value (an argument or element of one).
+# A plain JSON value (a stored function's return value), and its scalar part.
 _PLAIN_VALUE = {"type": ["string", "number", "boolean", "null", "array", "object"]}
+_SCALAR = {"type": ["string", "number", "boolean", "null"]}
 
 
 _EXECUTE_CODE_DESCRIPTION = """\
@@ -445,18 +446,21 @@ TOOLS: tuple[ToolSpec, ...] = (
         parameters=_object(
             {
                 "name": _FUNCTION_NAME,
+                # Free-form values are JSON text where they could hold objects: a schema
+                # with an open object cannot be made strict (OpenAI Agents SDK
+                # convert_schemas_to_strict refuses it), and the router accepts both.
                 "args": {
                     "type": ["array", "string", "null"],
-                    "items": _PLAIN_VALUE,
+                    "items": _SCALAR,
                     "default": [],
-                    "description": "Positional arguments, as a JSON array of plain values "
-                    "(or the same array as JSON text).",
+                    "description": "Positional arguments: a JSON array of numbers, strings, "
+                    "booleans or nulls, or the JSON text of any array (needed for nested lists "
+                    "or objects), e.g. '[[1, 2], {\"a\": 1}]'.",
                 },
                 "kwargs": {
-                    "type": ["object", "string", "null"],
-                    "default": {},
-                    "description": "Keyword arguments, as a JSON object of plain values "
-                    "(or the same object as JSON text).",
+                    "type": ["string", "null"],
+                    "description": "Keyword arguments: the JSON text of an object of plain "
+                    "values, e.g. '{\"currency\": \"EUR\"}' (an object itself is accepted too).",
                 },
                 "state_mode": {
                     "type": "string",
@@ -526,8 +530,8 @@ def strict_parameters(tool: ToolSpec) -> dict[str, Any]:
         out = copy.deepcopy(prop)
         default = out.get("default")
         if key in json_text:
-            out = {"type": "string", "description": f"{prop['description']} Write it as JSON "
-                   f"text, e.g. {json_text[key]!r}; null for none."}
+            out = {"type": "string", "description": f"{prop['description']} In this schema "
+                   f"always JSON text, e.g. {json_text[key]!r}; null for none."}
             default = None
         for keyword in _NOT_STRICT:
             out.pop(keyword, None)

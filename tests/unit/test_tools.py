@@ -282,7 +282,9 @@ def test_library_tool_arguments() -> None:
     assert call["state_mode"]["default"] == "stateless"
     assert "array" in call["args"]["type"] and "items" in call["args"]  # OpenAI wants items
     assert call["args"]["items"].get("type"), "an items schema that validates something"
-    assert "object" in call["kwargs"]["type"]
+    # No open object anywhere: a framework's strict conversion must be able to close it.
+    assert "object" not in call["args"]["items"]["type"]
+    assert call["kwargs"]["type"] == ["string", "null"]
     # Optional arguments without a default accept null, which means omitted.
     assert call["version"]["type"] == call["session_id"]["type"] == ["integer", "null"]
     assert set(props_of("define_function")) == {"source", "name", "env"}
