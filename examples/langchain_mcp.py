@@ -1,6 +1,11 @@
 """coordex from langchain-mcp-adapters over stdio, with one persistent session.
 
-    python examples/langchain_mcp.py
+    python examples/langchain_mcp.py            # starts `coordex mcp` from PATH
+
+langchain-mcp-adapters 0.3 is built on the MCP SDK 1.x and coordex on 2.x, so the two live
+in different environments: run this script with the Python that has
+langchain-mcp-adapters; the server it starts is the ``coordex`` command
+(``COORDEX_COMMAND`` overrides it, e.g. ``"/path/to/python -m coordex"``).
 
 ``MultiServerMCPClient.get_tools()`` opens a new MCP session - a new ``coordex mcp``
 process - for every tool call over stdio, so a stateful session would be gone by the
@@ -11,7 +16,9 @@ the tools from it; each ``ToolMessage.artifact`` carries coordex's result dict.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -29,27 +36,43 @@ STEPS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-async def run(env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """The steps through a real ``coordex mcp``; each call's result dict."""
+async def run(command: list[str]) -> list[dict[str, Any]]:
+    """The steps through a real ``coordex mcp`` started as ``command``; each result dict."""
     client = MultiServerMCPClient({"coordex": {
-        "transport": "stdio", "command": sys.executable, "args": ["-m", "coordex", "mcp"],
-        "env": env if env is not None else dict(os.environ)}})
+        "transport": "stdio", "command": command[0], "args": [*command[1:], "mcp"],
+        "env": dict(os.environ)}})
     results = []
     async with client.session("coordex") as session:  # one process for the whole run
         tools = {tool.name: tool for tool in await load_mcp_tools(session)}
         for n, (name, args) in enumerate(STEPS):
             message = await tools[name].ainvoke(
                 {"type": "tool_call", "id": f"call_{n}", "name": name, "args": args})
-            results.append(structured(message.artifact))
+            results.append(structured(message))
     return results
 
 
-def structured(artifact: Any) -> dict[str, Any]:
-    """coordex's result dict from a tool message's artifact."""
+def structured(message: Any) -> dict[str, Any]:
+    """coordex's result dict from a ``ToolMessage``.
+
+    A result is in the artifact's structured content; an error (``isError``) reaches
+    langchain as a tool error whose text is the error dict as JSON.
+    """
+    artifact = message.artifact
     content = artifact.get("structured_content") if isinstance(artifact, dict) else None
-    return dict(content) if isinstance(content, dict) else {"artifact": artifact}
+    if isinstance(content, dict):
+        return dict(content)
+    blocks = message.content if isinstance(message.content, list) else [message.content]
+    text = "".join(b.get("text", "") if isinstance(b, dict) else str(b) for b in blocks)
+    try:
+        return dict(json.loads(text))
+    except (ValueError, TypeError):
+        return {"error": text, "status": message.status}
 
 
 if __name__ == "__main__":
-    for step, result in zip(STEPS, asyncio.run(run()), strict=True):
-        print(step[1]["code"].splitlines()[0], "->", result.get("result", result.get("error")))
+    results = asyncio.run(run(shlex.split(os.environ.get("COORDEX_COMMAND", "coordex"))))
+    if "--json" in sys.argv:
+        print(json.dumps(results))
+    else:
+        for step, result in zip(STEPS, results, strict=True):
+            print(step[1]["code"].splitlines()[0], "->", result.get("result", result.get("error")))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -55,3 +58,28 @@ def test_openai_agents_sdk_with_strict_schemas(tmp_path: Path) -> None:
     assert after["result"] == "2"
     assert define["name"] == "share" and call["value"] == 0.6  # args as JSON text
     assert [s["session_name"] for s in listed["sessions"]] == [None, "sales"]
+
+
+@pytest.mark.network
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_langchain_mcp_adapters_with_a_persistent_session(tmp_path: Path) -> None:
+    # langchain-mcp-adapters needs the MCP SDK 1.x, coordex 2.x: the client runs in an
+    # environment coordex builds for it, and starts this checkout's coordex as its server.
+    from coordex.environments import EnvironmentManager
+
+    manager = EnvironmentManager(tmp_path / "client-env")
+    created = manager.create("langchain-mcp-adapters>=0.3,<0.4")
+    built = manager.build(created["venv_id"])
+    if built.get("error_type") == "environment" and "network" in built["error"].lower():
+        pytest.skip("the package registry cannot be reached")
+    assert built.get("built"), built
+    env = child_env(tmp_path / "home", COORDEX_COMMAND=f"{sys.executable} -m coordex")
+    done = subprocess.run([str(manager.python_for(created["venv_id"])),
+                           str(EXAMPLES / "langchain_mcp.py"), "--json"],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    load, look, total, missing = json.loads(done.stdout.splitlines()[-1])
+    assert load["result"] == "3" and look["result"] == "4"
+    assert total["result"] == "245"  # the session lived across calls; the copy's append did not
+    assert missing["error_type"] == "execution" and missing["exception"] == "NameError"
