@@ -7,6 +7,8 @@ call.
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,3 +79,23 @@ def test_the_operator_timeout_is_the_one_described(tmp_path: Path) -> None:
                               "--timeout", "1")
     assert "interrupted after 1 s" in tools["execute_code"]["description"]
     assert results[0]["error_type"] == "timeout"
+
+
+def test_the_readme_desktop_config_starts_a_working_server(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    found = re.search(r"\*\*Claude Desktop\*\*.*?```json\n(.*?)```", readme, re.S)
+    assert found is not None, "the README shows the Claude Desktop config"
+    server = json.loads(found.group(1))["mcpServers"]["coordex"]
+    # The config names the installed command; here it is this interpreter's script.
+    command = str(Path(sys.executable).with_name(server["command"]))
+    params = StdioServerParameters(command=command, args=server["args"], env=child_env(tmp_path))
+
+    async def main() -> list[str]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            result = await session.call_tool("execute_code", {"code": "6 * 7"})
+            assert result.structured_content is not None
+            assert result.structured_content["result"] == "42"
+            return [tool.name for tool in (await session.list_tools()).tools]
+
+    assert "execute_code" in anyio.run(main)
