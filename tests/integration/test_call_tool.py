@@ -128,3 +128,15 @@ def test_a_required_argument_sent_as_null_is_missing(ex: Executor) -> None:
 def test_call_tool_results_are_json_normal(ex: Executor) -> None:
     result = ex.call_tool("execute_code", {"code": "print('hi')"})
     assert json.loads(json.dumps(result)) == result and result["stdout"] == "hi\n"
+
+
+def test_the_async_executor_routes_tool_calls(tmp_path: Path) -> None:
+    import asyncio
+
+    from coordex import AsyncExecutor
+
+    async def main() -> dict[str, Any]:
+        async with AsyncExecutor(root=tmp_path) as ex:
+            return await ex.call_tool("execute_code", '{"code": "6 * 7", "timeout": null}')
+
+    assert asyncio.run(main())["result"] == "42"
