@@ -8,30 +8,18 @@ checks what the model saw. Needs the ``frameworks`` extra.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from ..integration.test_sdk_loops import EXAMPLES, example
 from ._procs import child_env
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.timeout(120)]
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_pydantic_ai_mcp_toolset(tmp_path: Path) -> None:
     pytest.importorskip("pydantic_ai")
