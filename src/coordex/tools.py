@@ -15,8 +15,8 @@ required arguments come back as ``validation`` error dicts (SPEC section 4), nev
 exceptions; everything else (types, modes, session rules) is the executor's to check.
 
 The tools come in three groups: sessions (``execute_code``, ``list_sessions``,
-``inspect_session``, ``close_session``), environments (``list_environments``,
-``create_environment``) and the stored-function library (``list_functions``,
+``inspect_session``, ``close_session``, ``rebuild_session``), environments
+(``list_environments``, ``create_environment``) and the stored-function library (``list_functions``,
 ``show_function``, ``define_function``, ``call_function``), which places a stored
 function at a coordinate exactly as ``execute_code`` places code.
 
@@ -231,6 +231,27 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         destructive=True,
         idempotent=True,
+    ),
+    ToolSpec(
+        name="rebuild_session",
+        title="Rebuild a lost session",
+        description="Bring back a session whose state was lost (a result said "
+        "state_lost: true or crashed) or that was closed: coordex replays into a fresh "
+        "session, in order, the stateful calls that succeeded and built that state, and "
+        "stops at the first that fails. Warning: the replayed code runs again - files it "
+        "writes are written again, requests it sends are sent again. Returns replayed (how "
+        "many calls ran), failed_at (the log seq of the call that failed, or null) and the "
+        "session. Read-only and stateless calls are never replayed.",
+        parameters=_object(
+            {
+                "language": _LANGUAGE,
+                "session_id": _SESSION_ID,
+                "session_name": _SESSION_NAME,
+                "venv_id": _VENV_ID,
+            }
+        ),
+        destructive=True,
+        open_world=True,
     ),
     ToolSpec(
         name="list_environments",
@@ -570,6 +591,7 @@ _HANDLERS: dict[str, _Handler] = {
     "list_sessions": _plain(lambda ex: ex.list_sessions),
     "inspect_session": _plain(lambda ex: ex.inspect_session),
     "close_session": _plain(lambda ex: ex.close_session),
+    "rebuild_session": _plain(lambda ex: ex.rebuild_session),
     "list_environments": _plain(lambda ex: ex.environments.list),
     "create_environment": _create_environment,
     "list_functions": _plain(lambda ex: ex.functions.list),

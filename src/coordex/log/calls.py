@@ -20,7 +20,7 @@ from typing import Any
 from ..core.coordinates import LANGUAGES, Coordinate
 from ..core.errors import CoordexError, validation
 from .rebuild import rebuild_hint
-from .store import CallLog, decode_row, rows_where
+from .store import CallLog, LogReader, decode_row, rows_where
 
 _notes = threading.local()
 
@@ -87,7 +87,7 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
 
 
 def _add_hint(result: dict[str, Any], session: dict[str, Any] | None) -> None:
-    if session is None or session.get("session_id") is None and session.get("session_name") is None:
+    if session is None or (session.get("session_id") is None and session.get("session_name") is None):
         return  # a stateless call keeps no state to get back
     hint = rebuild_hint(session)
     current = result.get("suggestion")
@@ -133,7 +133,7 @@ def check_filters(language: Any, session_id: Any, session_name: Any, venv_id: An
     return filters
 
 
-def history(log: CallLog, language: Any = None, session_id: Any = None,
+def history(log: CallLog | LogReader, language: Any = None, session_id: Any = None,
             session_name: Any = None, venv_id: Any = None, limit: Any = 50) -> dict[str, Any]:
     """``{"calls": [...]}``, newest last (SPEC section 11). Raises CoordexError."""
     where, params = rows_where(check_filters(language, session_id, session_name, venv_id, limit))
@@ -143,7 +143,7 @@ def history(log: CallLog, language: Any = None, session_id: Any = None,
     return {"calls": [decode_row(row) for row in rows]}
 
 
-def read(log: CallLog, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+def read(log: CallLog | LogReader, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     """``log.query`` with storage failures turned into an error a model can act on."""
     try:
         return log.query(sql, params)

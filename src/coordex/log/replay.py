@@ -48,7 +48,7 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
                                         session_id=open_record["session_id"],
                                         venv_id=coordinate.venv_id)
         if "error_type" in closed:
-            return closed  # type: ignore[no-any-return]
+            return closed
     identity = _identity(coordinate, rows)
     log.event("rebuild", identity)
     replayed, failed_at, failure = 0, None, None
@@ -108,9 +108,9 @@ def _open_session(executor: Any, coordinate: Coordinate) -> dict[str, Any] | Non
             continue
         if coordinate.session_name is not None:
             if record.get("session_name") == coordinate.session_name:
-                return record  # type: ignore[no-any-return]
+                return record
         elif record.get("session_id") == (coordinate.session_id or 0):
-            return record  # type: ignore[no-any-return]
+            return record
     return None
 
 

@@ -236,11 +236,23 @@ class CallLog:
             return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
 
 
-def open_reader(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """A connection for reading a log file another process writes (``coordex log``)."""
-    conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=5.0)
-    conn.row_factory = sqlite3.Row
-    return conn
+class LogReader:
+    """Reads a log file that another process may be writing (``coordex log``); offers
+    the same ``query`` as :class:`CallLog`. A missing file reads as an empty log."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            cursor = conn.execute(sql, tuple(params))
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+        finally:
+            conn.close()
 
 
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:

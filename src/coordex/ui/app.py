@@ -59,7 +59,7 @@ def _json(status: int, value: Any) -> Response:
     return Response(status, json.dumps(value, default=str).encode("utf-8"))
 
 
-def _int(values: dict[str, list[str]], name: str) -> int | None | str:
+def _int(values: dict[str, list[str]], name: str) -> int | str | None:
     raw = values.get(name, [""])[0]
     if raw == "":
         return None

@@ -513,6 +513,7 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
         else:
             files = protect(msg.get("protect") or [], msg.get("scratch"))
         outcome = None
+        before = namespace.copy() if files is not None else None
         try:
             outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
         except KeyboardInterrupt:
@@ -524,6 +525,13 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
                                  "traceback": "KeyboardInterrupt\n"}}
         if files is not None:
             outcome["isolation"] = {"names": True, "objects": True, "files": files}
+        if before is not None:  # what the copy changed, for the host's call log
+            missing = _MISSING
+            outcome["rebound"] = [name for name, value in namespace.items()
+                                  if before.get(name, missing) is not value
+                                  and _is_user_name(namespace, name)]
+            outcome["deleted"] = [name for name in before
+                                  if name not in namespace and _is_user_name(before, name)]
         _flush_user_streams()
         outcome["id"] = msg["id"]
         outcome["type"] = "done"
