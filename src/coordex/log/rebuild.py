@@ -14,8 +14,10 @@ What a rebuild replays:
 - the session is closed, its process is dead, or it belonged to an earlier run of the
   program: the last life.
 
-A life that began with a loss and holds no successful stateful call (a ``crashed``
-call whose process was never replaced) built nothing, so the life before it is taken.
+A life that began with a loss and holds no other successful stateful call (a
+``crashed`` call, a shell that ran ``exit``) built nothing, so the life before it is
+taken. The call that reported the loss is never replayed: it ended the state itself or
+ran on a process that had just been replaced.
 """
 
 from __future__ import annotations
@@ -44,9 +46,13 @@ def lives(rows: list[Row]) -> list[list[Row]]:
 
 
 def replayable(row: Row) -> bool:
-    """A call that changed the session's state and succeeded."""
+    """A stateful call that succeeded on the session's process as it was.
+
+    A call that reported ``state_lost`` is not: it either ended the state itself (a
+    shell's ``exit``) or ran on a process that had just been replaced.
+    """
     return (row.get("kind") == "call" and row.get("state_mode") == "stateful"
-            and row.get("outcome") == "ok")
+            and row.get("outcome") == "ok" and not row.get("state_lost"))
 
 
 def _began_with_loss(life: list[Row]) -> bool:
