@@ -5,15 +5,12 @@ agent's own interpreter and in bash."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 from pathlib import Path
-
-import pytest
 
 from coordex import Executor
 from coordex.log import LOG_FILE
