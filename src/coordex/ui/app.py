@@ -18,6 +18,7 @@ Anything else gets 401.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 COOKIE = "coordex_ui"
+COOKIE_AGE = 7 * 24 * 3600  # kept across browser restarts, as Jupyter's is
+MAX_COOKIES = 8  # tokens tried per request: a bound on the work a request can cause
 _SECURITY_HEADERS = [
     ("Cache-Control", "no-store"),
     ("X-Content-Type-Options", "nosniff"),
@@ -90,17 +93,21 @@ class UIApp:
         """Answer one request. ``headers`` keys are lower-case."""
         query = parse_qs(query_string, keep_blank_values=True)
         from_query = query.pop("token", [""])[0]
-        token = from_query or _cookie_token(headers.get("cookie", "")) or \
-            _bearer(headers.get("authorization", ""))
-        executor = self.lookup(token) if token else None
+        executor = self.lookup(from_query) if from_query else None
+        for token in (() if from_query else
+                      (*_cookie_tokens(headers.get("cookie", "")),
+                       _bearer(headers.get("authorization", "")))):
+            executor = self.lookup(token) if token else None
+            if executor is not None:
+                break
         if executor is None:
             return Response(401, b"Unauthorized: open the URL with ?token=... once.\n",
                             "text/plain; charset=utf-8",
                             [("WWW-Authenticate", 'Bearer realm="coordex"')])
         extra: list[tuple[str, str]] = []
         if from_query:
-            extra.append(("Set-Cookie", f"{COOKIE}={from_query}; HttpOnly; SameSite=Strict; "
-                          f"Path={self.prefix or '/'}"))
+            extra.append(("Set-Cookie", f"{cookie_name(from_query)}={from_query}; HttpOnly; "
+                          f"SameSite=Strict; Path={self.prefix or '/'}; Max-Age={COOKIE_AGE}"))
         if method not in ("GET", "HEAD"):
             return Response(405, b"Only GET.\n", "text/plain; charset=utf-8", extra)
         rest = path[len(self.prefix):].strip("/")
@@ -132,16 +139,21 @@ class UIApp:
                         "text/plain; charset=utf-8")
 
 
-def _cookie_token(header: str) -> str:
+def cookie_name(token: str) -> str:
+    """The cookie for one token. Cookies do not tell ports apart, so two pages on one
+    host (two programs, two tenants) each need a name of their own."""
+    return f"{COOKIE}_{hashlib.sha256(token.encode('utf-8', 'replace')).hexdigest()[:12]}"
+
+
+def _cookie_tokens(header: str) -> list[str]:
     if not header:
-        return ""
+        return []
     jar: SimpleCookie = SimpleCookie()
     try:
         jar.load(header)
     except CookieError:
-        return ""
-    morsel = jar.get(COOKIE)
-    return morsel.value if morsel is not None else ""
+        return []
+    return [m.value for name, m in jar.items() if name.startswith(COOKIE)][:MAX_COOKIES]
 
 
 def _bearer(header: str) -> str:
