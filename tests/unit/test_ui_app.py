@@ -44,7 +44,8 @@ def test_the_token_once_in_the_url_then_a_cookie() -> None:
     cookie = headers["Set-Cookie"]
     assert cookie.startswith(f"{cookie_name(TOKEN)}={TOKEN};") and "HttpOnly" in cookie
     assert "SameSite=Strict" in cookie
-    page = app.handle("GET", "/ui/", "", {"cookie": f"other=1; {COOKIE}_old=stale; {cookie_name(TOKEN)}={TOKEN}"})
+    jar = f"other=1; {COOKIE}_old=stale; {cookie_name(TOKEN)}={TOKEN}"
+    page = app.handle("GET", "/ui/", "", {"cookie": jar})
     assert page.status == 200 and page.content_type.startswith("text/html")
     assert b"<script>" in page.body
     sessions = app.handle("GET", "/ui/api/sessions", "", {"authorization": f"Bearer {TOKEN}"})
