@@ -265,3 +265,27 @@ def test_replays_are_logged_and_counted_in_the_stats(ex: Executor) -> None:
     assert session["calls"] == 3 and session["rebuilds"] == 1
     assert session["replayed_calls"] == 1 and session["read_only_changed"] == 1
 
+
+
+def test_stored_function_calls_are_logged(ex: Executor) -> None:
+    @ex.functions.define()
+    def remember(value):  # type: ignore[no-untyped-def]
+        global remembered
+        remembered = value
+        return value
+
+    assert ex.functions["remember"].stateful(session_name="fn")(7) == 7
+    calls = ex.history(session_name="fn")["calls"]
+    assert len(calls) == 1 and calls[0]["state_mode"] == "stateful" and calls[0]["outcome"] == "ok"
+    ex.execute_code("after = 1", state_mode="stateful", session_name="fn")
+    ex.close_session(session_name="fn")
+    # In the own interpreter the arguments were live objects the log does not keep.
+    rebuilt = ex.rebuild_session(session_name="fn")
+    assert rebuilt["replayed"] == 0 and rebuilt["failed_at"] == calls[0]["seq"]
+    assert "stored-function call" in rebuilt["failure"]["error"]
+
+
+def test_a_read_only_copy_cannot_read_the_log(ex: Executor) -> None:
+    ex.plan_namespace["ex"] = ex
+    r = ex.execute_code("ex.history()", state_mode="read_only", session_id=0)
+    assert "not readable from a read-only copy" in r["result"], r

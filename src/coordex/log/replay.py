@@ -21,7 +21,7 @@ from .rebuild import lost_calls, replay_failed, session_arguments
 from .store import CallLog, decode_row, rows_where
 
 _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, state_mode, "
-                "code, code_truncated, outcome, exit_code, state_lost")
+                "code, code_truncated, duration_ms, outcome, exit_code, state_lost")
 
 
 def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
@@ -63,10 +63,18 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
                        "suggestion": "Run that step again yourself, then continue."}
             break
         code = row["code"]
+        if _IN_PROCESS_ARGUMENTS in code:
+            failed_at = row["seq"]
+            failure = {"error": f"Call {row['seq']} was a stored-function call in the agent's "
+                       "own interpreter; its arguments were live objects, which the log does "
+                       "not keep, so it cannot be replayed.", "error_type": "validation",
+                       "suggestion": "Call that function again yourself with the same "
+                       "arguments, then continue."}
+            break
         note_replay(row["seq"], code)
         result = executor.execute_code(code, language=coordinate.language,
                                        state_mode="stateful", venv_id=coordinate.venv_id,
-                                       **target)
+                                       timeout=_replay_timeout(executor, row), **target)
         session = result.get("session") or session
         if replay_failed(row, result):
             failed_at = row["seq"]
@@ -79,6 +87,18 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     if failure is not None:
         report["failure"] = failure
     return report
+
+
+# How a stored-function call in the agent's own interpreter reaches its arguments: a
+# slot in the host's memory (coordex.library.functions.call_code), gone after the call.
+_IN_PROCESS_ARGUMENTS = "fromlist=['_SLOTS'])._SLOTS["
+
+
+def _replay_timeout(executor: Any, row: dict[str, Any]) -> float:
+    """The executor's timeout, or more for a step that took long the first time (its
+    own timeout is not logged): a replay should not fail only for being slow."""
+    took = (row.get("duration_ms") or 0.0) / 1000.0
+    return float(max(executor.timeout, 2 * took + 5.0))
 
 
 def _session_rows(log: CallLog, coordinate: Coordinate) -> list[dict[str, Any]]:

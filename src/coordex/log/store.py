@@ -228,6 +228,8 @@ class CallLog:
         """Rows of ``SELECT ... FROM calls ...`` as dicts, after a flush. Raises
         ``sqlite3.Error``/``OSError`` when the file cannot be read: callers turn that
         into an error dict."""
+        if _forked:  # the parent's writer may have held the lock when the copy was made
+            raise OSError("the call log is not readable from a read-only copy")
         self.flush()
         with self._db_lock:
             conn = self._connect()
