@@ -101,6 +101,13 @@ _FUNCTION_VERSION = {
     "description": "A stored version of the function (see 'versions'); omit for the latest.",
 }
 _STATE_MODES = ["stateless", "stateful", "read_only"]
+# The arguments of every tool that names one session and nothing else.
+_SESSION_COORDINATE = {
+    "language": _LANGUAGE,
+    "session_id": _SESSION_ID,
+    "session_name": _SESSION_NAME,
+    "venv_id": _VENV_ID,
+}
 
 
 def _object(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
@@ -204,14 +211,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "its type, a short repr and bound_at_call / calls_ago (how stale it is). Bash: cwd, "
         "variables, functions and aliases the session added. Without a session, inspects "
         "session 0 of that language and environment.",
-        parameters=_object(
-            {
-                "language": _LANGUAGE,
-                "session_id": _SESSION_ID,
-                "session_name": _SESSION_NAME,
-                "venv_id": _VENV_ID,
-            }
-        ),
+        parameters=_object(_SESSION_COORDINATE),
         read_only=True,
         idempotent=True,
     ),
@@ -221,14 +221,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="End a kept session and free its slot; its state is lost. Name the "
         "session with session_id or session_name. Python session 0 of the agent's own "
         "interpreter cannot be closed.",
-        parameters=_object(
-            {
-                "language": _LANGUAGE,
-                "session_id": _SESSION_ID,
-                "session_name": _SESSION_NAME,
-                "venv_id": _VENV_ID,
-            }
-        ),
+        parameters=_object(_SESSION_COORDINATE),
         destructive=True,
         idempotent=True,
     ),
@@ -242,14 +235,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "writes are written again, requests it sends are sent again. Returns replayed (how "
         "many calls ran), failed_at (the log seq of the call that failed, or null) and the "
         "session. Read-only and stateless calls are never replayed.",
-        parameters=_object(
-            {
-                "language": _LANGUAGE,
-                "session_id": _SESSION_ID,
-                "session_name": _SESSION_NAME,
-                "venv_id": _VENV_ID,
-            }
-        ),
+        parameters=_object(_SESSION_COORDINATE),
         destructive=True,
         open_world=True,
     ),

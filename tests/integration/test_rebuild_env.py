@@ -3,6 +3,7 @@ offline): after the worker is killed with SIGKILL, and after close_session."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -95,3 +96,15 @@ def test_a_crashed_call_names_rebuild_session(env_ex: tuple[Executor, int], tmp_
     assert rebuilt["replayed"] == 1, rebuilt
     r = ex.execute_code("kept", state_mode="stateful", session_name="crash", venv_id=venv)
     assert r["result"] == "5"
+
+
+def test_the_log_keeps_what_a_read_only_copy_changed(env_ex: tuple[Executor, int]) -> None:
+    ex, venv = env_ex
+    ex.execute_code("a = 1\nb = 2", state_mode="stateful", session_name="look", venv_id=venv)
+    ex.execute_code("a = 5\ndel b\nc = 3", state_mode="read_only", session_name="look",
+                    venv_id=venv)
+    rows = ex._call_log.query("SELECT changed FROM calls WHERE state_mode = 'read_only' "
+                              "AND session_name = 'look'")
+    assert json.loads(rows[-1]["changed"]) == {"rebound": ["a", "c"], "deleted": ["b"]}
+    held = {n["name"] for n in ex.inspect_session(session_name="look", venv_id=venv)["names"]}
+    assert held == {"a", "b"}
