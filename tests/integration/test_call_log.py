@@ -227,6 +227,13 @@ def test_a_replay_stops_at_the_first_call_that_fails(ex: Executor, tmp_path: Pat
     assert rebuilt["failure"]["error_type"] == "execution"
     held = {n["name"] for n in ex.inspect_session(session_name="r")["names"]}
     assert "a" in held and "b" not in held and "c" not in held
+    # Once the cause is fixed, asking again retries the whole rebuild.
+    flag.write_text("2")
+    again = ex.rebuild_session(session_name="r")
+    assert again["replayed"] == 3 and again["failed_at"] is None
+    r = ex.execute_code("a, b, c", state_mode="stateful", session_name="r")
+    assert r["result"] == "(1, '2', 3)"
+    assert ex.rebuild_session(session_name="r")["error_type"] == "validation"
 
 
 def test_rebuild_a_bash_session_after_its_shell_exited(ex: Executor) -> None:

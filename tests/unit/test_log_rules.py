@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordex.log.rebuild import lives, lost_calls, rebuild_hint, replay_failed
+from coordex.log.rebuild import lives, lost_calls, rebuild_hint, replay_failed, unfinished_rebuild
 from coordex.log.stats import summarize
 from coordex.log.store import CODE_CAP_BYTES, cap_code
 
@@ -97,3 +97,15 @@ def test_stats_count_per_session_and_per_coordinate() -> None:
     assert places[("python", "read_only")]["read_only_changed"] == 1
     assert places[("bash", "stateless")]["errors"] == {"timeout": 1}
     assert report["totals"]["calls"] == 7
+
+
+def test_a_rebuild_that_stopped_at_a_failure_can_be_asked_again() -> None:
+    stopped = [call(1), call(2), event(3, "close"),
+               {**event(4, "rebuild"), "changed": {"replays": [1, 2]}},
+               call(5, replay_of=1), call(6, outcome="execution", replay_of=2)]
+    assert lost_calls(stopped, live=True) is None
+    assert unfinished_rebuild(stopped) == [1, 2]
+    finished = [*stopped[:5], call(6, replay_of=2)]
+    assert unfinished_rebuild(finished) is None
+    lost_again = [*finished, call(7, lost=True)]
+    assert unfinished_rebuild(lost_again) is None

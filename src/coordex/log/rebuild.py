@@ -10,7 +10,8 @@ What a rebuild replays:
 
 - the session is open and its process alive: the life before the latest loss, if the
   current life began with one (a session that was created or rebuilt and has lost
-  nothing since has nothing to rebuild);
+  nothing since has nothing to rebuild - unless that rebuild stopped at a failing call,
+  which asking again retries: :func:`unfinished_rebuild`);
 - the session is closed, its process is dead, or it belonged to an earlier run of the
   program: the last life.
 
@@ -79,6 +80,21 @@ def lost_calls(rows: list[Row], *, live: bool) -> list[Row] | None:
     if not history:
         return []
     return [row for row in history[-1] if replayable(row)]
+
+
+def unfinished_rebuild(rows: list[Row]) -> list[int] | None:
+    """The seqs a rebuild meant to replay, if the session's current life is that rebuild
+    and not all of them replayed (it stopped at a failure): asking again retries it."""
+    history = lives(rows)
+    if not history or history[-1][0].get("kind") != "rebuild":
+        return None
+    detail = history[-1][0].get("changed")
+    planned = detail.get("replays") if isinstance(detail, dict) else None
+    if not isinstance(planned, list):
+        return None
+    done = {r.get("replay_of") for r in history[-1]
+            if r.get("kind") == "call" and r.get("outcome") == "ok"}
+    return planned if any(seq not in done for seq in planned) else None
 
 
 def replay_failed(original: Row, result: dict[str, Any]) -> bool:

@@ -17,11 +17,12 @@ from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError
 from .calls import note_replay, read
-from .rebuild import lost_calls, replay_failed, session_arguments
+from .rebuild import lost_calls, replay_failed, session_arguments, unfinished_rebuild
 from .store import CallLog, decode_row, rows_where
 
 _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, state_mode, "
-                "code, code_truncated, duration_ms, outcome, exit_code, state_lost")
+                "code, code_truncated, duration_ms, outcome, exit_code, state_lost, changed, "
+                "replay_of")
 
 
 def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
@@ -36,7 +37,9 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     live = open_record is not None and bool(open_record.get("alive"))
     plan = coordinate.language == "python" and coordinate.venv_id is None and \
         not coordinate.session_name and not coordinate.session_id
-    calls = lost_calls(rows, live=live or (plan and mine))
+    retry = unfinished_rebuild(rows)
+    calls = _rows_by_seq(log, retry) if retry is not None else \
+        lost_calls(rows, live=live or (plan and mine))
     where = session_arguments(_identity(coordinate, rows))
     if calls is None:
         raise CoordexError(
@@ -50,7 +53,7 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
         if "error_type" in closed:
             return closed
     identity = _identity(coordinate, rows)
-    log.event("rebuild", identity)
+    log.event("rebuild", identity, {"replays": [row["seq"] for row in calls]})
     replayed, failed_at, failure = 0, None, None
     session = identity
     target = ({"session_name": identity["session_name"]} if identity.get("session_name")
@@ -117,6 +120,13 @@ def _session_rows(log: CallLog, coordinate: Coordinate) -> list[dict[str, Any]]:
         return []
     rows = read(log, f"SELECT {_ROW_COLUMNS} FROM calls WHERE {where} AND owner = ? "
                 "ORDER BY seq", [*params, owners[0]["owner"]])
+    return [decode_row(row) for row in rows]
+
+
+def _rows_by_seq(log: CallLog, seqs: list[int]) -> list[dict[str, Any]]:
+    marks = ", ".join("?" * len(seqs))
+    rows = read(log, f"SELECT {_ROW_COLUMNS} FROM calls WHERE seq IN ({marks}) ORDER BY seq",
+                list(seqs))
     return [decode_row(row) for row in rows]
 
 

@@ -133,11 +133,12 @@ class CallLog:
         if not _forked:
             self._pending.append(row)
 
-    def event(self, kind: str, session: dict[str, Any]) -> None:
-        """Queue a ``close`` or ``rebuild`` row for ``session`` (a SPEC session record)."""
+    def event(self, kind: str, session: dict[str, Any], detail: Any = None) -> None:
+        """Queue a ``close`` or ``rebuild`` row for ``session`` (a SPEC session record);
+        ``detail`` is kept in the row's ``changed`` column (a rebuild's planned replays)."""
         self.record((time.time(), kind, session.get("language"), session.get("venv_id"),
                      session.get("session_id"), session.get("session_name"), None, None, None,
-                     None, None, False, False, None, None, None))
+                     None, None, False, False, None, detail, None))
 
     def flush(self) -> None:
         """Write every queued row now. Never raises; failures count in ``dropped``."""
