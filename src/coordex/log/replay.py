@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
-from ..core.errors import CoordexError
+from ..core.errors import CoordexError, make_error
 from .calls import note_replay, read
 from .rebuild import lost_calls, replay_failed, session_arguments, unfinished_rebuild
 from .store import CallLog, decode_row, rows_where
@@ -54,42 +54,50 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
             return closed
     identity = _identity(coordinate, rows)
     log.event("rebuild", identity, {"replays": [row["seq"] for row in calls]})
-    replayed, failed_at, failure = 0, None, None
-    session = identity
+    report = _replay(executor, coordinate, identity, calls)
+    report["calls"] = [row["seq"] for row in calls]
+    return report
+
+
+def _replay(executor: Any, coordinate: Coordinate, identity: dict[str, Any],
+            calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run ``calls`` again in order into the session ``identity`` names; stop at the
+    first that cannot run or fails."""
     target = ({"session_name": identity["session_name"]} if identity.get("session_name")
               else {"session_id": identity.get("session_id") or 0})
+    report: dict[str, Any] = {"replayed": 0, "failed_at": None, "session": identity}
     for row in calls:
-        if row.get("code_truncated") or not isinstance(row.get("code"), str):
-            failed_at = row["seq"]
-            failure = {"error": f"Call {row['seq']} was longer than the log keeps (64 KiB), "
-                       "so it cannot be replayed.", "error_type": "validation",
-                       "suggestion": "Run that step again yourself, then continue."}
+        failure = _cannot_replay(row)
+        if failure is None:
+            note_replay(row["seq"], row["code"])
+            result = executor.execute_code(row["code"], language=coordinate.language,
+                                           state_mode="stateful", venv_id=coordinate.venv_id,
+                                           timeout=_replay_timeout(executor, row), **target)
+            report["session"] = result.get("session") or report["session"]
+            if replay_failed(row, result):
+                failure = {k: result[k] for k in ("error", "error_type", "suggestion",
+                                                  "exit_code", "stderr") if k in result}
+        if failure is not None:
+            report.update(failed_at=row["seq"], failure=failure)
             break
-        code = row["code"]
-        if _IN_PROCESS_ARGUMENTS in code:
-            failed_at = row["seq"]
-            failure = {"error": f"Call {row['seq']} was a stored-function call in the agent's "
-                       "own interpreter; its arguments were live objects, which the log does "
-                       "not keep, so it cannot be replayed.", "error_type": "validation",
-                       "suggestion": "Call that function again yourself with the same "
-                       "arguments, then continue."}
-            break
-        note_replay(row["seq"], code)
-        result = executor.execute_code(code, language=coordinate.language,
-                                       state_mode="stateful", venv_id=coordinate.venv_id,
-                                       timeout=_replay_timeout(executor, row), **target)
-        session = result.get("session") or session
-        if replay_failed(row, result):
-            failed_at = row["seq"]
-            failure = {k: result[k] for k in ("error", "error_type", "suggestion", "exit_code",
-                                              "stderr") if k in result}
-            break
-        replayed += 1
-    report: dict[str, Any] = {"replayed": replayed, "failed_at": failed_at, "session": session,
-                              "calls": [row["seq"] for row in calls]}
-    if failure is not None:
-        report["failure"] = failure
+        report["replayed"] += 1
     return report
+
+
+def _cannot_replay(row: dict[str, Any]) -> dict[str, Any] | None:
+    """Why a logged call cannot run again as it first ran, or None."""
+    code = row.get("code")
+    if row.get("code_truncated") or not isinstance(code, str):
+        return make_error(
+            "validation", f"Call {row['seq']} was longer than the log keeps (64 KiB), so it "
+            "cannot be replayed.", "Run that step again yourself, then continue.")
+    if _IN_PROCESS_ARGUMENTS in code:
+        return make_error(
+            "validation", f"Call {row['seq']} was a stored-function call in the agent's own "
+            "interpreter; its arguments were live objects, which the log does not keep, so it "
+            "cannot be replayed.",
+            "Call that function again yourself with the same arguments, then continue.")
+    return None
 
 
 # How a stored-function call in the agent's own interpreter reaches its arguments: a
