@@ -19,6 +19,7 @@ from typing import Any
 
 from ..core.coordinates import LANGUAGES, Coordinate
 from ..core.errors import CoordexError, validation
+from ..core.messages import REBUILD_HINT
 from .rebuild import rebuild_hint
 from .store import CallLog, LogReader, decode_row, rows_where
 
@@ -93,6 +94,8 @@ def _add_hint(result: dict[str, Any], session: dict[str, Any] | None) -> None:
     current = result.get("suggestion")
     if not current:
         result["suggestion"] = "The session's earlier state is gone. " + hint
+    elif REBUILD_HINT in current:  # the places' generic wording: name the exact call
+        result["suggestion"] = current.replace(REBUILD_HINT, hint)
     elif "rebuild_session" not in current:
         result["suggestion"] = f"{current.rstrip()} {hint}"
 

@@ -118,7 +118,8 @@ def session_arguments(session: dict[str, Any]) -> str:
 
 
 def rebuild_hint(session: dict[str, Any] | None) -> str:
-    """The sentence every ``crashed`` or ``state_lost`` result's suggestion ends with."""
+    """The sentence every ``crashed`` or ``state_lost`` result's suggestion ends with:
+    :data:`coordex.core.messages.REBUILD_HINT` with the session's own coordinates."""
     where = session_arguments(session) if session else "language=..., session_name=..."
-    return (f"To get the lost state back, call rebuild_session({where}): it replays, in a "
-            "fresh session, the stateful calls that built it (their code runs again).")
+    return (f"To bring the lost state back, call rebuild_session({where}): it replays the "
+            "stateful calls that built it (their code runs again).")
