@@ -67,6 +67,7 @@ class UIServer:
                 "Pass port=0 to take any free port, or another port that is free.")
         server.app = UIApp(single_tenant(executor, self.token))
         self._server = server
+        self._closed = False
         bound_port = server.server_address[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{bound_port}/ui/?token={self.token}"
@@ -75,6 +76,9 @@ class UIServer:
         self._thread.start()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
