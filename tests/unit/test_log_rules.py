@@ -96,6 +96,7 @@ def test_stats_count_per_session_and_per_coordinate() -> None:
     places = {(c["language"], c["state_mode"]): c for c in report["coordinates"]}
     assert places[("python", "read_only")]["read_only_changed"] == 1
     assert places[("bash", "stateless")]["errors"] == {"timeout": 1}
+    assert places[("python", "stateful")]["rebuilds"] == 1
     assert report["totals"]["calls"] == 7
 
 

@@ -51,8 +51,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 sessions[key] = {"language": key[0], "venv_id": key[1], "session_id": key[2],
                                  "session_name": key[3], **_blank()}
             _count(sessions[key], row)
-        if row.get("kind") == "call":
-            place = (row.get("language"), row.get("venv_id"), row.get("state_mode"))
+        if row.get("kind") in ("call", "rebuild"):
+            # A rebuild starts a stateful session over: it counts at that coordinate.
+            mode = "stateful" if row.get("kind") == "rebuild" else row.get("state_mode")
+            place = (row.get("language"), row.get("venv_id"), mode)
             if place not in places:
                 places[place] = {"language": place[0], "venv_id": place[1],
                                  "state_mode": place[2], **_blank()}
