@@ -5,6 +5,7 @@ agent's own interpreter and in bash."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -296,3 +297,30 @@ def test_a_read_only_copy_cannot_read_the_log(ex: Executor) -> None:
     ex.plan_namespace["ex"] = ex
     r = ex.execute_code("ex.history()", state_mode="read_only", session_id=0)
     assert "not readable from a read-only copy" in r["result"], r
+
+
+def test_a_forked_child_logs_only_through_its_own_executor(root: Path) -> None:
+    import warnings
+
+    with Executor(root=root) as ex:
+        ex.execute_code("'parent'")
+        ex._call_log.flush()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            code = 1
+            try:
+                # The parent's log is silent here (its runner threads did not survive the
+                # fork either, so write to the log directly).
+                ex._call_log.event("close", {"language": "python", "session_id": 9})
+                ex._call_log.flush()
+                with Executor(root=root) as own:
+                    own.execute_code("'child'")
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        codes = [c["code"] for c in ex.history()["calls"]]
+        kinds = [r["kind"] for r in ex._call_log.query("SELECT kind FROM calls")]
+    assert codes == ["'parent'", "'child'"] and kinds == ["call", "call"]

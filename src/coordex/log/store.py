@@ -19,8 +19,9 @@ one order across processes and restarts. Every row names the Executor that wrote
 (``owner``), which is how a rebuild tells this run's sessions from another's.
 
 Bounds: after each batch, rows beyond ``max_rows`` are deleted oldest first. A
-read-only call forks the agent's process; a fork child never writes or reads the log
-(SQLite connections must not cross ``fork()``).
+read-only call forks the agent's process: a log inherited through ``fork()`` never
+writes or reads in the child (SQLite connections must not cross it); a log the child
+opens itself works as anywhere.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import secrets
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,17 +79,18 @@ COLUMNS = ("seq", "at", "owner", "kind", "language", "venv_id", "session_id", "s
 _INSERT = (f"INSERT INTO calls ({', '.join(COLUMNS[1:])}) "
            f"VALUES ({', '.join('?' * (len(COLUMNS) - 1))})")
 
-# Set in a fork child (a read-only copy): the log belongs to the parent.
-_forked = False
+# Logs that exist when the process forks belong to the parent: in the child (a read-only
+# copy, a multiprocessing worker) they fall silent. Logs the child opens itself work.
+_LIVE_LOGS: weakref.WeakSet[CallLog] = weakref.WeakSet()
 
 
-def _mark_forked() -> None:
-    global _forked
-    _forked = True
+def _silence_inherited_logs() -> None:
+    for log in list(_LIVE_LOGS):
+        log.forked = True
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_mark_forked)
+    os.register_at_fork(after_in_child=_silence_inherited_logs)
 
 
 def cap_code(code: str) -> tuple[str, bool]:
@@ -121,8 +124,10 @@ class CallLog:
         self._conn: sqlite3.Connection | None = None
         self._stop = threading.Event()
         self._interval = flush_interval
+        self.forked = False
         self._thread = threading.Thread(target=self._run, name="coordex-log", daemon=True)
         self._thread.start()
+        _LIVE_LOGS.add(self)
 
     # -- writing ----------------------------------------------------------------------
 
@@ -130,7 +135,7 @@ class CallLog:
         """Queue one row: ``(at, kind, language, venv_id, session_id, session_name,
         state_mode, code, duration_ms, outcome, exit_code, state_lost, retried,
         isolation, changed, replay_of)``; the writer serialises and caps it."""
-        if not _forked:
+        if not self.forked:
             self._pending.append(row)
 
     def event(self, kind: str, session: dict[str, Any], detail: Any = None) -> None:
@@ -142,7 +147,7 @@ class CallLog:
 
     def flush(self) -> None:
         """Write every queued row now. Never raises; failures count in ``dropped``."""
-        if _forked:
+        if self.forked:
             return
         with self._db_lock:
             batch = []
@@ -229,7 +234,7 @@ class CallLog:
         """Rows of ``SELECT ... FROM calls ...`` as dicts, after a flush. Raises
         ``sqlite3.Error``/``OSError`` when the file cannot be read: callers turn that
         into an error dict."""
-        if _forked:  # the parent's writer may have held the lock when the copy was made
+        if self.forked:  # the parent's writer may have held the lock when the copy was made
             raise OSError("the call log is not readable from a read-only copy")
         self.flush()
         with self._db_lock:
