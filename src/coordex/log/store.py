@@ -157,8 +157,8 @@ class CallLog:
                 self._write(batch)
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
-        rows = [self._encode(row) for row in batch]
         try:
+            rows = [self._encode(row) for row in batch]
             conn = self._connect()
             with conn:  # one transaction: rows and pruning together
                 conn.execute("BEGIN IMMEDIATE")
@@ -169,7 +169,7 @@ class CallLog:
                     conn.execute("DELETE FROM calls WHERE seq <= ?", (high - self.max_rows,))
             self.problem = None
         except (sqlite3.Error, OSError, ValueError) as exc:
-            self.dropped += len(rows)
+            self.dropped += len(batch)
             self.problem = f"{type(exc).__name__}: {exc}"
             self._drop_connection()
 
@@ -180,8 +180,9 @@ class CallLog:
         truncated = False
         if isinstance(code, str):
             code, truncated = cap_code(code)
-            if _has_surrogates(code):  # SQLite takes UTF-8 only; keep the rest readable
-                code = code.encode("utf-8", "backslashreplace").decode("utf-8")
+            code = _utf8(code)
+        if isinstance(session_name, str):
+            session_name = _utf8(session_name)
         return (at, self.owner, kind, language, venv_id, session_id, session_name, state_mode,
                 code, int(truncated), duration_ms, outcome, exit_code, int(bool(state_lost)),
                 int(bool(retried)), _json(isolation), _json(changed), replay_of)
@@ -287,12 +288,14 @@ def _json(value: Any) -> str | None:
         return None
 
 
-def _has_surrogates(text: str) -> bool:
+def _utf8(text: str) -> str:
+    """``text`` as SQLite can store it: lone surrogates (which UTF-8 cannot carry) are
+    written as ``\\udXXX`` escapes, so one odd call never costs a whole batch."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return True
-    return False
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def rows_where(filters: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
