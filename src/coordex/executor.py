@@ -63,6 +63,12 @@ class Executor:
             directory); writes anywhere else are refused.
         envs_dir: where built environments live (default ``root/envs``); tenants may
             share one, since folders are named by the spec's hash.
+        cluster: a Ray cluster's address (``"auto"``, ``"ray://host:port"``, or a local
+            cluster's address): bash sessions, environment sessions and stateless
+            environment and bash calls then run on its nodes (SPEC section 10). Needs
+            ``pip install 'coordex[ray]'``; without Ray, or when the cluster cannot be
+            joined, the constructor raises ``ValueError`` saying what to do, as it does
+            for any bad constructor argument.
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -72,7 +78,8 @@ class Executor:
                  timeout: float = 60.0, *, build_timeout: float = 900.0,
                  output_limit: int = DEFAULT_OUTPUT_LIMIT,
                  read_only_paths: list[str] | None = None,
-                 envs_dir: str | os.PathLike[str] | None = None) -> None:
+                 envs_dir: str | os.PathLike[str] | None = None,
+                 cluster: str | None = None) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -87,6 +94,8 @@ class Executor:
         self.output_limit = int(output_limit)
         self.read_only_paths = list(read_only_paths) if read_only_paths is not None else None
         self._envs_dir = Path(envs_dir) if envs_dir is not None else None
+        self._cluster: Any = self._join_cluster(cluster) if cluster is not None else None
+        self._cluster_places: dict[tuple[str, int | None], Any] = {}
         self._lock = threading.RLock()
         self._registry = SessionRegistry(max_sessions, now=time.time())
         self._own = OwnInterpreter()
@@ -134,6 +143,9 @@ class Executor:
         if self._environments is not None:
             with contextlib.suppress(Exception):
                 self._environments.close()
+        if self._cluster is not None:
+            with contextlib.suppress(Exception):
+                self._cluster.close()
 
     # ------------------------------------------------------------------ execute_code
 
@@ -208,6 +220,8 @@ class Executor:
         return self._run_read_only(coordinate, request)
 
     def _run_stateless(self, coordinate: Coordinate, request: RunRequest) -> Outcome:
+        if self._cluster is not None and (coordinate.language == "bash" or coordinate.venv_id is not None):
+            return dict(self._cluster_place(coordinate.language, coordinate.venv_id).run_stateless(request))
         if coordinate.language == "bash":
             from .backends.shell import run_stateless
 
@@ -340,10 +354,12 @@ class Executor:
     # ------------------------------------------------------------------ session backends
 
     def _start_session(self, key: SessionKey) -> Any:
-        if key.language == "bash":
+        if self._cluster is not None and (key.language == "bash" or key.venv_id is not None):
+            backend: Any = self._cluster_place(key.language, key.venv_id).open_session()
+        elif key.language == "bash":
             from .backends.shell import ShellSession
 
-            backend: Any = ShellSession(env=self._bash_env(key.venv_id))
+            backend = ShellSession(env=self._bash_env(key.venv_id))
         elif key.venv_id is None:
             backend = self._own.new_session()
             self._inject_globals(backend)
@@ -381,6 +397,36 @@ class Executor:
         if existing is None:
             raise _closed_error()
         return existing
+
+    def _join_cluster(self, address: Any) -> Any:
+        """Join the Ray cluster at ``address`` (SPEC section 10); ValueError if it cannot."""
+        if not isinstance(address, str) or not address.strip():
+            raise ValueError(f"cluster must be a Ray address such as 'auto' or "
+                             f"'ray://host:10001', got {address!r}")
+        try:
+            from .backends.ray import RayCluster
+
+            return RayCluster(address, capabilities=_CapabilityBridge(self),
+                              build_timeout=self.build_timeout)
+        except CoordexError as exc:
+            raise ValueError(f"{exc.error} {exc.suggestion}") from None
+
+    def _cluster_place(self, language: str, venv_id: int | None) -> Any:
+        """The place of (language, environment) on the cluster; an environment is built
+        on the node that needs it, from its spec and hash, with the spec's resources."""
+        place = self._cluster_places.get((language, venv_id))
+        if place is None:
+            from .backends.ray import EnvRef
+            from .core.spec import spec_resources
+
+            env = None
+            if venv_id is not None:
+                text, spec_hash, label = self.environments_manager.describe(venv_id)
+                env = EnvRef(text, spec_hash, label, spec_resources(text))
+            assert self._cluster is not None
+            place = self._cluster.place(language, env, self._progress.emit)
+            self._cluster_places[(language, venv_id)] = place
+        return place
 
     def _bash_env(self, venv_id: int | None) -> dict[str, str] | None:
         """The environment for bash: the host's, or with ``venv_id`` activated."""
@@ -429,6 +475,8 @@ class Executor:
                 if backend is not None and not isinstance(backend, NamespaceSession):
                     with contextlib.suppress(Exception):
                         record["alive"] = bool(backend.alive())
+                    if getattr(backend, "node", None):  # placed on a cluster node
+                        record["node"] = backend.node
                 records.append(record)
             return {"sessions": records, "max_sessions": self._registry.max_sessions}
 

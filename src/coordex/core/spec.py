@@ -342,3 +342,42 @@ def _invalid(error: str, suggestion: str) -> CoordexError:
 
 
 __all__ = ["NORMAL_FORM_VERSION", "PEP723_BLOCK", "EnvironmentSpec", "SpecKind", "parse_spec"]
+
+
+# -- resources a spec asks for on a cluster ([tool.coordex]) ----------------------------
+
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
+
+
+def spec_resources(text: str) -> dict[str, float]:
+    """What a pyproject spec's ``[tool.coordex]`` table asks of a cluster node.
+
+    Reads ``num_cpus``, ``num_gpus`` (numbers >= 0) and ``memory`` (bytes, a number >=
+    0); other shapes and other keys of the table are not resources and are ignored here.
+    Resources change where a session runs, not what is installed, so they are not part
+    of the spec hash.
+
+    Raises:
+        CoordexError: ``validation`` for a resource that is not a non-negative number.
+    """
+    if not isinstance(text, str) or _PEP723_OPEN.search(text) or not _TOML_TABLE.search(text):
+        return {}
+    data = _load_toml(text, "the pyproject.toml text", line_offset=0)
+    tool = data.get("tool")
+    table = tool.get("coordex") if isinstance(tool, dict) else None
+    if not isinstance(table, dict):
+        return {}
+    resources: dict[str, float] = {}
+    for key in RESOURCE_KEYS:
+        if key not in table:
+            continue
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise _invalid(
+                f"[tool.coordex] {key} (line {_line_of_value(text, key)}) must be a number "
+                f">= 0, got {value!r}.",
+                f"Write it as {key} = 1" + (" (bytes, e.g. memory = 2147483648 for 2 GiB)"
+                                             if key == "memory" else "") + ", or remove it.")
+        if value:
+            resources[key] = float(value)
+    return resources
