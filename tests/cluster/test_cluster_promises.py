@@ -124,6 +124,16 @@ def test_timeouts_interrupt_on_the_node_and_keep_state(cex: Executor, venv: int)
                             session_name="t")["stdout"] == "8\n"
     r = cex.execute_code("sleep 30", language="bash", timeout=1)
     assert r["error_type"] == "timeout", r
+    # A cancel crosses to the node and interrupts as a timeout does: state kept.
+    for place, code in (({"venv_id": venv}, "import time\nwhile True: time.sleep(0.01)"),
+                        ({"language": "bash"}, "sleep 30")):
+        cancel = threading.Event()
+        threading.Timer(1.0, cancel.set).start()
+        started = time.monotonic()
+        r = cex.execute_code(code, state_mode="stateful", session_name="t", timeout=30,
+                             cancel=cancel, **place)  # type: ignore[arg-type]
+        assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+        assert time.monotonic() - started < 6
 
 
 def test_capabilities_called_on_a_node_run_in_the_executor(cex: Executor, venv: int) -> None:

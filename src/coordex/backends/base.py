@@ -45,8 +45,9 @@ class RunRequest:
     # The call's private scratch folder (its TMPDIR), created and removed by the caller;
     # None: the copy is not protected and reports ``files: "none"``.
     scratch: str | None = None
-    # Set by a front end whose request was cancelled: interrupt like a timeout. Only the
-    # own-interpreter backend watches it so far; shells and workers wait for the timeout.
+    # Set by a front end whose request was cancelled: interrupt like a timeout. Watched
+    # by the own interpreter, by worker and shell calls (protected bash read-only copies
+    # wait for their timeout), and carried to a cluster node by the Ray place.
     cancel: threading.Event | None = None
 
 

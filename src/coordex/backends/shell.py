@@ -92,6 +92,8 @@ INSPECT_TIMEOUT = 15.0
 PRIVATE_FD_FLOOR = 200
 # Where pidfds are missing (Linux < 5.3), the selector wakes this often to poll bash.
 POLL_FALLBACK = 0.05
+# How often a call with a cancel event looks at it.
+CANCEL_POLL = 0.05
 READ_CHUNK = 65536
 
 BASH_ARGV = ("bash", "--norc", "--noprofile", "--noediting", "-i", "+m")
@@ -622,8 +624,13 @@ class _Shell:
         spin_until = time.perf_counter() + SPIN_SECONDS if spin else 0
         sync_number = -1
         ended = finished = False
+        cancel = request.cancel if interruptible else None
         try:
             while not finished:
+                if cancel is not None and cancel.is_set() and not ending.timed_out:
+                    deadline = min(deadline, now)  # interrupted as on a timeout
+                    handover_deadline = min(handover_deadline, now + INTERRUPT_GRACE)
+                    cancel = None
                 if now >= deadline:
                     if not interruptible or ending.timed_out:
                         ending.timed_out = True
@@ -648,6 +655,8 @@ class _Shell:
                     timeout_ms = (deadline - now) * 1000
                     if self._pidfd is None:
                         timeout_ms = min(timeout_ms, POLL_FALLBACK * 1000)
+                    if cancel is not None:
+                        timeout_ms = min(timeout_ms, CANCEL_POLL * 1000)
                 for fd, _events in self._poller.poll(timeout_ms):
                     what = self._kinds[fd]
                     if what == _STATUS:

@@ -58,6 +58,7 @@ START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import si
 CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
 STOP_STEP = 1.0  # each stage of close() waits this long before escalating
+CANCEL_POLL = 0.05  # how often a call with a cancel event looks at it
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _PIPE_SIZE = 1 << 20
@@ -334,8 +335,11 @@ class _WorkerProcess:
         # fork child needs on a small machine: spin only for in-process cells.
         spin_until = time.monotonic() + (0.0 if fork_child else SPIN_WAIT)
         stage = 0  # 0 running, 1 interrupted, 2 fork child killed
+        cancel = request.cancel
         while reply.message is None:
             now = time.monotonic()
+            if stage == 0 and cancel is not None and cancel.is_set():
+                escalate_at = now  # a cancelled call is interrupted as on a timeout
             if now >= escalate_at:
                 if stage == 0:
                     reply.interrupted = True
@@ -351,6 +355,8 @@ class _WorkerProcess:
             # Spin briefly before sleeping: most cells answer within a few hundred
             # microseconds, and waking a sleeping thread costs tens of them.
             wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
+            if cancel is not None:
+                wait = min(wait, CANCEL_POLL)
             for fd, _ in self._poll.poll(wait * 1000):
                 if fd in captures:
                     self._pump(fd, captures[fd])
