@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +41,15 @@ def venv(cex: Executor, wheel: Path) -> int:
     created = cex.environments.create(requirement("ledgerlib", wheel), name="ledger")
     assert created["venv_id"] >= 0, created
     return int(created["venv_id"])
+
+
+def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def node_of(ex: Executor, language: str, name: str) -> str:
@@ -184,11 +193,16 @@ def test_resources_from_the_spec_place_the_session(cex: Executor, wheel: Path) -
 
 def test_a_node_dying_between_calls(cex: Executor, venv: int,
                                     local_cluster: LocalCluster) -> None:
-    cex.execute_code("x = 1", state_mode="stateful", session_name="p", venv_id=venv)
-    cex.execute_code("x=1", language="bash", state_mode="stateful", session_name="p")
+    worker = cex.execute_code("x = 1\nimport os; os.getpid()", state_mode="stateful",
+                              session_name="p", venv_id=venv)["result"]
+    shell = cex.execute_code("x=1; sleep 300 & echo $$", language="bash",
+                             state_mode="stateful", session_name="p")["stdout"]
+    pids = {int(worker), int(shell)}
     nodes = {node_of(cex, "python", "p"), node_of(cex, "bash", "p")}
     for node in nodes:
         local_cluster.remove(node)
+    # The dead actors' reapers took the sessions' processes with them.
+    assert wait_until(lambda: not pids & set(owned_processes()), 10)
     started = time.monotonic()
     r = cex.execute_code("globals().get('x', 'gone')", state_mode="stateful",
                          session_name="p", venv_id=venv, timeout=20)
@@ -250,3 +264,22 @@ def test_close_leaves_no_process(local_cluster: LocalCluster, tmp_path: Path, wh
     while owned_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert owned_processes() == []
+
+
+def test_killing_an_actor_ends_the_processes_it_owned(cex: Executor) -> None:
+    import ray
+
+    out = cex.execute_code("sleep 300 & sleep 300 & echo $$", language="bash",
+                           state_mode="stateful", session_name="victim")
+    shell = int(out["stdout"])
+    assert shell in owned_processes()
+    before = set(owned_processes())
+    node = node_of(cex, "bash", "victim")
+    handle = cex._cluster._shared[node].handle  # the node's coordex actor
+    ray.kill(handle)  # no shutdown(): only the reaper can end its children now
+    assert wait_until(lambda: not before & set(owned_processes()), 10), owned_processes()
+    r = cex.execute_code("echo hi", language="bash", state_mode="stateful",
+                         session_name="victim", timeout=10)
+    assert r["error_type"] == "crashed" and r["state_lost"] is True, r
+    r = cex.execute_code("echo hi", language="bash", state_mode="stateful", session_name="victim")
+    assert r["stdout"] == "hi\n", r

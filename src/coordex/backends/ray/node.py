@@ -47,11 +47,15 @@ OWNER_ENV = "COORDEX_NODE_OWNER"
 # How long a capability call on a node waits for the driver's answer before it fails.
 CAPABILITY_WAIT = 300.0
 
-# Runs as ``python -I -c REAPER OWNER_ENV=TOKEN``: waits for end-of-file on stdin (the actor is
-# gone), then kills every process whose environment carries the token. Three passes:
-# a process may fork while the first pass runs.
+# Runs as ``python -I -c REAPER OWNER_ENV=TOKEN``: forks once and lets its parent exit
+# (Ray kills the direct children of a worker that exits, which would take the reaper
+# before it acted), waits for end-of-file on stdin (the actor is gone), then kills
+# every process whose environment carries the token. Three passes: a process may fork
+# while the first pass runs.
 _REAPER = r"""
 import os, signal, sys
+if os.fork():
+    os._exit(0)
 mark = sys.argv[1].encode()
 while os.read(0, 4096):
     pass
@@ -171,10 +175,12 @@ class NodeHost:
 
     def _start_reaper(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
-        return subprocess.Popen([sys.executable, "-I", "-c", _REAPER,
-                                 f"{OWNER_ENV}={self._token}"],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        reaper = subprocess.Popen([sys.executable, "-I", "-c", _REAPER,
+                                   f"{OWNER_ENV}={self._token}"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        reaper.wait()  # the parent half exits at once; its child holds the pipe
+        return reaper
 
     # -- facts ----------------------------------------------------------------------------
 
