@@ -36,6 +36,37 @@ def cex(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Executor]:
         executor.close()
 
 
+# The conformance suite's promises, run again with bash sessions on the cluster's nodes.
+from tests.integration.test_conformance import (  # noqa: E402
+    BASH,
+    Dialect,
+    test_closed_sessions_are_gone,
+    test_output_streams_through_on_output,
+    test_read_only_sees_the_session_and_changes_nothing,
+    test_same_name_in_two_languages_are_two_sessions,
+    test_stateful_keeps_state,
+    test_stateless_sees_and_keeps_nothing,
+    test_the_same_coordinate_errors,
+    test_timeouts_return_promptly,
+)
+
+CONFORMANCE = [test_closed_sessions_are_gone, test_output_streams_through_on_output,
+               test_read_only_sees_the_session_and_changes_nothing,
+               test_same_name_in_two_languages_are_two_sessions, test_stateful_keeps_state,
+               test_stateless_sees_and_keeps_nothing, test_the_same_coordinate_errors,
+               test_timeouts_return_promptly]
+
+
+@pytest.fixture
+def ex(cex: Executor) -> Executor:
+    return cex
+
+
+@pytest.fixture
+def dialect() -> Dialect:
+    return BASH
+
+
 @pytest.fixture
 def venv(cex: Executor, wheel: Path) -> int:
     created = cex.environments.create(requirement("ledgerlib", wheel), name="ledger")
