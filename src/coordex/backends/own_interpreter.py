@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import messages
 from ..core.errors import ERROR_TYPES, make_error
 from ..core.results import OutputBuffer
 from ..worker import _coordex_engine as engine
@@ -529,8 +530,9 @@ class OwnInterpreter:
         finally:
             OWN_LOCK.release()
         if not finished:
-            return _timed_out(out, err, stuck=True, mode=mode)
+            return _timed_out(out, err, stuck=True, mode=mode, seconds=request.timeout)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
+                                  seconds=request.timeout,
                                   mode=mode)
 
     @staticmethod
@@ -550,7 +552,8 @@ class OwnInterpreter:
                 cell = engine.run_cell(request.code, namespace, request.output_limit)
         finally:
             _local.stdout, _local.stderr = saved
-        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode)
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode,
+                                  seconds=request.timeout)
 
     # -- read-only ---------------------------------------------------------------------
 
@@ -625,11 +628,13 @@ class OwnInterpreter:
             cell = None
         if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
             if interrupted_at is not None:
-                outcome = _timed_out(out, err, stuck=False, mode="read_only")
+                outcome = _timed_out(out, err, stuck=False, mode="read_only",
+                                     seconds=request.timeout)
             else:
                 outcome = _crashed_copy(out, err, status)
         else:
             outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
+                                         seconds=request.timeout,
                                          mode="read_only")
         outcome["isolation"] = isolation
         return outcome
@@ -732,18 +737,8 @@ def _signal(pid: int, sig: int) -> None:
 # --------------------------------------------------------------------------- outcomes
 
 
-_INTERRUPTED = {
-    "stateful": "The session survived with its state (interrupted: state kept). Make the "
-                "code faster or do less per call, or pass a larger timeout=.",
-    "stateless": "Nothing is kept from a stateless call. Make the code faster or do less per "
-                 "call, or pass a larger timeout=.",
-    "read_only": "The read-only copy was stopped; the session itself is unchanged. Make the "
-                 "code faster or pass a larger timeout=.",
-}
-
-
 def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer,
-                       timed_out: bool, mode: str = "stateful") -> Outcome:
+                       timed_out: bool, mode: str = "stateful", seconds: float = 0.0) -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
     outcome: Outcome = {
         "stdout": stdout, "stderr": stderr,
@@ -751,10 +746,8 @@ def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffe
         "result": cell.get("result"), "exit_code": None, "images": cell.get("images") or [],
     }
     if timed_out:
-        outcome["error"] = make_error(
-            "timeout", "The code ran past its timeout and was interrupted.",
-            _INTERRUPTED.get(mode, _INTERRUPTED["stateful"]),
-            stdout=stdout, stderr=stderr, state_lost=False)
+        outcome["error"] = messages.timeout("own", _mode(mode), seconds, survived=True,
+                                            stdout=stdout, stderr=stderr)
     elif (cell.get("error") or {}).get("coordex_error_type") in ERROR_TYPES:
         # A coordex error raised inside the code (a stored-function CallError): the
         # model sees its own error_type and suggestion, not a generic execution error.
@@ -796,24 +789,17 @@ def _execution_suggestion(exception: str, mode: str = "stateful") -> str:
     return "Read the traceback, fix the code and run it again."
 
 
-def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str) -> Outcome:
+def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str,
+               seconds: float = 0.0) -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
-    if stuck and mode == "stateful":
-        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
-                      "bytecode); the agent's own interpreter cannot be killed, so the session "
-                      "is still busy and its state is kept. Further calls to this session "
-                      "return timeout at once until the code stops: wait, or use another "
-                      "session.")
-    elif stuck:
-        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
-                      "bytecode) and finishes in the background of the agent's process; no "
-                      "session is affected. Make it faster or pass a larger timeout=.")
-    else:
-        suggestion = _INTERRUPTED.get(mode, _INTERRUPTED["stateful"])
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
-            "error": make_error("timeout", "The code ran past its timeout.", suggestion,
-                                stdout=stdout, stderr=stderr, state_lost=False)}
+            "error": messages.timeout("own", _mode(mode), seconds, survived=not stuck,
+                                      stuck=stuck, stdout=stdout, stderr=stderr)}
+
+
+def _mode(mode: str) -> messages.Mode:
+    return "stateless" if mode == "stateless" else "read_only" if mode == "read_only" else "stateful"
 
 
 def _still_busy() -> Outcome:
@@ -842,13 +828,10 @@ def _crashed_copy(out: OutputBuffer, err: OutputBuffer, status: int | None) -> O
     stdout, stderr = out.getvalue(), err.getvalue()
     how = ""
     if status is not None and os.WIFSIGNALED(status):
-        how = f" (killed by signal {os.WTERMSIG(status)})"
+        how = f"killed by signal {os.WTERMSIG(status)}"
     elif status is not None and os.WIFEXITED(status):
-        how = f" (exit status {os.WEXITSTATUS(status)}; os._exit() or a crash)"
+        how = f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
-            "error": make_error(
-                "crashed", f"The read-only copy of the session died before finishing{how}.",
-                "The session itself is unchanged. Avoid os._exit() and code that crashes "
-                "the interpreter; run the call again after fixing it.",
-                state_lost=False, stdout=stdout, stderr=stderr)}
+            "error": messages.crashed("own", "read_only", how or "no reason given",
+                                      stdout=stdout, stderr=stderr)}
