@@ -10,11 +10,17 @@ from pathlib import Path
 import pytest
 
 from coordex import Executor
+from coordex.backends import _reap
 
 
 def child_pids(pid: int | None = None) -> set[int]:
-    """Every live descendant of ``pid`` (default: this process), from /proc."""
+    """Every live descendant of ``pid`` (default: this process), from /proc.
+
+    The host's process keeper (``backends/_reap.py``) is left out: it belongs to the
+    host, not to a session, and ends when the host does (its own test checks that).
+    """
     pid = os.getpid() if pid is None else pid
+    keeper = _reap.keeper().pid
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -24,7 +30,7 @@ def child_pids(pid: int | None = None) -> set[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] == b"Z":
+        if fields[0] == b"Z" or int(entry) == keeper:
             continue
         parents[int(entry)] = int(fields[1])
     found: set[int] = set()

@@ -27,8 +27,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session
-from .backends.places import EnvironmentPlace, OwnPlace, OwnSession, ShellPlace
+from .backends.places import EnvironmentPlace, OwnPlace, OwnSession
 from .core import coordinates as coords
 from .core import messages
 from .core.coordinates import Coordinate, SessionKey
@@ -144,6 +145,7 @@ class Executor:
         if self._cluster is not None:
             with contextlib.suppress(Exception):
                 self._cluster.close()
+        _process_keeper().release()  # the host's process keeper, once no process is left
 
     # ------------------------------------------------------------------ execute_code
 
@@ -168,8 +170,9 @@ class Executor:
             on_progress: ``on_progress(line)`` called with environment build lines when
                 this call builds its environment on first use (builds do not count
                 against ``timeout``).
-            cancel: an event a front end sets when its request is cancelled; the code is
-                interrupted as on a timeout.
+            cancel: an event a front end sets when its request is cancelled; the code
+                is then interrupted as on a timeout, in every place (state kept; killed
+                only if it ignores the interrupt past the grace period).
         """
         return self._execute(code, language, state_mode, session_id, session_name, venv_id,
                              timeout, on_output, on_progress, cancel, self.output_limit,
@@ -298,23 +301,34 @@ class Executor:
         """The place for one (language, environment), made on first use.
 
         The one point where the kind of place is chosen: a new kind of place (a confined
-        host, a cluster node) is one more branch here, nothing else changes.
+        host, a cluster node) is one more branch in :meth:`_new_place`, nothing else
+        changes. Making a place may build its environment, so it happens outside the
+        executor's lock; of two threads racing, one place is kept and the other closed.
         """
         key: PlaceKey = (language, venv_id)
         with self._lock:
             place = self._places.get(key)
-            if place is not None:
-                return place
-            self._check_open()
-            place = self._new_place(language, venv_id)
-            self._places[key] = place
+        if place is not None:
             return place
+        self._check_open()
+        made = self._new_place(language, venv_id)
+        with self._lock:
+            place = self._places.get(key)
+            if place is None and not self._closed:
+                self._places[key] = made
+                return made
+        made.close()
+        if place is None:
+            raise messages.executor_closed()
+        return place
 
     def _new_place(self, language: str, venv_id: int | None) -> Place:
         if self._cluster is not None:
             return self._cluster_place(language, venv_id)
         if language == "bash":
-            return ShellPlace(lambda: self._bash_env(venv_id))
+            from .backends.shell import ShellPlace
+
+            return ShellPlace(env=self._bash_env(venv_id))
         assert venv_id is not None  # the own interpreter's place exists from the start
         return EnvironmentPlace(
             lambda: self.environments_manager.python_for(venv_id, self._progress.emit),

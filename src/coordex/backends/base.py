@@ -45,9 +45,8 @@ class RunRequest:
     # The call's private scratch folder (its TMPDIR), created and removed by the caller;
     # None: the copy is not protected and reports ``files: "none"``.
     scratch: str | None = None
-    # Set by a front end whose request was cancelled: interrupt like a timeout. Watched
-    # by the own interpreter, by worker and shell calls (protected bash read-only copies
-    # wait for their timeout), and carried to a cluster node by the Ray place.
+    # Set by a front end whose request was cancelled: every place interrupts the code as
+    # at its timeout (state kept), and kills only past INTERRUPT_GRACE.
     cancel: threading.Event | None = None
 
 

@@ -260,6 +260,8 @@ class _FdPump:
             sel.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2)
@@ -435,6 +437,7 @@ class OwnInterpreter:
         self._closed = False
         self._stateless_runners: list[_Runner] = []
         self._runner_lock = threading.Lock()
+        self._active_runner: _Runner | None = None  # the runner of the call now running
 
     def new_session(self, namespace: dict[str, Any] | None = None) -> NamespaceSession:
         environ = environ_snapshot()
@@ -517,6 +520,9 @@ class OwnInterpreter:
         if not OWN_LOCK.acquire(timeout=request.timeout):
             return _own_busy(out, err)
         try:
+            if self._closed:
+                return _closed_own(out, err)
+            self._active_runner = runner
             with _session_process_state(session), _routed_streams():
                 self._fds.start(sink_out, sink_err)
                 try:
@@ -528,7 +534,12 @@ class OwnInterpreter:
                 finally:
                     self._fds.stop()
         finally:
+            self._active_runner = None
+            if self._closed:
+                self._fds.close()  # close() left it to the call that was using it
             OWN_LOCK.release()
+        if self._closed:
+            return _closed_own(out, err)
         if not finished:
             return _timed_out(out, err, stuck=True, mode=mode, seconds=request.timeout)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
@@ -640,12 +651,25 @@ class OwnInterpreter:
         return outcome
 
     def close(self) -> None:
+        """Interrupt a call still running and end the runners; never raises.
+
+        The fd pump is closed here only if no call uses it, else by that call as it
+        ends (closing its pipes under it raised ``OSError: [Errno 9]`` in the call).
+        """
         if self._closed:
             return
         self._closed = True
+        active = self._active_runner
+        if active is not None:
+            active.interrupt()  # the call returns an error dict saying the executor closed
         for runner in self._stateless_runners:
             runner.close()
-        self._fds.close()
+        if OWN_LOCK.acquire(blocking=False):
+            try:
+                if self._active_runner is None:
+                    self._fds.close()
+            finally:
+                OWN_LOCK.release()
 
 
 def _forked_child(session: NamespaceSession, request: RunRequest,
@@ -800,6 +824,18 @@ def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str,
 
 def _mode(mode: str) -> messages.Mode:
     return "stateless" if mode == "stateless" else "read_only" if mode == "read_only" else "stateful"
+
+
+def _closed_own(out: OutputBuffer, err: OutputBuffer) -> Outcome:
+    outcome: Outcome = {"stdout": out.getvalue(), "stderr": err.getvalue(),
+                        "truncated": out.truncated or err.truncated, "result": None,
+                        "exit_code": None, "images": []}
+    outcome["error"] = make_error(
+        "crashed", "The Executor was closed while this code ran; it was interrupted.",
+        "Create a new Executor and run the code again.", state_lost=True,
+        stdout=outcome["stdout"], stderr=outcome["stderr"])
+    outcome["state_lost"] = True
+    return outcome
 
 
 def _still_busy() -> Outcome:

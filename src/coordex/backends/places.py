@@ -9,8 +9,8 @@ one-off, ``close()`` at the end. Each session speaks :class:`~.base.Session`.
   this process; read-only forks it.
 - :class:`EnvironmentPlace` — Python in a built environment: a worker process per
   session, a fork-server template for stateless calls.
-- :class:`ShellPlace` — bash, with or without an environment activated: a kept shell per
-  session, a fresh shell per stateless call.
+- :class:`~.shell.ShellPlace` (in :mod:`.shell`) — bash, with or without an environment
+  activated: a kept shell per session, a fresh shell per stateless call.
 
 What a place needs from the Executor (the environment's interpreter, built on first use;
 the globals every session sees; the capability bridge) comes in as callables, so this
@@ -222,41 +222,10 @@ class EnvironmentPlace:
             template.close()
 
 
-# ----------------------------------------------------------------------------- bash
-
-
-class ShellPlace:
-    """bash, with the host's environment or with an environment activated.
-
-    ``env`` returns the shell's environment (None: the host's); for an environment it
-    builds that environment first, since activating a folder that does not exist yet
-    would silently leave the host's python first on PATH.
-    """
-
-    def __init__(self, env: Callable[[], dict[str, str] | None]) -> None:
-        self._env = env
-
-    def open_session(self) -> Any:
-        from .shell import ShellSession
-
-        return ShellSession(env=self._env())
-
-    def run_stateless(self, request: RunRequest) -> Outcome:
-        from .shell import run_stateless
-
-        return dict(run_stateless(request, env=self._env()))
-
-    def capabilities_changed(self) -> None:
-        """bash sees no capabilities."""
-
-    def close(self) -> None:
-        """Sessions are closed by their owner; stateless shells end with their call."""
-
-
 def place_closed() -> Exception:
     from ..core import messages
 
     return messages.executor_closed()
 
 
-__all__ = ["EnvironmentPlace", "OwnPlace", "OwnSession", "ShellPlace"]
+__all__ = ["EnvironmentPlace", "OwnPlace", "OwnSession"]

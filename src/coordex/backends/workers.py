@@ -52,18 +52,20 @@ from ..protocol import (
     message,
     to_wire,
 )
+from . import _reap
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
 CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
-STOP_STEP = 1.0  # each stage of close() waits this long before escalating
-CANCEL_POLL = 0.05  # how often a call with a cancel event looks at it
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _PIPE_SIZE = 1 << 20
 RunMode = Literal["stateful", "read_only", "stateless"]
+# After a timeout's interrupt was ignored: straight to SIGKILL.
+_KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
+_CANCEL_POLL = 0.05  # with a cancel event, the wait for a reply wakes this often to look
 
 
 class CapabilityHost(Protocol):
@@ -157,7 +159,7 @@ class _WorkerProcess:
         self.python = str(python)
         self.capability_names: list[str] | None = None
         self.hello: dict[str, Any] = {}
-        self.close_step = ""
+        self.close_step: _reap.StopStep | None = None  # how the process was ended
         self._carry: dict[int, bytes] = {}
         self._counter = 0
         self._closed = False
@@ -193,12 +195,11 @@ class _WorkerProcess:
         argv = [self.python, "-u", "-I", str(WORKER_SCRIPT),
                 "--in", str(to_worker_r), "--out", str(from_worker_w)]
         try:
-            # start_new_session: the worker leads a process group, so close() can take
-            # its fork children and the user's subprocesses down with it.
-            self._proc = subprocess.Popen(
+            # A session of its own (``_reap.spawn``): close() takes its fork children and
+            # the user's subprocesses down with it, and so does the keeper if we die.
+            self._proc = _reap.spawn(
                 argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                pass_fds=(to_worker_r, from_worker_w), cwd=cwd, env=worker_env(env),
-                start_new_session=True)
+                pass_fds=(to_worker_r, from_worker_w), cwd=cwd, env=worker_env(env))
         except OSError as exc:
             for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
                 os.close(fd)
@@ -336,11 +337,12 @@ class _WorkerProcess:
         # fork child needs on a small machine: spin only for in-process cells.
         spin_until = time.monotonic() + (0.0 if fork_child else SPIN_WAIT)
         stage = 0  # 0 running, 1 interrupted, 2 fork child killed
-        cancel = request.cancel
+        cancel = request.cancel  # a cancelled request is interrupted as at its timeout
         while reply.message is None:
             now = time.monotonic()
-            if stage == 0 and cancel is not None and cancel.is_set():
-                escalate_at = now  # a cancelled call is interrupted as on a timeout
+            if cancel is not None and cancel.is_set() and stage == 0:
+                escalate_at = now
+                cancel = None
             if now >= escalate_at:
                 if stage == 0:
                     reply.interrupted = True
@@ -357,7 +359,7 @@ class _WorkerProcess:
             # microseconds, and waking a sleeping thread costs tens of them.
             wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
             if cancel is not None:
-                wait = min(wait, CANCEL_POLL)
+                wait = min(wait, _CANCEL_POLL)
             for fd, _ in self._poll.poll(wait * 1000):
                 if fd in captures:
                     self._pump(fd, captures[fd])
@@ -462,39 +464,23 @@ class _WorkerProcess:
     # -- stopping ---------------------------------------------------------------------------
 
     def kill(self) -> None:
-        """SIGKILL the whole process group and reap the worker. Idempotent."""
-        with contextlib.suppress(OSError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            self._proc.kill()
-        self._proc.wait()
+        """SIGKILL the whole session (the interrupt was already ignored) and reap. Idempotent."""
+        self.close_step = _reap.stop(self._proc, "Python worker", steps=_KILL_NOW)
 
     def close(self) -> None:
-        """Stop in stages (shutdown, SIGINT, SIGTERM, SIGKILL), reap, release the pipes."""
+        """Stop by the one policy (shutdown, SIGINT, SIGTERM, SIGKILL), release the pipes."""
         with self._state_lock:
             if self._closed:
                 return
             self._closed = True
             busy = self._busy
-        steps: list[tuple[str, int | None]] = [("shutdown", None), ("interrupt", signal.SIGINT),
-                                               ("terminate", signal.SIGTERM)]
-        for step, signum in steps:
-            if self._proc.poll() is not None:
-                break
-            self.close_step = step
-            if signum is None:
-                with contextlib.suppress(OSError):
-                    self.send(message("shutdown"))
-                if busy:
-                    continue  # a running cell will not read it; go straight on
-            else:
-                self._signal(signum)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(STOP_STEP)
-        if self._proc.poll() is None:
-            self.close_step = "kill"
-        # Always: the group may still hold fork children or the user's subprocesses.
-        self.kill()
+
+        def ask() -> bool:
+            with contextlib.suppress(OSError):
+                self.send(message("shutdown"))
+            return not busy  # a running cell will not read it; go straight on
+
+        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask)  # once only
         with self._state_lock:
             if not self._busy:
                 self._release_fds()
@@ -828,7 +814,13 @@ class WorkerTemplate:
             reply = _run_once(proc, request, "stateless", self._capabilities)
             healthy = not (reply.died or reply.worker_killed)
             self._checkin(proc, healthy)
-            if not (reply.died or _fork_child_died(reply)) or self._closed:
+            if self._closed:  # close() stopped the template under the call
+                return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
+                        "error": make_error(
+                            "crashed", "The Executor was closed while this code ran; its "
+                            "process was stopped.", "Create a new Executor and run the code "
+                            "again.", state_lost=False)}
+            if not (reply.died or _fork_child_died(reply)):
                 outcome = _outcome(reply, request, "stateless")
                 if attempt == 2:
                     outcome["retried"] = True
