@@ -36,35 +36,56 @@ def cex(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Executor]:
         executor.close()
 
 
-# The conformance suite's promises, run again with bash sessions on the cluster's nodes.
-from tests.integration.test_conformance import (  # noqa: E402
-    BASH,
-    Dialect,
+# The conformance suite, every promise again, with the worker and bash places on nodes.
+from tests.conformance.test_places import (  # noqa: E402
+    PLACES,
+    At,
+    Place,
+    test_a_busy_session_reads_the_same_everywhere,
+    test_a_closed_executor_answers_with_an_error,
+    test_a_process_found_dead_is_replaced_and_says_state_lost,
+    test_a_timeout_that_the_code_survives,
     test_closed_sessions_are_gone,
+    test_list_and_inspect_see_the_session_and_change_nothing,
     test_output_streams_through_on_output,
+    test_read_only_of_a_missing_session_is_not_found,
     test_read_only_sees_the_session_and_changes_nothing,
-    test_same_name_in_two_languages_are_two_sessions,
     test_stateful_keeps_state,
+    test_stateful_without_a_session_uses_session_0,
     test_stateless_sees_and_keeps_nothing,
     test_the_same_coordinate_errors,
-    test_timeouts_return_promptly,
 )
 
-CONFORMANCE = [test_closed_sessions_are_gone, test_output_streams_through_on_output,
-               test_read_only_sees_the_session_and_changes_nothing,
-               test_same_name_in_two_languages_are_two_sessions, test_stateful_keeps_state,
-               test_stateless_sees_and_keeps_nothing, test_the_same_coordinate_errors,
-               test_timeouts_return_promptly]
+CONFORMANCE = [
+    test_a_busy_session_reads_the_same_everywhere, test_a_closed_executor_answers_with_an_error,
+    test_a_process_found_dead_is_replaced_and_says_state_lost,
+    test_a_timeout_that_the_code_survives, test_closed_sessions_are_gone,
+    test_list_and_inspect_see_the_session_and_change_nothing,
+    test_output_streams_through_on_output, test_read_only_of_a_missing_session_is_not_found,
+    test_read_only_sees_the_session_and_changes_nothing, test_stateful_keeps_state,
+    test_stateful_without_a_session_uses_session_0, test_stateless_sees_and_keeps_nothing,
+    test_the_same_coordinate_errors]
 
 
-@pytest.fixture
-def ex(cex: Executor) -> Executor:
-    return cex
-
-
-@pytest.fixture
-def dialect() -> Dialect:
-    return BASH
+@pytest.fixture(params=[p for p in PLACES if p.id in ("worker", "bash")], ids=lambda p: p.id)
+def at(request: pytest.FixtureRequest, local_cluster: LocalCluster,
+       tmp_path: Path) -> Iterator[At]:
+    place: Place = request.param
+    ex = Executor(root=tmp_path / "home", timeout=30, cluster=local_cluster.address)
+    try:
+        venv_id = None
+        if place.in_environment:
+            venv_id = ex.environments.create("# no requirements\n", name="bare")["venv_id"]
+        # Start the node's actor (a Ray worker process: seconds on a busy machine) and
+        # build the environment there before the promises are timed.
+        warm = ex.execute_code("true" if place.language == "bash" else "pass",
+                               language=place.language, venv_id=venv_id)
+        assert "error" not in warm, warm
+        yield At(ex, place, venv_id)
+    finally:
+        ex.close()
+    # Closing the Executor ended every process its node actors started.
+    assert wait_until(lambda: not owned_processes(), 10), owned_processes()
 
 
 @pytest.fixture
