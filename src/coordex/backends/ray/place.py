@@ -125,6 +125,8 @@ class RayCluster:
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
             try:
+                # Ray retries an address that does not answer for minutes: ask it first.
+                _check_reachable(address)
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
             except Exception as exc:
                 raise CoordexError(
@@ -562,6 +564,21 @@ class RaySession:
                     outcome["retried"] = True
                 return outcome
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Raise ConnectionError unless ``host:port`` (or ``ray://host:port``) accepts a TCP
+    connection; ``"auto"`` and addresses without a port are left to Ray."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {target} ({exc.strerror or exc})") from None
 
 
 def _deadline(timeout: float) -> float:

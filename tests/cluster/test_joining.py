@@ -1,4 +1,9 @@
-"""Without Ray installed, Executor(cluster=...) says what to install (no cluster needed)."""
+"""Joining a cluster that cannot be joined says what to do, at once (no cluster needed).
+
+Without Ray installed, ``Executor(cluster=...)`` says what to install; an address where
+nothing answers is refused within seconds (Ray alone would retry for minutes), from
+Python and from ``coordex serve --cluster``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.e2e._procs import child_env, run_cli
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,3 +46,21 @@ def test_a_cluster_address_must_be_text(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="Ray address"):
         Executor(root=tmp_path, cluster="")  # type: ignore[arg-type]
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from coordex import Executor
+
+    with pytest.raises(ValueError) as caught:
+        Executor(root=tmp_path, cluster="127.0.0.1:1")
+    assert "Could not join the Ray cluster at '127.0.0.1:1'" in str(caught.value)
+    assert "ray start --head" in str(caught.value)
+
+
+def test_serve_with_a_cluster_that_does_not_answer_stops_with_the_reason(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    done = run_cli("serve", "--port", "0", "--cluster", "ray://127.0.0.1:1",
+                   env=child_env(tmp_path, COORDEX_TOKEN="t" * 32), timeout=50)
+    assert done.returncode == 1, done
+    assert "Could not join the Ray cluster at 'ray://127.0.0.1:1'" in done.stderr
