@@ -335,3 +335,32 @@ def test_killing_an_actor_ends_the_processes_it_owned(cex: Executor) -> None:
     assert r["error_type"] == "crashed" and r["state_lost"] is True, r
     r = cex.execute_code("echo hi", language="bash", state_mode="stateful", session_name="victim")
     assert r["stdout"] == "hi\n", r
+
+
+def test_a_node_that_stops_answering_costs_a_call_its_timeout_not_a_hang(cex: Executor) -> None:
+    import signal
+
+    import ray
+
+    by_node: dict[str, list[str]] = {}
+    for i in range(3):  # sessions spread over the two nodes: one node holds two
+        cex.execute_code(f"x={i}", language="bash", state_mode="stateful", session_name=f"s{i}")
+        by_node.setdefault(node_of(cex, "bash", f"s{i}"), []).append(f"s{i}")
+    node, (frozen, other) = next((n, names) for n, names in by_node.items() if len(names) == 2)
+    actor_pid = ray.get(cex._cluster._shared[node].handle.info.remote())["pid"]
+    os.kill(actor_pid, signal.SIGSTOP)  # the actor (not its shells) stops answering
+    try:
+        started = time.monotonic()
+        r = cex.execute_code("echo hi", language="bash", state_mode="stateful",
+                             session_name=frozen, timeout=1)
+        took = time.monotonic() - started
+    finally:
+        os.kill(actor_pid, signal.SIGCONT)
+    assert r["error_type"] == "crashed" and r["state_lost"] is True, r
+    assert "gave no answer" in r["error"] and took < 15, (took, r)
+    # The node's actor was left alive: the other session there still holds its state.
+    r = cex.execute_code("echo $x", language="bash", state_mode="stateful", session_name=other)
+    assert r["stdout"] == other[1:] + "\n", r
+    r = cex.execute_code('echo "[$x]"', language="bash", state_mode="stateful",
+                         session_name=frozen)
+    assert r["stdout"] == "[]\n", r

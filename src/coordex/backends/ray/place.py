@@ -12,8 +12,9 @@ that actor on a node that has them and holds them while it lives.
 ``begin``, then ``events`` polls until the outcome arrives, streaming output to
 ``on_output``, running capability calls here and sending their answers back, passing a
 cancel on. Every wait is bounded: a poll that gets no answer is asked again until the
-call's deadline (its timeout plus the node's own escalation grace), so an unreachable
-node costs at most that; a dead actor (``RayActorError``) ends the conversation at once.
+call's deadline (its timeout plus the node's own escalation grace, twice for Python,
+which the node may retry once), so an unreachable node costs at most that; a dead
+actor (``RayActorError``) ends the conversation at once.
 
 Faults follow SPEC sections 6 and 10: a Python session whose node dies (during a call
 or between calls) is opened again on another node and the call runs there once more
@@ -240,8 +241,14 @@ class RayCluster:
         with self._lock:
             self._load[host.node] = max(0, self._load.get(host.node, 0) + delta)
 
-    def lost(self, host: _Host) -> None:
-        """Forget an actor that died (and, for a shared one, its node)."""
+    def lost(self, host: _Host, gone: NodeLost) -> None:
+        """Forget an actor that died (and, for a shared one, its node).
+
+        A shared actor that only stopped answering is left alone: the sessions of
+        others live in it, and if its node is dead their calls find out themselves.
+        """
+        if gone.unreachable and not host.dedicated:
+            return
         with self._lock:
             if not host.dedicated and self._shared.get(host.node) is host:
                 del self._shared[host.node]
@@ -380,7 +387,8 @@ class RayPlace:
         once more elsewhere (nothing was kept, so nothing is lost)."""
         args = run_args(request, self.cluster.capabilities)
         args.update(language=self.language, env=self.env.wire() if self.env else None)
-        deadline = _deadline(request.timeout) + (self.cluster.build_timeout if self.env else 0)
+        deadline = (_deadline(request.timeout, self.language)
+                    + (self.cluster.build_timeout if self.env else 0))
         notes: list[str] = []
         for attempt in (1, 2):
             try:
@@ -390,7 +398,7 @@ class RayPlace:
             except CoordexError as exc:
                 return {**empty_outcome(), "error": exc.to_dict()}
             except NodeLost as lost:
-                self._forget_stateless(host)
+                self._forget_stateless(host, lost)
                 notes.append(lost.how)
                 if self.language == "python" and attempt == 1 and not lost.unreachable:
                     continue
@@ -409,11 +417,11 @@ class RayPlace:
                 self._stateless = self.cluster.host(self.resources)
             return self._stateless
 
-    def _forget_stateless(self, host: _Host) -> None:
+    def _forget_stateless(self, host: _Host, gone: NodeLost) -> None:
         with self._lock:
             if self._stateless is host:
                 self._stateless = None
-        self.cluster.lost(host)
+        self.cluster.lost(host, gone)
 
     def close(self) -> None:
         with self._lock:
@@ -458,7 +466,7 @@ class RaySession:
                     host, "inspect", {"sid": self._sid}, None,
                     time.monotonic() + INSPECT_TIMEOUT)
             except NodeLost as lost:
-                self._drop(host)
+                self._drop(host, lost)
                 return _crashed([lost.how])["error"]
         if "raise" in reply:
             return dict(reply["raise"])
@@ -500,7 +508,7 @@ class RaySession:
         try:
             reply = cluster.converse(host, "open", args, None, deadline, place.progress)
         except NodeLost as lost:
-            cluster.lost(host)
+            cluster.lost(host, lost)
             raise CoordexError(
                 "crashed", f"Could not open the session on the cluster: {lost.how}.",
                 "Run the call again: it opens the session on another node.", state_lost=True)
@@ -513,13 +521,16 @@ class RaySession:
         self._host, self._sid, self.node = host, sid, host.node
         cluster.placed(host, +1)
 
-    def _drop(self, host: _Host) -> None:
+    def _drop(self, host: _Host, gone: NodeLost) -> None:
         """The session's actor is gone (or unreachable): forget it; the next call opens
         the session again elsewhere."""
         if self._host is host:
             self._host = None
             self.place.cluster.placed(host, -1)
-        self.place.cluster.lost(host)
+        if gone.unreachable and not host.dedicated:  # it may still hold the session
+            with contextlib.suppress(Exception):
+                host.handle.close_session.remote(self._sid)
+        self.place.cluster.lost(host, gone)
 
     def _call(self, op: str, request: RunRequest) -> Outcome:
         with self._lock:
@@ -542,10 +553,10 @@ class RaySession:
                 args = run_args(request, self.place.cluster.capabilities)
                 args["sid"] = self._sid
                 try:
-                    reply = self.place.cluster.converse(host, op, args, request,
-                                                        _deadline(request.timeout))
+                    reply = self.place.cluster.converse(
+                        host, op, args, request, _deadline(request.timeout, self.place.language))
                 except NodeLost as gone:
-                    self._drop(host)
+                    self._drop(host, gone)
                     notes.append(gone.how)
                     # SPEC 6: a Python worker that dies during a call is replaced and the
                     # call run once more; a shell command or a read-only look is not.
@@ -581,8 +592,12 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         raise ConnectionError(f"nothing answers at {target} ({exc.strerror or exc})") from None
 
 
-def _deadline(timeout: float) -> float:
-    return time.monotonic() + timeout + NODE_GRACE
+def _deadline(timeout: float, language: str) -> float:
+    """When the driver stops waiting for a node: the node enforces the timeout itself,
+    and a Python call there may run twice (a worker that died is replaced and the call
+    retried once, SPEC section 6)."""
+    runs = 2 if language == "python" else 1
+    return time.monotonic() + runs * (timeout + NODE_GRACE)
 
 
 def _unwrap(reply: dict[str, Any]) -> Outcome:
