@@ -351,12 +351,13 @@ class Executor:
         """A place on the cluster: its sessions live on nodes, and an environment is built
         on the node that needs it, from its spec and hash, with the spec's resources."""
         from .backends.ray import EnvRef
-        from .core.spec import spec_resources
+        from .core.spec import parse_spec
 
         env = None
         if venv_id is not None:
             text, spec_hash, label = self.environments_manager.describe(venv_id)
-            env = EnvRef(text, spec_hash, label, spec_resources(text))
+            asked = parse_spec(text).resources  # [tool.coordex]
+            env = EnvRef(text, spec_hash, label, {k: float(v) for k, v in asked.items() if v})
         place: Place = self._cluster.place(language, env, self._progress.emit)
         return place
 
@@ -526,11 +527,32 @@ class Executor:
 
     # ------------------------------------------------------------------ tool schemas
 
-    def tool_definitions(self, format: str = "openai") -> Any:
-        """Tool definitions for ``"openai"``, ``"anthropic"`` or ``"mcp"``."""
+    def tool_definitions(self, format: str = "openai", strict: bool = False) -> Any:
+        """Tool definitions for ``"openai"``, ``"openai-responses"``, ``"anthropic"`` or ``"mcp"``.
+
+        ``strict=True`` gives schemas OpenAI's strict mode accepts (every property
+        required, optional ones nullable). ``null`` for an argument means "omitted" in
+        every format. The descriptions name this executor's default call timeout.
+        """
         from .tools import tool_definitions
 
-        return tool_definitions(format)
+        return tool_definitions(format, strict=strict, default_timeout=self.timeout)
+
+    def call_tool(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """Route one tool call exactly as a model produced it; never raises.
+
+        Args:
+            name: the tool's name (``"execute_code"``, ``"list_sessions"``, ...).
+            arguments: the argument dict, or its JSON text (as the OpenAI SDKs hand it
+                over); ``null`` values mean "omitted".
+
+        Returns:
+            The same dict the MCP tool returns as structured content. An unknown tool
+            is a ``not_found`` error whose suggestion names the nearest tool.
+        """
+        from .tools import route
+
+        return route(self, name, arguments)
 
     # ------------------------------------------------------------------ library hooks
 
