@@ -247,6 +247,9 @@ class ConfinedExecutor:
         level: the strongest confinement to try (``"namespaces+landlock"``,
             ``"landlock"``, ``"none"``); default the best this machine gives.
         name: a label for the host's cgroups.
+        env: further environment variables for the host (it gets none of the owner's
+            but ``PATH``, the locale and ``TERM``).
+        lazy: start the host on the first call instead of now.
         executor_args: ``Executor`` arguments (``max_sessions``, ``timeout``, ...),
             JSON values.
 
@@ -260,7 +263,7 @@ class ConfinedExecutor:
                  max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
                  hide: Sequence[str | os.PathLike[str]] = (), level: str | None = None,
                  name: str = "host", env: Mapping[str, str] | None = None,
-                 **executor_args: Any) -> None:
+                 lazy: bool = False, **executor_args: Any) -> None:
         import json
 
         self.folder = Path(folder).expanduser().absolute()
@@ -282,7 +285,7 @@ class ConfinedExecutor:
             self._argv += ["--level", level]
         for path in hide:
             self._argv += ["--hide", str(path)]
-        for path in _readable_paths():
+        for path in readable_paths():
             self._argv += ["--readable", path]
         self._env = self._host_env(env)
         self._lock = threading.Lock()
@@ -294,9 +297,10 @@ class ConfinedExecutor:
         self.environments = _Namespace(self, "environments",
                                        ("create", "list", "build", "remove_unused"))
         self.functions = _Namespace(self, "functions", ("list", "show"))
-        started = self._start()
-        if isinstance(started, dict):
-            raise RuntimeError(started["error"])
+        if not lazy:
+            started = self._start()
+            if isinstance(started, dict):
+                raise RuntimeError(started["error"])
 
     def _host_env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
@@ -456,7 +460,7 @@ def _how_it_ended(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _readable_paths() -> list[str]:
+def readable_paths() -> list[str]:
     """What a host must read in the ``landlock`` level: Python and coordex's folders."""
     import coordex
 
@@ -472,4 +476,4 @@ def _readable_paths() -> list[str]:
     return sorted(paths)
 
 
-__all__ = ["DEFAULT_MEMORY_LIMIT", "ConfinedExecutor"]
+__all__ = ["DEFAULT_MEMORY_LIMIT", "ConfinedExecutor", "readable_paths"]
