@@ -34,7 +34,10 @@ DEFAULT_MEMORY_LIMIT = 4 << 30
 READY_TIMEOUT = 30.0
 _STDERR_TAIL = 4000
 # The environment a host starts with: nothing of the owner's but these (no tokens).
-PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE")
+# uv's index and offline settings and the proxies pass too: builds run in the host.
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE",
+              "UV_OFFLINE", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_PYTHON_DOWNLOADS",
+              "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 
 
 @dataclass
