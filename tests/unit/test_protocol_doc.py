@@ -32,14 +32,21 @@ DOC = ROOT / "docs" / "protocol.md"
 WORKER_DIR = ROOT / "src" / "coordex" / "worker"
 
 
-def _sections() -> dict[str, str]:
-    text = DOC.read_text()
-    parts = re.split(r"^### `(\w+)`", text, flags=re.MULTILINE)
+CONFINED_PART = "# The owner ↔ confined host protocol"
+
+
+def _part(confined: bool) -> str:
+    worker, confined_text = DOC.read_text().split(CONFINED_PART, 1)
+    return confined_text if confined else worker
+
+
+def _sections(confined: bool = False) -> dict[str, str]:
+    parts = re.split(r"^### `(\w+)`", _part(confined), flags=re.MULTILINE)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
 def test_version_matches_the_doc() -> None:
-    found = re.search(r"Protocol version: \*\*(\d+)\*\*", DOC.read_text())
+    found = re.search(r"Protocol version: \*\*(\d+)\*\*", _part(confined=False))
     assert found is not None and int(found.group(1)) == PROTOCOL_VERSION
 
 
@@ -118,3 +125,29 @@ def test_reexport_is_the_worker_module() -> None:
                                   "_coordex_engine.py"])
 def test_worker_files_are_python_38(name: str) -> None:
     ast.parse((WORKER_DIR / name).read_text(), feature_version=(3, 8))
+
+
+def test_the_confined_host_protocol_is_documented_in_its_part() -> None:
+    from coordex.backends.confined import wire
+
+    found = re.search(r"Confined host protocol version: \*\*(\d+)\*\*", _part(confined=True))
+    assert found is not None and int(found.group(1)) == wire.PROTOCOL_VERSION
+    sections = _sections(confined=True)
+    assert set(sections) == set(wire.MESSAGES), "doc headings and wire.MESSAGES differ"
+    for kind, (direction, required, optional) in wire.MESSAGES.items():
+        body = sections[kind].split("\n## ", 1)[0]
+        arrow = "owner → host" if direction == wire.OWNER_TO_HOST else "host → owner"
+        assert arrow in sections[kind].splitlines()[0], kind
+        for name in required:
+            assert re.search(rf"- `{name}` —", body), f"{kind}.{name} undocumented"
+        for name in optional:
+            assert re.search(rf"- `{name}` \(\*optional\*", body), \
+                f"{kind}.{name} not documented as optional"
+    documented = re.findall(r"`([a-z_]+(?:\.[a-z_|]+)?)`", sections["call"])
+    methods = {m for d in documented for m in _expand(d)}
+    assert set(wire.METHODS) <= methods, set(wire.METHODS) - methods
+
+
+def _expand(name: str) -> list[str]:
+    head, _, tails = name.partition(".")
+    return [f"{head}.{t}" for t in tails.split("|")] if tails else [head]

@@ -81,6 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             error = f"namespaces: {exc}"
             level = "landlock" if jail.best_level() == "landlock" and jail.landlock_covers(
                 spec) else "none"
+    scratch = None
+    if level != "namespaces+landlock":
+        # No private /tmp here: a scratch folder of its own, removed by the keeper.
+        import tempfile
+
+        scratch = tempfile.mkdtemp(prefix=f"coordex-{args.name}-")
+        for name in ("TMPDIR", "TMP", "TEMP"):
+            os.environ[name] = scratch
     init = os.fork()
     if init == 0:
         _close_quietly(args.lifeline)
@@ -88,7 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(code)
     for fd in (args.fd_in, args.fd_out):
         _close_quietly(fd)
-    return _keep(init, args.lifeline, limits)
+    try:
+        return _keep(init, args.lifeline, limits)
+    finally:
+        if scratch is not None:
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _level(wanted: str, spec: JailSpec) -> Level:
