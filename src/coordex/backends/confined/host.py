@@ -89,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch = tempfile.mkdtemp(prefix=f"coordex-{args.name}-")
         for name in ("TMPDIR", "TMP", "TEMP"):
             os.environ[name] = scratch
+        tempfile.tempdir = scratch  # mkdtemp cached the old one
     init = os.fork()
     if init == 0:
         _close_quietly(args.lifeline)
