@@ -356,3 +356,38 @@ def _pump_lines(process: subprocess.Popen[str], running: Running) -> None:
     assert process.stderr is not None
     for line in process.stderr:
         running.lines.put(line)
+
+
+def test_mcp_confine_runs_the_single_tenant_in_a_jail(tmp_path: Path) -> None:
+    import anyio
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    folder = tmp_path / "work"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "private.txt").write_text(SECRET)
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "coordex", "mcp", "--confine", str(folder),
+                                      "--no-network"],
+        env=child_env(home, COORDEX_TOKEN=SERVER_TOKEN))
+    seen: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            with anyio.fail_after(60):
+                for code, language in [
+                    ("pwd; cat ../home/private.txt; echo ${COORDEX_TOKEN:-unset}", "bash"),
+                    ("import os; os._exit(1)", "python"),
+                    ("1 + 1", "python"),
+                ]:
+                    result = await session.call_tool("execute_code",
+                                                     {"code": code, "language": language})
+                    assert isinstance(result.structured_content, dict)
+                    seen.append(result.structured_content)
+
+    anyio.run(main)
+    assert seen[0]["stdout"].splitlines()[0] == str(folder)
+    assert SECRET not in seen[0]["stdout"] and "unset" in seen[0]["stdout"]
+    assert seen[1]["error_type"] == "crashed"
+    assert seen[2]["result"] == "2" and seen[2]["state_lost"] is True
