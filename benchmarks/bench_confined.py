@@ -28,9 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import fmt, table
-
 import httpx
+from _util import fmt, table
 
 from coordex import ConfinedExecutor, Executor
 
