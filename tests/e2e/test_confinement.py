@@ -391,3 +391,36 @@ def test_mcp_confine_runs_the_single_tenant_in_a_jail(tmp_path: Path) -> None:
     assert SECRET not in seen[0]["stdout"] and "unset" in seen[0]["stdout"]
     assert seen[1]["error_type"] == "crashed"
     assert seen[2]["result"] == "2" and seen[2]["state_lost"] is True
+
+
+def test_a_killed_server_takes_every_jail_with_it(tmp_path: Path) -> None:
+    from tests.conftest import child_pids
+
+    tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    with spawn("serve", "--port", "0", "--tokens", str(tokens),
+               env=child_env(tmp_path / "home")) as running:
+        url = running.wait_for(READY).group(1)
+        srv = Server(running, url, tmp_path / "home", tokens)
+        for token in (ALICE, BOB):
+            srv.code(token, "sleep 300 &", language="bash", state_mode="stateful")
+        jailed = child_pids(running.process.pid)
+        assert len(jailed) >= 8  # per tenant: keeper, init, host, shell, sleep
+        running.process.kill()
+        running.process.wait()
+        deadline = time.monotonic() + 5
+        while jailed & _alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert jailed & _alive() == set()
+
+
+def _alive() -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                        pids.add(int(entry))
+            except OSError:
+                pass
+    return pids
