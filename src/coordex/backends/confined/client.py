@@ -28,6 +28,7 @@ from typing import Any
 from ...core.errors import make_error
 from . import wire
 from .host import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
+from .jail import best_level
 
 OnOutput = Callable[[str, str], None]
 DEFAULT_MEMORY_LIMIT = 4 << 30
@@ -284,8 +285,8 @@ class ConfinedExecutor:
                       "--executor", json.dumps(executor_args)]
         if not self.network:
             self._argv.append("--no-network")
-        if level is not None:
-            self._argv += ["--level", level]
+        # Probed once per owner process (cached), not once per host start.
+        self._argv += ["--level", level if level is not None else best_level()]
         for path in hide:
             self._argv += ["--hide", str(path)]
         for path in readable_paths():

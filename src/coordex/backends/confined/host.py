@@ -32,6 +32,7 @@ from .jail import JailSpec, Level, LimitReport, Limits
 
 DEFAULT_MAX_CALLS = 8
 DEFAULT_MAX_PROCESSES = 512
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,8 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ... import tools  # noqa: F401
     from ...executor import Executor  # noqa: F401
 
-    limits = jail.apply_limits(Limits(memory=args.memory_limit or None,
-                                      processes=args.max_processes or None, name=args.name))
+    limits = jail.make_limits(Limits(memory=args.memory_limit or None,
+                                     processes=args.max_processes or None, name=args.name))
+    jail.join_cgroups(limits, os.getpid())  # the keeper too: everything forked inherits
+    jail.apply_rlimits(limits)
     error = ""
     if level == "namespaces+landlock":
         try:
@@ -93,46 +96,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     init = os.fork()
     if init == 0:
         _close_quietly(args.lifeline)
-        code = _init(level, spec, args, root, limits, error)
-        os._exit(code)
+        os._exit(_init(level, spec, args, root, limits, error))
     for fd in (args.fd_in, args.fd_out):
         _close_quietly(fd)
     try:
-        return _keep(init, args.lifeline, limits)
+        return _keep(init, args.lifeline)
     finally:
         if scratch is not None:
             import shutil
 
             shutil.rmtree(scratch, ignore_errors=True)
+        jail.leave_cgroups(limits)
 
 
 def _level(wanted: str, spec: JailSpec) -> Level:
-    best = jail.best_level()
+    """The level to try: ``wanted`` (the owner probed once for all its hosts), capped by
+    ``COORDEX_ISOLATION_FORCE``; ``auto`` probes here."""
     order = jail.LEVELS
-    chosen: Level = best if wanted == "auto" else order[max(order.index(best),
-                                                            order.index(wanted))]
+    best = jail.best_level() if wanted == "auto" else jail.forced_level()
+    chosen = best if wanted == "auto" else order[max(order.index(best), order.index(wanted))]
     if chosen == "landlock" and not jail.landlock_covers(spec):
         return "none"
     return chosen
 
 
-def _keep(init: int, lifeline: int | None, limits: LimitReport) -> int:
+def _keep(init: int, lifeline: int | None) -> int:
     """The keeper: wait for init to end, or for the lifeline to close and end it."""
-    code = 1
-    try:
-        pidfd = os.pidfd_open(init)
-        watched = [pidfd] + ([lifeline] if lifeline is not None else [])
-        while True:
-            ready, _, _ = select.select(watched, [], [])
-            if pidfd in ready:
-                break
-            if lifeline in ready and not os.read(lifeline, 64):
-                os.kill(init, signal.SIGKILL)  # the kernel then ends the whole pid namespace
-                break
-        _, status = os.waitpid(init, 0)
-        code = os.waitstatus_to_exitcode(status)
-    finally:
-        jail.release_cgroups(limits.cgroups)
+    pidfd = os.pidfd_open(init)
+    watched = [pidfd] + ([lifeline] if lifeline is not None else [])
+    while True:
+        ready, _, _ = select.select(watched, [], [])
+        if pidfd in ready:
+            break
+        if lifeline in ready and not os.read(lifeline, 64):
+            os.kill(init, signal.SIGKILL)  # the kernel then ends the whole pid namespace
+            break
+    _, status = os.waitpid(init, 0)
+    code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
 
 
@@ -142,13 +142,13 @@ def _init(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     jail.die_with_parent()
     if level == "namespaces+landlock":
         try:
-            jail.init_namespace(spec.network)
+            jail.init_namespace(spec)
         except OSError as exc:
             error, level = f"/proc: {exc}", "none"
     else:
         # No pid namespace: orphans of the host come here instead of to the system init.
         with contextlib.suppress(OSError):
-            jail.iso._libc().prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+            jail.iso._libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     host = os.fork()
     if host == 0:
         jail.die_with_parent()

@@ -44,7 +44,6 @@ import socket
 import stat
 import struct
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -105,6 +104,8 @@ class LimitReport:
     memory: str = "none"  # "cgroup", "rlimit" or "none": what holds the memory limit
     processes: str = "none"
     cgroups: list[str] = field(default_factory=list)
+    limit_memory: int | None = None
+    limit_processes: int | None = None
 
 
 # ------------------------------------------------------------------------ levels
@@ -124,6 +125,18 @@ def best_level() -> Level:
     if ceiling == "discarded" and iso.probe()["userns"]:
         return "namespaces+landlock"
     # Without namespaces only Landlock's signal scoping (ABI 6) keeps signals inside.
+    return "landlock" if abi >= 6 else "none"
+
+
+def forced_level() -> Level:
+    """The strongest level ``COORDEX_ISOLATION_FORCE`` and Landlock's presence allow,
+    without probing user namespaces (the caller knows they work)."""
+    ceiling = iso.forced_ceiling()
+    abi = iso.landlock_abi()
+    if ceiling == "none" or abi < 3:
+        return "none"
+    if ceiling == "discarded":
+        return "namespaces+landlock"
     return "landlock" if abi >= 6 else "none"
 
 
@@ -163,7 +176,6 @@ def _make_cgroup(controller: str, name: str, settings: dict[str, int]) -> str | 
         os.makedirs(path, exist_ok=True)
         for key, value in settings.items():
             iso._write(os.path.join(path, key), str(value))
-        iso._write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
     except OSError:
         with contextlib.suppress(OSError):
             os.rmdir(path)
@@ -171,15 +183,16 @@ def _make_cgroup(controller: str, name: str, settings: dict[str, int]) -> str | 
     return path
 
 
-def apply_limits(limits: Limits) -> LimitReport:
-    """Put this process (and so everything it starts) under the limits; say what holds.
+def make_limits(limits: Limits) -> LimitReport:
+    """Make the host's cgroups (joined later by :func:`join_cgroups`); say what holds.
 
     A cgroup where the machine lets us make one (v1 ``memory``/``pids`` hierarchies as
-    root, or a delegated v2 group); else per-process rlimits: ``RLIMIT_AS`` for memory
-    (each process may take the whole limit) and ``RLIMIT_NPROC`` (counted per user, so
-    only meaningful for a user of its own).
+    root, or a delegated v2 group); else per-process rlimits, set by
+    :func:`apply_rlimits`: ``RLIMIT_AS`` for memory (each process may take the whole
+    limit) and ``RLIMIT_NPROC`` (counted per user, so only meaningful for a user of its
+    own; root is not held by it).
     """
-    report = LimitReport()
+    report = LimitReport(limit_memory=limits.memory, limit_processes=limits.processes)
     if limits.memory:
         v1 = os.path.isdir("/sys/fs/cgroup/memory")
         key = "memory.limit_in_bytes" if v1 else "memory.max"
@@ -192,31 +205,63 @@ def apply_limits(limits: Limits) -> LimitReport:
                     iso._write(os.path.join(path, "memory.memsw.limit_in_bytes"),
                                str(limits.memory))
         else:
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_AS, (limits.memory, limits.memory))
             report.memory = "rlimit"
     if limits.processes:
         path = _make_cgroup("pids", limits.name, {"pids.max": limits.processes})
         if path is not None:
             report.processes = "cgroup"
             report.cgroups.append(path)
-        elif os.geteuid() != 0:  # root is not held by RLIMIT_NPROC
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+        elif os.geteuid() != 0:
             report.processes = "rlimit"
     return report
 
 
-def release_cgroups(paths: Sequence[str]) -> None:
-    """Leave and remove the cgroups :func:`apply_limits` made (once their tasks ended)."""
-    for path in paths:
+def join_cgroups(report: LimitReport, pid: int) -> None:
+    """Move ``pid`` into the cgroups; a limit whose group refuses it falls to an rlimit."""
+    for path in list(report.cgroups):
+        try:
+            iso._write(os.path.join(path, "cgroup.procs"), str(pid))
+        except OSError:
+            report.cgroups.remove(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+            if "/memory" in path:
+                report.memory = "rlimit"
+            else:
+                report.processes = "rlimit" if os.geteuid() != 0 else "none"
+
+
+def apply_rlimits(report: LimitReport) -> None:
+    """Set the rlimits :func:`make_limits` chose, in the process about to start the jail."""
+    import resource
+
+    if report.memory == "rlimit" and report.limit_memory:
+        resource.setrlimit(resource.RLIMIT_AS, (report.limit_memory, report.limit_memory))
+    if report.processes == "rlimit" and report.limit_processes:
+        resource.setrlimit(resource.RLIMIT_NPROC,
+                           (report.limit_processes, report.limit_processes))
+
+
+def leave_cgroups(report: LimitReport) -> None:
+    """Move this process out of the host's cgroups and remove them.
+
+    Called by the keeper once init has ended; the kernel ends the other processes of a
+    pid namespace shortly after its init, so removal is retried for a moment.
+    """
+    import time
+
+    for path in report.cgroups:
         parent = os.path.dirname(os.path.dirname(path))
         with contextlib.suppress(OSError):
             iso._write(os.path.join(parent, "cgroup.procs"), str(os.getpid()))
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
+        for _ in range(100):
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
 
 
 # ------------------------------------------------------------------------ namespaces
@@ -265,11 +310,20 @@ def build_view(spec: JailSpec) -> None:
     finally:
         for fd in handles.values():
             os.close(fd)
-    # Landlock refuses writes but not chmod/chown/utime: a read-only view refuses those
-    # too (a tenant mapped to root owns root's files). Then the tenant's own mounts,
-    # /tmp and /dev/shm are made writable again.
+
+
+def seal_view(spec: JailSpec) -> None:
+    """In a mount namespace of the init's own: everything read-only but the tenant's
+    folders, ``/tmp`` and ``/dev/shm``.
+
+    Landlock refuses writes but not chmod/chown/utime; a read-only view refuses those too
+    (a tenant mapped to root owns root's files). The keeper's namespace stays writable,
+    so it can still remove the host's cgroups at the end.
+    """
+    iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
     _set_read_only("/", True)
-    for path in (*handles, "/tmp", "/dev/shm"):
+    keep = {os.path.realpath(p) for p in (spec.folder, *spec.writable)}
+    for path in (*sorted(keep), "/tmp", "/dev/shm"):
         if os.path.isdir(path):
             _set_read_only(path, False)
 
@@ -282,9 +336,12 @@ def _set_read_only(path: str, read_only: bool) -> None:
                             ctypes.byref(attr), ctypes.c_size_t(32)), f"mount_setattr {path!r}")
 
 
-def init_namespace(network: bool) -> None:
-    """In the pid namespace's init: a /proc of its own, loopback up without network."""
+def init_namespace(spec: JailSpec) -> None:
+    """In the pid namespace's init: the sealed view, a /proc of its own, loopback up
+    without network."""
+    seal_view(spec)
     iso._mount("proc", "/proc", "proc", iso._MS_NOSUID | iso._MS_NODEV | 8)  # 8: MS_NOEXEC
+    network = spec.network
     if not network:
         _loopback_up()
 
@@ -365,7 +422,21 @@ def _add_rule(ruleset: int, path: str, access: int) -> None:
 
 
 __all__ = [
-    "LEVELS", "JailSpec", "Level", "LimitReport", "Limits", "apply_limits", "best_level",
-    "build_view", "die_with_parent", "enter_namespaces", "init_namespace", "landlock_covers",
-    "release_cgroups", "restrict",
+    "LEVELS",
+    "JailSpec",
+    "Level",
+    "LimitReport",
+    "Limits",
+    "apply_rlimits",
+    "best_level",
+    "build_view",
+    "die_with_parent",
+    "enter_namespaces",
+    "forced_level",
+    "init_namespace",
+    "join_cgroups",
+    "landlock_covers",
+    "leave_cgroups",
+    "make_limits",
+    "restrict",
 ]
