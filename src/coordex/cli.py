@@ -207,6 +207,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if refusal is not None:
             _say(f"refusing to start: {refusal}")
             return EXIT_USAGE
+    else:
+        _say("confinement: none (the single tenant runs in this process; --confine DIR "
+             "runs it in a jail)")
     for warning in router.startup_warnings(args.host, args.allowed_host, is_loopback(args.host)):
         _say(f"warning: {warning}")
 

@@ -175,3 +175,27 @@ def test_close_ends_every_process_of_the_jail(tmp_path: Path) -> None:
 def test_bad_executor_arguments_fail_at_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="max_sessions"):
         ConfinedExecutor(tmp_path / "t", max_sessions=0)
+
+
+def test_a_host_stuck_holding_the_gil_is_ended_on_cancel(confined: ConfinedExecutor,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordex.backends.confined import client
+
+    monkeypatch.setattr(client, "CANCEL_GRACE", 1.0)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    started = time.monotonic()
+    stuck = confined.execute_code("import ctypes; ctypes.PyDLL(None).sleep(60)", cancel=cancel)
+    assert time.monotonic() - started < 10
+    assert stuck["error_type"] == "crashed" and stuck["state_lost"] is True
+    assert confined.execute_code("1 + 1")["result"] == "2"
+
+
+@needs_namespaces
+def test_a_hidden_file_inside_the_folder_stays_hidden(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "tokens").write_text("alice alice-token-0123456789")
+    with ConfinedExecutor(folder, hide=[folder / "tokens"]) as ex:
+        seen = ex.execute_code("cat tokens; ls", language="bash")
+        assert "alice-token" not in seen["stdout"]

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from .jail import best_level
 OnOutput = Callable[[str, str], None]
 DEFAULT_MEMORY_LIMIT = 4 << 30
 READY_TIMEOUT = 30.0
+CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its host is ended
+STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
 _STDERR_TAIL = 4000
 # The environment a host starts with: nothing of the owner's but these (no tokens).
 # uv's index and offline settings and the proxies pass too: builds run in the host.
@@ -148,8 +151,12 @@ class _Host:
         return self.ready
 
     def call(self, method: str, args: dict[str, Any], on_output: OnOutput | None,
-             cancel: threading.Event | None) -> Any:
-        """The reply's value, or None when the host died before replying."""
+             cancel: threading.Event | None, deadline: float | None = None) -> Any:
+        """The reply's value, or None when the host died (or was ended) first.
+
+        ``deadline`` (seconds) bounds the wait: a host that has not answered by then is
+        stuck beyond its own timeouts (code holding the GIL in C) and is ended.
+        """
         call_id = next(self._ids)
         pending = _Pending(on_output)
         with self._pending_lock:
@@ -164,15 +171,19 @@ class _Host:
         except OSError:
             self.kill()
             return None
-        if cancel is None:
+        if cancel is None and deadline is None:
             pending.done.wait()
-        else:
-            while not pending.done.wait(0.05):
-                if cancel.is_set():
-                    with contextlib.suppress(OSError):
-                        self._send({"type": "cancel", "id": call_id})
-                    pending.done.wait()
-                    break
+            return pending.value
+        give_up = None if deadline is None else time.monotonic() + deadline
+        while not pending.done.wait(0.05):
+            if cancel is not None and cancel.is_set():
+                with contextlib.suppress(OSError):
+                    self._send({"type": "cancel", "id": call_id})
+                give_up = time.monotonic() + CANCEL_GRACE
+                cancel = None
+            if give_up is not None and time.monotonic() > give_up:
+                self.kill()
+                pending.done.wait()
         return pending.value
 
     def _send(self, msg: dict[str, Any]) -> None:
@@ -277,6 +288,7 @@ class ConfinedExecutor:
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
         self.network = bool(network)
         self.max_calls = int(max_calls)
+        self._timeout = executor_args.get("timeout", 60.0)
         self._argv = [sys.executable, "-I", "-m", "coordex.backends.confined.host",
                       "--folder", str(self.folder), "--root", str(self.root),
                       "--memory-limit", str(self.memory_limit),
@@ -366,11 +378,11 @@ class ConfinedExecutor:
             return started, None, host is not None or self._lost
 
     def _call(self, method: str, args: dict[str, Any], on_output: OnOutput | None = None,
-              cancel: threading.Event | None = None) -> Any:
+              cancel: threading.Event | None = None, deadline: float | None = None) -> Any:
         host, error, restarted = self._running()
         if host is None:
             return error
-        value = host.call(method, args, on_output, cancel)
+        value = host.call(method, args, on_output, cancel, deadline)
         if value is None and not host.alive:
             host.process.wait()
             how = _how_it_ended(host.process.returncode)
@@ -395,7 +407,12 @@ class ConfinedExecutor:
         args = {"code": code, "language": language, "state_mode": state_mode,
                 "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
                 "timeout": timeout, **extra}
-        result: dict[str, Any] = self._call("execute_code", args, on_output, cancel)
+        # Without an environment nothing is built, so the call's own timeout bounds it;
+        # past that and a grace the host is stuck and is ended (state lost).
+        deadline = None
+        if venv_id is None and isinstance(timeout or self._timeout, (int, float)):
+            deadline = float(timeout or self._timeout) + STUCK_GRACE
+        result: dict[str, Any] = self._call("execute_code", args, on_output, cancel, deadline)
         return result
 
     def call_tool(self, name: str, arguments: Any = None, on_output: OnOutput | None = None,

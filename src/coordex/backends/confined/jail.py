@@ -289,27 +289,35 @@ def build_view(spec: JailSpec) -> None:
     keep = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
     # Handles on the folders to bring back, taken before anything covers them.
     handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in keep if os.path.isdir(p)}
+    hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
     try:
         for path in ("/tmp", "/dev/shm"):
             if os.path.isdir(path):
                 iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=1777")
-        hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
-        for path in hidden:
-            if any(iso._within(path, k) for k in keep) and path not in keep:
-                continue  # a hidden file inside the tenant's own folder: the tenant's own
-            if os.path.isdir(path):
-                iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV,
-                           "mode=0755,size=1m")
-            else:
-                iso._mount("/dev/null", path, None, iso._MS_BIND)
+        inside = [h for h in hidden if any(iso._within(h, k) and h != k for k in keep)]
+        # Hidden paths above the tenant's folders are covered first and the folders bound
+        # back; hidden paths inside them (a tokens file kept there) are covered after.
+        for path in [h for h in hidden if h not in inside]:
+            _cover(path)
         for path, fd in handles.items():
             # Bound even where not covered: each writable folder must be a mount of its
-            # own to stay writable once the rest is made read-only below.
+            # own to stay writable once the rest is made read-only (seal_view).
             os.makedirs(path, exist_ok=True)  # inside a covering tmpfs
             iso._mount(f"/proc/self/fd/{fd}", path, None, iso._MS_BIND | iso._MS_REC)
+        for path in inside:
+            _cover(path)
     finally:
         for fd in handles.values():
             os.close(fd)
+
+
+def _cover(path: str) -> None:
+    if not os.path.lexists(path):
+        return  # already out of sight (under the private /tmp)
+    if os.path.isdir(path):
+        iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=0755,size=1m")
+    else:
+        iso._mount("/dev/null", path, None, iso._MS_BIND)
 
 
 def seal_view(spec: JailSpec) -> None:
