@@ -405,7 +405,7 @@ def _port(text: str) -> int:
 def _add_confinement_options(parser: argparse.ArgumentParser, *, tenants: bool) -> None:
     from .router import add_confinement_options
 
-    add_confinement_options(parser, tenants=tenants)
+    add_confinement_options(parser, tenants=tenants, count=_positive_int)
 
 
 def build_parser() -> argparse.ArgumentParser:

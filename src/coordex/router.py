@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +27,17 @@ MCP_SESSION_IDLE_SECONDS = 900.0
 GIB = 1 << 30
 
 
-def add_confinement_options(parser: argparse.ArgumentParser, *, tenants: bool) -> None:
-    """The options of section 9 on ``coordex serve`` (``tenants=True``) or ``coordex mcp``."""
+def add_confinement_options(parser: argparse.ArgumentParser, *, tenants: bool,
+                            count: Callable[[str], int] = int) -> None:
+    """The options of section 9 on ``coordex serve`` (``tenants=True``) or ``coordex mcp``;
+    ``count`` parses (and checks) ``--max-calls``."""
     group = parser.add_argument_group("confinement (each tenant in a jail of its own)")
     group.add_argument("--confine", metavar="DIR",
                        help="run the executor in a confined host whose working folder and "
                        "home is DIR")
     group.add_argument("--memory-limit", type=_size, metavar="SIZE", default=4 * GIB,
                        help="memory per confined host, e.g. 512M, 4G (default 4G)")
-    group.add_argument("--max-calls", type=_at_least_one, metavar="N", default=8,
+    group.add_argument("--max-calls", type=count, metavar="N", default=8,
                        help="calls a confined host runs at once (default 8)")
     group.add_argument("--no-network", action="store_true",
                        help="confined hosts get loopback only")
@@ -54,13 +56,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 4G, got {text!r}")
     if value < 16 << 20:
         raise argparse.ArgumentTypeError(f"must be at least 16M, got {text!r}")
-    return value
-
-
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
     return value
 
 

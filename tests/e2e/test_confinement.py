@@ -425,3 +425,15 @@ def _alive() -> set[int]:
             except OSError:
                 pass
     return pids
+
+
+def test_the_single_in_process_tenant_does_not_see_the_token_either(tmp_path: Path) -> None:
+    env = child_env(tmp_path / "home", COORDEX_TOKEN=SERVER_TOKEN)
+    with spawn("serve", "--port", "0", env=env) as running:
+        url = running.wait_for(READY).group(1)
+        assert running.wait_for(r"confinement: (\S+)").group(1) == "none"
+        seen = call_with_sdk(url, SERVER_TOKEN, [
+            ("execute_code", {"code": "import os; 'COORDEX_TOKEN' in os.environ"}),
+            ("execute_code", {"code": "echo ${COORDEX_TOKEN:-unset}", "language": "bash"}),
+        ])
+        assert seen[0]["result"] == "False" and seen[1]["stdout"].strip() == "unset"

@@ -50,18 +50,23 @@ def test_version_matches_the_doc() -> None:
     assert found is not None and int(found.group(1)) == PROTOCOL_VERSION
 
 
-def test_every_message_and_field_is_documented_in_its_section() -> None:
-    sections = _sections()
-    assert set(sections) == set(MESSAGES), "doc headings and MESSAGES differ"
-    for kind, (direction, required, optional) in MESSAGES.items():
-        body = sections[kind].split("\n### ", 1)[0]
-        arrow = "host → worker" if direction == HOST_TO_WORKER else "worker → host"
-        assert arrow in sections[kind].splitlines()[0], kind
+def _check_documented(sections: dict[str, str],
+                      messages: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]],
+                      arrows: dict[str, str]) -> None:
+    assert set(sections) == set(messages), "doc headings and MESSAGES differ"
+    for kind, (direction, required, optional) in messages.items():
+        body = sections[kind].split("\n## ", 1)[0]
+        assert arrows[direction] in sections[kind].splitlines()[0], kind
         for name in required:
             assert re.search(rf"- `{name}` —", body), f"{kind}.{name} undocumented"
         for name in optional:
             assert re.search(rf"- `{name}` \(\*optional\*", body), \
                 f"{kind}.{name} not documented as optional"
+
+
+def test_every_message_and_field_is_documented_in_its_section() -> None:
+    _check_documented(_sections(), MESSAGES,
+                      {HOST_TO_WORKER: "host → worker", WORKER_TO_HOST: "worker → host"})
 
 
 def test_directions_are_known() -> None:
@@ -133,16 +138,8 @@ def test_the_confined_host_protocol_is_documented_in_its_part() -> None:
     found = re.search(r"Confined host protocol version: \*\*(\d+)\*\*", _part(confined=True))
     assert found is not None and int(found.group(1)) == wire.PROTOCOL_VERSION
     sections = _sections(confined=True)
-    assert set(sections) == set(wire.MESSAGES), "doc headings and wire.MESSAGES differ"
-    for kind, (direction, required, optional) in wire.MESSAGES.items():
-        body = sections[kind].split("\n## ", 1)[0]
-        arrow = "owner → host" if direction == wire.OWNER_TO_HOST else "host → owner"
-        assert arrow in sections[kind].splitlines()[0], kind
-        for name in required:
-            assert re.search(rf"- `{name}` —", body), f"{kind}.{name} undocumented"
-        for name in optional:
-            assert re.search(rf"- `{name}` \(\*optional\*", body), \
-                f"{kind}.{name} not documented as optional"
+    _check_documented(sections, wire.MESSAGES,
+                      {wire.OWNER_TO_HOST: "owner → host", wire.HOST_TO_OWNER: "host → owner"})
     documented = re.findall(r"`([a-z_]+(?:\.[a-z_|]+)?)`", sections["call"])
     methods = {m for d in documented for m in _expand(d)}
     assert set(wire.METHODS) <= methods, set(wire.METHODS) - methods

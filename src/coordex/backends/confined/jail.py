@@ -54,8 +54,6 @@ LEVELS: tuple[Level, ...] = ("namespaces+landlock", "landlock", "none")
 
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
-_MS_RDONLY = 1
-_MS_REMOUNT = 32
 _PR_SET_PDEATHSIG = 1
 
 _LL_EXECUTE = 1 << 0
