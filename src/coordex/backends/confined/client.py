@@ -28,8 +28,8 @@ from typing import Any
 
 from ...core.errors import make_error
 from . import wire
-from .host import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
 from .jail import best_level
+from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
 
 OnOutput = Callable[[str, str], None]
 DEFAULT_MEMORY_LIMIT = 4 << 30

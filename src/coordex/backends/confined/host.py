@@ -29,9 +29,8 @@ from typing import Any
 
 from . import jail, wire
 from .jail import JailSpec, Level, LimitReport, Limits
+from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
 
-DEFAULT_MAX_CALLS = 8
-DEFAULT_MAX_PROCESSES = 512
 _PR_SET_CHILD_SUBREAPER = 36
 
 

@@ -25,6 +25,10 @@ from ...worker._coordex_protocol import ProtocolError
 
 PROTOCOL_VERSION = 1
 
+# The host's limits unless its owner says otherwise (SPEC 9: --max-calls defaults to 8).
+DEFAULT_MAX_CALLS = 8
+DEFAULT_MAX_PROCESSES = 512
+
 OWNER_TO_HOST = "owner->host"
 HOST_TO_OWNER = "host->owner"
 
