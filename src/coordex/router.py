@@ -54,8 +54,8 @@ def _size(text: str) -> int:
         value = int(float(number) * units[unit])
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 4G, got {text!r}")
-    if value < 16 << 20:
-        raise argparse.ArgumentTypeError(f"must be at least 16M, got {text!r}")
+    if value < 64 << 20:  # below this an interpreter with coordex cannot even start
+        raise argparse.ArgumentTypeError(f"must be at least 64M, got {text!r}")
     return value
 
 

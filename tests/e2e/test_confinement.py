@@ -437,3 +437,33 @@ def test_the_single_in_process_tenant_does_not_see_the_token_either(tmp_path: Pa
             ("execute_code", {"code": "echo ${COORDEX_TOKEN:-unset}", "language": "bash"}),
         ])
         assert seen[0]["result"] == "False" and seen[1]["stdout"].strip() == "unset"
+
+
+def test_a_tenant_holds_a_capped_number_of_mcp_sessions(server: Server) -> None:
+    from coordex.router import MCP_SESSIONS_PER_TENANT
+
+    alice = {**ACCEPT, "authorization": f"Bearer {ALICE}"}
+    opened: list[str] = []
+    with httpx.Client(timeout=30) as client:
+        try:
+            refused = None
+            for _ in range(MCP_SESSIONS_PER_TENANT + 1):
+                response = client.post(server.url, json=INITIALIZE, headers=alice)
+                if response.status_code != 200:
+                    refused = response
+                    break
+                opened.append(response.headers["mcp-session-id"])
+            assert refused is not None and refused.status_code == 503, len(opened)
+            assert len(opened) <= MCP_SESSIONS_PER_TENANT
+            # Bob's sessions are counted apart.
+            bob = client.post(server.url, json=INITIALIZE,
+                              headers={**ACCEPT, "authorization": f"Bearer {BOB}"})
+            assert bob.status_code == 200
+            opened_bob = bob.headers["mcp-session-id"]
+            client.delete(server.url, headers={**ACCEPT, "authorization": f"Bearer {BOB}",
+                                               "mcp-session-id": opened_bob,
+                                               "mcp-protocol-version": "2025-06-18"})
+        finally:
+            for session in opened:
+                client.delete(server.url, headers={**alice, "mcp-session-id": session,
+                                                   "mcp-protocol-version": "2025-06-18"})

@@ -345,17 +345,18 @@ class ConfinedExecutor:
         """Start a host; the running one, or an error dict when it cannot start."""
         host = _Host(self._argv, self._env, str(self.folder))
         ready = host.wait_ready(READY_TIMEOUT)
-        if ready is None or ready.get("protocol") != wire.PROTOCOL_VERSION or (
-                "error" in ready and ready.get("confinement") is None) or not host.alive:
+        if ready is not None and ready.get("fatal") and str(ready.get("error")).startswith(
+                ("TypeError", "ValueError")):
+            host.close(grace=0.5)
+            return make_error("validation", f"The host's Executor refused its arguments: "
+                              f"{ready['error']}", "Fix the Executor arguments.")
+        if ready is None or ready.get("protocol") != wire.PROTOCOL_VERSION or ready.get(
+                "fatal") or not host.alive:
             host.close(grace=0.5)
             reason = (ready or {}).get("error") or host.stderr_tail.decode("utf-8", "replace")
             return make_error("crashed", f"The confined host did not start: {reason.strip()[-800:]}",
                               "Retry the call; if it fails again, the operator must check the "
                               "host's limits and folder.", state_lost=True)
-        if "error" in ready and str(ready["error"]).startswith(("TypeError", "ValueError")):
-            host.close(grace=0.5)
-            return make_error("validation", f"The host's Executor refused its arguments: "
-                              f"{ready['error']}", "Fix the Executor arguments.")
         self._host = host
         return host
 

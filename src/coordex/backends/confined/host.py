@@ -196,7 +196,8 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     try:
         executor = Executor(root=root, **options)
     except Exception as exc:
-        out.send(wire.message("ready", **ready, error=f"{type(exc).__name__}: {exc}"))
+        out.send(wire.message("ready", **ready, error=f"{type(exc).__name__}: {exc}",
+                              fatal=True))
         return 2
     if error:
         ready["error"] = error

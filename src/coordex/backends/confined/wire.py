@@ -35,7 +35,7 @@ HOST_TO_OWNER = "host->owner"
 # type -> (direction, required fields, optional fields)
 MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "ready": (HOST_TO_OWNER, ("protocol", "pid", "confinement", "memory", "processes"),
-              ("network", "error")),
+              ("network", "error", "fatal")),
     "call": (OWNER_TO_HOST, ("id", "method", "args"), ("stream",)),
     "output": (HOST_TO_OWNER, ("id", "stream", "text"), ()),
     "reply": (HOST_TO_OWNER, ("id", "value"), ()),
