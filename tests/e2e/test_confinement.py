@@ -274,6 +274,39 @@ def test_blocked_namespaces_give_landlock_and_still_hide_b(tmp_path: Path) -> No
         assert srv.code(BOB, "1 + 1")["result"] == "2"
 
 
+BLOCK_USERNS = ["unshare", "--user", "--map-root-user", "sh", "-c",
+                'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh"]
+
+
+def test_really_blocked_user_namespaces_report_landlock(tmp_path: Path) -> None:
+    # No test hook: a user namespace whose max_user_namespaces is 0 refuses every
+    # unshare(CLONE_NEWUSER) below it, as a hardened distribution's sysctl does.
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux)")
+    probe = subprocess.run([*BLOCK_USERNS, "unshare", "--user", "true"], capture_output=True)
+    if b"unshare failed" not in probe.stderr:
+        pytest.skip("cannot make a user namespace that blocks nested ones here")
+    tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    argv = [*BLOCK_USERNS, *COORDEX, "serve", "--port", "0", "--tokens", str(tokens)]
+    process = subprocess.Popen(argv, env=child_env(tmp_path / "home"), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    running = Running(process)
+    reader = threading.Thread(target=_pump_lines, args=(process, running), daemon=True)
+    reader.start()
+    try:
+        url = running.wait_for(READY).group(1)
+        assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
+        srv = Server(running, url, tmp_path / "home", tokens)
+        srv.code(BOB, f"echo {SECRET} > notes.txt", language="bash")
+        stolen = srv.code(ALICE, f"cat {tmp_path}/home/tenants/bob/notes.txt {tokens}",
+                          language="bash")
+        assert SECRET not in stolen["stdout"] and BOB not in stolen["stdout"], stolen
+        assert srv.alive()
+    finally:
+        stop(process)
+        reader.join(timeout=5)
+
+
 def test_no_confinement_refuses_several_tenants_unless_allowed(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
     env = child_env(tmp_path / "home", COORDEX_ISOLATION_FORCE="none")
@@ -317,7 +350,8 @@ def as_nobody(argv: list[str]) -> list[str]:
             str(branch), str(closed), *NOBODY, *argv]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="switching to nobody needs root")
+@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("unshare")),
+                    reason="switching to nobody needs root, setpriv and unshare (util-linux)")
 def test_as_nobody_the_jail_holds_with_rlimits(open_tmp: Path) -> None:
     tmp_path = open_tmp
     home = tmp_path / "home"
