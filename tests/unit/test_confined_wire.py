@@ -22,6 +22,8 @@ def test_lines_are_ascii_and_checked() -> None:
         wire.message("call", id=1, method="plan_namespace", args={})
     with pytest.raises(wire.ProtocolError, match="lacks field"):
         wire.message("reply", id=1)
+    with pytest.raises(wire.ProtocolError, match="unknown field"):
+        wire.message("cancel", id=1, now=True)
     with pytest.raises(wire.ProtocolError, match="not a JSON line"):
         wire.decode(b"\xff")
 

@@ -66,6 +66,9 @@ def check(msg: Any, direction: str | None = None) -> dict[str, Any]:
     missing = [name for name in spec[1] if name not in msg]
     if missing:
         raise ProtocolError(f"message {kind!r} lacks field(s) {', '.join(missing)}")
+    unknown = sorted(set(msg) - {"type", *spec[1], *spec[2]})
+    if unknown:
+        raise ProtocolError(f"message {kind!r} has unknown field(s) {', '.join(unknown)}")
     if kind == "call" and msg["method"] not in METHODS:
         raise ProtocolError(f"method {msg['method']!r} is not one of {METHODS}")
     return msg
