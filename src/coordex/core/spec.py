@@ -44,6 +44,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
+from .coordinates import is_valid_text
 from .errors import CoordexError, nearest
 
 if sys.version_info >= (3, 11):
@@ -144,14 +145,23 @@ def parse_spec(text: str) -> EnvironmentSpec:
     if "\x00" in text:
         raise _invalid("The environment spec contains a NUL character.",
                        "Remove the NUL character from the spec text.")
+    if not is_valid_text(text):
+        raise _invalid("The environment spec contains a character that is not valid text "
+                       "(a lone surrogate, as from undecodable bytes).",
+                       "Write the spec in plain UTF-8 text: package names and versions only.")
     # Windows line endings: PEP 723's block pattern (and people) mean the same lines.
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     _check_block_markers(text)
-    if _PEP723_OPEN.search(text):
-        return _parse_script(text)
-    if _TOML_TABLE.search(text):
-        return _parse_pyproject(text)
-    return _parse_requirements(text)
+    try:
+        if _PEP723_OPEN.search(text):
+            return _parse_script(text)
+        if _TOML_TABLE.search(text):
+            return _parse_pyproject(text)
+        return _parse_requirements(text)
+    except RecursionError:  # tomllib recurses once per nesting level
+        raise _invalid("The environment spec nests tables or lists too deeply to read.",
+                       "Flatten the TOML: a spec needs only [project] with dependencies = "
+                       "[\"name==1.0\", ...] and requires-python.") from None
 
 
 # -- the three shapes ---------------------------------------------------------------------

@@ -23,11 +23,12 @@ console scripts use a relative shebang trampoline and the activation scripts loc
 themselves, so ``bin/<script>`` and ``bash`` with ``PATH=env/bin`` keep working after the
 rename (the interpreter symlink and ``pyvenv.cfg`` never held the folder's path).
 
-uv runs in its own process group with a deadline shared by the whole build; on timeout
-the group is killed. Every line uv prints goes to the build log under ``root/logs`` and to
-``on_progress``. The facts that change a build's result besides the spec — interpreter,
-uv version, index settings — are gathered here (:func:`hash_inputs`) and hashed into the
-folder name by :meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
+uv runs in its own process session with a deadline shared by the whole build; on timeout
+it is stopped by coordex's one stop policy (``backends/_reap.py``). Every line uv prints
+goes to the build log under ``root/logs`` and to ``on_progress``. The facts that change a
+build's result besides the spec — interpreter, uv version, index settings — are gathered
+here (:func:`hash_inputs`) and hashed into the folder name by
+:meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -55,6 +55,7 @@ from filelock import FileLock, Timeout
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from ..backends import _reap
 from ..core.errors import CoordexError
 from ..core.spec import EnvironmentSpec
 
@@ -369,20 +370,21 @@ class EnvironmentBuilder:
         env = dict(os.environ)
         env.pop("VIRTUAL_ENV", None)  # --python names the target; never the caller's venv
         env["NO_COLOR"] = "1"
-        process = subprocess.Popen(
+        # Its own session (``_reap.spawn``): a timeout stops uv and its children, and
+        # so does the keeper if the host dies mid-build.
+        process = _reap.spawn(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, cwd=str(self.envs_dir), env=env,
-            start_new_session=True,  # its own group: a timeout kills uv and its children
         )
         reader = threading.Thread(target=log.pump, args=(process.stdout,), daemon=True)
         reader.start()
         try:
             returncode = self._wait(process, reader, deadline)
         except BaseException:
-            _kill_group(process)
+            _reap.stop(process, "uv build")
             raise
         if returncode is None:
-            _kill_group(process)
+            _reap.stop(process, "uv build")
             reader.join(timeout=5)
             log.line(f"=== killed: build_timeout={self.timeout:g}s reached")
             raise CoordexError(
@@ -394,6 +396,9 @@ class EnvironmentBuilder:
                 log=log.tail(),
             )
         reader.join(timeout=5)
+        # uv has exited: this ends what it may have left in its session and tells the
+        # keeper to stop watching it.
+        _reap.stop(process, "uv build")
         if returncode != 0:
             raise _uv_failed(label, spec, log.tail(), returncode)
 
@@ -422,16 +427,15 @@ class EnvironmentBuilder:
         """Import each requirement's top-level modules in the new environment, or raise."""
         command = [str(python), "-I", str(IMPORT_CHECK), *spec.names()]
         log.line("$ " + " ".join(_display(c) for c in command))
-        process = subprocess.Popen(
+        # Its own session (``_reap.spawn``): whatever an import starts ends with it.
+        process = _reap.spawn(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, cwd=str(python.parent.parent),
-            env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"},
-            start_new_session=True)  # its own group: whatever an import starts ends with it
+            env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"})
         try:
             output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _kill_group(process)
-            process.communicate()
+            _reap.stop(process, "import check")
             raise CoordexError(
                 "environment",
                 f"Building {label}: importing the installed packages took longer than "
@@ -440,7 +444,7 @@ class EnvironmentBuilder:
                 "package's requirements, or raise build_timeout (Executor(build_timeout=...)).",
                 log=log.tail())
         finally:
-            _kill_group(process)
+            _reap.stop(process, "import check")
         text = output.decode("utf-8", "replace")
         body, _, report = text.rpartition(IMPORT_CHECK_MARKER)
         for line in (body if report else text).splitlines():
@@ -547,20 +551,6 @@ def _emit(on_progress: ProgressCallback | None, text: str) -> None:
             on_progress(text)
         except Exception:  # a broken progress callback must not break the build
             pass
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    try:
-        if os.name == "posix":
-            os.killpg(process.pid, signal.SIGKILL)
-        else:
-            process.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _tail_of(path: Path) -> str:
