@@ -436,6 +436,7 @@ class EnvironmentBuilder:
             output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _reap.stop(process, "import check")
+            process.communicate()
             raise CoordexError(
                 "environment",
                 f"Building {label}: importing the installed packages took longer than "
