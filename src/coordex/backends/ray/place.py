@@ -45,7 +45,7 @@ POLL_WAIT = 0.25
 GET_SLACK = 2.0
 # Past a call's timeout the node interrupts, waits INTERRUPT_GRACE, kills and reports:
 # the driver waits that long and a little more before it calls the node lost.
-NODE_GRACE = 3 * INTERRUPT_GRACE + 2.0
+NODE_GRACE = 2 * INTERRUPT_GRACE + 2.0
 # Starting an actor (a Ray worker process) and opening or inspecting a session.
 START_TIMEOUT = 60.0
 INSPECT_TIMEOUT = 15.0
