@@ -577,11 +577,32 @@ class Executor:
 
     # ------------------------------------------------------------------ tool schemas
 
-    def tool_definitions(self, format: str = "openai") -> Any:
-        """Tool definitions for ``"openai"``, ``"anthropic"`` or ``"mcp"``."""
+    def tool_definitions(self, format: str = "openai", strict: bool = False) -> Any:
+        """Tool definitions for ``"openai"``, ``"openai-responses"``, ``"anthropic"`` or ``"mcp"``.
+
+        ``strict=True`` gives schemas OpenAI's strict mode accepts (every property
+        required, optional ones nullable). ``null`` for an argument means "omitted" in
+        every format. The descriptions name this executor's default call timeout.
+        """
         from .tools import tool_definitions
 
-        return tool_definitions(format)
+        return tool_definitions(format, strict=strict, default_timeout=self.timeout)
+
+    def call_tool(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """Route one tool call exactly as a model produced it; never raises.
+
+        Args:
+            name: the tool's name (``"execute_code"``, ``"list_sessions"``, ...).
+            arguments: the argument dict, or its JSON text (as the OpenAI SDKs hand it
+                over); ``null`` values mean "omitted".
+
+        Returns:
+            The same dict the MCP tool returns as structured content. An unknown tool
+            is a ``not_found`` error whose suggestion names the nearest tool.
+        """
+        from .tools import route
+
+        return route(self, name, arguments)
 
     # ------------------------------------------------------------------ library hooks
 

@@ -327,8 +327,7 @@ def test_a_forked_child_logs_only_through_its_own_executor(root: Path) -> None:
 
 
 def test_text_utf8_cannot_carry_costs_no_row(ex: Executor) -> None:
-    ex.execute_code("s = '\udcff'", state_mode="stateful", session_name="odd\ud800name")
+    ex.execute_code("s = '\udcff'", state_mode="stateful", session_name="odd")
     ex.execute_code("1")
     calls = ex.history()["calls"]
-    assert [c["code"][-3:] for c in calls] == ["ff'", "1"[-3:]]  # both rows are kept
-    assert calls[0]["session_name"] == "odd\\ud800name" and "\\udcff" in calls[0]["code"]
+    assert [c["code"] for c in calls] == ["s = '\\udcff'", "1"]  # both rows are kept

@@ -86,7 +86,7 @@ class OwnSession:
     def running_here(self, frame: Any) -> bool:
         """Whether ``frame`` (or a caller of it) runs in this session's namespace."""
         session = self.state
-        if session is None or session.runner is None:
+        if session is None or session.current is None:
             return False
         while frame is not None:
             if frame.f_globals is session.namespace:
@@ -102,7 +102,6 @@ class OwnSession:
             # session itself reads as stuck); the fork copies it as it is.
             return self._place.run_read_only(self._place.own.new_session(session.namespace),
                                              request)
-        assert session.runner is not None
         return self._place.own._run_on(session.runner, session, session.namespace, request)
 
 
@@ -149,12 +148,7 @@ class OwnPlace:
     def release(self, state: NamespaceSession) -> None:
         with self._lock:
             self._sessions = [s for s in self._sessions if s.state is not None]
-        release = getattr(self.own, "release", None)
-        if release is not None:
-            release(state)
-        elif state.runner is not None:
-            runner, state.runner = state.runner, None
-            runner.close()
+        state.close()
 
     def close(self) -> None:
         with self._lock:

@@ -110,6 +110,12 @@ def analyse(source: str, name: str | None) -> tuple[str, str, str | None]:
     if not isinstance(source, str) or not source.strip():
         raise CallError("validation", f"source must be non-empty Python text, got {source!r:.80}.",
                         "Pass the function's code as a string: source='def f(x):\\n    ...'.")
+    if not coords.is_valid_text(source) or (isinstance(name, str)
+                                            and not coords.is_valid_text(name)):
+        raise CallError("validation", "The source or name holds a character that is not valid "
+                        "text (a lone surrogate, as from undecodable bytes).",
+                        "Write the code in plain UTF-8 text; build such strings at run time "
+                        "(os.fsdecode) instead of writing them into the source.")
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:

@@ -192,7 +192,7 @@ def _on_sigint(signum: int, frame: Any) -> None:
     if _State.fork_child:
         _signal_child(signal.SIGINT)
     elif _State.in_user_code:
-        raise KeyboardInterrupt
+        raise engine.Interrupt
     # else: a late interrupt for a cell that already finished; ignore it.
 
 
