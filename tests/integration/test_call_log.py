@@ -328,6 +328,9 @@ def test_a_forked_child_logs_only_through_its_own_executor(root: Path) -> None:
 
 def test_text_utf8_cannot_carry_costs_no_row(ex: Executor) -> None:
     ex.execute_code("s = '\udcff'", state_mode="stateful", session_name="odd")
-    ex.execute_code("1")
+    refused = ex.execute_code("1", state_mode="stateful", session_name="odd\ud800name")
+    assert refused["error_type"] == "validation"  # a name must be text
     calls = ex.history()["calls"]
-    assert [c["code"] for c in calls] == ["s = '\\udcff'", "1"]  # both rows are kept
+    # Python cannot compile a lone surrogate (an execution error); both rows are kept.
+    assert [c["outcome"] for c in calls] == ["execution", "validation"]
+    assert calls[0]["session_name"] == "odd" and "\\udcff" in calls[0]["code"]

@@ -69,6 +69,7 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("close_session", {"session_name": "audit"}),
     ("rebuild_session", {"session_name": "audit"}),
     ("close_session", {"session_name": "audit"}),
+    ("close_session", {"session_name": "audit"}),
 ]
 
 
