@@ -482,7 +482,7 @@ class Executor:
     def _record_call(self, result: dict[str, Any], code: Any,
                      coordinate: Coordinate | None) -> dict[str, Any]:
         """The end of every call: its log row, and a suggestion naming rebuild_session
-        where state was lost (the wording: ``coordex.log.rebuild.rebuild_hint``)."""
+        where state was lost (the wording: ``coordex.core.messages.rebuild_hint``)."""
         return record_call(self._call_log, result, code, coordinate)
 
     def history(self, language: str | None = None, session_id: int | None = None,
