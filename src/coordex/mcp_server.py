@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, cast
 
 import anyio
 import anyio.to_thread
@@ -322,7 +322,7 @@ async def serve_stdio(executor: Any, wire: WireFds) -> None:
         os.fdopen(wire.write_fd, "wb", closefd=False), encoding="utf-8", write_through=True
     )
     lines = _EscapedLines(reader)
-    async with stdio_server(stdin=anyio.wrap_file(lines), stdout=anyio.wrap_file(writer)) as (
+    async with stdio_server(stdin=anyio.wrap_file(cast(IO[str], lines)), stdout=anyio.wrap_file(writer)) as (
         read_stream,
         write_stream,
     ):
