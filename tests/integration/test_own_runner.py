@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,89 @@ def test_coordex_interrupt_is_still_a_timeout_and_cancel(ex: Executor) -> None:
     r = ex.execute_code("import time\ntry:\n    while True:\n        time.sleep(0.001)\n"
                         "except KeyboardInterrupt:\n    print('cleaned')\n    raise", timeout=0.3)
     assert r["error_type"] == "timeout" and r["stdout"] == "cleaned\n"
+
+
+# -- on the caller's thread (own_on_caller_thread=True) ---------------------------------
+
+
+@pytest.fixture
+def inline_ex(root: Path) -> Iterator[Executor]:
+    assert threading.current_thread() is threading.main_thread()
+    executor = Executor(root=root, timeout=30, own_on_caller_thread=True)
+    try:
+        yield executor
+    finally:
+        executor.close()
+
+
+@pytest.mark.parametrize("code", [
+    "while True: pass",
+    "import time\ntime.sleep(30)",
+    "import threading\nthreading.Event().wait()",
+    "import subprocess\nsubprocess.run(['sleep', '30'])",
+    "import select, os\nr, w = os.pipe()\nselect.select([r], [], [])",
+])
+def test_on_the_caller_thread_a_timeout_interrupts_blocking_calls(inline_ex: Executor,
+                                                                   code: str) -> None:
+    inline_ex.execute_code("x = 1", state_mode="stateful")
+    started = time.monotonic()
+    r = inline_ex.execute_code(code, state_mode="stateful", timeout=0.3)
+    assert time.monotonic() - started < 1.5
+    assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+    assert "interrupted" in r["error"]
+    assert inline_ex.execute_code("x", state_mode="stateful")["result"] == "1"
+
+
+def test_on_the_caller_thread_the_code_runs_on_the_main_thread(inline_ex: Executor) -> None:
+    r = inline_ex.execute_code("import threading\nthreading.current_thread().name")
+    assert r["result"] == repr(threading.main_thread().name)
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    r = inline_ex.execute_code("while True: pass", cancel=cancel)
+    assert r["error_type"] == "timeout"
+    r = inline_ex.execute_code("raise KeyboardInterrupt")
+    assert r["error_type"] == "execution" and r["exception"] == "KeyboardInterrupt"
+
+
+def test_on_the_caller_thread_output_and_nested_calls_work(inline_ex: Executor) -> None:
+    chunks: list[str] = []
+    r = inline_ex.execute_code(
+        "import os, subprocess, threading\nprint('p')\nos.write(1, b'fd\\n')\n"
+        "subprocess.run(['echo', 'child'])\n"
+        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()",
+        on_output=lambda stream, text: chunks.append(text))
+    assert r["stdout"] == "p\nfd\nchild\nthread\n" and "".join(chunks) == r["stdout"]
+    inline_ex.functions.define(source="def double(a):\n    return a * 2\n")
+    inline_ex.execute_code("y = 5", state_mode="stateful")
+    assert inline_ex.execute_code("functions.double(y)", state_mode="stateful")["result"] == "10"
+    r = inline_ex.execute_code("functions.double.stateful()(3)", state_mode="stateful")
+    assert r["result"] == "6"
+    assert inline_ex.execute_code("y", state_mode="read_only", session_id=0)["result"] == "5"
+
+
+def test_on_the_caller_thread_an_interrupt_never_escapes_into_the_host(
+        inline_ex: Executor) -> None:
+    # Code that ends right at its deadline: the interrupt races the end of the call.
+    for i in range(60):
+        r = inline_ex.execute_code(f"import time\ntime.sleep({0.01 + (i % 6) * 0.001})",
+                                   timeout=0.012)
+        assert r.get("error_type") in (None, "timeout"), r
+    time.sleep(0.05)  # a late signal would land here, in the test, and fail it
+    assert inline_ex.execute_code("1")["result"] == "1"
+
+
+def test_on_the_caller_thread_other_threads_still_use_a_runner(inline_ex: Executor) -> None:
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        box["r"] = inline_ex.execute_code(
+            "import time\nend = time.monotonic() + 4\nwhile time.monotonic() < end:\n"
+            "    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass",
+            state_mode="stateful",
+            session_name="stubborn", timeout=0.2)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive()  # the timeout returned although the code goes on
+    assert box["r"]["error_type"] == "timeout" and "still busy" in box["r"]["suggestion"]

@@ -37,6 +37,7 @@ started by user code, signal handlers, and ``os._exit`` ends the agent itself.
 
 from __future__ import annotations
 
+import _signal as _csignal
 import _thread
 import array
 import builtins
@@ -98,7 +99,13 @@ class _Call:
         self.threads: list[weakref.ref[threading.Thread]] = []
 
     def threads_alive(self) -> bool:
-        return any((t := ref()) is not None and t.is_alive() for ref in self.threads)
+        return _any_alive(self.threads)
+
+
+def _any_alive(refs: list[weakref.ref[threading.Thread]]) -> bool:
+    alive = [ref for ref in refs if (t := ref()) is not None and t.is_alive()]
+    refs[:] = alive  # ended threads are forgotten, so the list stays short
+    return bool(alive)
 
 
 def _current_call() -> _Call | None:
@@ -133,9 +140,11 @@ def _start_with_origin(self: threading.Thread) -> None:
     call = _current_call()
     if call is not None:
         self._coordex_call = call  # type: ignore[attr-defined]
-        call.threads.append(weakref.ref(self))
+        ref = weakref.ref(self)
+        call.threads.append(ref)
         if call.session is not None:
-            call.session.threads.add(self)
+            _any_alive(call.session.threads)
+            call.session.threads.append(ref)
     _THREAD_START(self)
 
 
@@ -349,9 +358,11 @@ def _pending(fd: int) -> int:
 
 def _flush_real_streams() -> None:
     for stream in (sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
-            if stream is not None:
+        if stream is not None:
+            try:
                 stream.flush()
+            except Exception:  # a closed or broken host stream: nothing to flush
+                pass
 
 
 # --------------------------------------------------------------------------- runner thread
@@ -447,6 +458,129 @@ class _Runner:
                 self._go.release()
 
 
+# --------------------------------------------------------------------------- on the caller's thread
+
+# The signal that stops code running on the main thread (a real-time one: hosts rarely
+# use them). Its handler raises only while an interrupt is pending for the inline call.
+_INTERRUPT_SIGNAL = getattr(signal, "SIGRTMIN", signal.SIGUSR2) + 3
+_MAIN_IDENT = threading.main_thread().ident
+
+
+class _Watchdog:
+    """Stops a call that runs on the main thread (the caller's) at its deadline.
+
+    A daemon thread that sleeps until the deadline it was last given; arming a call
+    only writes the deadline (it wakes the thread only when the new deadline is earlier
+    than the one it sleeps towards), so a call costs no thread wake-up at all. At the
+    deadline (or when ``cancel`` is set) it marks an interrupt pending and sends
+    ``_INTERRUPT_SIGNAL`` to the main thread: the handler raises :class:`engine.Interrupt`
+    at the next bytecode, and a blocking system call (sleep, read, wait, a lock) returns
+    with EINTR first. It sends it again every ``INTERRUPT_GRACE`` while the code runs.
+    Code blocked in C that retries on signals (``os.system``, a long BLAS call) ends its
+    call only when that C call returns: the price of running on the caller's thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = _thread.allocate_lock()
+        self._wake.acquire()
+        self._deadline = float("inf")  # of the armed call; inf: none
+        self._scheduled = float("inf")  # when the thread looks next
+        self._cancel: threading.Event | None = None
+        self.pending = False
+        self.fired = False
+        self.closed = False
+        self._thread = threading.Thread(target=self._loop, name="coordex-watchdog",
+                                        daemon=True)
+        _THREAD_START(self._thread)
+
+    def arm(self, deadline: float, cancel: threading.Event | None) -> None:
+        with self._lock:
+            self._deadline, self._cancel = deadline, cancel
+            self.pending = self.fired = False
+            wake = deadline < self._scheduled or cancel is not None
+        if wake:
+            self._poke()
+
+    def disarm(self) -> bool:
+        """End the armed call; True if it was interrupted."""
+        with self._lock:
+            self._deadline, self._cancel = float("inf"), None
+            self.pending = False
+            return self.fired
+
+    def take_pending(self) -> bool:
+        """Called by the signal handler: whether to raise now. Lock-free: the handler
+        may run on the main thread while that thread holds ``_lock`` (in arm/disarm)."""
+        pending, self.pending = self.pending, False
+        return pending
+
+    def _poke(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._wake.release()
+
+    def _loop(self) -> None:
+        idle = 60.0
+        while not self.closed:
+            with self._lock:
+                now = time.monotonic()
+                cancelled = self._cancel is not None and self._cancel.is_set()
+                if self._deadline <= now or (cancelled and self._deadline < float("inf")):
+                    self.pending = self.fired = True
+                    with contextlib.suppress(OSError, ValueError):
+                        signal.pthread_kill(_MAIN_IDENT or 0, _INTERRUPT_SIGNAL)
+                    self._deadline = now + INTERRUPT_GRACE
+                if self._deadline < float("inf"):
+                    idle = max(1.0, self._deadline - now)
+                    self._scheduled = self._deadline
+                    if self._cancel is not None:
+                        self._scheduled = min(self._scheduled, now + 0.05)
+                else:
+                    # Between calls: look again about one timeout on, so a call armed
+                    # with a similar deadline needs no wake-up.
+                    self._scheduled = now + idle
+                wait = self._scheduled - now
+            self._wake.acquire(True, max(0.0, wait))
+
+    def close(self) -> None:
+        self.closed = True
+        self._poke()
+
+
+_WATCHDOG: _Watchdog | None = None
+
+
+class _OnCaller:
+    """``NamespaceSession.runner`` while the session's code runs on the caller's thread."""
+
+    busy = True
+
+
+_ON_CALLER = _OnCaller()
+
+
+def _on_interrupt_signal(signum: int, frame: Any) -> None:
+    if _WATCHDOG is not None and _WATCHDOG.take_pending():
+        raise engine.Interrupt
+
+
+def _inline_ready() -> _Watchdog | None:
+    """The watchdog, if code may run on this thread now: the main thread, with our
+    handler in place (installed on first use; never over a handler the host set)."""
+    global _WATCHDOG
+    if threading.get_ident() != _MAIN_IDENT:
+        return None
+    # The C module's getsignal: signal.getsignal converts to an enum (~4 us a call).
+    handler = _csignal.getsignal(_INTERRUPT_SIGNAL)
+    if handler is not _on_interrupt_signal:
+        if handler not in (_csignal.SIG_DFL, None):
+            return None
+        _csignal.signal(_INTERRUPT_SIGNAL, _on_interrupt_signal)
+    if _WATCHDOG is None or _WATCHDOG.closed:
+        _WATCHDOG = _Watchdog()
+    return _WATCHDOG
+
+
 # --------------------------------------------------------------------------- sessions
 
 
@@ -463,10 +597,10 @@ class NamespaceSession:
     namespace: dict[str, Any]
     cwd: str
     environ: dict[Any, Any]
-    runner: _Runner | None = None
+    runner: _Runner | _OnCaller | None = None
     injected: set[str] = field(default_factory=set)
     current: _Call | None = None
-    threads: weakref.WeakSet[threading.Thread] = field(default_factory=weakref.WeakSet)
+    threads: list[weakref.ref[threading.Thread]] = field(default_factory=list)
     owns_namespace: bool = True
 
     @property
@@ -474,7 +608,7 @@ class NamespaceSession:
         return self.runner is not None and self.runner.busy
 
     def threads_alive(self) -> bool:
-        return any(t.is_alive() for t in list(self.threads))
+        return _any_alive(self.threads)
 
     def close(self) -> None:
         """Let go of what the session holds: its namespace is emptied at once (functions
@@ -501,12 +635,12 @@ def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
     try:
         yield
     finally:
+        cwd, env = _getcwd(), environ_snapshot()
         if session is not None:
-            session.cwd = _getcwd()
-            session.environ = environ_snapshot()
-        if _getcwd() != host_cwd:
+            session.cwd, session.environ = cwd, env
+        if cwd != host_cwd:
             _chdir(host_cwd)
-        if environ_snapshot() != host_env:
+        if env != host_env:
             _apply_environ(host_env)
 
 
@@ -553,7 +687,7 @@ def _chdir(path: str) -> None:
 class OwnInterpreter:
     """Runs Python cells in this process. One instance per Executor."""
 
-    def __init__(self) -> None:
+    def __init__(self, inline: bool = False) -> None:
         # Sessions run with PAGER_ENV. Where the host leaves these unset they are set in
         # the host too, so entering a session costs no environment change per call.
         for key, value in PAGER_ENV.items():
@@ -562,13 +696,14 @@ class OwnInterpreter:
         self._fds = _FdPump()
         self._closed = False
         self._runner: _Runner | None = None
+        self.inline = inline
+        encode_key = getattr(os.environ, "encodekey", lambda k: k)
+        encode_value = getattr(os.environ, "encodevalue", lambda v: v)
+        self._pager_environ = {encode_key(k): encode_value(v) for k, v in PAGER_ENV.items()}
 
     def new_session(self, namespace: dict[str, Any] | None = None) -> NamespaceSession:
         environ = environ_snapshot()
-        encode_key = getattr(os.environ, "encodekey", lambda k: k)
-        encode_value = getattr(os.environ, "encodevalue", lambda v: v)
-        for key, value in PAGER_ENV.items():
-            environ[encode_key(key)] = encode_value(value)
+        environ.update(self._pager_environ)
         return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
                                 _getcwd(), environ, owns_namespace=namespace is None)
 
@@ -630,6 +765,9 @@ class OwnInterpreter:
         call = _Call(sink_out, sink_err, session)
         if getattr(_local, "in_call", False):
             return self._run_inline(call, namespace, request, out, err, mode)
+        watchdog = _inline_ready() if self.inline else None
+        if watchdog is not None:
+            return self._run_here(watchdog, call, namespace, request, out, err, mode)
         box: dict[str, Any] = {}
 
         def job() -> None:
@@ -671,6 +809,48 @@ class OwnInterpreter:
             return _timed_out(out, err, stuck=True, mode=mode)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
                                   mode=mode)
+
+    def _run_here(self, watchdog: _Watchdog, call: _Call, namespace: dict[str, Any],
+                  request: RunRequest, out: OutputBuffer, err: OutputBuffer,
+                  mode: str) -> Outcome:
+        """Run on the caller's (main) thread; the watchdog stops it at the deadline."""
+        session = call.session
+        deadline = time.monotonic() + request.timeout
+        if not OWN_LOCK.acquire(timeout=request.timeout):
+            return _own_busy(out, err)
+        cell: dict[str, Any] | None = None
+        try:
+            if session is not None:
+                session.runner, session.current = _ON_CALLER, call
+            with _session_process_state(session), _routed_streams():
+                self._fds.start(call.out, call.err)
+                _local.call, _local.in_call = call, True
+                try:
+                    try:
+                        watchdog.arm(deadline, request.cancel)
+                        cell = engine.run_cell(request.code, namespace, request.output_limit)
+                    except engine.Interrupt:  # landed after the cell's own handler
+                        pass
+                finally:
+                    while True:  # an interrupt may land until the watchdog is disarmed
+                        try:
+                            watchdog.disarm()
+                            break
+                        except engine.Interrupt:
+                            continue
+                    _local.call = None
+                    _local.in_call = False
+                    self._fds.stop()
+                    call.open = False
+        finally:
+            if session is not None:
+                session.runner = None
+                if session.current is call:
+                    session.current = None
+            OWN_LOCK.release()
+        if cell is None:
+            cell = {"result": None, "error": None, "interrupted": True, "images": []}
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode)
 
     @staticmethod
     def _run_inline(call: _Call, namespace: dict[str, Any], request: RunRequest,
