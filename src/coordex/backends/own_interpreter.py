@@ -983,9 +983,9 @@ def _forked_child(session: NamespaceSession, request: RunRequest,
         os.close(pipes["stderr"][1])
         os.close(devnull)
         out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
+                               errors="backslashreplace", write_through=True)
         err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
+                               errors="backslashreplace", write_through=True)
         sys.stdout, sys.stderr, sys.stdin = out, err, _EmptyStdin()
         _local.stdout = _local.stderr = None
         _chdir(session.cwd)
