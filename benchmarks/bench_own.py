@@ -1,4 +1,5 @@
-"""The agent's own interpreter: call overhead against a bare exec, and read-only
+"""The agent's own interpreter: call overhead against a bare exec (code on a runner
+thread, the default, and on the caller's thread: own_on_caller_thread=True), and read-only
 against copy.deepcopy of a session holding a ledger as an agent would load it.
 
 Run: python benchmarks/bench_own.py [--big]   (--big adds a 1 GB buffer case)
@@ -36,6 +37,12 @@ def main() -> None:
         stateless = median_seconds(lambda: ex.execute_code("x = 1"), 3000)
         rows.append(("stateless call 'x = 1'", fmt(stateless), "bare exec", fmt(bare),
                      f"overhead {fmt(stateless - bare)}"))
+        # The same calls with the code on the caller's (main) thread: no hand-off.
+        with Executor(root=root, own_on_caller_thread=True) as here:
+            for label, kwargs in (("stateful", {"state_mode": "stateful"}), ("stateless", {})):
+                took = median_seconds(lambda k=kwargs: here.execute_code("x = 1", **k), 5000)
+                rows.append((f"{label} call 'x = 1', caller's thread", fmt(took), "bare exec",
+                             fmt(bare), f"overhead {fmt(took - bare)}"))
         sizes = [("200k records + 100 MB", 100 * 2**20)]
         if args.big:
             sizes.append(("200k records + 1 GB", 2**30))

@@ -7,21 +7,32 @@ How it works:
   (``worker/_coordex_engine.py``) so results, errors and figures look the same as in an
   environment worker.
 - Code runs on a runner thread, never on the caller's thread, so a timeout can always
-  return: the caller waits with a deadline, then raises ``KeyboardInterrupt`` in the
-  runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores it keeps the
-  session busy; later calls to that session return ``timeout`` at once until it ends.
-  The price is one thread hand-off per call: ~50 us on a small VM, ~75 us for a
-  trivial cell once the runner works on a CPU whose caches do not hold the session.
-  Pinning the runner to the caller's CPU while it wakes saved ~30 us on an empty cell
-  but cost more on real ones (the runner, unpinned before user code runs so that
-  its threads and children never inherit a one-CPU mask, then migrates).
+  return: the caller waits with a deadline, then raises :class:`engine.Interrupt` (a
+  ``KeyboardInterrupt``; the code's own ``raise KeyboardInterrupt`` is an ordinary
+  error) in the runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores
+  it keeps the session busy; later calls to that session return ``timeout`` at once
+  until it ends. Runners belong to the interpreter, not to sessions: one serves every
+  call, a stuck one is retired and ends with its code, so no thread is kept per
+  session and nothing keeps a namespace alive once its call returned (a closed
+  session's namespace, and a stateless call's, are emptied unless threads they
+  started still run). The price is one thread hand-off per call, two wake-ups across
+  CPUs: ~45-75 us on a small VM.
+- ``OwnInterpreter(inline=True)`` (``Executor(own_on_caller_thread=True)``) runs code
+  called from the main thread on that thread instead: a watchdog thread that wakes
+  only at the deadline signals it (the handler raises the interrupt; blocking calls
+  return with EINTR first). That saves the hand-off (~30 us), but a timeout then
+  returns only when code blocked in C that retries on signals (``os.system``) or code
+  that catches every interrupt lets go, so it is not the default.
 - Output: ``sys.stdout``/``sys.stderr`` are wrapped for the duration of each call by
-  proxies that route writes to the capture of the call running on the current thread
-  (streamed to ``on_output``); file descriptors 1/2 (child processes, C code) point at
-  pipes whose reader thread streams them to the same capture, and fd 0 is
-  ``/dev/null`` so nothing waits on input. Because descriptors are process-wide,
-  own-interpreter calls run one at a time (``OWN_LOCK``); worker and shell sessions
-  still run in parallel with them.
+  proxies that route each write to the call it belongs to: the call running on the
+  writing thread, or for a thread the code started (``threading.Thread.start``
+  records the call) that call while it runs, then the session's next call; a thread
+  of an ended call whose session runs nothing now writes nowhere, and never into
+  another session's call. Lone surrogates are escaped (``\\udce9``) as in every place.
+  File descriptors 1/2 (child processes, C code) point at pipes whose reader thread
+  streams them to the running call, and fd 0 is ``/dev/null`` so nothing waits on
+  input. Because descriptors are process-wide, own-interpreter calls run one at a
+  time (``OWN_LOCK``); worker and shell sessions still run in parallel with them.
 - ``read_only`` forks this process: the child runs the code against a copy-on-write
   image of the session and reports over pipes, so not even in-place mutation reaches
   the session. Only the forking thread exists in the child; a lock another thread held
@@ -31,8 +42,10 @@ How it works:
   ``objects: false``.
 
 What still leaks between own-interpreter sessions (they share one process):
-``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, threads
-started by user code, signal handlers, and ``os._exit`` ends the agent itself.
+``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, what
+threads started by user code do besides printing (and what processes they start write
+to fds 1/2 lands in whichever call runs then), signal handlers, and ``os._exit`` ends
+the agent itself.
 """
 
 from __future__ import annotations
@@ -398,6 +411,7 @@ class _Runner:
         self._lock = _thread.allocate_lock()
         self._job: Callable[[], None] | None = None
         self._in_job = False
+        self._sent = False
         self.busy = False
         self.retired = False
         self._thread = threading.Thread(target=self._loop, name="coordex-runner", daemon=True)
@@ -436,7 +450,9 @@ class _Runner:
             try:
                 with self._lock:
                     self._in_job = False
-                _raise_in(self.ident, None)
+                if self._sent:  # withdraw an interrupt that has not landed yet
+                    _raise_in(self.ident, None)
+                    self._sent = False
                 if self.busy:
                     self.busy = False
                     self.done.release()
@@ -448,6 +464,7 @@ class _Runner:
         """Raise :class:`engine.Interrupt` in the job, if it is still running."""
         with self._lock:
             if self._in_job:
+                self._sent = True
                 _raise_in(self.ident, engine.Interrupt)
 
     def close(self) -> None:
