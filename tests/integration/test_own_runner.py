@@ -288,3 +288,20 @@ def test_on_the_caller_thread_other_threads_still_use_a_runner(inline_ex: Execut
     caller.join(10)
     assert not caller.is_alive()  # the timeout returned although the code goes on
     assert box["r"]["error_type"] == "timeout" and "still busy" in box["r"]["suggestion"]
+
+
+def test_a_worker_tells_its_own_keyboard_interrupt_from_a_timeout() -> None:
+    import sys
+
+    from coordex.backends.base import RunRequest
+    from coordex.backends.workers import WorkerSession
+
+    worker = WorkerSession(sys.executable)
+    try:
+        r = worker.run(RunRequest("raise KeyboardInterrupt('mine')", timeout=20))
+        assert r["error"]["error_type"] == "execution", r
+        assert r["error"]["exception"] == "KeyboardInterrupt"
+        r = worker.run(RunRequest("import time\ntime.sleep(30)", timeout=0.3))
+        assert r["error"]["error_type"] == "timeout" and r["error"]["state_lost"] is False
+    finally:
+        worker.close()
