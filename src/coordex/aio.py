@@ -65,3 +65,8 @@ class AsyncExecutor:
 
     async def list_environments(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.environments.list)
+
+    async def call_tool(self, name: str,
+                        arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """``Executor.call_tool``: a model's tool call, routed off the event loop."""
+        return await asyncio.to_thread(self.sync.call_tool, name, arguments)

@@ -74,6 +74,10 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
         kwargs["max_sessions"] = args.max_sessions
     if getattr(args, "timeout", None) is not None:
         kwargs["timeout"] = args.timeout
+    elif hasattr(args, "timeout"):  # the MCP front ends (SPEC 8): below clients' 60 s
+        from .tools import MCP_DEFAULT_TIMEOUT
+
+        kwargs["timeout"] = MCP_DEFAULT_TIMEOUT
     # Built environments are content-addressed, so tenants may share them on disk.
     if envs_dir is not None:
         kwargs["envs_dir"] = envs_dir
@@ -384,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-sessions", type=_positive_int, metavar="N",
                         help="sessions alive at once (default 20)")
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
-                        help="default per-call timeout (default 60)")
+                        help="default per-call timeout (default 50, below the common "
+                        "60 s client request timeout)")
 
     parser = argparse.ArgumentParser(
         prog="coordex",

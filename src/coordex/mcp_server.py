@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -52,8 +52,14 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from . import __version__
-from .core.errors import make_error
-from .tools import TOOL_NAMES, call_tool, tool_definitions
+from .tools import (
+    MCP_DEFAULT_TIMEOUT,
+    TOOL_NAMES,
+    call_tool,
+    internal_error,
+    json_normal,
+    tool_definitions,
+)
 from .worker._coordex_engine import escape_text
 
 # How often progress notifications may be sent while output streams in, and how much
@@ -110,20 +116,9 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
             )
         )
     # Round-trip through JSON so the structured content is exactly what a client decodes.
-    structured = json.loads(json.dumps(record, default=str))
+    structured = json_normal(record)
     return types.CallToolResult(
         content=list(content), structured_content=structured, is_error="error_type" in record
-    )
-
-
-def internal_error(exc: BaseException) -> dict[str, Any]:
-    """A bug in coordex itself, still reported as a tool result a model can act on."""
-    return make_error(
-        "crashed",
-        f"coordex failed internally: {type(exc).__name__}: {exc}",
-        "Retry the call once; if it fails again, continue without the session's state "
-        "(it may be lost) and report the problem to the operator.",
-        state_lost=True,
     )
 
 
@@ -220,10 +215,14 @@ async def run_tool(
 def build_server(executor: Any, name: str = "coordex") -> Server[Any]:
     """A low-level MCP server exposing every coordex tool over ``executor``."""
 
+    # The descriptions name the call timeout this server's executor applies (50 s unless
+    # the operator chose another with --timeout).
+    default_timeout = getattr(executor, "timeout", MCP_DEFAULT_TIMEOUT)
+
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        defs = tool_definitions("mcp")
+        defs = tool_definitions("mcp", default_timeout=default_timeout)
         assert isinstance(defs, list)  # "mcp" is a known format
         return types.ListToolsResult(tools=[types.Tool.model_validate(d) for d in defs])
 
@@ -322,7 +321,7 @@ async def serve_stdio(executor: Any, wire: WireFds) -> None:
         os.fdopen(wire.write_fd, "wb", closefd=False), encoding="utf-8", write_through=True
     )
     lines = _EscapedLines(reader)
-    async with stdio_server(stdin=anyio.wrap_file(cast(IO[str], lines)), stdout=anyio.wrap_file(writer)) as (
+    async with stdio_server(stdin=anyio.wrap_file(cast(Any, lines)), stdout=anyio.wrap_file(writer)) as (
         read_stream,
         write_stream,
     ):

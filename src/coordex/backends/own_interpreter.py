@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import messages
 from ..core.errors import ERROR_TYPES, make_error
 from ..core.results import OutputBuffer
 from ..worker import _coordex_engine as engine
@@ -352,6 +353,8 @@ class _FdPump:
             sel.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2)
@@ -525,6 +528,13 @@ class _Watchdog:
             self._deadline, self._cancel = float("inf"), None
             self.pending = False
             return self.fired
+
+    def interrupt(self) -> None:
+        """Interrupt the armed call now (the executor is closing)."""
+        with self._lock:
+            if self._deadline < float("inf"):
+                self._deadline = time.monotonic()
+        self._poke()
 
     def take_pending(self) -> bool:
         """Called by the signal handler: whether to raise now. Lock-free: the handler
@@ -713,6 +723,8 @@ class OwnInterpreter:
         self._fds = _FdPump()
         self._closed = False
         self._runner: _Runner | None = None
+        # What runs the call now running (close() interrupts it).
+        self._active_runner: _Runner | _Watchdog | None = None
         self.inline = inline
         encode_key = getattr(os.environ, "encodekey", lambda k: k)
         encode_value = getattr(os.environ, "encodevalue", lambda v: v)
@@ -799,7 +811,10 @@ class OwnInterpreter:
         if not OWN_LOCK.acquire(timeout=request.timeout):
             return _own_busy(out, err)
         try:
+            if self._closed:
+                return _closed_own(out, err)
             runner = self._take_runner()
+            self._active_runner = runner
             if session is not None:
                 session.runner, session.current = runner, call
             with _session_process_state(session), _routed_streams():
@@ -819,12 +834,21 @@ class OwnInterpreter:
             elif session is not None:
                 session.runner = None
         finally:
+            self._active_runner = None
             if session is not None and session.current is call:
                 session.current = None
+            if self._closed:  # close() left these to the call that was using them
+                if self._runner is not None:
+                    self._runner.close()
+                    self._runner = None
+                self._fds.close()
             OWN_LOCK.release()
+        if self._closed:
+            return _closed_own(out, err)
         if not finished:
-            return _timed_out(out, err, stuck=True, mode=mode)
+            return _timed_out(out, err, stuck=True, mode=mode, seconds=request.timeout)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
+                                  seconds=request.timeout,
                                   mode=mode)
 
     def _run_here(self, watchdog: _Watchdog, call: _Call, namespace: dict[str, Any],
@@ -837,6 +861,9 @@ class OwnInterpreter:
             return _own_busy(out, err)
         cell: dict[str, Any] | None = None
         try:
+            if self._closed:
+                return _closed_own(out, err)
+            self._active_runner = watchdog
             if session is not None:
                 session.runner, session.current = _ON_CALLER, call
             with _session_process_state(session), _routed_streams():
@@ -860,14 +887,20 @@ class OwnInterpreter:
                     self._fds.stop()
                     call.open = False
         finally:
+            self._active_runner = None
             if session is not None:
                 session.runner = None
                 if session.current is call:
                     session.current = None
+            if self._closed:  # close() left the fd pump to the call that was using it
+                self._fds.close()
             OWN_LOCK.release()
+        if self._closed:
+            return _closed_own(out, err)
         if cell is None:
             cell = {"result": None, "error": None, "interrupted": True, "images": []}
-        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode)
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"],
+                                  seconds=request.timeout, mode=mode)
 
     @staticmethod
     def _run_inline(call: _Call, namespace: dict[str, Any], request: RunRequest,
@@ -885,7 +918,9 @@ class OwnInterpreter:
         finally:
             _local.call = saved
             call.open = False
-        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode)
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode,
+                                  seconds=request.timeout)
+
     # -- read-only ---------------------------------------------------------------------
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
@@ -959,24 +994,38 @@ class OwnInterpreter:
             cell = None
         if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
             if interrupted_at is not None:
-                outcome = _timed_out(out, err, stuck=False, mode="read_only")
+                outcome = _timed_out(out, err, stuck=False, mode="read_only",
+                                     seconds=request.timeout)
             else:
                 outcome = _crashed_copy(out, err, status)
         else:
             outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
+                                         seconds=request.timeout,
                                          mode="read_only")
         outcome["isolation"] = isolation
         return outcome
 
     def close(self) -> None:
+        """Interrupt a call still running and end the runners; never raises.
+
+        The fd pump is closed here only if no call uses it, else by that call as it
+        ends (closing its pipes under it raised ``OSError: [Errno 9]`` in the call).
+        """
         if self._closed:
             return
         self._closed = True
-        with OWN_LOCK:
-            if self._runner is not None:
-                self._runner.close()
-                self._runner = None
-        self._fds.close()
+        active = self._active_runner
+        if active is not None:
+            active.interrupt()  # the call returns an error dict saying the executor closed
+        if OWN_LOCK.acquire(blocking=False):
+            try:
+                if self._runner is not None:
+                    self._runner.close()
+                    self._runner = None
+                if self._active_runner is None:
+                    self._fds.close()
+            finally:
+                OWN_LOCK.release()
 
 
 def _forked_child(session: NamespaceSession, request: RunRequest,
@@ -1068,18 +1117,8 @@ def _signal(pid: int, sig: int) -> None:
 # --------------------------------------------------------------------------- outcomes
 
 
-_INTERRUPTED = {
-    "stateful": "The session survived with its state (interrupted: state kept). Make the "
-                "code faster or do less per call, or pass a larger timeout=.",
-    "stateless": "Nothing is kept from a stateless call. Make the code faster or do less per "
-                 "call, or pass a larger timeout=.",
-    "read_only": "The read-only copy was stopped; the session itself is unchanged. Make the "
-                 "code faster or pass a larger timeout=.",
-}
-
-
 def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer,
-                       timed_out: bool, mode: str = "stateful") -> Outcome:
+                       timed_out: bool, mode: str = "stateful", seconds: float = 0.0) -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
     outcome: Outcome = {
         "stdout": stdout, "stderr": stderr,
@@ -1087,10 +1126,8 @@ def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffe
         "result": cell.get("result"), "exit_code": None, "images": cell.get("images") or [],
     }
     if timed_out:
-        outcome["error"] = make_error(
-            "timeout", "The code ran past its timeout and was interrupted.",
-            _INTERRUPTED.get(mode, _INTERRUPTED["stateful"]),
-            stdout=stdout, stderr=stderr, state_lost=False)
+        outcome["error"] = messages.timeout("own", _mode(mode), seconds, survived=True,
+                                            stdout=stdout, stderr=stderr)
     elif (cell.get("error") or {}).get("coordex_error_type") in ERROR_TYPES:
         # A coordex error raised inside the code (a stored-function CallError): the
         # model sees its own error_type and suggestion, not a generic execution error.
@@ -1132,24 +1169,29 @@ def _execution_suggestion(exception: str, mode: str = "stateful") -> str:
     return "Read the traceback, fix the code and run it again."
 
 
-def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str) -> Outcome:
+def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str,
+               seconds: float = 0.0) -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
-    if stuck and mode == "stateful":
-        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
-                      "bytecode); the agent's own interpreter cannot be killed, so the session "
-                      "is still busy and its state is kept. Further calls to this session "
-                      "return timeout at once until the code stops: wait, or use another "
-                      "session.")
-    elif stuck:
-        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
-                      "bytecode) and finishes in the background of the agent's process; no "
-                      "session is affected. Make it faster or pass a larger timeout=.")
-    else:
-        suggestion = _INTERRUPTED.get(mode, _INTERRUPTED["stateful"])
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
-            "error": make_error("timeout", "The code ran past its timeout.", suggestion,
-                                stdout=stdout, stderr=stderr, state_lost=False)}
+            "error": messages.timeout("own", _mode(mode), seconds, survived=not stuck,
+                                      stuck=stuck, stdout=stdout, stderr=stderr)}
+
+
+def _mode(mode: str) -> messages.Mode:
+    return "stateless" if mode == "stateless" else "read_only" if mode == "read_only" else "stateful"
+
+
+def _closed_own(out: OutputBuffer, err: OutputBuffer) -> Outcome:
+    outcome: Outcome = {"stdout": out.getvalue(), "stderr": err.getvalue(),
+                        "truncated": out.truncated or err.truncated, "result": None,
+                        "exit_code": None, "images": []}
+    outcome["error"] = make_error(
+        "crashed", "The Executor was closed while this code ran; it was interrupted.",
+        "Create a new Executor and run the code again.", state_lost=True,
+        stdout=outcome["stdout"], stderr=outcome["stderr"])
+    outcome["state_lost"] = True
+    return outcome
 
 
 def _still_busy() -> Outcome:
@@ -1178,13 +1220,10 @@ def _crashed_copy(out: OutputBuffer, err: OutputBuffer, status: int | None) -> O
     stdout, stderr = out.getvalue(), err.getvalue()
     how = ""
     if status is not None and os.WIFSIGNALED(status):
-        how = f" (killed by signal {os.WTERMSIG(status)})"
+        how = f"killed by signal {os.WTERMSIG(status)}"
     elif status is not None and os.WIFEXITED(status):
-        how = f" (exit status {os.WEXITSTATUS(status)}; os._exit() or a crash)"
+        how = f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
-            "error": make_error(
-                "crashed", f"The read-only copy of the session died before finishing{how}.",
-                "The session itself is unchanged. Avoid os._exit() and code that crashes "
-                "the interpreter; run the call again after fixing it.",
-                state_lost=False, stdout=stdout, stderr=stderr)}
+            "error": messages.crashed("own", "read_only", how or "no reason given",
+                                      stdout=stdout, stderr=stderr)}
