@@ -305,3 +305,13 @@ def test_a_worker_tells_its_own_keyboard_interrupt_from_a_timeout() -> None:
         assert r["error"]["error_type"] == "timeout" and r["error"]["state_lost"] is False
     finally:
         worker.close()
+
+
+def test_on_the_caller_thread_close_during_a_call_returns_an_error(root: Path) -> None:
+    ex = Executor(root=root, own_on_caller_thread=True)
+    threading.Timer(0.3, ex.close).start()
+    started = time.monotonic()
+    r = ex.execute_code("import time\ntime.sleep(30)", state_mode="stateful")
+    assert time.monotonic() - started < 5
+    assert "error_type" in r, r
+    assert ex.execute_code("1")["error_type"] == "validation"  # closed
