@@ -56,6 +56,15 @@ class AsyncExecutor:
     async def close_session(self, **kwargs: Any) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.close_session, **kwargs)
 
+    async def history(self, **kwargs: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.history, **kwargs)
+
+    async def rebuild_session(self, **kwargs: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.rebuild_session, **kwargs)
+
+    async def serve_ui(self, port: int = 0) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.serve_ui, port)
+
     async def create_environment(self, spec: str, name: str | None = None) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.environments.create, spec, name)
 

@@ -35,6 +35,8 @@ from .core import messages
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
+from .log import LOG_FILE, CallLog
+from .log.calls import log_off_error, note_changes, record_call
 from .sessions import SessionTable
 
 PlaceKey = tuple[str, int | None]
@@ -67,6 +69,8 @@ class Executor:
             directory); writes anywhere else are refused.
         envs_dir: where built environments live (default ``root/envs``); tenants may
             share one, since folders are named by the spec's hash.
+        log: record every call in the call log under ``root`` (SPEC section 11).
+        log_max_rows: rows the call log keeps; the oldest go first.
         own_on_caller_thread: run own-interpreter code on the calling thread when that
             is the main thread (about 30 us less per call). The trade: a timeout then
             returns only once code blocked in C that retries on signals (``os.system``,
@@ -82,6 +86,7 @@ class Executor:
                  output_limit: int = DEFAULT_OUTPUT_LIMIT,
                  read_only_paths: list[str] | None = None,
                  envs_dir: str | os.PathLike[str] | None = None,
+                 log: bool = True, log_max_rows: int = 100_000,
                  own_on_caller_thread: bool = False) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
@@ -109,6 +114,8 @@ class Executor:
         self._places: dict[PlaceKey, Place] = {("python", None): self._own_place}
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
+        self._call_log = self._open_call_log(log, log_max_rows)
+        self._ui: Any = None
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ context manager
@@ -140,6 +147,11 @@ class Executor:
         if self._environments is not None:
             with contextlib.suppress(Exception):
                 self._environments.close()
+        if self._ui is not None:
+            with contextlib.suppress(Exception):
+                self._ui.close()
+        if self._call_log is not None:
+            self._call_log.close()
         _process_keeper().release()  # the host's process keeper, once no process is left
 
     # ------------------------------------------------------------------ execute_code
@@ -201,8 +213,10 @@ class Executor:
             else:
                 outcome, session = self._run_in_active(active, coordinate, request)
         except CoordexError as exc:
-            return _error_record(exc, coordinate, started)
-        return self._shape(outcome, session, coordinate, started)
+            result = _error_record(exc, coordinate, started)
+        else:
+            result = self._shape(outcome, session, coordinate, started)
+        return self._record_call(result, code, coordinate)
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
         if coordinate.venv_id is not None:
@@ -242,8 +256,7 @@ class Executor:
             self._table.count_call(key)
             with self._protected(request) as protected:
                 outcome = dict(slot.session.run_read_only(protected))
-            outcome.pop("rebound", None)
-            outcome.pop("deleted", None)
+            note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None))
             return outcome, record
 
     @contextlib.contextmanager
@@ -416,7 +429,87 @@ class Executor:
             record, session = self._table.remove(coordinate)
             if session is not None:
                 session.close()
+            if self._call_log is not None:
+                self._call_log.event("close", record)
             return {"closed": True, "session": record}
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    # ------------------------------------------------------------------ the call log
+
+    def _open_call_log(self, enabled: bool, max_rows: int) -> CallLog | None:
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
+        return CallLog(self.root / LOG_FILE, max_rows) if enabled else None
+
+    def _record_call(self, result: dict[str, Any], code: Any,
+                     coordinate: Coordinate | None) -> dict[str, Any]:
+        """The end of every call: its log row, and a suggestion naming rebuild_session
+        where state was lost (the wording: ``coordex.log.rebuild.rebuild_hint``)."""
+        return record_call(self._call_log, result, code, coordinate)
+
+    def history(self, language: str | None = None, session_id: int | None = None,
+                session_name: str | None = None, venv_id: int | None = None,
+                limit: int = 50) -> dict[str, Any]:
+        """The newest ``limit`` calls in the log under ``root``, newest last (SPEC 11).
+
+        Each record: ``seq, at, language, venv_id, session_id, session_name, state_mode,
+        code, duration_ms, outcome`` (``"ok"`` or the ``error_type``) ``, state_lost``.
+        Filters left as ``None`` match everything. Calls of every process that shares
+        this ``root`` are listed.
+        """
+        from .log.calls import history
+
+        try:
+            if self._call_log is None:
+                raise log_off_error("history")
+            return history(self._call_log, language, session_id, session_name, venv_id, limit)
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    def rebuild_session(self, language: str = "python", session_id: int | None = None,
+                        session_name: str | None = None,
+                        venv_id: int | None = None) -> dict[str, Any]:
+        """Bring back a session whose state was lost (or that was closed) from the log.
+
+        Replays into a fresh session, in order, the stateful calls that succeeded and
+        built the lost state (since the session was created or last started over, up to
+        the loss), stopping at the first that fails. Replayed code runs again: files it
+        writes are written again. Works for a session of an earlier run under the same
+        ``root`` too.
+
+        Returns:
+            ``{"replayed": n, "failed_at": seq | None, "session": {...}, "calls": [seq...]}``
+            (and ``"failure"``, the failed call's error, when ``failed_at`` is set);
+            ``not_found`` when the log holds nothing of that session, ``validation`` with
+            ``log=False`` or when nothing was lost.
+        """
+        from .log.replay import rebuild_session
+
+        try:
+            self._check_open()
+            if self._call_log is None:
+                raise log_off_error("rebuild_session")
+            return rebuild_session(self, self._call_log, language, session_id, session_name,
+                                   venv_id)
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
+        """Serve the page that shows this executor's sessions and call log (SPEC 11).
+
+        Returns ``{"url": ...}``: open it in a browser; it carries the token once, the
+        page keeps it in a cookie. Loopback unless ``host`` says otherwise; the server
+        stops with the executor. A second call returns the running page's URL.
+        """
+        from .ui.server import start_ui
+
+        try:
+            self._check_open()
+            with self._lock:
+                if self._ui is None:
+                    self._ui = start_ui(self, host, port)
+                return {"url": self._ui.url}
         except CoordexError as exc:
             return exc.to_dict()
 

@@ -404,6 +404,11 @@ class BearerTenantApp:
     def __init__(self, tenants: Sequence[Tenant], path: str = "/mcp") -> None:
         self.tenants = list(tenants)
         self.path = path.rstrip("/") or "/"
+        from .ui import UIApp
+
+        # The page (SPEC 11): a token may come as ?token= or a cookie there, not only as
+        # a Bearer header; it shows the token's tenant alone.
+        self.ui = UIApp(lambda token: getattr(self.tenant_for(f"Bearer {token}"), "executor", None))
 
     def tenant_for(self, authorization: str | None) -> Tenant | None:
         presented = b""
@@ -422,6 +427,11 @@ class BearerTenantApp:
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        if self.ui.handles(scope["path"]):
+            from .ui.asgi import serve_asgi
+
+            await serve_asgi(self.ui, scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         tenant = self.tenant_for(headers.get("authorization"))

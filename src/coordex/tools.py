@@ -30,8 +30,8 @@ application sees it (``Executor.call_tool``): never raising, and JSON-normal, so
 equals the structured content the MCP tool returns.
 
 The tools come in three groups: sessions (``execute_code``, ``list_sessions``,
-``inspect_session``, ``close_session``), environments (``list_environments``,
-``create_environment``) and the stored-function library (``list_functions``,
+``inspect_session``, ``close_session``, ``rebuild_session``), environments
+(``list_environments``, ``create_environment``) and the stored-function library (``list_functions``,
 ``show_function``, ``define_function``, ``call_function``), which places a stored
 function at a coordinate exactly as ``execute_code`` places code.
 
@@ -132,6 +132,13 @@ _FUNCTION_VERSION = {
     "description": "A stored version of the function (see 'versions'); omit for the latest.",
 }
 _STATE_MODES = ["stateless", "stateful", "read_only"]
+# The arguments of every tool that names one session and nothing else.
+_SESSION_COORDINATE = {
+    "language": _LANGUAGE,
+    "session_id": _SESSION_ID,
+    "session_name": _SESSION_NAME,
+    "venv_id": _VENV_ID,
+}
 
 
 def _object(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
@@ -302,14 +309,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "its type, a short repr and bound_at_call / calls_ago (how stale it is). Bash: cwd, "
         "variables, functions and aliases the session added. Without a session, inspects "
         "session 0 of that language and environment.",
-        parameters=_object(
-            {
-                "language": _LANGUAGE,
-                "session_id": _SESSION_ID,
-                "session_name": _SESSION_NAME,
-                "venv_id": _VENV_ID,
-            }
-        ),
+        parameters=_object(_SESSION_COORDINATE),
         result=_result({"names": _RECORDS, "cwd": {"type": "string"},
                         "variables": {"type": "object"}, "aliases": {"type": "object"},
                         "session": _SESSION_RECORD}),
@@ -322,18 +322,28 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="End a kept session and free its slot; its state is lost. Name the "
         "session with session_id or session_name. Python session 0 of the agent's own "
         "interpreter cannot be closed.",
-        parameters=_object(
-            {
-                "language": _LANGUAGE,
-                "session_id": _SESSION_ID,
-                "session_name": _SESSION_NAME,
-                "venv_id": _VENV_ID,
-            }
-        ),
+        parameters=_object(_SESSION_COORDINATE),
         result=_result({"closed": {"type": "boolean"}, "session": _SESSION_RECORD},
                        ("closed",)),
         destructive=True,
         idempotent=True,
+    ),
+    ToolSpec(
+        name="rebuild_session",
+        title="Rebuild a lost session",
+        description="Bring back a session whose state was lost (a result said "
+        "state_lost: true or crashed) or that was closed: coordex replays into a fresh "
+        "session, in order, the stateful calls that succeeded and built that state, and "
+        "stops at the first that fails. Warning: the replayed code runs again - files it "
+        "writes are written again, requests it sends are sent again. Returns replayed (how "
+        "many calls ran), failed_at (the log seq of the call that failed, or null) and the "
+        "session. Read-only and stateless calls are never replayed.",
+        parameters=_object(_SESSION_COORDINATE),
+        result=_result({"replayed": {"type": "integer"},
+                        "failed_at": {"type": ["integer", "null"]},
+                        "session": _SESSION_RECORD}, ("replayed", "failed_at", "session")),
+        destructive=True,
+        open_world=True,
     ),
     ToolSpec(
         name="list_environments",
@@ -845,6 +855,7 @@ _HANDLERS: dict[str, _Handler] = {
     "list_sessions": _plain(lambda ex: ex.list_sessions),
     "inspect_session": _plain(lambda ex: ex.inspect_session),
     "close_session": _plain(lambda ex: ex.close_session),
+    "rebuild_session": _plain(lambda ex: ex.rebuild_session),
     "list_environments": _plain(lambda ex: ex.environments.list),
     "create_environment": _create_environment,
     "list_functions": _plain(lambda ex: ex.functions.list),

@@ -67,6 +67,8 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("create_environment", {"spec": "ledgerlib==1.0"}),
     ("list_environments", {}),
     ("close_session", {"session_name": "audit"}),
+    ("rebuild_session", {"session_name": "audit"}),
+    ("close_session", {"session_name": "audit"}),
     ("close_session", {"session_name": "audit"}),
 ]
 

@@ -253,7 +253,10 @@ def test_on_the_caller_thread_output_and_nested_calls_work(inline_ex: Executor) 
         "subprocess.run(['echo', 'child'])\n"
         "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()",
         on_output=lambda stream, text: chunks.append(text))
-    assert r["stdout"] == "p\nfd\nchild\nthread\n" and "".join(chunks) == r["stdout"]
+    # Writes to fds 1/2 reach the call through a reader thread: their order against
+    # print()s is not kept.
+    assert sorted(r["stdout"].splitlines()) == ["child", "fd", "p", "thread"]
+    assert "".join(chunks) == r["stdout"]
     inline_ex.functions.define(source="def double(a):\n    return a * 2\n")
     inline_ex.execute_code("y = 5", state_mode="stateful")
     assert inline_ex.execute_code("functions.double(y)", state_mode="stateful")["result"] == "10"

@@ -990,8 +990,9 @@ class OwnInterpreter:
         try:
             cell = json.loads(b"".join(chunks).decode("utf-8"))
             isolation["files"] = cell.pop("files", "none")
+            changed = {"rebound": cell.pop("rebound", []), "deleted": cell.pop("deleted", [])}
         except ValueError:
-            cell = None
+            cell, changed = None, {}
         if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
             if interrupted_at is not None:
                 outcome = _timed_out(out, err, stuck=False, mode="read_only",
@@ -1003,6 +1004,7 @@ class OwnInterpreter:
                                          seconds=request.timeout,
                                          mode="read_only")
         outcome["isolation"] = isolation
+        outcome.update(changed)
         return outcome
 
     def close(self) -> None:
@@ -1057,8 +1059,13 @@ def _forked_child(session: NamespaceSession, request: RunRequest,
         _chdir(session.cwd)
         _apply_environ(session.environ)
         files = protect() if protect is not None else "none"
+        before = dict(session.namespace)
         cell = engine.run_cell(request.code, session.namespace, request.output_limit)
         cell["files"] = files
+        # What the copy changed, for the call log: the session itself never sees it.
+        after = session.namespace
+        cell["rebound"] = [k for k, v in after.items() if k not in before or before[k] is not v]
+        cell["deleted"] = [k for k in before if k not in after]
         payload = json.dumps(cell).encode("utf-8")
         fd = pipes["result"][1]
         while payload:

@@ -508,8 +508,9 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
     done = reply.message or {}
     outcome.update(stdout=reply.stdout, stderr=reply.stderr,
                    truncated=reply.truncated or bool(done.get("result_truncated")))
-    if mode == "stateful":
-        # Names bound before an error or an interrupt stay bound: provenance needs them.
+    if mode in ("stateful", "read_only"):
+        # Names bound before an error or an interrupt stay bound: provenance needs them
+        # (for a read-only copy: what it would have changed, for the call log).
         outcome["rebound"] = done.get("rebound") or []
         outcome["deleted"] = done.get("deleted") or []
     if mode == "read_only":
