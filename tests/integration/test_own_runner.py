@@ -89,13 +89,15 @@ def test_no_runner_thread_is_kept_per_session(ex: Executor) -> None:
     for i in range(8):
         ex.execute_code("x = 1", state_mode="stateful", session_name=f"s{i}")
         ex.execute_code("1")
-    assert runner_threads() <= max(start, 1)
+    # Runners a stuck call of an earlier test left can only end meanwhile.
+    assert runner_threads() <= start
     for i in range(8):
         ex.close_session(session_name=f"s{i}")
-    assert runner_threads() <= max(start, 1)
+    assert runner_threads() <= start
 
 
 def test_a_stuck_runner_ends_with_its_code_and_the_session_works_again(ex: Executor) -> None:
+    before = runner_threads()
     r = ex.execute_code("import time\nx = 'kept'\ntime.sleep(1.5)", state_mode="stateful",
                         session_name="slow", timeout=0.2)
     assert r["error_type"] == "timeout"  # time.sleep ignores the interrupt until it returns
@@ -108,7 +110,7 @@ def test_a_stuck_runner_ends_with_its_code_and_the_session_works_again(ex: Execu
         time.sleep(0.1)
     assert r.get("result") == "'kept'", r
     time.sleep(0.1)
-    assert runner_threads() <= 1
+    assert runner_threads() <= before + 1  # the stuck one ended; one serves the calls
 
 
 def test_a_session_closed_while_its_thread_runs_keeps_the_namespace_for_it(
