@@ -147,16 +147,20 @@ def test_a_thread_of_one_session_never_prints_into_another(ex: Executor) -> None
         ex.execute_code("stop.set()", state_mode="stateful", session_name="A")
 
 
-def test_a_thread_prints_into_the_call_that_started_it(ex: Executor) -> None:
+def output_lines(ex: Executor, code: str) -> list[str]:
+    """The sorted stdout lines of a stateless call, checked against what streamed."""
     chunks: list[str] = []
-    r = ex.execute_code(
-        "import threading\n"
-        "def work(n):\n    print('worker', n)\n"
-        "ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]\n"
-        "[t.start() for t in ts]; [t.join() for t in ts]\nprint('main')",
-        on_output=lambda stream, text: chunks.append(text))
-    assert sorted(r["stdout"].splitlines()) == ["main", "worker 0", "worker 1", "worker 2"]
-    assert "".join(chunks) == r["stdout"]
+    r = ex.execute_code(code, on_output=lambda stream, text: chunks.append(text))
+    assert "".join(chunks) == r["stdout"], r
+    return sorted(r["stdout"].splitlines())
+
+
+def test_a_thread_prints_into_the_call_that_started_it(ex: Executor) -> None:
+    assert output_lines(ex, "import threading\n"
+                            "def work(n):\n    print('worker', n)\n"
+                            "ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]\n"
+                            "[t.start() for t in ts]; [t.join() for t in ts]\nprint('main')",
+                        ) == ["main", "worker 0", "worker 1", "worker 2"]
 
 
 def test_a_thread_of_an_ended_stateless_call_goes_nowhere(ex: Executor) -> None:
@@ -249,16 +253,12 @@ def test_on_the_caller_thread_the_code_runs_on_the_main_thread(inline_ex: Execut
 
 
 def test_on_the_caller_thread_output_and_nested_calls_work(inline_ex: Executor) -> None:
-    chunks: list[str] = []
-    r = inline_ex.execute_code(
-        "import os, subprocess, threading\nprint('p')\nos.write(1, b'fd\\n')\n"
-        "subprocess.run(['echo', 'child'])\n"
-        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()",
-        on_output=lambda stream, text: chunks.append(text))
     # Writes to fds 1/2 reach the call through a reader thread: their order against
     # print()s is not kept.
-    assert sorted(r["stdout"].splitlines()) == ["child", "fd", "p", "thread"]
-    assert "".join(chunks) == r["stdout"]
+    assert output_lines(inline_ex, "import os, subprocess, threading\nprint('p')\n"
+                                   "os.write(1, b'fd\\n')\nsubprocess.run(['echo', 'child'])\n"
+                                   "t = threading.Thread(target=print, args=('thread',))\n"
+                                   "t.start(); t.join()") == ["child", "fd", "p", "thread"]
     inline_ex.functions.define(source="def double(a):\n    return a * 2\n")
     inline_ex.execute_code("y = 5", state_mode="stateful")
     assert inline_ex.execute_code("functions.double(y)", state_mode="stateful")["result"] == "10"
