@@ -320,3 +320,33 @@ def test_on_the_caller_thread_close_during_a_call_returns_an_error(root: Path) -
     assert time.monotonic() - started < 5
     assert "error_type" in r, r
     assert ex.execute_code("1")["error_type"] == "validation"  # closed
+
+
+HOST_BEAT = """
+import json, sys, tempfile, threading, time
+from coordex import Executor
+stop = threading.Event()
+def beat():
+    while not stop.is_set():
+        print("heartbeat", flush=True)
+        time.sleep(0.005)
+with Executor(root=tempfile.mkdtemp(), own_on_caller_thread=sys.argv[1] == "1") as ex:
+    threading.Thread(target=beat, daemon=True).start()
+    time.sleep(0.05)
+    r = ex.execute_code("import time\\ntime.sleep(0.3)\\nprint('mine')")
+    stop.set()
+    sys.stderr.write(json.dumps(r["stdout"]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("here", ["0", "1"])
+def test_a_host_thread_prints_to_the_host_never_into_a_call(here: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HOST_BEAT, here], capture_output=True,
+                          text=True, timeout=60)
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == "mine\n", done.stderr[-500:]
+    # The host's lines written during the call came out after it, on the host's stdout.
+    assert done.stdout.count("heartbeat") > 40

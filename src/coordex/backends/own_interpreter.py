@@ -182,6 +182,8 @@ class _RoutedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         call = _target_call()
         if call is None:
+            if _HOST_HELD.routing:  # fds 1/2 are the call's pipes now: later, not into it
+                return _HOST_HELD.hold(self, text)
             return int(self.original.write(text) or 0)
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
@@ -189,7 +191,7 @@ class _RoutedStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        if _target_call() is None:
+        if _target_call() is None and not _HOST_HELD.routing:
             with contextlib.suppress(Exception):
                 self.original.flush()
 
@@ -262,12 +264,49 @@ def _routed_streams() -> Iterator[None]:
         if original is not proxy:
             proxy.original = original
     sys.stdout, sys.stderr, sys.stdin = proxies
+    _HOST_HELD.routing = True
     try:
         yield
     finally:
+        _HOST_HELD.routing = False
         sys.stdout, sys.stderr, sys.stdin = saved
+        _HOST_HELD.release()  # the host's fds are its own again
 
 
+class _HostHeld:
+    """What host threads (no call's) print while a call runs, written out after it.
+
+    During a call fds 1/2 are the call's pipes, so a host stream that writes to them
+    would put a host thread's lines into the call's output; they wait here instead
+    (at most ``limit`` characters; the rest is dropped) and go to the host's own
+    stream once the call ended.
+    """
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self.routing = False
+        self._lock = threading.Lock()
+        self._held: list[tuple[_RoutedStream, str]] = []
+        self._size = 0
+        self._limit = limit
+
+    def hold(self, stream: _RoutedStream, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            if self._size + len(text) <= self._limit:
+                self._held.append((stream, text))
+                self._size += len(text)
+        return len(text)
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held, self._size = self._held, [], 0
+        for stream, text in held:
+            with contextlib.suppress(Exception):
+                stream.original.write(text)
+
+
+_HOST_HELD = _HostHeld()
 _STDOUT = _RoutedStream("stdout", sys.stdout)
 _STDERR = _RoutedStream("stderr", sys.stderr)
 _STDIN = _RoutedStdin(sys.stdin)
