@@ -77,6 +77,11 @@ class Executor:
             ``pip install 'coordex[ray]'``; without Ray, or when the cluster cannot be
             joined, the constructor raises ``ValueError`` saying what to do, as it does
             for any bad constructor argument.
+        own_on_caller_thread: run own-interpreter code on the calling thread when that
+            is the main thread (about 30 us less per call). The trade: a timeout then
+            returns only once code blocked in C that retries on signals (``os.system``,
+            a long BLAS call) or code that catches every interrupt lets go; by default
+            the code runs on a runner thread and the timeout always returns.
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -88,7 +93,7 @@ class Executor:
                  read_only_paths: list[str] | None = None,
                  envs_dir: str | os.PathLike[str] | None = None,
                  log: bool = True, log_max_rows: int = 100_000,
-                 cluster: str | None = None) -> None:
+                 cluster: str | None = None, own_on_caller_thread: bool = False) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -112,7 +117,7 @@ class Executor:
         import builtins
 
         self.plan_namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        self._own_place = OwnPlace(self._session_globals)
+        self._own_place = OwnPlace(self._session_globals, inline=bool(own_on_caller_thread))
         self._places: dict[PlaceKey, Place] = {("python", None): self._own_place}
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))

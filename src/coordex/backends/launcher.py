@@ -288,9 +288,14 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
         os.execve(argv[0], argv, env)
     except BaseException as exc:  # the child must never return
         try:
-            os.write(2, f"coordex: could not start the read-only copy: {exc}\n".encode())
+            os.write(2, f"{START_FAILED}{exc}\n".encode())
         finally:
             os._exit(127)
+
+
+# What a child that failed before the code ran writes to its stderr (then exits 127):
+# the shell tells such an end from a command's own exit status 127 by it.
+START_FAILED = "coordex: could not start the read-only copy: "
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes | None:

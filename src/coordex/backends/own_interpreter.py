@@ -7,21 +7,33 @@ How it works:
   (``worker/_coordex_engine.py``) so results, errors and figures look the same as in an
   environment worker.
 - Code runs on a runner thread, never on the caller's thread, so a timeout can always
-  return: the caller waits with a deadline, then raises ``KeyboardInterrupt`` in the
-  runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores it keeps the
-  session busy; later calls to that session return ``timeout`` at once until it ends.
-  The price is one thread hand-off per call: ~50 us on a small VM, ~75 us for a
-  trivial cell once the runner works on a CPU whose caches do not hold the session.
-  Pinning the runner to the caller's CPU while it wakes saved ~30 us on an empty cell
-  but cost more on real ones (the runner, unpinned before user code runs so that
-  its threads and children never inherit a one-CPU mask, then migrates).
+  return: the caller waits with a deadline, then raises :class:`engine.Interrupt` (a
+  ``KeyboardInterrupt``; the code's own ``raise KeyboardInterrupt`` is an ordinary
+  error) in the runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores
+  it keeps the session busy; later calls to that session return ``timeout`` at once
+  until it ends. Runners belong to the interpreter, not to sessions: one serves every
+  call, a stuck one is retired and ends with its code, so no thread is kept per
+  session and nothing keeps a namespace alive once its call returned (a closed
+  session's namespace, and a stateless call's, are emptied unless threads they
+  started still run). The price is one thread hand-off per call, two wake-ups across
+  CPUs: ~45-75 us on a small VM.
+- ``OwnInterpreter(inline=True)`` (``Executor(own_on_caller_thread=True)``) runs code
+  called from the main thread on that thread instead: a watchdog thread that wakes
+  only at the deadline signals it (the handler raises the interrupt; blocking calls
+  return with EINTR first). That saves the hand-off (~30 us), but a timeout then
+  returns only when code blocked in C that retries on signals (``os.system``) or code
+  that catches every interrupt lets go, so it is not the default.
 - Output: ``sys.stdout``/``sys.stderr`` are wrapped for the duration of each call by
-  proxies that route writes to the capture of the call running on the current thread
-  (streamed to ``on_output``); file descriptors 1/2 (child processes, C code) point at
-  pipes whose reader thread streams them to the same capture, and fd 0 is
-  ``/dev/null`` so nothing waits on input. Because descriptors are process-wide,
-  own-interpreter calls run one at a time (``OWN_LOCK``); worker and shell sessions
-  still run in parallel with them.
+  proxies that route each write to the call it belongs to: the call running on the
+  writing thread, or for a thread the code started (``threading.Thread.start``
+  records the call) that call while it runs, then the session's next call; a thread
+  of an ended call whose session runs nothing now writes nowhere, and never into
+  another session's call; a host thread's prints wait and reach the host's stream
+  once the call ended. Lone surrogates are escaped (``\\udce9``) as in every place.
+  File descriptors 1/2 (child processes, C code) point at pipes whose reader thread
+  streams them to the running call, and fd 0 is ``/dev/null`` so nothing waits on
+  input. Because descriptors are process-wide, own-interpreter calls run one at a
+  time (``OWN_LOCK``); worker and shell sessions still run in parallel with them.
 - ``read_only`` forks this process: the child runs the code against a copy-on-write
   image of the session and reports over pipes, so not even in-place mutation reaches
   the session. Only the forking thread exists in the child; a lock another thread held
@@ -31,12 +43,15 @@ How it works:
   ``objects: false``.
 
 What still leaks between own-interpreter sessions (they share one process):
-``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, threads
-started by user code, signal handlers, and ``os._exit`` ends the agent itself.
+``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, what
+threads started by user code do besides printing (and what processes they start write
+to fds 1/2 lands in whichever call runs then), signal handlers, and ``os._exit`` ends
+the agent itself.
 """
 
 from __future__ import annotations
 
+import _signal as _csignal
 import _thread
 import array
 import builtins
@@ -99,7 +114,13 @@ class _Call:
         self.threads: list[weakref.ref[threading.Thread]] = []
 
     def threads_alive(self) -> bool:
-        return any((t := ref()) is not None and t.is_alive() for ref in self.threads)
+        return _any_alive(self.threads)
+
+
+def _any_alive(refs: list[weakref.ref[threading.Thread]]) -> bool:
+    alive = [ref for ref in refs if (t := ref()) is not None and t.is_alive()]
+    refs[:] = alive  # ended threads are forgotten, so the list stays short
+    return bool(alive)
 
 
 def _current_call() -> _Call | None:
@@ -134,9 +155,11 @@ def _start_with_origin(self: threading.Thread) -> None:
     call = _current_call()
     if call is not None:
         self._coordex_call = call  # type: ignore[attr-defined]
-        call.threads.append(weakref.ref(self))
+        ref = weakref.ref(self)
+        call.threads.append(ref)
         if call.session is not None:
-            call.session.threads.add(self)
+            _any_alive(call.session.threads)
+            call.session.threads.append(ref)
     _THREAD_START(self)
 
 
@@ -160,6 +183,8 @@ class _RoutedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         call = _target_call()
         if call is None:
+            if _HOST_HELD.routing:  # fds 1/2 are the call's pipes now: later, not into it
+                return _HOST_HELD.hold(self, text)
             return int(self.original.write(text) or 0)
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
@@ -167,7 +192,7 @@ class _RoutedStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        if _target_call() is None:
+        if _target_call() is None and not _HOST_HELD.routing:
             with contextlib.suppress(Exception):
                 self.original.flush()
 
@@ -240,12 +265,49 @@ def _routed_streams() -> Iterator[None]:
         if original is not proxy:
             proxy.original = original
     sys.stdout, sys.stderr, sys.stdin = proxies
+    _HOST_HELD.routing = True
     try:
         yield
     finally:
+        _HOST_HELD.routing = False
         sys.stdout, sys.stderr, sys.stdin = saved
+        _HOST_HELD.release()  # the host's fds are its own again
 
 
+class _HostHeld:
+    """What host threads (no call's) print while a call runs, written out after it.
+
+    During a call fds 1/2 are the call's pipes, so a host stream that writes to them
+    would put a host thread's lines into the call's output; they wait here instead
+    (at most ``limit`` characters; the rest is dropped) and go to the host's own
+    stream once the call ended.
+    """
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self.routing = False
+        self._lock = threading.Lock()
+        self._held: list[tuple[_RoutedStream, str]] = []
+        self._size = 0
+        self._limit = limit
+
+    def hold(self, stream: _RoutedStream, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            if self._size + len(text) <= self._limit:
+                self._held.append((stream, text))
+                self._size += len(text)
+        return len(text)
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held, self._size = self._held, [], 0
+        for stream, text in held:
+            with contextlib.suppress(Exception):
+                stream.original.write(text)
+
+
+_HOST_HELD = _HostHeld()
 _STDOUT = _RoutedStream("stdout", sys.stdout)
 _STDERR = _RoutedStream("stderr", sys.stderr)
 _STDIN = _RoutedStdin(sys.stdin)
@@ -352,9 +414,11 @@ def _pending(fd: int) -> int:
 
 def _flush_real_streams() -> None:
     for stream in (sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
-            if stream is not None:
+        if stream is not None:
+            try:
                 stream.flush()
+            except Exception:  # a closed or broken host stream: nothing to flush
+                pass
 
 
 # --------------------------------------------------------------------------- runner thread
@@ -390,6 +454,7 @@ class _Runner:
         self._lock = _thread.allocate_lock()
         self._job: Callable[[], None] | None = None
         self._in_job = False
+        self._sent = False
         self.busy = False
         self.retired = False
         self._thread = threading.Thread(target=self._loop, name="coordex-runner", daemon=True)
@@ -428,7 +493,9 @@ class _Runner:
             try:
                 with self._lock:
                     self._in_job = False
-                _raise_in(self.ident, None)
+                if self._sent:  # withdraw an interrupt that has not landed yet
+                    _raise_in(self.ident, None)
+                    self._sent = False
                 if self.busy:
                     self.busy = False
                     self.done.release()
@@ -440,6 +507,7 @@ class _Runner:
         """Raise :class:`engine.Interrupt` in the job, if it is still running."""
         with self._lock:
             if self._in_job:
+                self._sent = True
                 _raise_in(self.ident, engine.Interrupt)
 
     def close(self) -> None:
@@ -448,6 +516,136 @@ class _Runner:
         if not self.busy:
             with contextlib.suppress(RuntimeError):
                 self._go.release()
+
+
+# --------------------------------------------------------------------------- on the caller's thread
+
+# The signal that stops code running on the main thread (a real-time one: hosts rarely
+# use them). Its handler raises only while an interrupt is pending for the inline call.
+_INTERRUPT_SIGNAL = getattr(signal, "SIGRTMIN", signal.SIGUSR2) + 3
+_MAIN_IDENT = threading.main_thread().ident
+
+
+class _Watchdog:
+    """Stops a call that runs on the main thread (the caller's) at its deadline.
+
+    A daemon thread that sleeps until the deadline it was last given; arming a call
+    only writes the deadline (it wakes the thread only when the new deadline is earlier
+    than the one it sleeps towards), so a call costs no thread wake-up at all. At the
+    deadline (or when ``cancel`` is set) it marks an interrupt pending and sends
+    ``_INTERRUPT_SIGNAL`` to the main thread: the handler raises :class:`engine.Interrupt`
+    at the next bytecode, and a blocking system call (sleep, read, wait, a lock) returns
+    with EINTR first. It sends it again every ``INTERRUPT_GRACE`` while the code runs.
+    Code blocked in C that retries on signals (``os.system``, a long BLAS call) ends its
+    call only when that C call returns: the price of running on the caller's thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = _thread.allocate_lock()
+        self._wake.acquire()
+        self._deadline = float("inf")  # of the armed call; inf: none
+        self._scheduled = float("inf")  # when the thread looks next
+        self._cancel: threading.Event | None = None
+        self.pending = False
+        self.fired = False
+        self.closed = False
+        self._thread = threading.Thread(target=self._loop, name="coordex-watchdog",
+                                        daemon=True)
+        _THREAD_START(self._thread)
+
+    def arm(self, deadline: float, cancel: threading.Event | None) -> None:
+        with self._lock:
+            self._deadline, self._cancel = deadline, cancel
+            self.pending = self.fired = False
+            wake = deadline < self._scheduled or cancel is not None
+        if wake:
+            self._poke()
+
+    def disarm(self) -> bool:
+        """End the armed call; True if it was interrupted."""
+        with self._lock:
+            self._deadline, self._cancel = float("inf"), None
+            self.pending = False
+            return self.fired
+
+    def interrupt(self) -> None:
+        """Interrupt the armed call now (the executor is closing)."""
+        with self._lock:
+            if self._deadline < float("inf"):
+                self._deadline = time.monotonic()
+        self._poke()
+
+    def take_pending(self) -> bool:
+        """Called by the signal handler: whether to raise now. Lock-free: the handler
+        may run on the main thread while that thread holds ``_lock`` (in arm/disarm)."""
+        pending, self.pending = self.pending, False
+        return pending
+
+    def _poke(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._wake.release()
+
+    def _loop(self) -> None:
+        idle = 60.0
+        while not self.closed:
+            with self._lock:
+                now = time.monotonic()
+                cancelled = self._cancel is not None and self._cancel.is_set()
+                if self._deadline <= now or (cancelled and self._deadline < float("inf")):
+                    self.pending = self.fired = True
+                    with contextlib.suppress(OSError, ValueError):
+                        signal.pthread_kill(_MAIN_IDENT or 0, _INTERRUPT_SIGNAL)
+                    self._deadline = now + INTERRUPT_GRACE
+                if self._deadline < float("inf"):
+                    idle = max(1.0, self._deadline - now)
+                    self._scheduled = self._deadline
+                    if self._cancel is not None:
+                        self._scheduled = min(self._scheduled, now + 0.05)
+                else:
+                    # Between calls: look again about one timeout on, so a call armed
+                    # with a similar deadline needs no wake-up.
+                    self._scheduled = now + idle
+                wait = self._scheduled - now
+            self._wake.acquire(True, max(0.0, wait))
+
+    def close(self) -> None:
+        self.closed = True
+        self._poke()
+
+
+_WATCHDOG: _Watchdog | None = None
+
+
+class _OnCaller:
+    """``NamespaceSession.runner`` while the session's code runs on the caller's thread."""
+
+    busy = True
+
+
+_ON_CALLER = _OnCaller()
+
+
+def _on_interrupt_signal(signum: int, frame: Any) -> None:
+    if _WATCHDOG is not None and _WATCHDOG.take_pending():
+        raise engine.Interrupt
+
+
+def _inline_ready() -> _Watchdog | None:
+    """The watchdog, if code may run on this thread now: the main thread, with our
+    handler in place (installed on first use; never over a handler the host set)."""
+    global _WATCHDOG
+    if threading.get_ident() != _MAIN_IDENT:
+        return None
+    # The C module's getsignal: signal.getsignal converts to an enum (~4 us a call).
+    handler = _csignal.getsignal(_INTERRUPT_SIGNAL)
+    if handler is not _on_interrupt_signal:
+        if handler not in (_csignal.SIG_DFL, None):
+            return None
+        _csignal.signal(_INTERRUPT_SIGNAL, _on_interrupt_signal)
+    if _WATCHDOG is None or _WATCHDOG.closed:
+        _WATCHDOG = _Watchdog()
+    return _WATCHDOG
 
 
 # --------------------------------------------------------------------------- sessions
@@ -466,10 +664,10 @@ class NamespaceSession:
     namespace: dict[str, Any]
     cwd: str
     environ: dict[Any, Any]
-    runner: _Runner | None = None
+    runner: _Runner | _OnCaller | None = None
     injected: set[str] = field(default_factory=set)
     current: _Call | None = None
-    threads: weakref.WeakSet[threading.Thread] = field(default_factory=weakref.WeakSet)
+    threads: list[weakref.ref[threading.Thread]] = field(default_factory=list)
     owns_namespace: bool = True
 
     @property
@@ -477,7 +675,7 @@ class NamespaceSession:
         return self.runner is not None and self.runner.busy
 
     def threads_alive(self) -> bool:
-        return any(t.is_alive() for t in list(self.threads))
+        return _any_alive(self.threads)
 
     def close(self) -> None:
         """Let go of what the session holds: its namespace is emptied at once (functions
@@ -504,12 +702,12 @@ def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
     try:
         yield
     finally:
+        cwd, env = _getcwd(), environ_snapshot()
         if session is not None:
-            session.cwd = _getcwd()
-            session.environ = environ_snapshot()
-        if _getcwd() != host_cwd:
+            session.cwd, session.environ = cwd, env
+        if cwd != host_cwd:
             _chdir(host_cwd)
-        if environ_snapshot() != host_env:
+        if env != host_env:
             _apply_environ(host_env)
 
 
@@ -556,7 +754,7 @@ def _chdir(path: str) -> None:
 class OwnInterpreter:
     """Runs Python cells in this process. One instance per Executor."""
 
-    def __init__(self) -> None:
+    def __init__(self, inline: bool = False) -> None:
         # Sessions run with PAGER_ENV. Where the host leaves these unset they are set in
         # the host too, so entering a session costs no environment change per call.
         for key, value in PAGER_ENV.items():
@@ -565,14 +763,16 @@ class OwnInterpreter:
         self._fds = _FdPump()
         self._closed = False
         self._runner: _Runner | None = None
-        self._active_runner: _Runner | None = None  # the runner of the call now running
+        # What runs the call now running (close() interrupts it).
+        self._active_runner: _Runner | _Watchdog | None = None
+        self.inline = inline
+        encode_key = getattr(os.environ, "encodekey", lambda k: k)
+        encode_value = getattr(os.environ, "encodevalue", lambda v: v)
+        self._pager_environ = {encode_key(k): encode_value(v) for k, v in PAGER_ENV.items()}
 
     def new_session(self, namespace: dict[str, Any] | None = None) -> NamespaceSession:
         environ = environ_snapshot()
-        encode_key = getattr(os.environ, "encodekey", lambda k: k)
-        encode_value = getattr(os.environ, "encodevalue", lambda v: v)
-        for key, value in PAGER_ENV.items():
-            environ[encode_key(key)] = encode_value(value)
+        environ.update(self._pager_environ)
         return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
                                 _getcwd(), environ, owns_namespace=namespace is None)
 
@@ -634,6 +834,9 @@ class OwnInterpreter:
         call = _Call(sink_out, sink_err, session)
         if getattr(_local, "in_call", False):
             return self._run_inline(call, namespace, request, out, err, mode)
+        watchdog = _inline_ready() if self.inline else None
+        if watchdog is not None:
+            return self._run_here(watchdog, call, namespace, request, out, err, mode)
         box: dict[str, Any] = {}
 
         def job() -> None:
@@ -687,6 +890,57 @@ class OwnInterpreter:
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
                                   seconds=request.timeout,
                                   mode=mode)
+
+    def _run_here(self, watchdog: _Watchdog, call: _Call, namespace: dict[str, Any],
+                  request: RunRequest, out: OutputBuffer, err: OutputBuffer,
+                  mode: str) -> Outcome:
+        """Run on the caller's (main) thread; the watchdog stops it at the deadline."""
+        session = call.session
+        deadline = time.monotonic() + request.timeout
+        if not OWN_LOCK.acquire(timeout=request.timeout):
+            return _own_busy(out, err)
+        cell: dict[str, Any] | None = None
+        try:
+            if self._closed:
+                return _closed_own(out, err)
+            self._active_runner = watchdog
+            if session is not None:
+                session.runner, session.current = _ON_CALLER, call
+            with _session_process_state(session), _routed_streams():
+                self._fds.start(call.out, call.err)
+                _local.call, _local.in_call = call, True
+                try:
+                    try:
+                        watchdog.arm(deadline, request.cancel)
+                        cell = engine.run_cell(request.code, namespace, request.output_limit)
+                    except engine.Interrupt:  # landed after the cell's own handler
+                        pass
+                finally:
+                    while True:  # an interrupt may land until the watchdog is disarmed
+                        try:
+                            watchdog.disarm()
+                            break
+                        except engine.Interrupt:
+                            continue
+                    _local.call = None
+                    _local.in_call = False
+                    self._fds.stop()
+                    call.open = False
+        finally:
+            self._active_runner = None
+            if session is not None:
+                session.runner = None
+                if session.current is call:
+                    session.current = None
+            if self._closed:  # close() left the fd pump to the call that was using it
+                self._fds.close()
+            OWN_LOCK.release()
+        if self._closed:
+            return _closed_own(out, err)
+        if cell is None:
+            cell = {"result": None, "error": None, "interrupted": True, "images": []}
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"],
+                                  seconds=request.timeout, mode=mode)
 
     @staticmethod
     def _run_inline(call: _Call, namespace: dict[str, Any], request: RunRequest,
@@ -837,9 +1091,9 @@ def _forked_child(session: NamespaceSession, request: RunRequest,
         os.close(pipes["stderr"][1])
         os.close(devnull)
         out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
+                               errors="backslashreplace", write_through=True)
         err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
+                               errors="backslashreplace", write_through=True)
         sys.stdout, sys.stderr, sys.stdin = out, err, _EmptyStdin()
         _local.stdout = _local.stderr = None
         _chdir(session.cwd)

@@ -108,8 +108,8 @@ class OwnSession:
 class OwnPlace:
     """Python in the agent's own interpreter: one :class:`OwnInterpreter` per Executor."""
 
-    def __init__(self, session_globals: GlobalsProvider) -> None:
-        self.own = OwnInterpreter()
+    def __init__(self, session_globals: GlobalsProvider, inline: bool = False) -> None:
+        self.own = OwnInterpreter(inline=inline)
         self._globals = session_globals
         self._sessions: list[OwnSession] = []
         self._lock = threading.Lock()

@@ -73,12 +73,14 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..core import messages
-from ..core.errors import make_error
+from ..core.errors import make_error, storage_error
 from ..core.results import OutputBuffer
 from ..core.terminal import QueryFilter
+from ..diskspace import free_bytes
 from . import _reap, isolation, launcher
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
@@ -1101,6 +1103,16 @@ class ShellSession:
                 finally:
                     self._copy = None
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
+            if copy is not None and ending.exit_code == 127 \
+                    and outcome["stderr"].startswith(launcher.START_FAILED):
+                # The copy never ran the code (its scratch folder full, say): not a
+                # command's exit status 127.
+                reason = outcome["stderr"][len(launcher.START_FAILED):].strip()
+                folder = os.path.dirname(request.scratch or copy.folder)
+                outcome["exit_code"] = None
+                outcome["error"] = storage_error(
+                    OSError(reason), folder, "temporary folder (TMPDIR)",
+                    free_bytes(Path(folder))).to_dict()
             if copy is not None and copy.failure is not None:
                 outcome["exit_code"] = None
                 outcome["error"] = make_error(

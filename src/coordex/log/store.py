@@ -43,6 +43,8 @@ CODE_CAP_BYTES = 64 * 1024
 # A bound on rows waiting for the writer, so a stuck disk cannot grow memory without end.
 MAX_PENDING = 50_000
 _BUSY_TIMEOUT_MS = 5_000
+# Writes close() tries before it gives the last rows up (each waits the busy timeout).
+_CLOSE_ATTEMPTS = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -177,7 +179,7 @@ class CallLog:
         except (sqlite3.Error, OSError, ValueError) as exc:
             self.problem = f"{type(exc).__name__}: {exc}"
             self._drop_connection()
-            if _busy(exc) and not self._stop.is_set():
+            if _busy(exc):
                 # Another process held the file past the busy timeout: the rows wait for
                 # the next batch (the queue stays bounded) instead of being lost.
                 self._pending.extendleft(reversed(batch))
@@ -210,8 +212,14 @@ class CallLog:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
-        self.flush()
+        for _ in range(_CLOSE_ATTEMPTS):  # another process may hold the file a while
+            self.flush()
+            if not self._pending or self.forked:
+                break
+            time.sleep(0.1)
         with self._db_lock:
+            self.dropped += len(self._pending)
+            self._pending.clear()
             self._drop_connection()
 
     # -- connection -------------------------------------------------------------------
