@@ -510,6 +510,9 @@ class OwnInterpreter:
             finally:
                 _local.stdout = _local.stderr = None
                 _local.in_call = False
+                # Not busy *before* the caller wakes: cleared after, a next call could
+                # see the session "still busy" with nothing timed out.
+                runner.busy = False
                 done.release()
 
         if getattr(_local, "in_call", False):

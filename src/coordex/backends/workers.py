@@ -778,7 +778,9 @@ class WorkerSession:
                     "Open a new session with a stateful call.", state_lost=True)
                 return outcome
             outcome = _outcome(reply, request, mode)
-            if reply.worker_killed:
+            if reply.worker_killed or (mode == "read_only" and not proc.alive()):
+                # (A worker that died while its read-only fork ran: the fork's result
+                # stands, and the loss is this call's news, not the next call's.)
                 lost = True
                 self._replace_quietly()
             if lost:
