@@ -76,6 +76,23 @@ def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     return proc
 
 
+def run(argv: Sequence[str], what: str, *, timeout: float, check: bool = False,
+        **popen: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` (text, output captured) through :func:`spawn` and :func:`stop`.
+
+    Past ``timeout`` the process is stopped by the policy and ``TimeoutExpired`` raised,
+    as ``subprocess.run`` does; ``check`` raises ``CalledProcessError`` on failure.
+    """
+    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop(proc, what)  # past the timeout: stopped; else reaped already, forgotten
+    if check and proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, list(argv), out, err)
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
 def stop(proc: subprocess.Popen[Any], what: str, *,
          ask: Callable[[], bool] | None = None, steps: Steps | None = None) -> StopStep:
     """End ``proc`` (a :func:`spawn`-ed session leader) and its session; reap it.
