@@ -5,7 +5,6 @@ its end open (real CLI processes)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -15,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.conftest import alive, child_pids
 
 from ._procs import COORDEX, child_env
 
@@ -27,31 +28,6 @@ CALLS = [  # (arguments, waits for its reply)
     ({"code": "sleep 121", "language": "bash"}, False),
     ({"code": "import time\ntime.sleep(122)"}, False),
 ]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def _descendants(root: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier and c not in found}
-        found |= frontier
-    return found
 
 
 def _tool_call(number: int, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -79,9 +55,9 @@ def _stop_and_check(process: subprocess.Popen[bytes], sig: signal.Signals,
     took = time.monotonic() - sent
     assert took < 5, f"exited {took:.1f} s after {sig.name}"
     deadline = time.monotonic() + 2
-    while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert {pid for pid in started if _alive(pid)} == set()
+    assert {pid for pid in started if alive(pid)} == set()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -106,7 +82,7 @@ def test_mcp_exits_promptly_with_everything_ended(tmp_path: Path, sig: signal.Si
                 reply = json.loads(process.stdout.readline())
                 pids |= set(map(int, reply["result"]["structuredContent"]["stdout"].split()))
         time.sleep(1.0)  # the calls are running; the client keeps stdin open
-        _stop_and_check(process, sig, pids | _descendants(process.pid))
+        _stop_and_check(process, sig, pids | child_pids(process.pid))
     finally:
         if process.poll() is None:
             process.kill()
@@ -150,7 +126,7 @@ def test_serve_exits_promptly_with_everything_ended(tmp_path: Path, sig: signal.
                                  args=(client, url, _tool_call(number, arguments),
                                        headers)).start()
         time.sleep(1.5)
-        _stop_and_check(process, sig, pids | _descendants(process.pid))
+        _stop_and_check(process, sig, pids | child_pids(process.pid))
         client.close()
     finally:
         if process.poll() is None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from coordex import Executor
-from tests.conftest import child_pids
+from tests.conftest import alive, child_pids
 
 
 @pytest.fixture
@@ -119,16 +119,22 @@ def _calls_in_flight(ex: Executor, calls: dict[str, dict[str, Any]]) -> dict[str
     return results
 
 
-def test_close_ends_calls_in_flight_with_error_dicts(root: Path) -> None:
+def test_close_ends_calls_in_flight_with_error_dicts(root: Path, tmp_path: Path) -> None:
     before = child_pids()
     ex = Executor(root=root, timeout=30)
     slow_py = "import time\nfor i in range(100):\n    time.sleep(0.05)\nprint('done')"
+    # The commands write their pids: once their shell is gone they are no children of
+    # ours, so only /proc can tell whether they still run.
+    slow_sh = "sleep 5 & echo $! > {}; wait; echo done"
     results = _calls_in_flight(ex, {
         "own stateless": {"code": slow_py},
-        "bash stateless": {"code": "sleep 5; echo done", "language": "bash"},
-        "bash stateful": {"code": "sleep 5; echo done", "language": "bash",
+        "bash stateless": {"code": slow_sh.format(tmp_path / "a"), "language": "bash"},
+        "bash stateful": {"code": slow_sh.format(tmp_path / "b"), "language": "bash",
                           "state_mode": "stateful"},
     })
+    for name in ("a", "b"):
+        pid = int((tmp_path / name).read_text())
+        assert not alive(pid), f"the command of a call in flight still runs after close ({name})"
     for name in ("own stateless", "bash stateless", "bash stateful"):
         r = results[name]
         assert isinstance(r, dict), f"{name} raised {r!r}"

@@ -83,10 +83,10 @@ from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
 __all__ = ["ShellPlace", "ShellSession", "run_stateless"]
 
-# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL.
-_SHELL_STEPS = _reap.Steps(interrupt=False)
-# A stateless shell's session ends with it: no scan for members that left its group.
-_STATELESS_STEPS = _reap.Steps(interrupt=False, whole_session=False)
+# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL;
+# a kept session's shell also takes the members that left its group (``set -m`` jobs).
+_SHELL_STEPS = _reap.Steps(interrupt=False, whole_session=True)
+_STATELESS_STEPS = _reap.Steps(interrupt=False)
 # Past a timeout's grace the shell has had its interrupt: straight to SIGKILL.
 _KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 # Starting bash and inspecting it are ours, not the user's: generous fixed limits.

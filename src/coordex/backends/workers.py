@@ -479,7 +479,8 @@ class _WorkerProcess:
                 self.send(message("shutdown"))
             return not busy  # a running cell will not read it; go straight on
 
-        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask)  # once only
+        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask,
+                                     steps=_reap.SESSION_STEPS)
         with self._state_lock:
             if not self._busy:
                 self._release_fds()
