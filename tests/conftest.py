@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,10 +55,21 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "coordex-home"
 
 
+def assert_no_new_children(before: set[int], within: float = 5.0) -> None:
+    """Every child process that was not there in ``before`` ends within ``within`` s."""
+    deadline = time.monotonic() + within
+    while child_pids() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = child_pids() - before
+    assert left == set(), f"processes survived close(): {sorted(left)}"
+
+
 @pytest.fixture
 def ex(root: Path) -> Iterator[Executor]:
+    before = child_pids()
     executor = Executor(root=root, timeout=30)
     try:
         yield executor
     finally:
         executor.close()
+    assert_no_new_children(before)

@@ -145,10 +145,46 @@ def stop(proc: subprocess.Popen[Any], what: str, *,
     return step
 
 
-def sweep(sid: int) -> None:
-    """SIGKILL what is left of process group ``sid`` (its background jobs)."""
-    with contextlib.suppress(OSError):
+def sweep(sid: int, settle: float = 0.5) -> None:
+    """SIGKILL what is left of process group ``sid`` (its background jobs), and wait up
+    to ``settle`` seconds until none of them runs any more.
+
+    SIGKILL is delivered asynchronously: without the wait, a caller that looks right
+    after ``stop()`` returned can still see a background job alive. The wait costs
+    nothing when the group is already empty (one ``killpg(..., 0)``).
+    """
+    try:
         os.killpg(sid, signal.SIGKILL)
+    except OSError:
+        return  # no process left in the group
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(sid, 0)
+        except OSError:
+            return
+        if not _group_runs(sid):
+            return  # only zombies left, waiting for their new parent to reap them
+        time.sleep(0.001)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a non-zombie process is in group ``pgid`` (a /proc scan, ~1 ms)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def sweep_session(sid: int) -> int:

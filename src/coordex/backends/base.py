@@ -124,6 +124,10 @@ class Place(Protocol):
         """Run code in a fresh namespace / process / shell that is gone afterwards."""
         ...
 
+    def capabilities_changed(self) -> None:
+        """A capability was registered: make it visible to the sessions open here."""
+        ...
+
     def close(self) -> None:
         """End every process this place started that no session owns."""
         ...

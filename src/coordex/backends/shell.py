@@ -75,6 +75,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import messages
 from ..core.errors import CoordexError, make_error
 from ..core.results import OutputBuffer
 from ..core.terminal import QueryFilter
@@ -156,6 +157,10 @@ def _quote_code(code: str) -> bytes:
             .replace(b"!", b"\\041"))
     return b"$'" + data + b"'"
 
+
+# The version of the trigger-line / record texts below (docs/protocol.md, "The bash
+# record wire"); both ends live in this module, so it changes with them.
+RECORD_WIRE_VERSION = 2  # 2: the `g` record (PS0) tells a call's line was read
 
 # What a record says after the status: ``$-``, then the length of BASHOPTS.
 # PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
@@ -919,45 +924,20 @@ def _outcome(out: _Stream, err: _Stream, ending: _Ending, timeout: float, *,
 
 def _timeout_error(timeout: float, survived: bool, stateless: bool, *, stdout: str,
                    stderr: str) -> dict[str, Any]:
-    longer = f"timeout={max(timeout * 4, 60):g}"
-    background = "run it in the background (`cmd > out.log 2>&1 &`) and read the log later"
-    if stateless:
-        return make_error(
-            "timeout", f"The command was still running after the {timeout:g} s timeout and "
-            "was stopped.",
-            f"Raise the limit (e.g. {longer}), {background} in a stateful session, or split "
-            "the work into shorter steps.",
-            stdout=stdout, stderr=stderr, state_lost=False)
-    if survived:
-        return make_error(
-            "timeout", f"The command was still running after the {timeout:g} s timeout and "
-            "was interrupted with SIGINT.",
-            "The session survived: its variables, functions, aliases, options and cwd are "
-            f"kept. Raise the limit (e.g. {longer}), {background}, or split the work into "
-            "shorter steps.",
-            stdout=stdout, stderr=stderr, state_lost=False)
-    return make_error(
-        "timeout", f"The command was still running after the {timeout:g} s timeout, did not "
-        f"stop within {INTERRUPT_GRACE:g} s of SIGINT, and the shell was killed.",
-        "The session was restarted and its state is lost: re-create the variables, "
-        "functions, aliases and cwd you need. Then raise the limit (e.g. "
-        f"{longer}) or {background}; do not ignore SIGINT (`trap '' INT`).",
-        stdout=stdout, stderr=stderr, state_lost=True)
+    error = messages.timeout("shell", "stateless" if stateless else "stateful", timeout,
+                             survived=survived, stdout=stdout, stderr=stderr)
+    error["suggestion"] += (" A long command can run in the background "
+                            "(`cmd > out.log 2>&1 &`) in a stateful session while you read "
+                            "the log later; do not ignore SIGINT (`trap '' INT`).")
+    return error
 
 
 def _crashed_error(signame: str, stateless: bool) -> dict[str, Any]:
-    if stateless:
-        return make_error(
-            "crashed", f"The bash shell was killed by {signame} during the call.",
-            "Check whether the command signals its own shell (e.g. `kill $$`); run such a "
-            "command in a subshell `( ... )` instead.", state_lost=True)
-    return make_error(
-        "crashed", f"The session's bash shell was killed by {signame} during the call; the "
-        "command was not retried.",
-        "The next call starts a fresh shell: re-create the variables, functions, aliases "
-        "and cwd you need, then run the command again. If the command signals its own shell "
-        "(e.g. `kill $$`), run it in a subshell `( ... )` or a stateless call.",
-        state_lost=True)
+    error = messages.crashed("shell", "stateless" if stateless else "stateful",
+                             f"killed by {signame}; the command was not retried")
+    error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) can run "
+                            "in a subshell `( ... )` instead.")
+    return error
 
 
 def _closed_outcome() -> Outcome:
@@ -1274,6 +1254,9 @@ class ShellPlace:
         self._lock = threading.Lock()
         self._running: set[_Shell] = set()
         self._closed = False
+
+    def capabilities_changed(self) -> None:
+        """bash sees no capabilities."""
 
     def open_session(self) -> ShellSession:
         return ShellSession(env=self._env, cwd=self._cwd)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ..core import messages
 from ..core.errors import CoordexError, make_error
 from ..core.results import OutputBuffer
 from ..protocol import (
@@ -508,8 +509,9 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
     done = reply.message or {}
     outcome.update(stdout=reply.stdout, stderr=reply.stderr,
                    truncated=reply.truncated or bool(done.get("result_truncated")))
-    if mode == "stateful":
-        # Names bound before an error or an interrupt stay bound: provenance needs them.
+    if mode in ("stateful", "read_only"):
+        # Names bound before an error or an interrupt stay bound: provenance needs them
+        # (for a read-only copy: what it would have changed, for the call log).
         outcome["rebound"] = done.get("rebound") or []
         outcome["deleted"] = done.get("deleted") or []
     if mode == "read_only":
@@ -534,31 +536,8 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
 
 
 def _timeout_error(reply: _Reply, request: RunRequest, mode: RunMode) -> dict[str, Any]:
-    limit = f"{request.timeout:g} s"
-    common = {"stdout": reply.stdout, "stderr": reply.stderr}
-    if reply.worker_killed:
-        return make_error(
-            "timeout",
-            f"The code ran past its timeout of {limit} and did not stop within "
-            f"{INTERRUPT_GRACE:g} s of the interrupt, so its process was killed and "
-            "restarted: the session's state is lost.",
-            "Run the setup steps again before continuing. Keep long work interruptible "
-            "(do not ignore SIGINT or swallow KeyboardInterrupt), split it into smaller "
-            "calls, or pass a larger timeout=....", state_lost=True, **common)
-    if mode == "stateful":
-        return make_error(
-            "timeout",
-            f"The code ran past its timeout of {limit} and was interrupted; the session "
-            "survived with its state (names bound before the interrupt are kept).",
-            "Continue in the same session: make the code faster, work on a smaller piece, "
-            "or pass a larger timeout=....", state_lost=False, **common)
-    where = ("the session is unchanged" if mode == "read_only"
-             else "nothing was kept, as with any stateless call")
-    return make_error(
-        "timeout",
-        f"The code ran past its timeout of {limit} and was stopped; {where}.",
-        "Make the code faster, work on a smaller piece, or pass a larger timeout=....",
-        state_lost=False, **common)
+    return messages.timeout("worker", mode, request.timeout, survived=not reply.worker_killed,
+                            stdout=reply.stdout, stderr=reply.stderr)
 
 
 def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dict[str, Any]:
@@ -586,23 +565,7 @@ def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dic
 
 def _crashed(reply: _Reply, mode: RunMode, attempts: int) -> dict[str, Any]:
     how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
-    if mode == "read_only":
-        what = (f"The read-only copy of the session died {attempts} time(s) while running "
-                f"this code ({how}); the session itself is unchanged.")
-        lost = False
-    elif mode == "stateless":
-        what = f"The process running this code died {attempts} time(s) ({how})."
-        lost = True
-    else:
-        what = (f"The worker process died {attempts} time(s) while running this code "
-                f"({how}); the session's state is lost.")
-        lost = True
-    after = ("The session keeps its state." if mode == "read_only" else
-             "The next call starts on a fresh process.")
-    return make_error(
-        "crashed", what,
-        "The code probably ends its own process (os._exit, os.kill, a crash in a C "
-        f"extension, running out of memory); change that part. {after}", state_lost=lost)
+    return messages.crashed("worker", mode, how, attempts=attempts)
 
 
 def _fork_child_died(reply: _Reply) -> bool:

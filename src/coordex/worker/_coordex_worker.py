@@ -192,7 +192,7 @@ def _on_sigint(signum: int, frame: Any) -> None:
     if _State.fork_child:
         _signal_child(signal.SIGINT)
     elif _State.in_user_code:
-        raise KeyboardInterrupt
+        raise engine.Interrupt
     # else: a late interrupt for a cell that already finished; ignore it.
 
 
@@ -296,13 +296,17 @@ def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, An
             outcome = {"result": None, "interrupted": True, "images": [],
                        "error": {"exception": "KeyboardInterrupt", "message": "",
                                  "traceback": "KeyboardInterrupt\n"}}
-    missing = _MISSING
-    outcome["rebound"] = [name for name, value in namespace.items()
-                          if before.get(name, missing) is not value
-                          and _is_user_name(namespace, name)]
-    outcome["deleted"] = [name for name in before
-                          if name not in namespace and _is_user_name(before, name)]
+    outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
     return outcome
+
+
+def _changed_names(before: Dict[str, Any], namespace: Dict[str, Any]) -> Tuple[List[str], List[str]]:
+    """User names a cell rebound (by identity) and deleted, given a copy from before it."""
+    missing = _MISSING
+    rebound = [name for name, value in namespace.items()
+               if before.get(name, missing) is not value and _is_user_name(namespace, name)]
+    deleted = [name for name in before if name not in namespace and _is_user_name(before, name)]
+    return rebound, deleted
 
 
 def _fork() -> int:
@@ -513,6 +517,7 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
         else:
             files = protect(msg.get("protect") or [], msg.get("scratch"))
         outcome = None
+        before = namespace.copy() if files is not None else None
         try:
             outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
         except KeyboardInterrupt:
@@ -524,6 +529,8 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
                                  "traceback": "KeyboardInterrupt\n"}}
         if files is not None:
             outcome["isolation"] = {"names": True, "objects": True, "files": files}
+        if before is not None:  # what the copy changed, for the host's call log
+            outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
         _flush_user_streams()
         outcome["id"] = msg["id"]
         outcome["type"] = "done"
