@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import messages
-from ..core.errors import make_error, storage_error
+from ..core.errors import CoordexError, make_error, storage_error
 from ..core.results import OutputBuffer
 from ..core.terminal import QueryFilter
 from ..diskspace import free_bytes
@@ -86,10 +86,10 @@ from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
 __all__ = ["ShellPlace", "ShellSession", "run_stateless"]
 
-# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL.
-_SHELL_STEPS = _reap.Steps(interrupt=False)
-# A stateless shell's session ends with it: no scan for members that left its group.
-_STATELESS_STEPS = _reap.Steps(interrupt=False, whole_session=False)
+# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL;
+# a kept session's shell also takes the members that left its group (``set -m`` jobs).
+_SHELL_STEPS = _reap.Steps(interrupt=False, whole_session=True)
+_STATELESS_STEPS = _reap.Steps(interrupt=False)
 # Past a timeout's grace the shell has had its interrupt: straight to SIGKILL.
 _KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 # Starting bash and inspecting it are ours, not the user's: generous fixed limits.
@@ -111,7 +111,7 @@ VOLATILE_VARIABLES = frozenset({
     "EPOCHSECONDS", "EPOCHREALTIME", "BASH_COMMAND", "PIPESTATUS", "BASH_LINENO",
     "BASH_SOURCE", "FUNCNAME", "BASH_ARGC", "BASH_ARGV", "BASH_ARGV0", "HISTCMD",
     "BASH_ALIASES", "BASH_CMDS", "BASH_REMATCH", "PWD", "OLDPWD", "DIRSTACK", "COLUMNS",
-    "LINES", "BASHOPTS", "SHELLOPTS", "PS1",
+    "LINES", "BASHOPTS", "SHELLOPTS", "PS1", "PS0",
 })
 PRIVATE_PREFIX = "__coordex_"
 
@@ -162,7 +162,7 @@ def _quote_code(code: str) -> bytes:
 
 # The version of the trigger-line / record texts below (docs/protocol.md, "The bash
 # record wire"); both ends live in this module, so it changes with them.
-RECORD_WIRE_VERSION = 1
+RECORD_WIRE_VERSION = 2  # 2: the `g` record (PS0) tells a call's line was read
 
 # What a record says after the status: ``$-``, then the length of BASHOPTS.
 # PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
@@ -202,10 +202,14 @@ class _Protocol:
                   f"{runner_fd}<&-\n")
         prompt_command = (
             f"\\builtin unset PROMPT_COMMAND; \\builtin . /dev/fd/{runner_fd}; "
-            f"PS1=\"\\n${p}record${p}call $? {_FLAGS}\\n\"")
+            f"PS1=\"\\n${p}record${p}call $? {_FLAGS}\\n\" PS0=${p}go")
         setup = (f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={_shell_quote(prompt_command)}; "
-                 f"{p}record='{token} r '; {p}call=0; ").encode() + _sync_line(token, 0)
+                 f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
+                 f"{p}call=0; ").encode() + _sync_line(token, 0)
+        # PS0 (bash >= 4.4) is printed once a line is read and parsed, before it runs:
+        # the "go" record. A shell killed just before a call arrives dies inside its
+        # read of the line and prints none, which proves the code never started.
         trigger = f"PROMPT_COMMAND=${p}run {p}call=%d {p}code=".encode()
         return cls(runner.encode(), setup, trigger)
 
@@ -483,14 +487,16 @@ class _Stream:
         # reads is held back until its remaining bytes arrive.
         self._decoder: codecs.IncrementalDecoder | None = None
         # Terminal queries (``ESC [ 6 n``...) never reach a client terminal to answer.
-        self._queries = QueryFilter()
+        self._queries: QueryFilter | None = None
 
     def feed(self, data: bytes, final: bool = False) -> None:
         if self._decoder is None:
             if not data:
                 return
             self._decoder = _utf8_decoder(errors="replace")
+            self._queries = QueryFilter()
             self.buffer = OutputBuffer(self.request.output_limit)
+        assert self._queries is not None
         text = self._queries.feed(self._decoder.decode(data, final), final)
         if text:
             assert self.buffer is not None
@@ -514,6 +520,7 @@ class _Ending:
     aborted: bool = False  # the code did not finish: the status is the sync line's
     survived: bool = True
     returncode: int | None = None  # bash's own exit status when it ended during the call
+    started: bool = False  # bash read and parsed the line (its "go" record came)
 
 
 _STDOUT, _STDERR, _STATUS, _STDIN, _PIDFD = range(5)
@@ -555,6 +562,7 @@ class _Shell:
         for fd in (self._stdin, self._stdout, self._stderr, self._status_r):
             os.set_blocking(fd, False)
         self._status_buf = b""
+        self.says_go = False  # this bash prints PS0 (the "go" record); before 4.4, none
         self._number = 0  # the last call or sync line handed to bash
         # set -v as the code left it, and as bash's top level has it (PROMPT_COMMAND
         # restores the latter after every call); the length of BASHOPTS last reported,
@@ -619,6 +627,8 @@ class _Shell:
             line = (b"\\builtin set -v; " if self._verbose else b"\\builtin set +v; ") + line
         out, err = _Stream("stdout", request), _Stream("stderr", request)
         ending = self.exchange(line, self._number, request, streams=(out, err), spin=spin)
+        if not ending.survived and not self.says_go:
+            ending.started = True  # a bash without PS0 cannot tell: assume it started
         return out, err, ending
 
     def exchange(self, line: bytes, number: int, request: RunRequest, *,
@@ -673,7 +683,9 @@ class _Shell:
                     what = self._kinds[fd]
                     if what == _STATUS:
                         for rkind, rnumber, status, flags in self._read_status():
-                            if rkind == kind and rnumber == number:
+                            if rkind == b"g":
+                                ending.started = self.says_go = True
+                            elif rkind == kind and rnumber == number:
                                 ending.exit_code = status
                                 self._note_flags(flags, top_level=kind == b"s")
                                 finished = finished or sync_number < 0
@@ -940,13 +952,16 @@ def _closed_outcome() -> Outcome:
             "state_lost": True}
 
 
+def _start_failed_text(exc: BaseException) -> tuple[str, str]:
+    return (f"Could not start bash: {exc}.",
+            "Check that bash is installed, runs, and the working folder exists; the "
+            "session's previous state is lost.")
+
+
 def _start_failed(exc: BaseException) -> Outcome:
     return {"stdout": "", "stderr": "", "truncated": False, "result": None,
             "exit_code": None, "images": [],
-            "error": make_error("crashed", f"Could not start bash: {exc}.",
-                                "Check that bash is installed and the working folder "
-                                "exists; the session's previous state is lost.",
-                                state_lost=True),
+            "error": make_error("crashed", *_start_failed_text(exc), state_lost=True),
             "state_lost": True}
 
 
@@ -977,8 +992,17 @@ class ShellSession:
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
         self._launcher: launcher.LauncherServer | None = None  # started on first use
         self._bash = shutil.which("bash", path=self._env.get("PATH")) or "/bin/bash"
-        self._shell = _Shell(self._env, cwd)
-        self._baseline = self._dump(self._shell)
+        try:
+            self._shell = _Shell(self._env, cwd)
+            self._baseline = self._dump(self._shell)
+        except (OSError, RuntimeError) as exc:
+            # A bash that cannot start, or starts and dies during setup: a crashed error
+            # the executor returns as a dict (a RuntimeError escaped the call before).
+            shell = getattr(self, "_shell", None)
+            if shell is not None:
+                shell.terminate()
+                shell.release()
+            raise CoordexError("crashed", *_start_failed_text(exc), state_lost=True) from exc
 
     @property
     def pid(self) -> int:
@@ -1096,6 +1120,14 @@ class ShellSession:
                 return lost
             if copy is None:
                 out, err, ending = self._shell.run(code, request)
+                if not (ending.survived or ending.started or self._closed):
+                    # Dead before it read the call (killed just before it arrived): the
+                    # code never ran, so this is a shell found dead - replace, run there.
+                    lost = self._ensure_shell()
+                    if isinstance(lost, dict):
+                        return lost
+                    lost = True
+                    out, err, ending = self._shell.run(code, request)
             else:
                 self._copy = copy
                 try:
@@ -1126,6 +1158,11 @@ class ShellSession:
                 closed = _closed_outcome()
                 outcome.update(error=closed["error"], state_lost=True)
                 return outcome
+            if ending.survived and not self._shell.alive():
+                # The session's shell died while a read-only copy ran elsewhere: the
+                # copy's result stands, and the loss is this call's news, not the next's.
+                ending.survived = False
+                lost = True
             if not ending.survived:
                 # Already told to the caller in this outcome: the next call's fresh shell
                 # is not news.

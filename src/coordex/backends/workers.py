@@ -480,7 +480,8 @@ class _WorkerProcess:
                 self.send(message("shutdown"))
             return not busy  # a running cell will not read it; go straight on
 
-        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask)  # once only
+        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask,
+                                     steps=_reap.SESSION_STEPS)
         with self._state_lock:
             if not self._busy:
                 self._release_fds()
@@ -741,7 +742,9 @@ class WorkerSession:
                     "Open a new session with a stateful call.", state_lost=True)
                 return outcome
             outcome = _outcome(reply, request, mode)
-            if reply.worker_killed:
+            if reply.worker_killed or (mode == "read_only" and not proc.alive()):
+                # (A worker that died while its read-only fork ran: the fork's result
+                # stands, and the loss is this call's news, not the next call's.)
                 lost = True
                 self._replace_quietly()
             if lost:

@@ -130,8 +130,8 @@ def uv_binary() -> str:
 
 @functools.lru_cache(maxsize=1)
 def uv_version() -> str:
-    done = subprocess.run([uv_binary(), "--version"], capture_output=True, text=True,
-                          timeout=30, stdin=subprocess.DEVNULL, check=False)
+    done = _reap.run([uv_binary(), "--version"], "uv --version", timeout=30,
+                     stdin=subprocess.DEVNULL)
     return (done.stdout.strip() or done.stderr.strip() or "uv unknown").splitlines()[0]
 
 
@@ -170,8 +170,8 @@ _PROBE = (
 
 @functools.lru_cache(maxsize=32)
 def _probe(executable: str) -> Interpreter:
-    done = subprocess.run([executable, "-I", "-c", _PROBE], capture_output=True, text=True,
-                          timeout=30, stdin=subprocess.DEVNULL, check=True)
+    done = _reap.run([executable, "-I", "-c", _PROBE], "interpreter probe", timeout=30,
+                     stdin=subprocess.DEVNULL, check=True)
     facts = json.loads(done.stdout)
     return Interpreter(executable=executable, **facts)
 
@@ -189,8 +189,7 @@ def find_interpreter(requires_python: str | None) -> Interpreter:
     command = [uv_binary(), "python", "find", "--no-project", *_UV_COMMON,
                "--no-python-downloads", requires_python]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL, check=False)
+        done = _reap.run(command, "uv python find", timeout=60, stdin=subprocess.DEVNULL)
         found = done.stdout.strip().splitlines()
         if done.returncode == 0 and found:
             return _probe(found[-1])
@@ -475,10 +474,10 @@ class EnvironmentBuilder:
 
     def _freeze(self, uv: str, python: Path, deadline: float) -> list[str]:
         try:
-            done = subprocess.run(
-                [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)],
-                capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
-                cwd=str(self.envs_dir), timeout=max(1.0, deadline - time.monotonic()))
+            done = _reap.run(
+                [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)], "uv pip freeze",
+                stdin=subprocess.DEVNULL, cwd=str(self.envs_dir),
+                timeout=max(1.0, deadline - time.monotonic()))
         except (OSError, subprocess.SubprocessError):
             return []
         return [line for line in done.stdout.splitlines() if line.strip()]
