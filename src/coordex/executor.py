@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import sessions
 from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session
 from .backends.places import EnvironmentPlace, OwnPlace, OwnSession
@@ -234,7 +235,8 @@ class Executor:
         if coordinate.state_mode == "stateless":
             where = session_record(coordinate.language, coordinate.venv_id, None, None)
             place = self._place(coordinate.language, coordinate.venv_id)
-            return place.run_stateless(request), where
+            return sessions.attempts(place, "stateless",
+                                     lambda: place.run_stateless(request)), where
         if coordinate.state_mode == "stateful":
             return self._run_stateful(coordinate, request)
         return self._run_read_only(coordinate, request)
@@ -247,8 +249,9 @@ class Executor:
             if session is None:
                 return _busy_outcome(), record
             outcome: Outcome = {}
+            place = self._place(key.language, key.venv_id)
             try:
-                outcome = dict(session.run(request))
+                outcome = sessions.attempts(place, "stateful", lambda: session.run(request))
             finally:
                 self._table.finish(key, call, outcome)
             return outcome, record
@@ -265,7 +268,10 @@ class Executor:
                 return _busy_outcome(), record
             self._table.count_call(key)
             with self._protected(request) as protected:
-                outcome = dict(slot.session.run_read_only(protected))
+                session = slot.session
+                place = self._place(key.language, key.venv_id)
+                outcome = sessions.attempts(place, "read_only",
+                                            lambda: session.run_read_only(protected))
             note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None))
             return outcome, record
 

@@ -108,6 +108,9 @@ class OwnSession:
 class OwnPlace:
     """Python in the agent's own interpreter: one :class:`OwnInterpreter` per Executor."""
 
+    kind = "own"
+    retries = False  # nothing here can die and be replaced: it is the agent's process
+
     def __init__(self, session_globals: GlobalsProvider, inline: bool = False) -> None:
         self.own = OwnInterpreter(inline=inline)
         self._globals = session_globals
@@ -165,10 +168,15 @@ class OwnPlace:
 class EnvironmentPlace:
     """Python in one built environment: a worker per session, a template for stateless.
 
+    A call whose worker (or fork) died is run once more (SPEC 6): ``retries``.
+
     ``python`` returns the environment's interpreter, building the environment on first
     use (a build is not counted against a call's timeout); ``env`` its process
     environment (``VIRTUAL_ENV`` and ``PATH`` set).
     """
+
+    kind = "worker"
+    retries = True
 
     def __init__(self, python: Callable[[], str | Path], env: Callable[[], dict[str, str]],
                  capabilities: Any) -> None:

@@ -1260,6 +1260,9 @@ class ShellPlace:
     their commands) at once, and those calls return a ``crashed`` error dict.
     """
 
+    kind = "shell"
+    retries = False  # shell commands are rarely safe to run twice (SPEC 6)
+
     def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
         self._env = env
         self._cwd = cwd

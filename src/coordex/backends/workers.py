@@ -9,9 +9,10 @@ How it works:
   message, stream output, answer capability calls, enforce the timeout by SIGINT then
   escalation) and stop (shutdown -> SIGINT -> SIGTERM -> SIGKILL of its process group,
   always reaped). It applies no fault policy.
-- :class:`WorkerSession` holds one process for a stateful session and applies SPEC
-  section 6: a process found dead is replaced (``state_lost``); one that dies during a
-  call is replaced and the call retried once (``retried``), then ``crashed``.
+- :class:`WorkerSession` holds one process for a stateful session: a process found dead
+  is replaced (``state_lost``); one that dies during a call is replaced and the attempt
+  reported with the fact ``died``. Whether the call is retried (SPEC section 6: once)
+  is decided by the session owner from that fact (:mod:`coordex.core.faults`).
 - :class:`WorkerTemplate` keeps clean workers that never run code themselves: each
   stateless call runs in a fresh fork child of one, taken from a few the worker keeps
   forked and warmed up (under a millisecond, against ten or more for an interpreter
@@ -563,11 +564,6 @@ def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dic
                       stderr=reply.stderr, exception=exception)
 
 
-def _crashed(reply: _Reply, mode: RunMode, attempts: int) -> dict[str, Any]:
-    how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
-    return messages.crashed("worker", mode, how, attempts=attempts)
-
-
 def _fork_child_died(reply: _Reply) -> bool:
     died = (reply.message or {}).get("child_died")
     if died and not reply.interrupted:
@@ -694,6 +690,10 @@ class WorkerSession:
                 self._proc = self._start()
 
     def _call(self, request: RunRequest, mode: RunMode) -> Outcome:
+        """One attempt at a call. A death during it is reported as a fact (``died``:
+        ``"process"`` or ``"copy"``) with a one-attempt ``crashed`` error; whether the
+        call runs once more is the session owner's decision (:mod:`coordex.core.faults`).
+        """
         with self._lock:
             if self._closed:
                 outcome = empty_outcome()
@@ -705,41 +705,21 @@ class WorkerSession:
             if isinstance(proc, dict):
                 return {**empty_outcome(), "error": proc, "state_lost": True}
             reply = _run_once(proc, request, mode, self._capabilities)
-            retried = False
             if self._closed:
-                reply.notes.append("the session was closed during the call")
-            elif reply.died or _fork_child_died(reply):
-                retried = True
-                if reply.died:
-                    lost = True
-                    proc, _ = self._ensure()
-                    if isinstance(proc, dict):
-                        return {**empty_outcome(), "error": proc, "state_lost": True,
-                                "retried": True}
-                notes = reply.notes
-                reply = _run_once(proc, request, mode, self._capabilities)
-                reply.notes[:0] = notes
-                if reply.died or _fork_child_died(reply):
-                    lost = lost or reply.died
+                if reply.died or not reply.message or reply.message.get("error"):
                     outcome = empty_outcome()
-                    outcome.update(stdout=reply.stdout, stderr=reply.stderr,
-                                   truncated=reply.truncated, retried=True)
-                    outcome["error"] = _crashed(reply, mode, 2)
-                    if mode == "read_only":
-                        outcome["isolation"] = {"names": True, "objects": True,
-                                                "files": "none"}
-                    if reply.died:
-                        self._replace_quietly()
-                    if lost:
-                        outcome["state_lost"] = True
-                        outcome["error"]["state_lost"] = True
+                    outcome["error"] = make_error(
+                        "crashed", "The session was closed while the code ran.",
+                        "Open a new session with a stateful call.", state_lost=True)
                     return outcome
-            if self._closed and (reply.died or not reply.message
-                                 or reply.message.get("error")):
-                outcome = empty_outcome()
-                outcome["error"] = make_error(
-                    "crashed", "The session was closed while the code ran.",
-                    "Open a new session with a stateful call.", state_lost=True)
+            elif reply.died or _fork_child_died(reply):
+                outcome = _died(reply, mode)
+                if reply.died:
+                    self._replace_quietly()  # the next attempt runs on a fresh process
+                    lost = True
+                if lost:
+                    outcome["state_lost"] = True
+                    outcome["error"]["state_lost"] = True
                 return outcome
             outcome = _outcome(reply, request, mode)
             if reply.worker_killed or (mode == "read_only" and not proc.alive()):
@@ -749,9 +729,20 @@ class WorkerSession:
                 self._replace_quietly()
             if lost:
                 outcome["state_lost"] = True
-            if retried:
-                outcome["retried"] = True
             return outcome
+
+
+def _died(reply: _Reply, mode: RunMode) -> Outcome:
+    """The outcome of an attempt during which the worker (or its fork child) died."""
+    outcome = empty_outcome()
+    outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated)
+    how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
+    outcome["error"] = messages.crashed("worker", mode, how)
+    outcome["died"] = "process" if reply.died else "copy"
+    outcome["died_how"] = how
+    if mode == "read_only":
+        outcome["isolation"] = {"names": True, "objects": True, "files": "none"}
+    return outcome
 
 
 class WorkerTemplate:
@@ -809,33 +800,24 @@ class WorkerTemplate:
             return {**empty_outcome(), "error": make_error(
                 "crashed", "This environment's stateless runner has been closed.",
                 "Create a new executor.", state_lost=True)}
-        notes: list[str] = []
-        for attempt in (1, 2):
-            try:
-                proc = self._checkout()
-            except CoordexError as exc:
-                return {**empty_outcome(), "error": exc.to_dict()}
-            reply = _run_once(proc, request, "stateless", self._capabilities)
-            healthy = not (reply.died or reply.worker_killed)
-            self._checkin(proc, healthy)
-            if self._closed:  # close() stopped the template under the call
-                return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
-                        "error": make_error(
-                            "crashed", "The Executor was closed while this code ran; its "
-                            "process was stopped.", "Create a new Executor and run the code "
-                            "again.", state_lost=False)}
-            if not (reply.died or _fork_child_died(reply)):
-                outcome = _outcome(reply, request, "stateless")
-                if attempt == 2:
-                    outcome["retried"] = True
-                return outcome
-            notes.extend(reply.notes)
-        reply.notes = notes
-        outcome = empty_outcome()
-        outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated,
-                       retried=True)
-        outcome["error"] = _crashed(reply, "stateless", 2)
-        return outcome
+        try:
+            proc = self._checkout()
+        except CoordexError as exc:
+            return {**empty_outcome(), "error": exc.to_dict()}
+        reply = _run_once(proc, request, "stateless", self._capabilities)
+        healthy = not (reply.died or reply.worker_killed)
+        self._checkin(proc, healthy)
+        if self._closed:  # close() stopped the template under the call
+            return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
+                    "error": make_error(
+                        "crashed", "The Executor was closed while this code ran; its "
+                        "process was stopped.", "Create a new Executor and run the code "
+                        "again.", state_lost=False)}
+        if reply.died or _fork_child_died(reply):
+            outcome = _died(reply, "stateless")
+            outcome["died"] = "copy"  # a stateless call has no session state to lose
+            return outcome
+        return _outcome(reply, request, "stateless")
 
     def close(self) -> None:
         """End every template process (idle or busy); idempotent."""

@@ -25,8 +25,6 @@ from typing import Literal
 Died = Literal["process", "copy"] | None
 Step = Literal["done", "retry", "crashed"]
 
-# Places whose calls may run twice after a death (SPEC 6: Python workers only).
-RETRYING_PLACES = frozenset({"worker", "cluster"})
 MAX_ATTEMPTS = 2
 
 
@@ -38,12 +36,14 @@ class Attempt:
     replaced: bool = False  # the process was found dead and replaced before the code ran
 
 
-def next_step(place: str, attempts: list[Attempt]) -> Step:
-    """After the attempts so far: stop with the last result, retry, or report a crash."""
+def next_step(retries: bool, attempts: list[Attempt]) -> Step:
+    """After the attempts so far at a call in a place that ``retries`` after a death
+    (Python workers) or not (shells, the own interpreter): stop with the last result,
+    run it once more, or report a crash."""
     last = attempts[-1]
     if last.died is None:
         return "done"
-    if place in RETRYING_PLACES and len(attempts) < MAX_ATTEMPTS:
+    if retries and len(attempts) < MAX_ATTEMPTS:
         return "retry"
     return "crashed"
 
