@@ -291,7 +291,8 @@ class Executor:
         def protect() -> str:  # in the fork child, after it entered the session's cwd
             return "none" if scratch is None else str(isolation.protect(paths, scratch))
 
-        return self._own.run_read_only(session, request, protect)
+        # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
+        return self._own.run_read_only(session, request, protect, _CapabilityBridge(self))
 
     @contextlib.contextmanager
     def _protected(self, request: RunRequest) -> Iterator[RunRequest]:
@@ -324,7 +325,8 @@ class Executor:
                 record.setdefault("images", outcome["images"])
             if coordinate.state_mode == "read_only":
                 # Nothing ran (the session was busy): no copy was made, nothing is claimed.
-                record.setdefault("isolation", {"names": True, "objects": True, "files": "none"})
+                record.setdefault("isolation", {"names": True, "objects": True, "files": "none",
+                                                "copy": "none"})
             if outcome.get("state_lost"):
                 record["state_lost"] = True
             record["duration_ms"] = _ms(started)

@@ -353,7 +353,7 @@ def test_a_busy_session_still_reports_isolation_on_read_only(ex: Executor) -> No
                     timeout=0.2)
     r = ex.execute_code("1", state_mode="read_only", session_name="busy")
     assert r["error_type"] == "timeout"
-    assert r["isolation"] == {"names": True, "objects": True, "files": "none"}
+    assert r["isolation"] == {"names": True, "objects": True, "files": "none", "copy": "none"}
 
 
 def test_stateless_errors_do_not_speak_of_a_session(ex: Executor) -> None:

@@ -83,6 +83,7 @@ class LauncherServer:
         finally:
             theirs.close()
         self._sock = ours
+        _hold(ours.fileno())
         self._buffer = b""
         self._sock.settimeout(START_TIMEOUT)
         try:
@@ -173,6 +174,7 @@ class LauncherServer:
 
     def close(self) -> None:
         """Close the socket (the server kills a child still running, then exits); reap."""
+        _release(self._sock.fileno())
         try:
             self._sock.close()
         except OSError:
@@ -201,6 +203,19 @@ class LauncherServer:
             if not data:
                 raise LauncherError("the launcher server is gone")
             self._buffer += data
+
+
+def _hold(fd: int) -> None:
+    """Note the socket as coordex's, so read-only copies of Python sessions close it."""
+    from ..worker import _coordex_copy
+
+    _coordex_copy.hold(fd)
+
+
+def _release(fd: int) -> None:
+    from ..worker import _coordex_copy
+
+    _coordex_copy.release(fd)
 
 
 # -- the server side (runs as a script: standard library and isolation.py only) ---------

@@ -43,12 +43,9 @@ import builtins
 import contextlib
 import ctypes
 import fcntl
-import gc
 import io
-import json
 import os
 import selectors
-import signal
 import sys
 import termios
 import threading
@@ -59,6 +56,7 @@ from typing import Any
 
 from ..core.errors import ERROR_TYPES, make_error
 from ..core.results import OutputBuffer
+from ..worker import _coordex_copy as copier
 from ..worker import _coordex_engine as engine
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
 
@@ -205,6 +203,11 @@ class _FdPump:
         self._closed = False
         self._thread = threading.Thread(target=self._pump, name="coordex-fd-pump", daemon=True)
         self._thread.start()
+        copier.hold(*self._held())
+
+    def _held(self) -> list[int]:
+        return [*(fd for pair in self._pipes.values() for fd in pair), self._devnull,
+                self._wake_r, self._wake_w]
 
     def start(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
         _flush_real_streams()
@@ -260,6 +263,7 @@ class _FdPump:
 
     def close(self) -> None:
         self._closed = True
+        copier.release(*self._held())
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2)
         for r, w in self._pipes.values():
@@ -555,83 +559,24 @@ class OwnInterpreter:
     # -- read-only ---------------------------------------------------------------------
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
-                      protect: Callable[[], str] | None = None) -> Outcome:
-        """Run against a copy of the session: a fork where possible, else a shallow copy."""
+                      protect: Callable[[], str] | None = None,
+                      capabilities: Any = None) -> Outcome:
+        """Run against a copy of the session (see ``own_copy``); else a shallow copy.
+
+        ``capabilities`` (``names()``, ``call(name, args, kwargs)``): capabilities the
+        copy may call; they run here, in the agent's process, never in the copy.
+        """
         if session.stuck:
             return _still_busy()
         if FORK_IS_SAFE:
-            return self._run_forked(session, request, protect)
+            from .own_copy import run_copy
+
+            return run_copy(session, request, protect, capabilities)
         copy = NamespaceSession(dict(session.namespace), session.cwd, session.environ.copy())
         outcome = self._run_on(self._free_stateless_runner(), copy, copy.namespace, request,
                                mode="read_only")
-        outcome["isolation"] = {"names": True, "objects": False, "files": "none"}
-        return outcome
-
-    def _run_forked(self, session: NamespaceSession, request: RunRequest,
-                    protect: Callable[[], str] | None) -> Outcome:
-        out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
-        pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
-        nested = getattr(_local, "in_call", False)
-        with contextlib.nullcontext() if nested else OWN_LOCK:
-            _flush_real_streams()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child, reported through pipes
-                _forked_child(session, request, pipes, protect)
-        for _, w in pipes.values():
-            os.close(w)
-        readers = {pipes["stdout"][0]: "stdout", pipes["stderr"][0]: "stderr",
-                   pipes["result"][0]: "result"}
-        chunks: list[bytes] = []
-        decoders = {"stdout": _decoder(), "stderr": _decoder()}
-        sel = selectors.DefaultSelector()
-        for fd, name in readers.items():
-            sel.register(fd, selectors.EVENT_READ, name)
-        deadline = time.monotonic() + request.timeout
-        interrupted_at: float | None = None
-        status = None
-        try:
-            while sel.get_map():
-                now = time.monotonic()
-                if interrupted_at is None and (now >= deadline or _cancelled(request)):
-                    _signal(pid, signal.SIGINT)
-                    interrupted_at = now
-                if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
-                    _signal(pid, signal.SIGKILL)
-                    break
-                wait = (deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE)
-                if request.cancel is not None:
-                    wait = min(wait, now + 0.05)
-                for key, _ in sel.select(max(0.0, wait - now)):
-                    data = os.read(key.fd, 65536)
-                    if not data:
-                        sel.unregister(key.fd)
-                        continue
-                    if key.data == "result":
-                        chunks.append(data)
-                        continue
-                    text = decoders[key.data].decode(data)
-                    (out if key.data == "stdout" else err).write(text)
-                    emit(request, key.data, text)
-        finally:
-            sel.close()
-            for fd in readers:
-                os.close(fd)
-            status = _reap_soon(pid)
-        isolation = {"names": True, "objects": True, "files": "none"}
-        try:
-            cell = json.loads(b"".join(chunks).decode("utf-8"))
-            isolation["files"] = cell.pop("files", "none")
-        except ValueError:
-            cell = None
-        if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
-            if interrupted_at is not None:
-                outcome = _timed_out(out, err, stuck=False, mode="read_only")
-            else:
-                outcome = _crashed_copy(out, err, status)
-        else:
-            outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
-                                         mode="read_only")
-        outcome["isolation"] = isolation
+        outcome["isolation"] = {"names": True, "objects": False, "files": "none",
+                                "copy": "shallow"}
         return outcome
 
     def close(self) -> None:
@@ -641,56 +586,6 @@ class OwnInterpreter:
         for runner in self._stateless_runners:
             runner.close()
         self._fds.close()
-
-
-def _forked_child(session: NamespaceSession, request: RunRequest,
-                  pipes: dict[str, tuple[int, int]], protect: Callable[[], str] | None) -> None:
-    """The read-only child: never returns; reports through pipes and ``os._exit``."""
-    code = 0
-    try:
-        for r, _ in pipes.values():
-            os.close(r)
-        # Freeze what the session holds: a collection in the copy would walk (and so
-        # copy page by page) every object the session owns.
-        gc.freeze()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(pipes["stdout"][1], 1)
-        os.dup2(pipes["stderr"][1], 2)
-        # Only fds 1 and 2 may hold the output pipes, so closing them before exit is
-        # seen by the parent as end-of-file at once.
-        os.close(pipes["stdout"][1])
-        os.close(pipes["stderr"][1])
-        os.close(devnull)
-        out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
-        err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
-        sys.stdout, sys.stderr, sys.stdin = out, err, _EmptyStdin()
-        _local.stdout = _local.stderr = None
-        _chdir(session.cwd)
-        _apply_environ(session.environ)
-        files = protect() if protect is not None else "none"
-        cell = engine.run_cell(request.code, session.namespace, request.output_limit)
-        cell["files"] = files
-        payload = json.dumps(cell).encode("utf-8")
-        fd = pipes["result"][1]
-        while payload:
-            written = os.write(fd, payload)
-            payload = payload[written:]
-    except BaseException:
-        code = 70
-    finally:
-        # Close the pipes before exiting: tearing down a large copy-on-write image takes
-        # milliseconds, and the parent returns as soon as it sees end-of-file.
-        for target in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                target.flush()
-        for fd in (1, 2, pipes["result"][1]):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        os._exit(code)
 
 
 def _cancelled(request: RunRequest) -> bool:

@@ -77,6 +77,7 @@ from typing import Any
 
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
+from ..worker import _coordex_copy as copier
 from . import isolation, launcher
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
@@ -270,6 +271,7 @@ class _ProtectedCopy:
         with open(self.state_file, "w"):
             pass  # the child opens it before the dump fills it
         self.pid: int | None = None  # the copy's pid and process group, while it runs
+        self.launched = False  # a protected bash was started (the state went by value)
         self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
 
     def dump_command(self) -> str:
@@ -349,6 +351,7 @@ class _ProtectedCopy:
                               output_limit=1 << 20)
             flags, _err, ending = shell.run(self.dump_command(), dump, spin=False)
             pid = self.pid = server.started()
+            self.launched = True
             if ending.timed_out or not ending.survived:
                 return _Stream("stdout", request), _Stream("stderr", request), ending
             os.write(go_w, b"g" + flags.getvalue().encode())
@@ -569,7 +572,12 @@ class _Shell:
             self._kinds[self._pidfd] = _PIDFD
         except (AttributeError, OSError):
             self._pidfd = None
+        copier.hold(*self._held())  # closed in read-only copies of Python sessions
         self._start()
+
+    def _held(self) -> list[int]:
+        return [fd for fd in (self._stdin, self._stdout, self._stderr, self._status_r,
+                              self._pidfd) if fd is not None]
 
     def _start(self) -> None:
         # History off (and no file to write it to), aliases on, the runner stored. What
@@ -818,6 +826,7 @@ class _Shell:
         if self._released:
             return
         self._released = True
+        copier.release(*self._held())
         for fd in (self._stderr, self._status_r, self._pidfd):
             if fd is not None:
                 os.close(fd)
@@ -1047,7 +1056,10 @@ class ShellSession:
         finally:
             if copy is not None:
                 copy.remove()
-        outcome["isolation"] = {"names": True, "objects": True, "files": files}
+        # The protected copy is a fresh bash given the session's state by value (its
+        # variables, functions, aliases, options, cwd); the plain one a forked subshell.
+        kind = "values" if copy is not None and copy.launched and files != "none" else "fork"
+        outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
         return outcome
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:

@@ -51,6 +51,7 @@ from ..protocol import (
     message,
     to_wire,
 )
+from ..worker import _coordex_copy as copier
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
@@ -62,6 +63,8 @@ INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _PIPE_SIZE = 1 << 20
 RunMode = Literal["stateful", "read_only", "stateless"]
+# A read-only run whose copy never reported: no code of it ran against the session.
+_NO_COPY_CLAIM = {"names": True, "objects": True, "files": "none", "copy": "fork"}
 
 
 class CapabilityHost(Protocol):
@@ -208,6 +211,8 @@ class _WorkerProcess:
                 os.close(fd)
         for fd in (self._out_r, self._err_r):
             os.set_blocking(fd, False)
+        # A read-only copy of a Python session in this process must not reach them.
+        copier.hold(self._to_worker, self._from_worker, self._out_r, self._err_r)
         self._eof: set[int] = set()
         self._reader = LineReader(self._from_worker)
         # poll() rather than selectors: this sits on every call's path, and the
@@ -496,6 +501,7 @@ class _WorkerProcess:
         if getattr(self, "_fds_released", False):
             return
         self._fds_released = True
+        copier.release(self._to_worker, self._from_worker, self._out_r, self._err_r)
         for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -520,8 +526,9 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
         outcome["rebound"] = done.get("rebound") or []
         outcome["deleted"] = done.get("deleted") or []
     if mode == "read_only":
-        outcome["isolation"] = done.get("isolation") or {"names": True, "objects": True,
-                                                         "files": "none"}
+        # The copy reports what held before user code runs; without that report (the
+        # worker died first) nothing is claimed beyond the names.
+        outcome["isolation"] = done.get("isolation") or dict(_NO_COPY_CLAIM)
     failed = bool(done.get("error")) or bool(done.get("child_died")) or not done
     if reply.interrupted and failed:
         outcome["error"] = _timeout_error(reply, request, mode)
@@ -770,8 +777,8 @@ class WorkerSession:
                                    truncated=reply.truncated, retried=True)
                     outcome["error"] = _crashed(reply, mode, 2)
                     if mode == "read_only":
-                        outcome["isolation"] = {"names": True, "objects": True,
-                                                "files": "none"}
+                        outcome["isolation"] = (
+                            (reply.message or {}).get("isolation") or dict(_NO_COPY_CLAIM))
                     if reply.died:
                         self._replace_quietly()
                     if lost:
