@@ -52,11 +52,14 @@ class CapabilityHost(Protocol):
 
 def run_copy(session: own.NamespaceSession, request: RunRequest,
              protect: Callable[[], str] | None,
-             capabilities: CapabilityHost | None) -> Outcome:
-    """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``."""
+             capabilities: CapabilityHost | None, fork: bool = True) -> Outcome:
+    """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``.
+
+    ``fork=False`` (no safe ``fork`` here) always copies by value.
+    """
     names = [n for n in (capabilities.names() if capabilities else [])
              if n in session.injected]
-    unsafe = copier.fork_unsafe_runtimes()
+    unsafe = copier.fork_unsafe_runtimes() if fork else ["fork"]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     if unsafe:
@@ -86,11 +89,6 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
     else:
         outcome = own._outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
                                          mode="read_only")
-    if unsafe and not reported and "error" in outcome:
-        outcome["error"]["suggestion"] += (
-            f" (The copy was made by values because {', '.join(unsafe)} does not survive "
-            "fork(); to look with a fork instead, run the work in an environment without it "
-            "or use a stateful call on a session made for the look.)")
     outcome["isolation"] = isolation
     return outcome
 

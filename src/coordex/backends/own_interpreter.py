@@ -561,23 +561,17 @@ class OwnInterpreter:
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
                       protect: Callable[[], str] | None = None,
                       capabilities: Any = None) -> Outcome:
-        """Run against a copy of the session (see ``own_copy``); else a shallow copy.
+        """Run against a copy of the session: a fork, or its values in a new process.
 
-        ``capabilities`` (``names()``, ``call(name, args, kwargs)``): capabilities the
+        See ``own_copy``. Where ``fork`` is missing or unsafe, the copy always goes by
+        value. ``capabilities`` (``names()``, ``call(name, args, kwargs)``): what the
         copy may call; they run here, in the agent's process, never in the copy.
         """
         if session.stuck:
             return _still_busy()
-        if FORK_IS_SAFE:
-            from .own_copy import run_copy
+        from .own_copy import run_copy
 
-            return run_copy(session, request, protect, capabilities)
-        copy = NamespaceSession(dict(session.namespace), session.cwd, session.environ.copy())
-        outcome = self._run_on(self._free_stateless_runner(), copy, copy.namespace, request,
-                               mode="read_only")
-        outcome["isolation"] = {"names": True, "objects": False, "files": "none",
-                                "copy": "shallow"}
-        return outcome
+        return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE)
 
     def close(self) -> None:
         if self._closed:

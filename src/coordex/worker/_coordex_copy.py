@@ -48,25 +48,49 @@ else:  # loaded by path (the worker) or run as a script (a copy by values)
         sys.path.insert(0, _HERE)
     import _coordex_protocol as wire  # type: ignore[no-redef]
 
-# Modules whose runtime breaks in a fork child, with the reason (shown to the user in
-# ``isolation`` and messages). A module's mere presence counts: its pool may have been
-# started by any call, and a guess wrong the other way hangs the copy.
+# Libraries whose runtime breaks in a fork child, with why. polars is unsafe only once
+# its pool has started (its threads are named ``polars-N``; imported but unused, a fork
+# child starts a pool of its own); for the others a loaded module counts, since their
+# threads cannot be told apart and a wrong guess hangs the copy.
 FORK_UNSAFE = {
-    "polars": "polars' Rust thread pool does not exist in a fork child",
+    "polars": "polars' thread pool does not exist in a fork child",
     "duckdb": "duckdb's thread pool and global state are not fork-safe",
-    "grpc": "grpc's event engine threads do not survive fork()",
-    "torch": "torch's OpenMP/intra-op thread pool does not survive fork()",
+    "grpc": "grpc's threads do not survive fork()",
+    "torch": "torch's OpenMP thread pool does not survive fork()",
 }
+_POOL_THREADS = {"polars": "polars-"}  # library -> name prefix of its pool's threads
 
 
 def fork_unsafe_runtimes(modules: Optional[Dict[str, Any]] = None) -> List[str]:
     """The loaded libraries of :data:`FORK_UNSAFE` (sorted); empty when fork is safe."""
     modules = sys.modules if modules is None else modules
     found = [name for name in FORK_UNSAFE if name in modules]
+    if not found:
+        return []
     if "grpc" in found and os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() in (
             "1", "true"):
         found.remove("grpc")  # grpc re-creates its threads in the child itself
+    pooled = [name for name in found if name in _POOL_THREADS]
+    if pooled:
+        threads = _thread_names()
+        found = [name for name in found if name not in _POOL_THREADS or any(
+            t.startswith(_POOL_THREADS[name]) for t in threads)]
     return sorted(found)
+
+
+def _thread_names() -> List[str]:
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return [prefix for prefix in _POOL_THREADS.values()]  # cannot tell: assume started
+    for task in tasks:
+        try:
+            with open("/proc/self/task/%s/comm" % task) as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names
 
 
 # -- descriptors coordex holds (host side: own interpreter) ----------------------------
