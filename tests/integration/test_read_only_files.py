@@ -269,9 +269,16 @@ def test_protection_never_leaks_into_the_next_stateful_call(
 
 
 def _namespaces_of_descendants() -> dict[int, str]:
+    """Mount namespaces of this process's descendants, but a bash session's next copy.
+
+    That one (a child of the launcher server, which has not exec'd bash yet) is
+    protected and waits for the next read-only call; it has run no code.
+    """
     found = {}
     for pid in child_pids():
         try:
+            if b"launcher.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
             found[pid] = os.readlink(f"/proc/{pid}/ns/mnt")
         except OSError:
             pass  # exited meanwhile

@@ -46,6 +46,7 @@ HEADER = struct.Struct("!cii")
 # How long the server may take to start and answer its handshake.
 START_TIMEOUT = 15.0
 _LIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
+LIMITS = _LIMITS  # the resource limits a child takes from the session shell
 # How long close() waits for the server to exit after closing the socket, before KILL.
 CLOSE_GRACE = 1.0
 
@@ -139,6 +140,8 @@ class LauncherServer:
         """
         try:
             kind, pid, value = self._read_blocking()
+            while kind == b"X":  # a child called off before its pid was asked for
+                kind, pid, value = self._read_blocking()
         except OSError as exc:
             raise LauncherError(f"the launcher server is gone: {exc}") from exc
         if kind != b"P":

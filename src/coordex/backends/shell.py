@@ -62,6 +62,7 @@ import array
 import codecs
 import fcntl
 import os
+import resource
 import secrets
 import select
 import shutil
@@ -252,27 +253,65 @@ _OPTIONS_FUNCTION = f"{PRIVATE_PREFIX}options"
 class _ProtectedCopy:
     """One protected read-only copy of a session's shell: its private files and group.
 
-    :meth:`run` asks the session's :class:`~.launcher.LauncherServer` for a child that
-    protects itself and waits, and meanwhile has a subshell of the session
+    :meth:`launch` asks the session's :class:`~.launcher.LauncherServer` for a child that
+    protects itself and then waits for its code. The session launches the next copy as
+    soon as a call ends, so a call usually finds one ready (protected while the session
+    was idle) and pays only for the rest: :meth:`run` has a subshell of the session
     (:meth:`dump_command`) write the session's state to the private folder (not the
-    call's scratch, which the code may write) and print the trace flags; the flags are
-    the child's go: it execs a fresh bash that restores the state and runs the code, in
-    its own process group. The launcher writes the mode that held to ``mode_file``.
+    scratch folder, which the code may write) and print the trace flags; the flags and
+    the code are the child's go: it execs a fresh bash that restores the state and runs
+    the code, in its own process group. The launcher writes the mode that held to
+    ``mode_file``. A waiting copy is used only while the session still has the cwd,
+    umask and limits it was protected for (:meth:`fits`).
     """
 
-    def __init__(self, request: RunRequest, bash: str) -> None:
-        assert request.scratch is not None
-        self.request = request
+    def __init__(self, bash: str, work_paths: tuple[str, ...]) -> None:
         self.bash = bash
+        self.work_paths = work_paths
         self.folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
+        # The copy's own scratch folder, its TMPDIR: made before protection, which
+        # leaves it writable, and removed with the copy.
+        self.scratch = tempfile.mkdtemp(prefix="coordex-ro-")
         self.state_file = os.path.join(self.folder, "state")
         self.mode_file = os.path.join(self.folder, "mode")
         self.code_file = os.path.join(self.folder, "code")
         with open(self.state_file, "w"):
             pass  # the child opens it before the dump fills it
-        self.pid: int | None = None  # the copy's pid and process group, while it runs
-        self.launched = False  # a protected bash was started (the state went by value)
+        self.pid: int | None = None  # the copy's pid and process group, once known
+        self.launched = False  # a protected bash ran the code (the state went by value)
         self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
+        self._fds: tuple[int, int, int] | None = None  # stdout, stderr, go (our ends)
+        self._fingerprint: tuple[Any, ...] | None = None
+
+    def launch(self, server: launcher.LauncherServer, shell: _Shell) -> None:
+        """Have the server fork the child, which protects itself and waits; no wait here.
+
+        Raises :class:`~.launcher.LauncherError` when the server is gone.
+        """
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
+        state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
+        argv = [self.bash, "--norc", "--noprofile", "-c", _SOURCE_STATE, "bash"]
+        try:
+            server.start(argv, (out_w, err_w, go_r, state_fd), session_pid=shell.pid,
+                         work_paths=self.work_paths, scratch=self.scratch,
+                         allow="discarded", report_path=self.mode_file,
+                         splice=(4, len(_SOURCE_STATE)), keep=(_STATE_FD,))
+        except BaseException:
+            for fd in (out_r, err_r, go_w):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, go_r, state_fd):
+                os.close(fd)
+        self._fds = (out_r, err_r, go_w)
+        self._fingerprint = _fingerprint(shell.pid, self.work_paths)
+
+    def fits(self, shell: _Shell, work_paths: tuple[str, ...]) -> bool:
+        """Whether this waiting copy was protected for the session as it is now."""
+        return self._fds is not None and self._fingerprint == _fingerprint(shell.pid,
+                                                                            work_paths)
 
     def dump_command(self) -> str:
         """The bash text, run by the session's driver line, that writes the state.
@@ -304,60 +343,45 @@ class _ProtectedCopy:
             f"\\builtin printf %s {q(chr(10) + restore_tail)}; }} >> {state} 2>/dev/null )"
         )
 
-    def argv(self) -> tuple[list[str], int]:
-        """The copy's command line, and where in its script the trace flags go."""
-        code = self.request.code.replace("\0", "")
-        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
-            head, tail = _SOURCE_STATE, code
-        else:
-            with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
-                f.write(code)
-            head = _SOURCE_STATE + _READ_CODE % _shell_quote(self.code_file)
-            tail = f'${PRIVATE_PREFIX}ro"'
-        return [self.bash, "--norc", "--noprofile", "-c", head + tail, "bash"], len(head)
+    def go_text(self, code: str, flags: str) -> str:
+        """What the child splices into its script: the trace flags, then the code.
 
-    def run(self, server: launcher.LauncherServer, shell: _Shell, deadline: float,
-            ) -> tuple[_Stream, _Stream, _Ending]:
-        """Start the copy and watch it until it ends (or the deadline passes).
+        Code too long for one argument is written to ``code_file`` and read from there.
+        """
+        code = code.replace("\0", "")
+        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
+            return flags + code
+        with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(code)
+        return _READ_CODE % _shell_quote(self.code_file) + flags + f'${PRIVATE_PREFIX}ro"'
+
+    def run(self, server: launcher.LauncherServer, shell: _Shell, request: RunRequest,
+            deadline: float) -> tuple[_Stream, _Stream, _Ending]:
+        """Run ``request.code`` in this (launched) copy and watch it until it ends.
 
         A timeout interrupts the copy's group, kills it if it ignores the interrupt, and
         whatever the copy left running is killed when it ends. Raises
         :class:`~.launcher.LauncherError` if the server died before the code ran.
         """
-        request = self.request
-        assert request.scratch is not None
-        argv, offset = self.argv()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        go_r, go_w = os.pipe()
-        state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            server.start(argv, (out_w, err_w, go_r, state_fd), session_pid=shell.pid,
-                         work_paths=request.protect_paths, scratch=request.scratch,
-                         allow="discarded", report_path=self.mode_file, splice=(4, offset),
-                         keep=(_STATE_FD,))
-        except BaseException:
-            for fd in (out_r, err_r, go_w):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (out_w, err_w, go_r, state_fd):
-                os.close(fd)
+        assert self._fds is not None
+        out_r, err_r, go_w = self._fds
+        self._fds = None
         pid = None
         try:
-            # The child protects itself while the session writes its state (which takes
-            # less time: no spinning, the CPU is theirs).
+            # A copy launched just now protects itself while the session writes its
+            # state (which takes less time: no spinning, the CPU is theirs).
             dump = RunRequest(code="", timeout=max(deadline - time.monotonic(), 0.0),
                               output_limit=1 << 20)
             flags, _err, ending = shell.run(self.dump_command(), dump, spin=False)
             pid = self.pid = server.started()
-            self.launched = True
             if ending.timed_out or not ending.survived:
                 return _Stream("stdout", request), _Stream("stderr", request), ending
-            os.write(go_w, b"g" + flags.getvalue().encode())
+            go = self.go_text(request.code, flags.getvalue())
+            self.launched = True
+            _write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
-            return self._watch(server, pid, out_r, err_r, deadline)
+            return self._watch(server, pid, out_r, err_r, deadline, request)
         finally:
             if go_w >= 0:
                 os.close(go_w)  # called off: the child exits without running anything
@@ -368,9 +392,23 @@ class _ProtectedCopy:
             os.close(out_r)
             os.close(err_r)
 
+    def discard(self, server: launcher.LauncherServer | None) -> None:
+        """Call off a copy that never ran: it exits; its files are removed."""
+        if self._fds is not None:
+            out_r, err_r, go_w = self._fds
+            self._fds = None
+            for fd in (go_w, out_r, err_r):
+                os.close(fd)  # end of file on the go pipe: the child exits quietly
+            if server is not None:
+                try:
+                    server.release(server.started())
+                except launcher.LauncherError:
+                    pass
+        self.remove()
+
     def _watch(self, server: launcher.LauncherServer, pid: int, out_r: int, err_r: int,
-               deadline: float) -> tuple[_Stream, _Stream, _Ending]:
-        out, err = _Stream("stdout", self.request), _Stream("stderr", self.request)
+               deadline: float, request: RunRequest) -> tuple[_Stream, _Stream, _Ending]:
+        out, err = _Stream("stdout", request), _Stream("stderr", request)
         streams = {out_r: out, err_r: err}
         poller = select.poll()
         for fd in (out_r, err_r):
@@ -428,15 +466,41 @@ class _ProtectedCopy:
             return "none"
         return mode if mode in ("discarded", "refused") else "none"
 
-    def forget_mode(self) -> None:
-        """Drop the mode a child reported: the code runs elsewhere, unprotected."""
-        try:
-            os.unlink(self.mode_file)
-        except OSError:
-            pass
-
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _fingerprint(shell_pid: int, work_paths: tuple[str, ...]) -> tuple[Any, ...]:
+    """What a waiting copy took from the session shell: cwd, umask, limits (and paths)."""
+    try:
+        cwd = os.readlink(f"/proc/{shell_pid}/cwd")
+        with open(f"/proc/{shell_pid}/status") as f:
+            umask = next((line for line in f if line.startswith("Umask:")), "")
+    except OSError:
+        return (None,)  # never equal to a fingerprint taken from a live shell
+    limits: list[Any] = []
+    for number in launcher.LIMITS:
+        try:
+            limits.append(resource.prlimit(shell_pid, number))
+        except (OSError, ValueError):
+            limits.append(None)
+    return (shell_pid, cwd, umask, tuple(limits), work_paths)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+@dataclass
+class _CopySlot:
+    """What one protected read-only call learnt from the copy that ran it."""
+
+    files: str = "none"
+    launched: bool = False
+    failure: str | None = None
 
 
 def _read_available(fd: int, stream: _Stream) -> bool:
@@ -1016,6 +1080,7 @@ class ShellSession:
         self._closed = False
         self._loss_reported = False
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
+        self._standby: _ProtectedCopy | None = None  # the next one, protected and waiting
         self._launcher: launcher.LauncherServer | None = None  # started on first use
         self._bash = shutil.which("bash", path=self._env.get("PATH")) or "/bin/bash"
         self._shell = _Shell(self._env, cwd)
@@ -1039,26 +1104,21 @@ class ShellSession:
         """Run ``request.code`` against a throwaway copy of the session.
 
         With ``request.scratch`` set and protection available here, the copy runs under
-        :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported;
+        :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported
+        (its TMPDIR is a scratch folder of its own, made before it was protected);
         otherwise a plain subshell runs it and ``files`` is ``"none"``.
         """
-        copy = None
+        slot = None
         if request.scratch is not None and isolation.best_mode() != "none":
-            copy = _ProtectedCopy(request, self._bash)
-        try:
-            if copy is None:
-                outcome = self._call(self.read_only_command(request.code, request.scratch),
-                                     request)
-                files = "none"
-            else:
-                outcome = self._call(request.code, request, copy)
-                files = copy.files()
-        finally:
-            if copy is not None:
-                copy.remove()
+            slot = _CopySlot()
+            outcome = self._call(request.code, request, slot)
+        else:
+            outcome = self._call(self.read_only_command(request.code, request.scratch),
+                                 request)
         # The protected copy is a fresh bash given the session's state by value (its
         # variables, functions, aliases, options, cwd); the plain one a forked subshell.
-        kind = "values" if copy is not None and copy.launched and files != "none" else "fork"
+        files = slot.files if slot is not None else "none"
+        kind = "values" if slot is not None and slot.launched and files != "none" else "fork"
         outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
         return outcome
 
@@ -1118,6 +1178,9 @@ class ShellSession:
             self._shell.terminate()
             self._shell.release()
             shell.release()
+            if self._standby is not None:
+                self._standby.discard(None)  # its child ends with the launcher server
+                self._standby = None
             if self._launcher is not None:
                 self._launcher.close()
                 self._launcher = None
@@ -1131,7 +1194,7 @@ class ShellSession:
     # -- internals ---------------------------------------------------------------------
 
     def _call(self, code: str, request: RunRequest,
-              copy: _ProtectedCopy | None = None) -> Outcome:
+              copy: _CopySlot | None = None) -> Outcome:
         with self._lock:
             if self._closed:
                 return _closed_outcome()
@@ -1141,11 +1204,7 @@ class ShellSession:
             if copy is None:
                 out, err, ending = self._shell.run(code, request)
             else:
-                self._copy = copy
-                try:
-                    out, err, ending = self._run_copy(copy, request)
-                finally:
-                    self._copy = None
+                out, err, ending = self._run_copy(copy, request)
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
             if copy is not None and copy.failure is not None:
                 outcome["exit_code"] = None
@@ -1168,22 +1227,47 @@ class ShellSession:
                 outcome["state_lost"] = True
             return outcome
 
-    def _run_copy(self, copy: _ProtectedCopy, request: RunRequest,
+    def _run_copy(self, slot: _CopySlot, request: RunRequest,
                   ) -> tuple[_Stream, _Stream, _Ending]:
         """A protected read-only call, through the session's launcher server.
 
-        Where the server cannot be started (or died before the code ran), the plain
-        subshell runs the code and the copy reports ``files: "none"``.
+        It takes the waiting copy when that one still fits the session (else launches
+        one now) and, once the call is over, launches the next one, which protects
+        itself while the session is idle. Where the server cannot be started (or died
+        before the code ran), the plain subshell runs the code (``files: "none"``).
         """
         deadline = time.monotonic() + request.timeout
         server = self._launcher_server()
+        copy, self._standby = self._standby, None
+        if copy is not None and (server is None or not copy.fits(self._shell,
+                                                                 request.protect_paths)):
+            copy.discard(server)
+            copy = None
         if server is not None:
             try:
-                return copy.run(server, self._shell, deadline)
+                if copy is None:
+                    copy = _ProtectedCopy(self._bash, request.protect_paths)
+                    copy.launch(server, self._shell)
+                self._copy = copy
+                try:
+                    streams = copy.run(server, self._shell, request, deadline)
+                finally:
+                    self._copy = None
+                slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
+                    copy.files()
+                copy.remove()
+                if not self._closed and self._shell.alive():
+                    self._standby = _ProtectedCopy(self._bash, request.protect_paths)
+                    self._standby.launch(server, self._shell)
+                return streams
             except launcher.LauncherError:
                 self._launcher = None  # the next call starts a new one
                 server.close()
-                copy.forget_mode()  # the subshell below is not protected
+                for lost in (copy, self._standby):
+                    if lost is not None:
+                        lost.remove()
+                self._standby = None
+                slot.files = "none"  # the code did not run; the subshell below is not protected
         return self._shell.run(self.read_only_command(request.code, request.scratch), request)
 
     def _launcher_server(self) -> launcher.LauncherServer | None:

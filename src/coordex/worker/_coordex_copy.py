@@ -74,8 +74,13 @@ def fork_unsafe_runtimes(modules: Optional[Dict[str, Any]] = None) -> List[str]:
     if pooled:
         threads = _thread_names()
         found = [name for name in found if name not in _POOL_THREADS or any(
-            t.startswith(_POOL_THREADS[name]) for t in threads)]
+            _is_pool_thread(t, _POOL_THREADS[name]) for t in threads)]
     return sorted(found)
+
+
+def _is_pool_thread(name: str, prefix: str) -> bool:
+    # ``polars-0``, ``polars-1``...: not ``polars-ooc-clea``, which import alone starts.
+    return name.startswith(prefix) and name[len(prefix):len(prefix) + 1].isdigit()
 
 
 def _thread_names() -> List[str]:
@@ -83,7 +88,7 @@ def _thread_names() -> List[str]:
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return [prefix for prefix in _POOL_THREADS.values()]  # cannot tell: assume started
+        return [prefix + "0" for prefix in _POOL_THREADS.values()]  # cannot tell: assume started
     for task in tasks:
         try:
             with open("/proc/self/task/%s/comm" % task) as f:
