@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import array
 import codecs
+import contextlib
 import fcntl
 import os
 import resource
@@ -243,48 +244,81 @@ _NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
 # sourced file, where bash keeps it) silently abandons the rest of its command list. Code too long for one
 # argument (Linux: 128 KiB) is read from a file and eval'd instead (traces "++ cmd").
 _STATE_FD = PRIVATE_FD_FLOOR
-_SOURCE_STATE = f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :\n"
+# Then an EXIT trap writes the copy's exit status to a pipe at _END_FD: the call is over
+# at that moment, before the process has exited (tearing its namespaces down takes
+# milliseconds). The code runs with _END_FD closed (its children see 0-2 only), inside
+# `eval ... 202>&-` or after `exec 202>&-`; an `exit` in the code, an EXIT trap of its
+# own or a signal leave the end to the launcher's report.
+_END_FD = PRIVATE_FD_FLOOR + 2
+_SOURCE_STATE = (f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :; \\builtin trap "
+                 f"'{{ \\builtin printf \"%d\\n\" \"$?\" >&{_END_FD}; }} 2>/dev/null' EXIT\n")
+_HIDE_END = f" {_END_FD}>&-"
 _READ_CODE = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <%s; }} 2>/dev/null || :\n"
               f'\\builtin eval "')
 _INLINE_CODE_LIMIT = 120_000
 _OPTIONS_FUNCTION = f"{PRIVATE_PREFIX}options"
+# A *ready* copy has restored the state already and reads its code from a pipe at
+# _CODE_FD; eval keeps errors reading "bash: line N: ..." (traces would read "++ cmd",
+# so a session tracing itself with set -x/-v never gets a ready copy).
+_CODE_FD = PRIVATE_FD_FLOOR + 1
+# One line, the script's second, as the code is in a waiting copy's: errors read
+# "bash: line N:" with the same N in both.
+_RUN_PIPED = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <&{_CODE_FD}; }} "
+              f"2>/dev/null || :; \\builtin exec {_CODE_FD}<&-; "
+              f'\\builtin eval "\\builtin unset {PRIVATE_PREFIX}ro; ${PRIVATE_PREFIX}ro"'
+              + _HIDE_END)
 
 
 class _ProtectedCopy:
-    """One protected read-only copy of a session's shell: its private files and group.
+    """One protected read-only copy of a session's shell: a launcher child and its group.
 
     :meth:`launch` asks the session's :class:`~.launcher.LauncherServer` for a child that
-    protects itself and then waits for its code. The session launches the next copy as
-    soon as a call ends, so a call usually finds one ready (protected while the session
-    was idle) and pays only for the rest: :meth:`run` has a subshell of the session
-    (:meth:`dump_command`) write the session's state to the private folder (not the
-    scratch folder, which the code may write) and print the trace flags; the flags and
-    the code are the child's go: it execs a fresh bash that restores the state and runs
-    the code, in its own process group. The launcher writes the mode that held to
-    ``mode_file``. A waiting copy is used only while the session still has the cwd,
-    umask and limits it was protected for (:meth:`fits`).
+    protects itself. The session launches the next copy as soon as a call ends, so a
+    call finds one protected while the session was idle, in one of two states:
+
+    - *waiting* (``ready=False``): :meth:`run` has a subshell of the session
+      (:meth:`dump_command`) write the session's state to the session's private folder
+      (not the scratch folder, which the code may write) and print the trace flags;
+      the flags and the code are the child's go: it execs a fresh bash that restores
+      the state and runs the code.
+    - *ready* (``ready=True``, when the state file already holds the session's state:
+      no stateful call since the last dump, and no trace flags): the child has exec'd
+      bash at once, which restored that state and waits for the code on a pipe, so a
+      call only hands it the code.
+
+    Either way the code runs in the copy's own process group. The launcher writes the
+    mode that held to the mode file. A launched copy is used only while the session
+    still has the cwd, umask and limits it was protected for (:meth:`fits`).
     """
 
-    def __init__(self, bash: str, work_paths: tuple[str, ...]) -> None:
+    def __init__(self, bash: str, work_paths: tuple[str, ...], folder: str,
+                 ready: bool = False) -> None:
         self.bash = bash
         self.work_paths = work_paths
-        self.folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
-        # The copy's own scratch folder, its TMPDIR: made before protection, which
-        # leaves it writable, and removed with the copy.
-        self.scratch = tempfile.mkdtemp(prefix="coordex-ro-")
-        self.state_file = os.path.join(self.folder, "state")
-        self.mode_file = os.path.join(self.folder, "mode")
-        self.code_file = os.path.join(self.folder, "code")
-        with open(self.state_file, "w"):
-            pass  # the child opens it before the dump fills it
+        self.ready = ready
+        self.folder = folder  # the session's private folder, kept across copies
+        self.scratch = os.path.join(folder, "coordex-ro-scratch")  # the copy's TMPDIR
+        self.state_file = os.path.join(folder, "state")
+        self.mode_file = os.path.join(folder, "mode")
+        self.code_file = os.path.join(folder, "code")
         self.pid: int | None = None  # the copy's pid and process group, once known
         self.launched = False  # a protected bash ran the code (the state went by value)
         self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
-        self._fds: tuple[int, int, int] | None = None  # stdout, stderr, go (our ends)
+        self._fds: tuple[int, int, int, int] | None = None  # out, err, go/code, end (ours)
         self._fingerprint: tuple[Any, ...] | None = None
+        self.flags: str | None = None  # the trace flags the dump printed (it ran)
+
+    @staticmethod
+    def make_folder() -> str:
+        """A session's private folder: the state, mode and code files, the scratch."""
+        folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
+        with open(os.path.join(folder, "state"), "w"):
+            pass  # a child opens it before the dump fills it
+        os.mkdir(os.path.join(folder, "coordex-ro-scratch"), 0o700)
+        return folder
 
     def launch(self, server: launcher.LauncherServer, shell: _Shell) -> None:
-        """Have the server fork the child, which protects itself and waits; no wait here.
+        """Have the server fork the child, which protects itself; no wait here.
 
         Raises :class:`~.launcher.LauncherError` when the server is gone.
         """
@@ -292,20 +326,34 @@ class _ProtectedCopy:
         err_r, err_w = os.pipe()
         go_r, go_w = os.pipe()
         state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
-        argv = [self.bash, "--norc", "--noprofile", "-c", _SOURCE_STATE, "bash"]
+        end_r, end_w = os.pipe()
+        script, fds, keep = _SOURCE_STATE, [out_w, err_w, go_r, state_fd], [_STATE_FD]
+        if self.ready:
+            code_r, code_w = os.pipe()
+            script += _RUN_PIPED
+            fds.append(code_r)
+            keep.append(_CODE_FD)
+        fds.append(end_w)
+        keep.append(_END_FD)
+        argv = [self.bash, "--norc", "--noprofile", "-c", script, "bash"]
         try:
-            server.start(argv, (out_w, err_w, go_r, state_fd), session_pid=shell.pid,
-                         work_paths=self.work_paths, scratch=self.scratch,
-                         allow="discarded", report_path=self.mode_file,
-                         splice=(4, len(_SOURCE_STATE)), keep=(_STATE_FD,))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.mode_file)  # the mode is this child's to report
+            server.start(argv, fds, session_pid=shell.pid, work_paths=self.work_paths,
+                         scratch=self.scratch, allow="discarded", report_path=self.mode_file,
+                         splice=(4, len(script)), keep=keep)
         except BaseException:
-            for fd in (out_r, err_r, go_w):
+            for fd in (out_r, err_r, go_w, end_r, *((code_w,) if self.ready else ())):
                 os.close(fd)
             raise
         finally:
-            for fd in (out_w, err_w, go_r, state_fd):
+            for fd in (*fds,):
                 os.close(fd)
-        self._fds = (out_r, err_r, go_w)
+        if self.ready:
+            _write_all(go_w, b"g")  # exec bash now: it restores the state and waits
+            os.close(go_w)
+            go_w = code_w
+        self._fds = (out_r, err_r, go_w, end_r)
         self._fingerprint = _fingerprint(shell.pid, self.work_paths)
 
     def fits(self, shell: _Shell, work_paths: tuple[str, ...]) -> bool:
@@ -346,14 +394,24 @@ class _ProtectedCopy:
     def go_text(self, code: str, flags: str) -> str:
         """What the child splices into its script: the trace flags, then the code.
 
-        Code too long for one argument is written to ``code_file`` and read from there.
+        Untraced code runs in an ``eval`` with the end pipe closed. Traced code (set
+        -x/-v) stands in the script itself, so its traces read "+ cmd" as in the session,
+        after the end pipe is closed. Code too long for one argument is written to
+        ``code_file`` and read from there.
         """
         code = code.replace("\0", "")
-        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
-            return flags + code
+        inline = len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT
+        if inline and not flags:
+            quoted = _quote_code(code).decode("utf-8", "surrogateescape")
+            return f"\\builtin eval {quoted}{_HIDE_END}"
+        if inline:
+            return f"\\builtin exec{_HIDE_END}; {flags}{code}"
         with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(code)
-        return _READ_CODE % _shell_quote(self.code_file) + flags + f'${PRIVATE_PREFIX}ro"'
+        hide = f"\\builtin exec{_HIDE_END}; " if flags else ""
+        tail = _HIDE_END if not flags else ""
+        return (hide + _READ_CODE % _shell_quote(self.code_file) + flags
+                + f'${PRIVATE_PREFIX}ro"' + tail)
 
     def run(self, server: launcher.LauncherServer, shell: _Shell, request: RunRequest,
             deadline: float) -> tuple[_Stream, _Stream, _Ending]:
@@ -364,24 +422,34 @@ class _ProtectedCopy:
         :class:`~.launcher.LauncherError` if the server died before the code ran.
         """
         assert self._fds is not None
-        out_r, err_r, go_w = self._fds
+        out_r, err_r, go_w, end_r = self._fds
         self._fds = None
         pid = None
         try:
+            if self.ready:  # bash has restored the state: hand it the code
+                pid = self.pid = server.started()
+                self.launched = True
+                _write_all(go_w, request.code.replace("\0", "").encode(
+                    "utf-8", "surrogateescape"))
+                os.close(go_w)
+                go_w = -1
+                return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
             # A copy launched just now protects itself while the session writes its
             # state (which takes less time: no spinning, the CPU is theirs).
             dump = RunRequest(code="", timeout=max(deadline - time.monotonic(), 0.0),
                               output_limit=1 << 20)
             flags, _err, ending = shell.run(self.dump_command(), dump, spin=False)
+            self.flags = flags.getvalue()
             pid = self.pid = server.started()
             if ending.timed_out or not ending.survived:
+                self.flags = None
                 return _Stream("stdout", request), _Stream("stderr", request), ending
-            go = self.go_text(request.code, flags.getvalue())
+            go = self.go_text(request.code, self.flags)
             self.launched = True
             _write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
-            return self._watch(server, pid, out_r, err_r, deadline, request)
+            return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
         finally:
             if go_w >= 0:
                 os.close(go_w)  # called off: the child exits without running anything
@@ -389,32 +457,34 @@ class _ProtectedCopy:
                 _signal_group(pid, signal.SIGKILL)  # its background jobs, its namespaces
                 self.pid = None
                 server.release(pid)  # only now may its pid (and group id) be reused
-            os.close(out_r)
-            os.close(err_r)
+            for fd in (out_r, err_r, end_r):
+                os.close(fd)
 
     def discard(self, server: launcher.LauncherServer | None) -> None:
         """Call off a copy that never ran: it exits; its files are removed."""
         if self._fds is not None:
-            out_r, err_r, go_w = self._fds
-            self._fds = None
-            for fd in (go_w, out_r, err_r):
+            fds, self._fds = self._fds, None
+            for fd in fds:
                 os.close(fd)  # end of file on the go pipe: the child exits quietly
             if server is not None:
                 try:
-                    server.release(server.started())
+                    pid = server.started()
                 except launcher.LauncherError:
-                    pass
-        self.remove()
+                    return
+                _signal_group(pid, signal.SIGKILL)  # a ready copy's bash runs already
+                server.release(pid)
 
-    def _watch(self, server: launcher.LauncherServer, pid: int, out_r: int, err_r: int,
+    def _watch(self, server: launcher.LauncherServer, pid: int, fds: tuple[int, int, int],
                deadline: float, request: RunRequest) -> tuple[_Stream, _Stream, _Ending]:
+        out_r, err_r, end_r = fds
         out, err = _Stream("stdout", request), _Stream("stderr", request)
         streams = {out_r: out, err_r: err}
         poller = select.poll()
-        for fd in (out_r, err_r):
+        for fd in fds:
             os.set_blocking(fd, False)
             poller.register(fd, select.POLLIN)
         poller.register(server.fileno(), select.POLLIN)
+        record = b""
         ending = _Ending()
         killed = False
         now = time.monotonic()
@@ -434,6 +504,17 @@ class _ProtectedCopy:
                 if fd in streams:
                     if not _read_available(fd, streams[fd]):
                         poller.unregister(fd)
+                    continue
+                if fd == end_r:
+                    try:
+                        data = os.read(end_r, 64)
+                    except BlockingIOError:
+                        continue
+                    record += data
+                    if record.endswith(b"\n") and record[:-1].isdigit():
+                        ending.exit_code = int(record[:-1])
+                    elif not data or len(record) > 16:
+                        poller.unregister(end_r)  # no record (or a garbled one) comes
                     continue
                 try:
                     events = server.read_events()
@@ -466,9 +547,21 @@ class _ProtectedCopy:
             return "none"
         return mode if mode in ("discarded", "refused") else "none"
 
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-        shutil.rmtree(self.scratch, ignore_errors=True)
+    def clear_scratch(self) -> None:
+        """Empty the scratch folder for the next copy (it is usually empty already)."""
+        try:
+            names = os.listdir(self.scratch)
+        except OSError:
+            names = []
+            with contextlib.suppress(OSError):
+                os.mkdir(self.scratch, 0o700)
+        for name in names:
+            path = os.path.join(self.scratch, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
 
 def _fingerprint(shell_pid: int, work_paths: tuple[str, ...]) -> tuple[Any, ...]:
@@ -1081,6 +1174,12 @@ class ShellSession:
         self._loss_reported = False
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
         self._standby: _ProtectedCopy | None = None  # the next one, protected and waiting
+        self._ro_folder: str | None = None  # the copies' state file, mode file, scratch
+        # The state file holds the session as of stateful call _dumped (-1: never), with
+        # the trace flags it had; _state_version counts the calls that may change it.
+        self._state_version = 0
+        self._dumped = -1
+        self._dump_flags = ""
         self._launcher: launcher.LauncherServer | None = None  # started on first use
         self._bash = shutil.which("bash", path=self._env.get("PATH")) or "/bin/bash"
         self._shell = _Shell(self._env, cwd)
@@ -1098,6 +1197,7 @@ class ShellSession:
 
     def run(self, request: RunRequest) -> Outcome:
         """Run ``request.code`` in the kept shell; what it changes stays."""
+        self._state_version += 1  # a read-only copy's saved state may be stale now
         return self._call(request.code, request)
 
     def run_read_only(self, request: RunRequest) -> Outcome:
@@ -1181,6 +1281,9 @@ class ShellSession:
             if self._standby is not None:
                 self._standby.discard(None)  # its child ends with the launcher server
                 self._standby = None
+            if self._ro_folder is not None:
+                shutil.rmtree(self._ro_folder, ignore_errors=True)
+                self._ro_folder = None
             if self._launcher is not None:
                 self._launcher.close()
                 self._launcher = None
@@ -1239,14 +1342,17 @@ class ShellSession:
         deadline = time.monotonic() + request.timeout
         server = self._launcher_server()
         copy, self._standby = self._standby, None
-        if copy is not None and (server is None or not copy.fits(self._shell,
-                                                                 request.protect_paths)):
+        current = self._dumped == self._state_version
+        if copy is not None and (server is None or (copy.ready and not current)
+                                 or not copy.fits(self._shell, request.protect_paths)):
             copy.discard(server)
             copy = None
         if server is not None:
             try:
+                if self._ro_folder is None:
+                    self._ro_folder = _ProtectedCopy.make_folder()
                 if copy is None:
-                    copy = _ProtectedCopy(self._bash, request.protect_paths)
+                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder)
                     copy.launch(server, self._shell)
                 self._copy = copy
                 try:
@@ -1255,17 +1361,18 @@ class ShellSession:
                     self._copy = None
                 slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
                     copy.files()
-                copy.remove()
+                if copy.flags is not None:  # it dumped: the state file is current now
+                    self._dumped, self._dump_flags = self._state_version, copy.flags
+                copy.clear_scratch()
                 if not self._closed and self._shell.alive():
-                    self._standby = _ProtectedCopy(self._bash, request.protect_paths)
+                    ready = self._dumped == self._state_version and not self._dump_flags
+                    self._standby = _ProtectedCopy(self._bash, request.protect_paths,
+                                                   self._ro_folder, ready=ready)
                     self._standby.launch(server, self._shell)
                 return streams
             except launcher.LauncherError:
                 self._launcher = None  # the next call starts a new one
                 server.close()
-                for lost in (copy, self._standby):
-                    if lost is not None:
-                        lost.remove()
                 self._standby = None
                 slot.files = "none"  # the code did not run; the subshell below is not protected
         return self._shell.run(self.read_only_command(request.code, request.scratch), request)
