@@ -66,7 +66,7 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         start = _start_values(session, request, names, out_w, err_w)
         kind = "values"
     else:
-        start = _start_fork(session, request, protect, names, out_w, err_w)
+        start = _start_fork(session, request, protect, names, out_w, err_w, (out_r, err_r))
         kind = "fork"
     os.close(out_w)
     os.close(err_w)
@@ -98,10 +98,12 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
 
 def _start_fork(session: own.NamespaceSession, request: RunRequest,
                 protect: Callable[[], str] | None, capability_names: list[str],
-                out_w: int, err_w: int) -> tuple[int, int, int, None, list[str]] | str:
+                out_w: int, err_w: int, parent_ends: tuple[int, ...],
+                ) -> tuple[int, int, int, None, list[str]] | str:
     link_r, child_w = os.pipe()
     child_r, link_w = os.pipe()
     keep = (out_w, err_w, child_w, child_r)
+    parent_ends = (*parent_ends, link_r, link_w)
 
     def fork() -> int:
         own._flush_real_streams()
@@ -111,6 +113,8 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:  # pragma: no cover - the child, reported through its link
+            for fd in parent_ends:
+                os.close(fd)
             _child(session, request, protect, capability_names, keep)
         return pid
 
