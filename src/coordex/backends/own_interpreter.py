@@ -22,13 +22,13 @@ How it works:
   ``/dev/null`` so nothing waits on input. Because descriptors are process-wide,
   own-interpreter calls run one at a time (``OWN_LOCK``); worker and shell sessions
   still run in parallel with them.
-- ``read_only`` forks this process: the child runs the code against a copy-on-write
-  image of the session and reports over pipes, so not even in-place mutation reaches
-  the session. Only the forking thread exists in the child; a lock another thread held
-  at fork time stays held there, so code touching such an object can deadlock — the
-  child is then killed at the timeout and the session is untouched either way. Where
-  ``fork`` is missing or unsafe (macOS) the copy is shallow and the result says
-  ``objects: false``.
+- ``read_only`` runs against a copy (``own_copy``): a fork of this process made on the
+  session's runner thread, or, when a loaded library does not survive ``fork()``
+  (polars, duckdb, grpc, torch) or ``fork`` is missing or unsafe (macOS), the session's
+  values pickled into a fresh interpreter. Only the forking thread exists in a fork
+  child; a lock another thread held at fork time stays held there, so code touching
+  such an object can deadlock — the child is then killed at the timeout and the session
+  is untouched either way.
 
 What still leaks between own-interpreter sessions (they share one process):
 ``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, threads

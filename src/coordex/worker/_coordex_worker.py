@@ -14,14 +14,18 @@ Run modes:
   ``os._exit``; this process, and so the session, never sees what it changed. When the
   ``run`` names a scratch folder, the child first protects the disk with coordex's
   ``backends/isolation.py``, which this worker loads by path (it is standard-library
-  only and 3.8-compatible too): one copy of that logic for every backend.
+  only and 3.8-compatible too): one copy of that logic for every backend. The child
+  closes the protocol pipes, seals the session's descriptors and shared maps and
+  talks to this process over a link of its own (``_coordex_copy``); where a loaded
+  library does not survive ``fork()``, the copy is a fresh interpreter given the
+  session's values instead. Either way this process sends the one ``done``.
 - ``stateless`` forks too, but the child starts from a fresh namespace. A worker that
   only ever serves stateless runs is a clean *template* (a fork server); it keeps a few
   *standby* children forked and warmed up between calls, so a call only hands one the
   code (see :func:`fill_standbys`).
 
-A fork child sends its ``done`` to the host itself when the line fits one atomic pipe
-write, so the answer does not wait for this process to wake up and relay it.
+A stateless fork child sends its ``done`` to the host itself when the line fits one
+atomic pipe write, so the answer does not wait for this process to wake up and relay it.
 
 SIGINT raises KeyboardInterrupt in the cell (the engine reports it, the state stays);
 while a fork child runs, SIGINT is forwarded to it and SIGUSR1 kills it. Between cells
