@@ -11,8 +11,9 @@ Each read-only call changes the frame (in place for pandas) and returns its leng
 that costs little in itself, so the time is the copy's; the peer is ``copy.deepcopy`` of
 the frame in this process, what a tool without a fork or a fresh process would do to
 protect the session (for frames a deep copy copies the column buffers, not the Python
-objects an object column points to, and polars' clone shares its immutable buffers). Run in a fresh process, since polars'
-pool, once started here, makes every later own-interpreter copy go by value:
+objects an object column points to, and polars' clone shares its immutable buffers).
+Run in a fresh process, since polars' pool, once started here, makes every later
+own-interpreter copy go by value:
 
     python benchmarks/bench_read_only_data.py [--rows N] [--runs R]
 """
