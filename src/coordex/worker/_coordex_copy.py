@@ -42,10 +42,12 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:
+    from . import _coordex_engine as engine
     from . import _coordex_protocol as wire
 else:  # loaded by path (the worker) or run as a script (a copy by values)
     if _HERE not in sys.path:
         sys.path.insert(0, _HERE)
+    import _coordex_engine as engine  # type: ignore[no-redef]
     import _coordex_protocol as wire  # type: ignore[no-redef]
 
 # Libraries whose runtime breaks in a fork child, with why. polars is unsafe only once
@@ -361,6 +363,20 @@ class LinkReader:
         return found
 
 
+def run_cell(code: str, namespace: Dict[str, Any], output_limit: int) -> Dict[str, Any]:
+    """``engine.run_cell``, with an interrupt that lands outside the engine reported too."""
+    outcome = None
+    try:
+        outcome = engine.run_cell(code, namespace, output_limit)
+    except KeyboardInterrupt:
+        pass
+    if outcome is None:
+        outcome = {"result": None, "interrupted": True, "images": [],
+                   "error": {"exception": "KeyboardInterrupt", "message": "",
+                             "traceback": "KeyboardInterrupt\n"}}
+    return outcome
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -487,8 +503,6 @@ def _values_main(in_fd: int, out_fd: int) -> int:
     import struct
     import types
 
-    import _coordex_engine as engine  # beside this file: sys.path[0] until the user's is set
-
     signal.signal(signal.SIGINT, signal.default_int_handler)
     link = Link(out_fd, in_fd)
     size = struct.unpack("!Q", _read_exact(in_fd, 8))[0]
@@ -533,16 +547,7 @@ def _values_main(in_fd: int, out_fd: int) -> int:
     isolation = {"names": True, "objects": True, "files": files, "copy": "values",
                  "left_out": left_out}
     link.send(wire.message("copy_ready", isolation=isolation))
-
-    outcome = None
-    try:
-        outcome = engine.run_cell(payload["code"], namespace, payload["output_limit"])
-    except KeyboardInterrupt:
-        pass
-    if outcome is None:
-        outcome = {"result": None, "interrupted": True, "images": [],
-                   "error": {"exception": "KeyboardInterrupt", "message": "",
-                             "traceback": "KeyboardInterrupt\n"}}
+    outcome = run_cell(payload["code"], namespace, payload["output_limit"])
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

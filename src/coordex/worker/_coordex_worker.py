@@ -377,8 +377,15 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Optional[Dict[
         outcome = json.loads(raw.decode("ascii"))  # type: Dict[str, Any]
         return outcome
     # The child died before it could report (os._exit, a signal, SIGUSR1 from the host).
+    return _child_died(pid)
+
+
+def _child_died(pid: int) -> Dict[str, Any]:
+    """Reap fork child ``pid``, which ended without reporting; the outcome saying how."""
     try:
         status = os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        status = 0
     finally:
         _State.fork_child = 0
     died: Dict[str, Optional[int]] = {"code": None, "signal": None}
@@ -386,9 +393,8 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Optional[Dict[
         died["signal"] = os.WTERMSIG(status)
     elif os.WIFEXITED(status):
         died["code"] = os.WEXITSTATUS(status)
-    outcome = {"result": None, "error": None, "interrupted": False, "images": [],
-               "child_died": died}
-    return outcome
+    return {"result": None, "error": None, "interrupted": False, "images": [],
+            "child_died": died}
 
 
 def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
@@ -438,19 +444,9 @@ def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, A
         _State.fork_child = 0
         done.setdefault("isolation", isolation)
         return done
-    try:
-        status = os.waitpid(pid, 0)[1]
-    except ChildProcessError:
-        status = 0
-    finally:
-        _State.fork_child = 0
-    died: Dict[str, Optional[int]] = {"code": None, "signal": None}
-    if os.WIFSIGNALED(status):
-        died["signal"] = os.WTERMSIG(status)
-    elif os.WIFEXITED(status):
-        died["code"] = os.WEXITSTATUS(status)
-    return {"result": None, "error": None, "interrupted": False, "images": [],
-            "child_died": died, "isolation": isolation}
+    outcome = _child_died(pid)
+    outcome["isolation"] = isolation
+    return outcome
 
 
 def _relay_copy(read_fd: int, write_fd: int) -> Tuple[Optional[Dict[str, Any]],
@@ -499,16 +495,8 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
         private = copier.privatize_shared_mappings()
         isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
         link.send(wire.message("copy_ready", isolation=isolation))
-        outcome = None
-        try:
-            outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
-        except KeyboardInterrupt:
-            pass
+        outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if outcome is None:
-            outcome = {"result": None, "interrupted": True, "images": [],
-                       "error": {"exception": "KeyboardInterrupt", "message": "",
-                                 "traceback": "KeyboardInterrupt\n"}}
         outcome.update(isolation=isolation, id=msg["id"], type="done")
         _flush_user_streams()
         link.send(outcome)
@@ -641,16 +629,8 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if "capabilities" not in msg:  # forked on demand, not a prepared standby
             namespace = fresh_namespace()
-        outcome = None
-        try:
-            outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
-        except KeyboardInterrupt:
-            pass
+        outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if outcome is None:
-            outcome = {"result": None, "interrupted": True, "images": [],
-                       "error": {"exception": "KeyboardInterrupt", "message": "",
-                                 "traceback": "KeyboardInterrupt\n"}}
         _flush_user_streams()
         outcome["id"] = msg["id"]
         outcome["type"] = "done"
