@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from coordex import Executor
+from coordex.backends import _reap
 
 
 def child_pids(pid: int | None = None) -> set[int]:
-    """Every live descendant of ``pid`` (default: this process), from /proc."""
+    """Every live descendant of ``pid`` (default: this process), from /proc.
+
+    The host's process keeper (``backends/_reap.py``) is left out: it belongs to the
+    host, not to a session, and ends when the host does (its own test checks that).
+    """
     pid = os.getpid() if pid is None else pid
+    keeper = _reap.keeper().pid
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -23,7 +30,7 @@ def child_pids(pid: int | None = None) -> set[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] == b"Z":
+        if fields[0] == b"Z" or int(entry) == keeper:
             continue
         parents[int(entry)] = int(fields[1])
     found: set[int] = set()
@@ -39,10 +46,21 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "coordex-home"
 
 
+def assert_no_new_children(before: set[int], within: float = 5.0) -> None:
+    """Every child process that was not there in ``before`` ends within ``within`` s."""
+    deadline = time.monotonic() + within
+    while child_pids() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = child_pids() - before
+    assert left == set(), f"processes survived close(): {sorted(left)}"
+
+
 @pytest.fixture
 def ex(root: Path) -> Iterator[Executor]:
+    before = child_pids()
     executor = Executor(root=root, timeout=30)
     try:
         yield executor
     finally:
         executor.close()
+    assert_no_new_children(before)

@@ -56,6 +56,15 @@ class AsyncExecutor:
     async def close_session(self, **kwargs: Any) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.close_session, **kwargs)
 
+    async def history(self, **kwargs: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.history, **kwargs)
+
+    async def rebuild_session(self, **kwargs: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.rebuild_session, **kwargs)
+
+    async def serve_ui(self, port: int = 0) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.serve_ui, port)
+
     async def create_environment(self, spec: str, name: str | None = None) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.environments.create, spec, name)
 
@@ -65,3 +74,8 @@ class AsyncExecutor:
 
     async def list_environments(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.environments.list)
+
+    async def call_tool(self, name: str,
+                        arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """``Executor.call_tool``: a model's tool call, routed off the event loop."""
+        return await asyncio.to_thread(self.sync.call_tool, name, arguments)

@@ -74,6 +74,10 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
         kwargs["max_sessions"] = args.max_sessions
     if getattr(args, "timeout", None) is not None:
         kwargs["timeout"] = args.timeout
+    elif hasattr(args, "timeout"):  # the MCP front ends (SPEC 8): below clients' 60 s
+        from .tools import MCP_DEFAULT_TIMEOUT
+
+        kwargs["timeout"] = MCP_DEFAULT_TIMEOUT
     # Built environments are content-addressed, so tenants may share them on disk.
     if envs_dir is not None:
         kwargs["envs_dir"] = envs_dir
@@ -120,6 +124,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except Exception as exc:
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
         return EXIT_FAILURE
+    if args.ui is not None:
+        page = ex.serve_ui(port=args.ui, host=args.ui_host)
+        if _is_error(page):
+            _show_error(page)
+            ex.close()
+            return EXIT_USAGE
+        _say(f"the page with this server's sessions and call log: {page['url']}")
     try:
         anyio.run(serve_stdio, ex, wire)
     except KeyboardInterrupt:
@@ -214,6 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def ready() -> None:
         _say(f"serving MCP on http://{shown}:{port}/mcp ({len(tenants)} tenant(s))")
+        # The page: each tenant's token shows that tenant alone.
+        _say(f"the page with sessions and call log: http://{shown}:{port}/ui/?token=<token>")
 
     try:
         anyio.run(serve_http, app, sock, ready)
@@ -231,6 +244,82 @@ def cmd_serve(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 tenant.executor.close()
     return EXIT_OK
+
+
+# --- log -----------------------------------------------------------------------------------
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from .core.errors import CoordexError
+    from .log import LOG_FILE
+    from .log.calls import history, read
+    from .log.stats import STATS_COLUMNS, summarize
+    from .log.store import LogReader, decode_row
+
+    source = LogReader(base_root(args.home) / LOG_FILE)
+    try:
+        if args.stats:
+            rows = [decode_row(r) for r in read(source, f"SELECT {STATS_COLUMNS} FROM calls", [])]
+            report = summarize(rows)
+            if args.json:
+                print(json.dumps(report, indent=2))
+            else:
+                _print_stats(report)
+            return EXIT_OK
+        name = args.session
+        by_id = name is not None and name.isdigit()
+        calls = history(source, session_id=int(name) if by_id else None,
+                        session_name=None if by_id else name, limit=args.limit)
+    except CoordexError as exc:
+        _show_error(exc.to_dict())
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(calls, indent=2, default=str))
+        return EXIT_OK
+    if not calls["calls"]:
+        _say(f"no calls in the log under {base_root(args.home)}.")
+        return EXIT_OK
+    _print_table([_call_line(c) for c in calls["calls"]],
+                 ["seq", "at", "where", "state_mode", "outcome", "ms", "code"])
+    return EXIT_OK
+
+
+def _call_line(call: dict[str, Any]) -> dict[str, Any]:
+    import time
+
+    where = call["language"] or "?"
+    if call["venv_id"] is not None:
+        where += f" venv {call['venv_id']}"
+    if call["session_name"] is not None:
+        where += f" {call['session_name']!r}"
+    elif call["session_id"] is not None:
+        where += f" #{call['session_id']}"
+    first = (call["code"] or "").strip().splitlines()[:1]
+    code = first[0] if first else ""
+    outcome = call["outcome"] + (" (state lost)" if call["state_lost"] else "")
+    return {"seq": call["seq"], "at": time.strftime("%m-%d %H:%M:%S", time.localtime(call["at"])),
+            "where": where, "state_mode": call["state_mode"], "outcome": outcome,
+            "ms": f"{call['duration_ms']:.1f}" if call["duration_ms"] is not None else "",
+            "code": code[:60] + ("..." if len(code) > 60 else "")}
+
+
+def _print_stats(report: dict[str, Any]) -> None:
+    def errors(bucket: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(bucket["errors"].items())) or "-"
+
+    columns = ["calls", "errors", "state_losses", "rebuilds", "read_only_changed"]
+    print("per session:")
+    _print_table([{"session": s["session_name"] or f"#{s['session_id']}",
+                   "place": s["language"] + ("" if s["venv_id"] is None else f" venv {s['venv_id']}"),
+                   **s, "errors": errors(s)} for s in report["sessions"]], ["session", "place", *columns])
+    print("\nper coordinate:")
+    _print_table([{"place": c["language"] + ("" if c["venv_id"] is None else f" venv {c['venv_id']}"),
+                   **c, "errors": errors(c)} for c in report["coordinates"]],
+                 ["place", "state_mode", *columns])
+    totals = report["totals"]
+    print(f"\n{totals['calls']} calls, errors: {errors(totals)}, {totals['state_losses']} state "
+          f"losses, {totals['rebuilds']} rebuilds, {totals['read_only_changed']} read-only calls "
+          "whose copy changed something.")
 
 
 # --- env -----------------------------------------------------------------------------------
@@ -384,7 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-sessions", type=_positive_int, metavar="N",
                         help="sessions alive at once (default 20)")
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
-                        help="default per-call timeout (default 60)")
+                        help="default per-call timeout (default 50, below the common "
+                        "60 s client request timeout)")
 
     parser = argparse.ArgumentParser(
         prog="coordex",
@@ -398,6 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mcp", parents=[common, limits], help="serve MCP over stdio",
                        description="Serve the coordex tools over MCP stdio (for a client "
                        "that starts this process).")
+    p.add_argument("--ui", type=_port, metavar="PORT",
+                   help="also serve the page of sessions and call log on this port (0 = any "
+                   "free); its URL, with the token, is printed to stderr")
+    p.add_argument("--ui-host", default="127.0.0.1", metavar="HOST",
+                   help="address the page binds to (default 127.0.0.1)")
     p.set_defaults(func=cmd_mcp)
 
     p = sub.add_parser("serve", parents=[common, limits], help="serve MCP over streamable HTTP",
@@ -412,6 +507,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name clients may use (DNS-rebinding protection)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("log", parents=[common], help="show the call log",
+                       description="Show the calls recorded under the data folder, newest "
+                       "last (the same records as Executor.history).")
+    p.add_argument("--session", metavar="NAME", help="only this session (a name, or an id)")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.add_argument("--limit", type=_positive_int, default=50, metavar="N",
+                   help="newest N calls (default 50)")
+    p.add_argument("--stats", action="store_true",
+                   help="per session and per coordinate: calls, errors by type, state "
+                   "losses, rebuilds, read-only calls whose copy changed something")
+    p.set_defaults(func=cmd_log)
 
     p = sub.add_parser("demo", parents=[common], help="run the four-coordinate walkthrough",
                        description="Run the walkthrough for real: bash, a stateful audit "

@@ -4,11 +4,13 @@ Six steps, each a real call through the public :class:`~coordex.Executor` API:
 
 1. bash, stateless - list the demo's workspace;
 2. Python, stateful, session "audit" - load a generated ledger (a few thousand rows);
-3. Python, read_only - sort and truncate the ledger in place; ``inspect_session``
-   before and after shows the session untouched;
+3. Python, read_only - sort and truncate the ledger in place; row counts and
+   ``inspect_session`` before and after show the session untouched, and the demo says
+   what the same code run stateful would have cost (rows and totals lost);
 4. a dedicated environment - a forecast with a tiny package from a local wheel the
    demo writes itself (stdlib ``zipfile``), so nothing is downloaded;
-5. a stored function tried read_only before it runs stateful;
+5. a stored function, its source shown, tried read_only before it runs stateful, and
+   its effect on the session shown after;
 6. one wrong coordinate, and the suggestion that fixes it.
 
 Each step checks what it claims; the demo exits 0 when every step held, 1 if one did
@@ -25,6 +27,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -124,29 +127,49 @@ totals
         _expect(record, f"{LEDGER_ROWS} rows" in record.get("stdout", ""),
                 f"the session should hold {LEDGER_ROWS} rows")
 
+    def counts(self, label: str) -> tuple[int, int]:
+        """The session's (ledger rows, account totals), looked at read-only."""
+        record = self.ex.execute_code("len(ledger), len(totals)", state_mode="read_only",
+                                      session_name="audit")
+        _expect(record, record.get("result") is not None, "the counts should come back")
+        rows, accounts = ast.literal_eval(record["result"])
+        self.out(f"    session 'audit' {label}: {rows} ledger rows, {accounts} account totals")
+        return int(rows), int(accounts)
+
     def step_read_only(self) -> None:
         before = self.ex.inspect_session(session_name="audit")
         _expect(before, "names" in before, "inspect_session should list names")
         self.show_names("before", before)
+        rows_before, accounts_before = self.counts("before")
         code = """
 ledger.sort(key=lambda row: -row["amount"])   # in place
 del ledger[10:]                                # and cut to the top ten
 totals.clear()
-print("inside the copy:", len(ledger), "rows, largest", ledger[0]["amount"])
+print("inside the copy:", len(ledger), "rows,", len(totals), "totals, largest",
+      ledger[0]["amount"])
+len(ledger), len(totals)
 """
         record = self.call(code, state_mode="read_only", session_name="audit")
         _expect(record, "inside the copy: 10 rows" in record.get("stdout", ""),
                 "the read-only copy should see its own changes")
+        rows_copy, accounts_copy = ast.literal_eval(record["result"])
         after = self.ex.inspect_session(session_name="audit")
         self.show_names("after", after)
         if _names(before) != _names(after):
             raise StepFailed("inspect_session differs after the read-only call")
-        check = self.call('len(ledger), ledger[0]["id"], len(totals)',
-                          state_mode="stateful", session_name="audit")
-        _expect(check, check.get("result") is not None and
-                ast.literal_eval(check["result"])[0] == LEDGER_ROWS,
-                "the session's ledger should be intact")
-        self.out("    the session is unchanged: same rows, same order, totals intact.")
+        rows_after, accounts_after = self.counts("after")
+        if (rows_after, accounts_after) != (rows_before, accounts_before):
+            raise StepFailed("the read-only call changed the session's row counts")
+        check = self.call('ledger[0]["id"]', state_mode="stateful", session_name="audit")
+        _expect(check, check.get("result") == "'T00000'",
+                "the session's ledger should keep its order")
+        lost = accounts_before - accounts_copy
+        totals_lost = (f"all {lost}" if lost == accounts_before
+                       else f"{lost} of its {accounts_before}")
+        self.out(f"    run stateful, the same code would have cost the session "
+                 f"{rows_before - rows_copy} of its {rows_before} ledger rows (and their "
+                 f"order) and {totals_lost} account totals;")
+        self.out("    read_only kept them all: same rows, same order, totals intact.")
 
     def step_environment(self) -> None:
         from .tools import build_environment
@@ -183,6 +206,12 @@ linear_forecast({series!r}, steps=3)
         self.out(">>> ex.functions.define()(mark_reviewed)")
         library.define()(mark_reviewed)
         fn = library["mark_reviewed"]
+        shown = library.show("mark_reviewed")
+        _expect(shown, "source" in shown, "the stored function should show its source")
+        self.out(f"    stored {shown['name']} v{shown['version']}, source:")
+        # The lint markers of this module's copy are not part of what the function does.
+        source = re.sub(r"  # noqa: \w+", "", str(shown["source"])).rstrip()
+        self.out(textwrap.indent(source, "    | "))
         self.out(">>> ex.functions['mark_reviewed'].read_only(session_name='audit')(5)")
         tried = fn.read_only(session_name="audit")(5)
         self.out(f"    => {tried!r}   (tried on a copy)")
@@ -196,6 +225,12 @@ linear_forecast({series!r}, steps=3)
         self.out(f"    => {done!r}   (kept by the session)")
         if done != 5:
             raise StepFailed(f"the stateful run should review 5 rows, got {done!r}")
+        effect = self.call('[row["id"] for row in ledger if row.get("reviewed")]',
+                           state_mode="read_only", session_name="audit")
+        _expect(effect, effect.get("result") is not None
+                and len(ast.literal_eval(effect["result"])) == 5,
+                "the session should now hold 5 reviewed rows")
+        self.out("    the stateful run changed the session: those 5 rows are marked reviewed.")
 
     def step_wrong(self) -> None:
         record = self.call("ledger[:3]", state_mode="read_only", session_name="audti")

@@ -1,10 +1,12 @@
 """The Executor: the one orchestrator behind every front end.
 
-``execute_code`` validates the coordinate (pure core), resolves or reserves the session
-in the registry, hands the code to the backend for that place (own interpreter, a
-worker in an environment, a bash shell) and shapes the outcome into the SPEC result or
-error dict. The registry is guarded by one lock; each session has its own lock so calls
-to one session are serialised while different sessions run in parallel.
+``execute_code`` validates the coordinate (pure core), asks the session table
+(:mod:`coordex.sessions`, the one owner of session state) for the session, and hands
+the code to the place for that (language, environment) through the
+:class:`~coordex.backends.base.Place` / :class:`~coordex.backends.base.Session`
+protocols: the own interpreter, a worker in an environment, a bash shell. It never
+asks which kind of place it talks to. The outcome is shaped into the SPEC result or
+error dict.
 
 Nothing here raises for bad input: every failure is returned as an error dict.
 """
@@ -16,6 +18,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -24,16 +27,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .backends import isolation  # imported here, not in the fork: saves ~2 ms a call
-from .backends.base import SESSION_CWD, Outcome, OutputCallback, RunRequest
-from .backends.own_interpreter import NamespaceSession, OwnInterpreter
+from .backends._reap import keeper as _process_keeper
+from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session
+from .backends.places import EnvironmentPlace, OwnPlace, OwnSession
 from .core import coordinates as coords
+from .core import messages
 from .core.coordinates import Coordinate, SessionKey
-from .core.errors import CoordexError, make_error, validation
-from .core.registry import PLAN_KEY, SessionRegistry
+from .core.errors import CoordexError, validation
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
+from .log import LOG_FILE, CallLog
+from .log.calls import log_off_error, note_changes, record_call
+from .sessions import SessionTable
 
-_INSPECT_REPR_LIMIT = 200
+PlaceKey = tuple[str, int | None]
 
 
 def default_root() -> Path:
@@ -63,6 +69,8 @@ class Executor:
             directory); writes anywhere else are refused.
         envs_dir: where built environments live (default ``root/envs``); tenants may
             share one, since folders are named by the spec's hash.
+        log: record every call in the call log under ``root`` (SPEC section 11).
+        log_max_rows: rows the call log keeps; the oldest go first.
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -72,7 +80,8 @@ class Executor:
                  timeout: float = 60.0, *, build_timeout: float = 900.0,
                  output_limit: int = DEFAULT_OUTPUT_LIMIT,
                  read_only_paths: list[str] | None = None,
-                 envs_dir: str | os.PathLike[str] | None = None) -> None:
+                 envs_dir: str | os.PathLike[str] | None = None,
+                 log: bool = True, log_max_rows: int = 100_000) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -88,21 +97,19 @@ class Executor:
         self.read_only_paths = list(read_only_paths) if read_only_paths is not None else None
         self._envs_dir = Path(envs_dir) if envs_dir is not None else None
         self._lock = threading.RLock()
-        self._registry = SessionRegistry(max_sessions, now=time.time())
-        self._own = OwnInterpreter()
         self._capabilities: dict[str, Callable[..., Any]] = {}
-        self.plan_namespace: dict[str, Any] = {"__name__": "__main__"}
-        import builtins
-
-        self.plan_namespace["__builtins__"] = builtins
-        self._sessions: dict[SessionKey, Any] = {PLAN_KEY: self._own.new_session(self.plan_namespace)}
-        self._session_locks: dict[SessionKey, threading.Lock] = {PLAN_KEY: threading.Lock()}
-        self._templates: dict[int, Any] = {}
         self._environments: Any = None
         self._functions: Any = None
-        self._closed = False
         self._progress = _Progress()
-        self._inject_globals(self._sessions[PLAN_KEY])
+        import builtins
+
+        self.plan_namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self._own_place = OwnPlace(self._session_globals)
+        self._places: dict[PlaceKey, Place] = {("python", None): self._own_place}
+        self._table = SessionTable(max_sessions,
+                                   self._own_place.open_session(self.plan_namespace))
+        self._call_log = self._open_call_log(log, log_max_rows)
+        self._ui: Any = None
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ context manager
@@ -113,27 +120,33 @@ class Executor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def _closed(self) -> bool:
+        return self._table.closed
+
     def close(self) -> None:
-        """End every process this executor started (shells, workers, templates)."""
+        """End every process this executor started: sessions, stateless runners, places."""
+        sessions = self._table.drain()
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            sessions = list(self._sessions.values())
-            templates = list(self._templates.values())
-            self._sessions.clear()
-            self._templates.clear()
-        for backend in sessions + templates:
-            if not isinstance(backend, NamespaceSession):
-                with contextlib.suppress(Exception):
-                    backend.close()
-        self._own.close()
+            places = list(self._places.values())
+        for session in sessions:
+            with contextlib.suppress(Exception):
+                session.close()
+        for place in places:
+            with contextlib.suppress(Exception):
+                place.close()
         if self._functions is not None:
             with contextlib.suppress(Exception):
                 self._functions.close()
         if self._environments is not None:
             with contextlib.suppress(Exception):
                 self._environments.close()
+        if self._ui is not None:
+            with contextlib.suppress(Exception):
+                self._ui.close()
+        if self._call_log is not None:
+            self._call_log.close()
+        _process_keeper().release()  # the host's process keeper, once no process is left
 
     # ------------------------------------------------------------------ execute_code
 
@@ -158,9 +171,9 @@ class Executor:
             on_progress: ``on_progress(line)`` called with environment build lines when
                 this call builds its environment on first use (builds do not count
                 against ``timeout``).
-            cancel: an event a front end sets when its request is cancelled; code in the
-                agent's own interpreter is then interrupted as on a timeout (bash and
-                environment calls run until their own timeout).
+            cancel: an event a front end sets when its request is cancelled; the code
+                is then interrupted as on a timeout, in every place (state kept; killed
+                only if it ignores the interrupt past the grace period).
         """
         return self._execute(code, language, state_mode, session_id, session_name, venv_id,
                              timeout, on_output, on_progress, cancel, self.output_limit,
@@ -173,7 +186,7 @@ class Executor:
         """The body of every call: validate, run where the coordinate says, shape.
 
         ``nested`` marks a stored-function call, which may come from code running in the
-        very session it names (see :meth:`_library_active_session`).
+        very session it names (see :meth:`_active_session`).
         """
         started = time.perf_counter()
         coordinate: Coordinate | None = None
@@ -188,111 +201,57 @@ class Executor:
             self._check_open()
             request = RunRequest(code, limit, on_output, output_limit, cancel=cancel)
             self._progress.callback = on_progress
-            active = self._library_active_session(coordinate) if nested else None
+            active = self._active_session(coordinate) if nested else None
             if active is None:
                 outcome, session = self._dispatch(coordinate, request)
             else:
                 outcome, session = self._run_in_active(active, coordinate, request)
         except CoordexError as exc:
-            return _error_record(exc, coordinate, started)
-        return self._shape(outcome, session, coordinate, started)
+            result = _error_record(exc, coordinate, started)
+        else:
+            result = self._shape(outcome, session, coordinate, started)
+        return self._record_call(result, code, coordinate)
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
         if coordinate.venv_id is not None:
             self._require_environment(coordinate.venv_id)
         if coordinate.state_mode == "stateless":
             where = session_record(coordinate.language, coordinate.venv_id, None, None)
-            return self._run_stateless(coordinate, request), where
+            place = self._place(coordinate.language, coordinate.venv_id)
+            return place.run_stateless(request), where
         if coordinate.state_mode == "stateful":
             return self._run_stateful(coordinate, request)
         return self._run_read_only(coordinate, request)
 
-    def _run_stateless(self, coordinate: Coordinate, request: RunRequest) -> Outcome:
-        if coordinate.language == "bash":
-            from .backends.shell import run_stateless
-
-            return dict(run_stateless(request, env=self._bash_env(coordinate.venv_id)))
-        if coordinate.venv_id is None:
-            return self._own.run_stateless(request, self._session_globals())
-        template = self._template(coordinate.venv_id)
-        return dict(template.run_stateless(request))
-
     def _run_stateful(self, coordinate: Coordinate,
                       request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        with self._lock:
-            key, created = self._registry.resolve_or_reserve(coordinate, time.time())
-            lock = self._session_locks.setdefault(key, threading.Lock())
-        record = self._session_record(key)
-        if not lock.acquire(timeout=request.timeout):
-            return _busy_outcome(), record
-        try:
+        with self._table.stateful(coordinate, request.timeout, request.cancel,
+                                  self._open_session) as (key, session, call):
+            record = self._table.record(key)
+            if session is None:
+                return _busy_outcome(), record
+            outcome: Outcome = {}
             try:
-                backend = self._sessions.get(key)
-                if backend is None:
-                    backend = self._start_session(key)
-            except BaseException as exc:
-                if created:  # never leave a reserved session without a process
-                    with self._lock:
-                        self._forget(key)
-                if isinstance(exc, OSError):
-                    raise CoordexError(
-                        "crashed", f"Could not start the {key.language} session: {exc}.",
-                        "Check that the program exists and the machine has free processes "
-                        "and memory, then run the call again.", state_lost=True) from exc
-                raise
-            with self._lock:
-                call = self._registry.begin_call(key, time.time())
-                self._registry.move(key, "busy")
-            try:
-                if isinstance(backend, NamespaceSession):
-                    outcome = self._own.run(backend, request)
-                else:
-                    outcome = dict(backend.run(request))
+                outcome = dict(session.run(request))
             finally:
-                with self._lock:
-                    if key in self._registry:
-                        self._registry.move(key, "idle")
-            with self._lock:
-                self._registry.record_bindings(key, call, outcome.pop("rebound", ()),
-                                               outcome.pop("deleted", ()))
+                self._table.finish(key, call, outcome)
             return outcome, record
-        finally:
-            lock.release()
+
+    def _open_session(self, key: SessionKey) -> tuple[Session, Place]:
+        place = self._place(key.language, key.venv_id)
+        return place.open_session(), place
 
     def _run_read_only(self, coordinate: Coordinate,
                        request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        with self._lock:
-            key = self._registry.require(coordinate)
-            backend = self._sessions.get(key)
-            lock = self._session_locks.setdefault(key, threading.Lock())
-        record = self._session_record(key)
-        if backend is None:
-            raise self._registry.not_found(coordinate)
-        if not lock.acquire(timeout=request.timeout):
-            return _busy_outcome(), record
-        try:
-            with self._lock:
-                self._registry.begin_call(key, time.time())
+        with self._table.reading(coordinate, request.timeout, request.cancel) as (key, slot):
+            record = self._table.record(key)
+            if slot is None or slot.session is None:
+                return _busy_outcome(), record
+            self._table.count_call(key)
             with self._protected(request) as protected:
-                if isinstance(backend, NamespaceSession):
-                    outcome = self._own_read_only(backend, protected)
-                else:
-                    outcome = dict(backend.run_read_only(protected))
-            outcome.pop("rebound", None)
-            outcome.pop("deleted", None)
+                outcome = dict(slot.session.run_read_only(protected))
+            note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None))
             return outcome, record
-        finally:
-            lock.release()
-
-    def _own_read_only(self, session: NamespaceSession, request: RunRequest) -> Outcome:
-        scratch, paths = request.scratch, request.protect_paths
-        isolation.best_mode()  # probe once and load libc here, not in every fork child
-
-        def protect() -> str:  # in the fork child, after it entered the session's cwd
-            return "none" if scratch is None else str(isolation.protect(paths, scratch))
-
-        # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
-        return self._own.run_read_only(session, request, protect, _CapabilityBridge(self))
 
     @contextlib.contextmanager
     def _protected(self, request: RunRequest) -> Iterator[RunRequest]:
@@ -306,7 +265,7 @@ class Executor:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _protect_paths(self) -> tuple[str, ...]:
-        # Backends resolve SESSION_CWD against the session's own cwd where the copy runs.
+        # Places resolve SESSION_CWD against the session's own cwd where the copy runs.
         if self.read_only_paths is not None:
             return tuple(self.read_only_paths)
         return (SESSION_CWD, os.path.expanduser("~"))
@@ -339,50 +298,42 @@ class Executor:
                        session=session, state_mode=coordinate.state_mode,
                        duration_ms=_ms(started), **extra)
 
-    # ------------------------------------------------------------------ session backends
+    # ------------------------------------------------------------------ places
 
-    def _start_session(self, key: SessionKey) -> Any:
-        if key.language == "bash":
-            from .backends.shell import ShellSession
+    def _place(self, language: str, venv_id: int | None) -> Place:
+        """The place for one (language, environment), made on first use.
 
-            backend: Any = ShellSession(env=self._bash_env(key.venv_id))
-        elif key.venv_id is None:
-            backend = self._own.new_session()
-            self._inject_globals(backend)
-        else:
-            from .backends.workers import WorkerSession
-
-            python = self.environments_manager.python_for(key.venv_id, self._progress.emit)
-            backend = WorkerSession(python, env=self._worker_env(key.venv_id),
-                                    capabilities=_CapabilityBridge(self))
+        The one point where the kind of place is chosen: a new kind of place (a confined
+        host, a cluster node) is one more branch in :meth:`_new_place`, nothing else
+        changes. Making a place may build its environment, so it happens outside the
+        executor's lock; of two threads racing, one place is kept and the other closed.
+        """
+        key: PlaceKey = (language, venv_id)
         with self._lock:
-            if self._closed:
-                if not isinstance(backend, NamespaceSession):
-                    backend.close()
-                raise _closed_error()
-            self._sessions[key] = backend
-            self._registry.move(key, "idle")
-        return backend
-
-    def _template(self, venv_id: int) -> Any:
+            place = self._places.get(key)
+        if place is not None:
+            return place
+        self._check_open()
+        made = self._new_place(language, venv_id)
         with self._lock:
-            template = self._templates.get(venv_id)
-        if template is not None:
-            return template
-        from .backends.workers import WorkerTemplate
+            place = self._places.get(key)
+            if place is None and not self._closed:
+                self._places[key] = made
+                return made
+        made.close()
+        if place is None:
+            raise messages.executor_closed()
+        return place
 
-        python = self.environments_manager.python_for(venv_id, self._progress.emit)
-        template = WorkerTemplate(python, env=self._worker_env(venv_id),
-                                  capabilities=_CapabilityBridge(self))
-        with self._lock:
-            existing = self._templates.get(venv_id)
-            if existing is None and not self._closed:
-                self._templates[venv_id] = template
-                return template
-        template.close()
-        if existing is None:
-            raise _closed_error()
-        return existing
+    def _new_place(self, language: str, venv_id: int | None) -> Place:
+        if language == "bash":
+            from .backends.shell import ShellPlace
+
+            return ShellPlace(env=self._bash_env(venv_id))
+        assert venv_id is not None  # the own interpreter's place exists from the start
+        return EnvironmentPlace(
+            lambda: self.environments_manager.python_for(venv_id, self._progress.emit),
+            lambda: self._worker_env(venv_id), _CapabilityBridge(self))
 
     def _bash_env(self, venv_id: int | None) -> dict[str, str] | None:
         """The environment for bash: the host's, or with ``venv_id`` activated."""
@@ -402,37 +353,25 @@ class Executor:
             env.pop("PYTHONHOME", None)
         return env
 
-    def _forget(self, key: SessionKey) -> None:
-        if key in self._registry and key != PLAN_KEY:
-            self._registry.remove(key)
-        self._sessions.pop(key, None)
-        self._session_locks.pop(key, None)
-
-    def _session_record(self, key: SessionKey) -> dict[str, Any]:
-        entry = self._registry.get(key)
-        name = entry.name if entry is not None else None
-        return session_record(key.language, key.venv_id, key.session_id, name)
-
     def _check_open(self) -> None:
-        if self._closed:
-            raise _closed_error()
+        if self._table.closed:
+            raise messages.executor_closed()
 
     # ------------------------------------------------------------------ sessions API
 
     def list_sessions(self) -> dict[str, Any]:
         """All open sessions with their provenance, and the cap (none once closed)."""
-        with self._lock:
-            records: list[dict[str, Any]] = []
-            if self._closed:
-                return {"sessions": records, "max_sessions": self._registry.max_sessions}
-            for entry in self._registry.entries():
-                record = entry.record()
-                backend = self._sessions.get(entry.key)
-                if backend is not None and not isinstance(backend, NamespaceSession):
-                    with contextlib.suppress(Exception):
-                        record["alive"] = bool(backend.alive())
-                records.append(record)
-            return {"sessions": records, "max_sessions": self._registry.max_sessions}
+        records: list[dict[str, Any]] = []
+        max_sessions = self._table.registry.max_sessions
+        if self._table.closed:
+            return {"sessions": records, "max_sessions": max_sessions}
+        for entry, session in self._table.entries():
+            record = entry.record()
+            if session is not None:
+                with contextlib.suppress(Exception):
+                    record["alive"] = bool(session.alive())
+            records.append(record)
+        return {"sessions": records, "max_sessions": max_sessions}
 
     def inspect_session(self, language: str = "python", session_id: int | None = None,
                         session_name: str | None = None,
@@ -446,46 +385,27 @@ class Executor:
         try:
             coordinate = coords.check_coordinate(language, "stateful", session_id,
                                                  session_name, venv_id)
-            self._check_open()
-            with self._lock:
-                key = self._registry.require(coordinate)
-                backend = self._sessions.get(key)
-                lock = self._session_locks.setdefault(key, threading.Lock())
-            if backend is None:
-                raise self._registry.not_found(coordinate)
-            if not lock.acquire(timeout=self.timeout):
-                return _busy_outcome()["error"]
-            try:
-                if isinstance(backend, NamespaceSession):
-                    report = self._inspect_namespace(backend)
-                else:
-                    report = dict(backend.inspect())
-            finally:
-                lock.release()
+            with self._table.reading(coordinate, self.timeout, None) as (key, slot):
+                if slot is None or slot.session is None:
+                    return _busy_outcome()["error"]
+                report = dict(slot.session.inspect())
+            failure = report.get("error")
+            if isinstance(failure, dict) and "error_type" in failure:
+                # One failure shape in every place: the error dict itself.
+                failure = dict(failure)
+                failure["session"] = self._table.record(key)
+                return failure
             if "error_type" in report:
                 return report
             if key.language == "python":
-                with self._lock:
-                    for item in report.get("names", []):
-                        bound, ago = self._registry.provenance(key, item["name"])
-                        item["bound_at_call"], item["calls_ago"] = bound, ago
+                for item in report.get("names", []):
+                    bound, ago = self._table.provenance(key, item["name"])
+                    item["bound_at_call"], item["calls_ago"] = bound, ago
                 report.setdefault("capabilities", sorted(self._capabilities))
-            report["session"] = self._session_record(key)
+            report["session"] = self._table.record(key)
             return report
         except CoordexError as exc:
             return exc.to_dict()
-
-    def _inspect_namespace(self, session: NamespaceSession) -> dict[str, Any]:
-        from .worker._coordex_engine import safe_repr
-
-        names = []
-        for name, value in list(session.namespace.items()):
-            if name.startswith("__") or name == "_" or name in session.injected:
-                continue
-            names.append({"name": name, "type": type(value).__name__,
-                          "repr": safe_repr(value, _INSPECT_REPR_LIMIT)})
-        names.sort(key=lambda item: item["name"])
-        return {"names": names, "functions": "functions" in session.injected}
 
     def close_session(self, language: str = "python", session_id: int | None = None,
                       session_name: str | None = None,
@@ -501,15 +421,90 @@ class Executor:
                     "close_session needs a session: pass session_id or session_name.",
                     "Call list_sessions() to see open sessions, then close_session("
                     "language=..., session_name='...') or session_id=<int>.")
-            with self._lock:
-                key = self._registry.require(coordinate)
-                record = self._session_record(key)
-                self._registry.remove(key)  # raises validation for the plan namespace
-                backend = self._sessions.pop(key, None)
-                self._session_locks.pop(key, None)
-            if backend is not None and not isinstance(backend, NamespaceSession):
-                backend.close()
+            record, session = self._table.remove(coordinate)
+            if session is not None:
+                session.close()
+            if self._call_log is not None:
+                self._call_log.event("close", record)
             return {"closed": True, "session": record}
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    # ------------------------------------------------------------------ the call log
+
+    def _open_call_log(self, enabled: bool, max_rows: int) -> CallLog | None:
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
+        return CallLog(self.root / LOG_FILE, max_rows) if enabled else None
+
+    def _record_call(self, result: dict[str, Any], code: Any,
+                     coordinate: Coordinate | None) -> dict[str, Any]:
+        """The end of every call: its log row, and a suggestion naming rebuild_session
+        where state was lost (the wording: ``coordex.log.rebuild.rebuild_hint``)."""
+        return record_call(self._call_log, result, code, coordinate)
+
+    def history(self, language: str | None = None, session_id: int | None = None,
+                session_name: str | None = None, venv_id: int | None = None,
+                limit: int = 50) -> dict[str, Any]:
+        """The newest ``limit`` calls in the log under ``root``, newest last (SPEC 11).
+
+        Each record: ``seq, at, language, venv_id, session_id, session_name, state_mode,
+        code, duration_ms, outcome`` (``"ok"`` or the ``error_type``) ``, state_lost``.
+        Filters left as ``None`` match everything. Calls of every process that shares
+        this ``root`` are listed.
+        """
+        from .log.calls import history
+
+        try:
+            if self._call_log is None:
+                raise log_off_error("history")
+            return history(self._call_log, language, session_id, session_name, venv_id, limit)
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    def rebuild_session(self, language: str = "python", session_id: int | None = None,
+                        session_name: str | None = None,
+                        venv_id: int | None = None) -> dict[str, Any]:
+        """Bring back a session whose state was lost (or that was closed) from the log.
+
+        Replays into a fresh session, in order, the stateful calls that succeeded and
+        built the lost state (since the session was created or last started over, up to
+        the loss), stopping at the first that fails. Replayed code runs again: files it
+        writes are written again. Works for a session of an earlier run under the same
+        ``root`` too.
+
+        Returns:
+            ``{"replayed": n, "failed_at": seq | None, "session": {...}, "calls": [seq...]}``
+            (and ``"failure"``, the failed call's error, when ``failed_at`` is set);
+            ``not_found`` when the log holds nothing of that session, ``validation`` with
+            ``log=False`` or when nothing was lost.
+        """
+        from .log.replay import rebuild_session
+
+        try:
+            self._check_open()
+            if self._call_log is None:
+                raise log_off_error("rebuild_session")
+            return rebuild_session(self, self._call_log, language, session_id, session_name,
+                                   venv_id)
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
+        """Serve the page that shows this executor's sessions and call log (SPEC 11).
+
+        Returns ``{"url": ...}``: open it in a browser; it carries the token once, the
+        page keeps it in a cookie. Loopback unless ``host`` says otherwise; the server
+        stops with the executor. A second call returns the running page's URL.
+        """
+        from .ui.server import start_ui
+
+        try:
+            self._check_open()
+            with self._lock:
+                if self._ui is None:
+                    self._ui = start_ui(self, host, port)
+                return {"url": self._ui.url}
         except CoordexError as exc:
             return exc.to_dict()
 
@@ -529,15 +524,10 @@ class Executor:
                 raise ValueError(f"capability name must be a Python identifier, got {cap_name!r}")
             with self._lock:
                 self._capabilities[cap_name] = func
-                for backend in self._sessions.values():
-                    if isinstance(backend, NamespaceSession):
-                        backend.namespace[cap_name] = func
-                        backend.injected.add(cap_name)
-                workers = [b for b in self._sessions.values()
-                           if not isinstance(b, NamespaceSession) and hasattr(b, "refresh_capabilities")]
-            for worker in workers:
+                places = list(self._places.values())
+            for place in places:
                 with contextlib.suppress(Exception):
-                    worker.refresh_capabilities()
+                    place.capabilities_changed()
             return func
 
         if fn is not None:
@@ -552,11 +542,6 @@ class Executor:
 
     def _session_globals(self) -> dict[str, Any]:
         return {**self._capabilities, "functions": self.functions}
-
-    def _inject_globals(self, session: NamespaceSession) -> None:
-        extra = self._session_globals()
-        session.namespace.update(extra)
-        session.injected.update(extra)
 
     # ------------------------------------------------------------------ environments & library
 
@@ -578,13 +563,8 @@ class Executor:
     def _require_environment(self, venv_id: int) -> None:
         if not self.environments_manager.exists(venv_id):
             listed = self.environments_manager.list().get("environments", [])
-            known = ", ".join(f"{e['venv_id']}" + (f" ({e['name']!r})" if e.get("name") else "")
-                              for e in listed) or "none yet"
-            raise CoordexError(
-                "not_found", f"No environment with venv_id={venv_id}.",
-                f"Existing environments: {known}. Create one with environments.create(spec) "
-                "(MCP: create_environment) and use the venv_id it returns, or venv_id=None for "
-                "the agent's own interpreter.")
+            raise messages.environment_not_found(
+                venv_id, [(e["venv_id"], e.get("name")) for e in listed])
 
     @property
     def functions(self) -> Any:
@@ -598,20 +578,42 @@ class Executor:
 
     # ------------------------------------------------------------------ tool schemas
 
-    def tool_definitions(self, format: str = "openai") -> Any:
-        """Tool definitions for ``"openai"``, ``"anthropic"`` or ``"mcp"``."""
+    def tool_definitions(self, format: str = "openai", strict: bool = False) -> Any:
+        """Tool definitions for ``"openai"``, ``"openai-responses"``, ``"anthropic"`` or ``"mcp"``.
+
+        ``strict=True`` gives schemas OpenAI's strict mode accepts (every property
+        required, optional ones nullable). ``null`` for an argument means "omitted" in
+        every format. The descriptions name this executor's default call timeout.
+        """
         from .tools import tool_definitions
 
-        return tool_definitions(format)
+        return tool_definitions(format, strict=strict, default_timeout=self.timeout)
+
+    def call_tool(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """Route one tool call exactly as a model produced it; never raises.
+
+        Args:
+            name: the tool's name (``"execute_code"``, ``"list_sessions"``, ...).
+            arguments: the argument dict, or its JSON text (as the OpenAI SDKs hand it
+                over); ``null`` values mean "omitted".
+
+        Returns:
+            The same dict the MCP tool returns as structured content. An unknown tool
+            is a ``not_found`` error whose suggestion names the nearest tool.
+        """
+        from .tools import route
+
+        return route(self, name, arguments)
 
     # ------------------------------------------------------------------ library hooks
 
-    def _library_execute(self, code: str, *, state_mode: str, session_id: int | None,
-                         session_name: str | None, venv_id: int | None,
-                         timeout: float | None, on_output: OutputCallback | None,
-                         output_limit: int,
-                         on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """``execute_code`` of Python for a stored-function call (``coordex.library``).
+    def run_function_code(self, code: str, *, state_mode: str, session_id: int | None,
+                          session_name: str | None, venv_id: int | None,
+                          timeout: float | None, on_output: OutputCallback | None,
+                          output_limit: int,
+                          on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """``execute_code`` of Python for a stored-function call (the library's
+        :class:`~coordex.library.functions.FunctionRunner`).
 
         Same validation, registry, capacity and isolation, with two differences: the
         output limit may be larger (the function's value comes back in ``result``), and
@@ -623,42 +625,32 @@ class Executor:
                              timeout, on_output, on_progress, None,
                              max(output_limit, self.output_limit), nested=True)
 
-    def _run_in_active(self, active: tuple[SessionKey, NamespaceSession, Any],
-                       coordinate: Coordinate,
+    def _run_in_active(self, active: tuple[SessionKey, OwnSession], coordinate: Coordinate,
                        request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        key, session, runner = active
+        key, session = active
         if coordinate.state_mode == "read_only":
-            # A view of the live session (its runner is busy with the outer call, so the
-            # session itself reads as stuck); the fork copies it as it is.
-            view = self._own.new_session(session.namespace)
             with self._protected(request) as protected:
-                outcome = self._own_read_only(view, protected)
+                outcome = session.run_nested(protected, read_only=True)
         else:  # nested: runs inline on this thread, inside the outer call
-            outcome = self._own._run_on(runner, session, session.namespace, request)
-        return outcome, self._session_record(key)
+            outcome = session.run_nested(request, read_only=False)
+        return outcome, self._table.record(key)
 
-    def _library_active_session(self, coordinate: Coordinate) -> tuple[
-            SessionKey, NamespaceSession, Any] | None:
+    def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:
         """The own-interpreter session ``coordinate`` names if this thread is running
         code in it right now (its namespace is the globals of a frame on the stack)."""
-        import sys
-
         from .backends import own_interpreter
 
         if coordinate.venv_id is not None or coordinate.state_mode == "stateless":
             return None
         if not getattr(own_interpreter._local, "in_call", False):
             return None
-        with self._lock:
-            key = self._registry.find(coordinate)
-            backend = self._sessions.get(key) if key is not None else None
-        if key is None or not isinstance(backend, NamespaceSession) or backend.runner is None:
+        found = self._table.find(coordinate)
+        if found is None:
             return None
-        frame: Any = sys._getframe(1)
-        while frame is not None:
-            if frame.f_globals is backend.namespace:
-                return key, backend, backend.runner
-            frame = frame.f_back
+        key, slot = found
+        session = slot.session
+        if isinstance(session, OwnSession) and session.running_here(sys._getframe(1)):
+            return key, session
         return None
 
 
@@ -718,16 +710,7 @@ class _CapabilityBridge:
 
 def _busy_outcome() -> Outcome:
     return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
-            "images": [],
-            "error": make_error(
-                "timeout", "The session stayed busy with another call for the whole timeout.",
-                "Nothing ran and no state changed. Retry later, pass a larger timeout=, or use "
-                "another session.", stdout="", stderr="", state_lost=False)}
-
-
-def _closed_error() -> CoordexError:
-    return CoordexError("validation", "This Executor is closed.",
-                        "Create a new Executor (with Executor(...) as ex: ...) and call it.")
+            "images": [], "error": messages.session_busy()}
 
 
 # An Executor forgotten without close() still ends its processes at interpreter exit.

@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -52,8 +52,15 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from . import __version__
-from .core.errors import make_error
-from .tools import TOOL_NAMES, call_tool, tool_definitions
+from .tools import (
+    MCP_DEFAULT_TIMEOUT,
+    TOOL_NAMES,
+    call_tool,
+    internal_error,
+    json_normal,
+    tool_definitions,
+)
+from .worker._coordex_engine import escape_text
 
 # How often progress notifications may be sent while output streams in, and how much
 # of the newest output each one carries.
@@ -73,8 +80,23 @@ INSTRUCTIONS = (
 # --- results ---------------------------------------------------------------------------
 
 
+def _escaped(value: Any) -> Any:
+    """``value`` with every string's lone surrogates escaped, as the places do."""
+    if isinstance(value, str):
+        return escape_text(value)
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_escaped(v) for v in value]
+    return value
+
+
 def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
     """A coordex result or error dict as an MCP tool result."""
+    try:  # the places escape what they print; this catches anything else (a name, a key)
+        json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        record = _escaped(record)
     images = [img for img in record.get("images") or [] if isinstance(img, dict)]
     text_view = dict(record)
     if images:
@@ -94,20 +116,9 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
             )
         )
     # Round-trip through JSON so the structured content is exactly what a client decodes.
-    structured = json.loads(json.dumps(record, default=str))
+    structured = json_normal(record)
     return types.CallToolResult(
         content=list(content), structured_content=structured, is_error="error_type" in record
-    )
-
-
-def internal_error(exc: BaseException) -> dict[str, Any]:
-    """A bug in coordex itself, still reported as a tool result a model can act on."""
-    return make_error(
-        "crashed",
-        f"coordex failed internally: {type(exc).__name__}: {exc}",
-        "Retry the call once; if it fails again, continue without the session's state "
-        "(it may be lost) and report the problem to the operator.",
-        state_lost=True,
     )
 
 
@@ -204,10 +215,14 @@ async def run_tool(
 def build_server(executor: Any, name: str = "coordex") -> Server[Any]:
     """A low-level MCP server exposing every coordex tool over ``executor``."""
 
+    # The descriptions name the call timeout this server's executor applies (50 s unless
+    # the operator chose another with --timeout).
+    default_timeout = getattr(executor, "timeout", MCP_DEFAULT_TIMEOUT)
+
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        defs = tool_definitions("mcp")
+        defs = tool_definitions("mcp", default_timeout=default_timeout)
         assert isinstance(defs, list)  # "mcp" is a known format
         return types.ListToolsResult(tools=[types.Tool.model_validate(d) for d in defs])
 
@@ -267,6 +282,37 @@ def claim_stdio() -> WireFds:
     return WireFds(read_fd, write_fd)
 
 
+# An escaped backslash, a surrogate pair, or a lone surrogate, as JSON escapes.
+_JSON_SURROGATE = re.compile(
+    r"\\\\|\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})|\\u(d[89a-f][0-9a-f]{2})", re.I)
+
+
+def escape_json_surrogates(line: str) -> str:
+    """A JSON text whose lone-surrogate escapes (``\\udce9``) are made literal text.
+
+    The SDK drops a message holding one without a reply (the client then waits for
+    ever); written as ``\\\\udce9`` it arrives as the same escaped text every place
+    prints for such a character.
+    """
+    if "\\u" not in line:
+        return line
+    return _JSON_SURROGATE.sub(lambda m: "\\\\u" + m.group(3) if m.group(3) else m.group(0), line)
+
+
+class _EscapedLines(io.TextIOBase):
+    """The client's lines, passed through :func:`escape_json_surrogates`."""
+
+    def __init__(self, inner: io.TextIOWrapper) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return escape_json_surrogates(self._inner.readline(-1 if size is None else size))
+
+
 async def serve_stdio(executor: Any, wire: WireFds) -> None:
     """Serve one MCP client over the claimed descriptors until it closes stdin."""
     server = build_server(executor)
@@ -277,7 +323,8 @@ async def serve_stdio(executor: Any, wire: WireFds) -> None:
     writer = io.TextIOWrapper(
         os.fdopen(wire.write_fd, "wb", closefd=False), encoding="utf-8", write_through=True
     )
-    async with stdio_server(stdin=anyio.wrap_file(reader), stdout=anyio.wrap_file(writer)) as (
+    lines = _EscapedLines(reader)
+    async with stdio_server(stdin=anyio.wrap_file(cast(Any, lines)), stdout=anyio.wrap_file(writer)) as (
         read_stream,
         write_stream,
     ):
@@ -360,6 +407,11 @@ class BearerTenantApp:
     def __init__(self, tenants: Sequence[Tenant], path: str = "/mcp") -> None:
         self.tenants = list(tenants)
         self.path = path.rstrip("/") or "/"
+        from .ui import UIApp
+
+        # The page (SPEC 11): a token may come as ?token= or a cookie there, not only as
+        # a Bearer header; it shows the token's tenant alone.
+        self.ui = UIApp(lambda token: getattr(self.tenant_for(f"Bearer {token}"), "executor", None))
 
     def tenant_for(self, authorization: str | None) -> Tenant | None:
         presented = b""
@@ -378,6 +430,11 @@ class BearerTenantApp:
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        if self.ui.handles(scope["path"]):
+            from .ui.asgi import serve_asgi
+
+            await serve_asgi(self.ui, scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         tenant = self.tenant_for(headers.get("authorization"))

@@ -1,22 +1,37 @@
 """Tool descriptions and JSON schemas: what a model reads about coordex, written once.
 
 Every front end shows the model the same tools. This module holds them as plain data
-(:data:`TOOLS`: name, description, JSON schema of the arguments, behaviour hints) and
-renders them in the three dialects agent frameworks expect:
+(:data:`TOOLS`: name, description, JSON schema of the arguments and of the result,
+behaviour hints) and renders them in the dialects agent frameworks expect:
 
 - ``openai``: ``{"type": "function", "function": {"name", "description", "parameters"}}``
-- ``anthropic``: ``{"name", "description", "input_schema"}``
-- ``mcp``: ``{"name", "description", "inputSchema", "annotations"}``
+  (Chat Completions);
+- ``openai-responses``: ``{"type": "function", "name", "description", "parameters",
+  "strict"}`` (the Responses API's ``FunctionToolParam``);
+- ``anthropic``: ``{"name", "description", "input_schema"}``;
+- ``mcp``: ``{"name", "title", "description", "inputSchema", "outputSchema",
+  "annotations"}``.
 
-:func:`call_tool` maps a tool call (name + argument dict, as a model sent it) onto the
-:class:`~coordex.Executor` method behind it, so an MCP server, an OpenAI loop or an
-Anthropic loop all dispatch the same way. Unknown tools, unknown arguments and missing
-required arguments come back as ``validation`` error dicts (SPEC section 4), never as
-exceptions; everything else (types, modes, session rules) is the executor's to check.
+``strict=True`` rewrites each argument schema the way OpenAI's strict mode demands:
+every property required, the optional ones nullable, ``additionalProperties: false``,
+no keyword strict mode refuses (``default``, ``minLength``, ``maxLength``: their meaning
+moves into the description), and free-form JSON values (``call_function``'s ``args`` and
+``kwargs``) carried as JSON text. In every dialect ``null`` for an argument means
+"omitted" - the router drops it before dispatch - so a strict model that must send
+every key can always say "not this one".
+
+:func:`call_tool` maps a tool call (name + argument dict or JSON text, as a model sent
+it) onto the :class:`~coordex.Executor` method behind it, so an MCP server, an OpenAI
+loop or an Anthropic loop all dispatch the same way. An unknown tool is ``not_found``
+(with the nearest name); unknown arguments and missing required ones are
+``validation`` error dicts (SPEC section 4), never exceptions; everything else (types,
+modes, session rules) is the executor's to check. :func:`route` is the same call as the
+application sees it (``Executor.call_tool``): never raising, and JSON-normal, so it
+equals the structured content the MCP tool returns.
 
 The tools come in three groups: sessions (``execute_code``, ``list_sessions``,
-``inspect_session``, ``close_session``), environments (``list_environments``,
-``create_environment``) and the stored-function library (``list_functions``,
+``inspect_session``, ``close_session``, ``rebuild_session``), environments
+(``list_environments``, ``create_environment``) and the stored-function library (``list_functions``,
 ``show_function``, ``define_function``, ``call_function``), which places a stored
 function at a coordinate exactly as ``execute_code`` places code.
 
@@ -26,16 +41,26 @@ This module imports nothing that starts a process or touches the disk.
 from __future__ import annotations
 
 import copy
+import difflib
+import json
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from .core.errors import CoordexError, make_error, nearest, quoted_list
+from .core.errors import ERROR_TYPES, CoordexError, make_error, nearest, quoted_list
 
-ToolFormat = Literal["openai", "anthropic", "mcp"]
-FORMATS: tuple[ToolFormat, ...] = ("openai", "anthropic", "mcp")
+ToolFormat = Literal["openai", "openai-responses", "anthropic", "mcp"]
+FORMATS: tuple[ToolFormat, ...] = ("openai", "openai-responses", "anthropic", "mcp")
 OnOutput = Callable[[str, str], None]
+
+# The Executor's own default call timeout, and the one the MCP front end uses: below the
+# common 60 s client request timeout, so a client receives coordex's own ``timeout``
+# result (with its suggestion and kept state) rather than its own "Request timed out".
+DEFAULT_TIMEOUT = 60.0
+MCP_DEFAULT_TIMEOUT = 50.0
+# Descriptions name the default call timeout through this mark; rendering fills it in.
+_TIMEOUT_MARK = "{default_timeout}"
 
 
 @dataclass(frozen=True)
@@ -52,6 +77,12 @@ class ToolSpec:
     open_world: bool = False
     title: str = ""
     required: tuple[str, ...] = field(default=())
+    # JSON schema of a successful result (an object); an error result always matches the
+    # error branch that :func:`output_schema` adds. Empty: any object.
+    result: dict[str, Any] = field(default_factory=dict)
+    # Free-form JSON arguments, and an example of each as JSON text: strict mode cannot
+    # describe an open object, so there the model sends them as text (accepted everywhere).
+    json_text: tuple[tuple[str, str], ...] = field(default=())
 
 
 # --- argument descriptions, shared by every tool that takes a session coordinate -------
@@ -87,8 +118,8 @@ _TIMEOUT = {
     "type": "number",
     "exclusiveMinimum": 0,
     "maximum": 604800,
-    "description": "Seconds before the code is interrupted (default 60). "
-    "Environment builds do not count against it.",
+    "description": f"Seconds before the code is interrupted (default {_TIMEOUT_MARK}); pass "
+    "a larger value for long work. Environment builds do not count against it.",
 }
 _FUNCTION_NAME = {
     "type": "string",
@@ -101,15 +132,84 @@ _FUNCTION_VERSION = {
     "description": "A stored version of the function (see 'versions'); omit for the latest.",
 }
 _STATE_MODES = ["stateless", "stateful", "read_only"]
+# The arguments of every tool that names one session and nothing else.
+_SESSION_COORDINATE = {
+    "language": _LANGUAGE,
+    "session_id": _SESSION_ID,
+    "session_name": _SESSION_NAME,
+    "venv_id": _VENV_ID,
+}
 
 
 def _object(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
+    """An argument object; optional arguments without a default also accept ``null``.
+
+    ``null`` means "omitted" (the router drops it), and saying so in the schema keeps it
+    usable after a framework's own strict conversion (OpenAI Agents SDK
+    ``convert_schemas_to_strict``), which makes every key required: the model can still
+    send ``session_id: null`` next to a ``session_name``.
+    """
+    needed = list(required)
     return {
         "type": "object",
-        "properties": properties,
-        "required": list(required),
+        "properties": {
+            key: prop if key in needed or "default" in prop else _nullable(prop)
+            for key, prop in properties.items()
+        },
+        "required": needed,
         "additionalProperties": False,
     }
+
+
+def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
+    """``prop`` that also accepts ``null`` (in ``type`` and, if present, ``enum``)."""
+    out = dict(prop)
+    kind = out.get("type")
+    if isinstance(kind, str) and kind != "null":
+        out["type"] = [kind, "null"]
+    elif isinstance(kind, list) and "null" not in kind:
+        out["type"] = [*kind, "null"]
+    if "enum" in out and None not in out["enum"]:
+        out["enum"] = [*out["enum"], None]
+    return out
+
+
+def _result(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
+    """A result schema: the keys named are typed, others may follow (results grow)."""
+    return {"type": "object", "properties": properties, "required": list(required)}
+
+
+_NULLABLE_INT = {"type": ["integer", "null"]}
+_NULLABLE_STR = {"type": ["string", "null"]}
+_SESSION_RECORD = _result({
+    "language": {"type": "string"}, "venv_id": _NULLABLE_INT,
+    "session_id": _NULLABLE_INT, "session_name": _NULLABLE_STR,
+})
+_RUN_RESULT = {
+    "stdout": {"type": "string"}, "stderr": {"type": "string"},
+    "truncated": {"type": "boolean"}, "result": _NULLABLE_STR, "exit_code": _NULLABLE_INT,
+    "images": {"type": "array", "items": _result(
+        {"mime": {"type": "string"}, "data": {"type": "string"}}, ("mime", "data"))},
+    "session": _SESSION_RECORD, "state_mode": {"type": "string", "enum": _STATE_MODES},
+    "duration_ms": {"type": "number"}, "isolation": {"type": "object"},
+    "state_lost": {"type": "boolean"}, "retried": {"type": "boolean"},
+}
+_RUN_REQUIRED = ("stdout", "stderr", "session", "state_mode")
+_FUNCTION_RECORD = {
+    "name": {"type": "string"}, "version": {"type": "integer"},
+    "signature": {"type": "string"}, "doc": _NULLABLE_STR, "env": _NULLABLE_STR,
+    "venv_id": _NULLABLE_INT, "versions": {"type": "array", "items": {"type": "integer"}},
+}
+_RECORDS = {"type": "array", "items": {"type": "object"}}
+# The error dict of SPEC section 4; every tool may return one.
+ERROR_RESULT = _result({
+    "error": {"type": "string"},
+    "error_type": {"type": "string", "enum": list(ERROR_TYPES)},
+    "suggestion": {"type": "string"},
+}, ("error", "error_type", "suggestion"))
+# A plain JSON value (a stored function's return value), and its scalar part.
+_PLAIN_VALUE = {"type": ["string", "number", "boolean", "null", "array", "object"]}
+_SCALAR = {"type": ["string", "number", "boolean", "null"]}
 
 
 _EXECUTE_CODE_DESCRIPTION = """\
@@ -127,8 +227,10 @@ guarantees held).
 Sessions: stateful without a session uses session 0; name one with session_name \
 (e.g. 'audit') or session_id, never both. read_only must name an existing session; \
 stateless must not name one. venv_id runs in a dedicated environment with its own \
-packages (see create_environment); omit it for the agent's own interpreter. Errors come \
-back as {"error", "error_type", "suggestion"}: follow the suggestion."""
+packages (see create_environment); omit it for the agent's own interpreter. null for any \
+argument means the same as leaving it out. A call is interrupted after \
+{default_timeout} unless you pass timeout (seconds): pass a larger timeout for long \
+work. Errors come back as {"error", "error_type", "suggestion"}: follow the suggestion."""
 
 _CALL_FUNCTION_DESCRIPTION = """\
 Call a stored function (see list_functions / define_function) with JSON arguments and \
@@ -185,6 +287,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             required=("code",),
         ),
         required=("code",),
+        result=_result(_RUN_RESULT, _RUN_REQUIRED),
         destructive=True,
         open_world=True,
     ),
@@ -194,6 +297,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="List the kept sessions (language, venv_id, session_id, session_name, "
         "calls, alive) and the max_sessions limit. Changes nothing.",
         parameters=_object({}),
+        result=_result({"sessions": _RECORDS, "max_sessions": {"type": "integer"}},
+                       ("sessions", "max_sessions")),
         read_only=True,
         idempotent=True,
     ),
@@ -204,14 +309,10 @@ TOOLS: tuple[ToolSpec, ...] = (
         "its type, a short repr and bound_at_call / calls_ago (how stale it is). Bash: cwd, "
         "variables, functions and aliases the session added. Without a session, inspects "
         "session 0 of that language and environment.",
-        parameters=_object(
-            {
-                "language": _LANGUAGE,
-                "session_id": _SESSION_ID,
-                "session_name": _SESSION_NAME,
-                "venv_id": _VENV_ID,
-            }
-        ),
+        parameters=_object(_SESSION_COORDINATE),
+        result=_result({"names": _RECORDS, "cwd": {"type": "string"},
+                        "variables": {"type": "object"}, "aliases": {"type": "object"},
+                        "session": _SESSION_RECORD}),
         read_only=True,
         idempotent=True,
     ),
@@ -221,16 +322,28 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="End a kept session and free its slot; its state is lost. Name the "
         "session with session_id or session_name. Python session 0 of the agent's own "
         "interpreter cannot be closed.",
-        parameters=_object(
-            {
-                "language": _LANGUAGE,
-                "session_id": _SESSION_ID,
-                "session_name": _SESSION_NAME,
-                "venv_id": _VENV_ID,
-            }
-        ),
+        parameters=_object(_SESSION_COORDINATE),
+        result=_result({"closed": {"type": "boolean"}, "session": _SESSION_RECORD},
+                       ("closed",)),
         destructive=True,
         idempotent=True,
+    ),
+    ToolSpec(
+        name="rebuild_session",
+        title="Rebuild a lost session",
+        description="Bring back a session whose state was lost (a result said "
+        "state_lost: true or crashed) or that was closed: coordex replays into a fresh "
+        "session, in order, the stateful calls that succeeded and built that state, and "
+        "stops at the first that fails. Warning: the replayed code runs again - files it "
+        "writes are written again, requests it sends are sent again. Returns replayed (how "
+        "many calls ran), failed_at (the log seq of the call that failed, or null) and the "
+        "session. Read-only and stateless calls are never replayed.",
+        parameters=_object(_SESSION_COORDINATE),
+        result=_result({"replayed": {"type": "integer"},
+                        "failed_at": {"type": ["integer", "null"]},
+                        "session": _SESSION_RECORD}, ("replayed", "failed_at", "session")),
+        destructive=True,
+        open_world=True,
     ),
     ToolSpec(
         name="list_environments",
@@ -238,6 +351,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         description="List the dedicated environments (venv_id, name, spec_hash, built, "
         "created_at, last_used_at). Use a venv_id from here in execute_code. Changes nothing.",
         parameters=_object({}),
+        result=_result({"environments": _RECORDS}, ("environments",)),
         read_only=True,
         idempotent=True,
     ),
@@ -268,6 +382,9 @@ TOOLS: tuple[ToolSpec, ...] = (
             required=("spec",),
         ),
         required=("spec",),
+        result=_result({"venv_id": {"type": "integer"}, "name": _NULLABLE_STR,
+                        "spec_hash": {"type": "string"}, "built": {"type": "boolean"}},
+                       ("venv_id",)),
         idempotent=True,
         open_world=True,
     ),
@@ -278,6 +395,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "signature, doc, env, venv_id and all versions. Call one with call_function; see its "
         "source with show_function. Changes nothing.",
         parameters=_object({}),
+        result=_result({"functions": _RECORDS}, ("functions",)),
         read_only=True,
         idempotent=True,
     ),
@@ -295,6 +413,8 @@ TOOLS: tuple[ToolSpec, ...] = (
             required=("name",),
         ),
         required=("name",),
+        result=_result({**_FUNCTION_RECORD, "source": {"type": "string"}},
+                       ("name", "version", "source")),
         read_only=True,
         idempotent=True,
     ),
@@ -326,6 +446,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             required=("source",),
         ),
         required=("source",),
+        result=_result(_FUNCTION_RECORD, ("name", "version")),
         idempotent=True,
     ),
     ToolSpec(
@@ -335,17 +456,21 @@ TOOLS: tuple[ToolSpec, ...] = (
         parameters=_object(
             {
                 "name": _FUNCTION_NAME,
+                # Free-form values are JSON text where they could hold objects: a schema
+                # with an open object cannot be made strict (OpenAI Agents SDK
+                # convert_schemas_to_strict refuses it), and the router accepts both.
                 "args": {
-                    "type": "array",
-                    "items": {"description": "A plain JSON value."},
+                    "type": ["array", "string", "null"],
+                    "items": _SCALAR,
                     "default": [],
-                    "description": "Positional arguments, as a JSON array of plain values.",
+                    "description": "Positional arguments: a JSON array of numbers, strings, "
+                    "booleans or nulls, or the JSON text of any array (needed for nested lists "
+                    "or objects), e.g. '[[1, 2], {\"a\": 1}]'.",
                 },
                 "kwargs": {
-                    "type": "object",
-                    "additionalProperties": True,
-                    "default": {},
-                    "description": "Keyword arguments, as a JSON object of plain values.",
+                    "type": ["string", "null"],
+                    "description": "Keyword arguments: the JSON text of an object of plain "
+                    "values, e.g. '{\"currency\": \"EUR\"}' (an object itself is accepted too).",
                 },
                 "state_mode": {
                     "type": "string",
@@ -363,6 +488,10 @@ TOOLS: tuple[ToolSpec, ...] = (
             required=("name",),
         ),
         required=("name",),
+        result=_result({**_RUN_RESULT, "value": _PLAIN_VALUE, "function": _result(
+            {"name": {"type": "string"}, "version": {"type": "integer"}})},
+            (*_RUN_REQUIRED, "value")),
+        json_text=(("args", '["exports/monthly.csv", 3]'), ("kwargs", '{"currency": "EUR"}')),
         destructive=True,
         open_world=True,
     ),
@@ -387,32 +516,99 @@ def mcp_annotations(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def render(tool: ToolSpec, format: ToolFormat) -> dict[str, Any]:
+def output_schema(tool: ToolSpec) -> dict[str, Any]:
+    """The MCP ``outputSchema``: the tool's result, or the SPEC error dict."""
+    success = copy.deepcopy(tool.result) or {"type": "object"}
+    return {"type": "object", "anyOf": [success, copy.deepcopy(ERROR_RESULT)]}
+
+
+# Keywords OpenAI's strict mode refuses inside a property; their meaning moves into the
+# description (a default) or is checked by coordex itself (lengths).
+_NOT_STRICT = ("default", "minLength", "maxLength")
+
+
+def strict_parameters(tool: ToolSpec) -> dict[str, Any]:
+    """``tool.parameters`` as OpenAI's strict mode accepts it.
+
+    Every property is required; an optional one also accepts ``null`` (meaning omitted);
+    ``default`` becomes a sentence of the description; free-form JSON arguments
+    (``tool.json_text``) become strings holding JSON text.
+    """
+    json_text = dict(tool.json_text)
+    properties: dict[str, Any] = {}
+    for key, prop in tool.parameters["properties"].items():
+        out = copy.deepcopy(prop)
+        default = out.get("default")
+        if key in json_text:
+            out = {"type": "string", "description": f"{prop['description']} In this schema "
+                   f"always JSON text, e.g. {json_text[key]!r}; null for none."}
+            default = None
+        for keyword in _NOT_STRICT:
+            out.pop(keyword, None)
+        if key not in tool.required:
+            out = _nullable(out)
+            if default is not None:
+                out["description"] += f" null means the default, {json.dumps(default)}."
+        properties[key] = out
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
+
+
+def render(tool: ToolSpec, format: ToolFormat, strict: bool = False,
+           default_timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     """One tool in one dialect; the schema is copied so callers may mutate it freely."""
-    schema = copy.deepcopy(tool.parameters)
+    schema = strict_parameters(tool) if strict else copy.deepcopy(tool.parameters)
+    schema = _fill_timeout(schema, default_timeout)
+    description = _fill_timeout(tool.description, default_timeout)
     if format == "openai":
-        return {
-            "type": "function",
-            "function": {"name": tool.name, "description": tool.description, "parameters": schema},
-        }
+        function = {"name": tool.name, "description": description, "parameters": schema}
+        if strict:
+            function["strict"] = True
+        return {"type": "function", "function": function}
+    if format == "openai-responses":
+        return {"type": "function", "name": tool.name, "description": description,
+                "parameters": schema, "strict": strict}
     if format == "anthropic":
-        return {"name": tool.name, "description": tool.description, "input_schema": schema}
+        rendered = {"name": tool.name, "description": description, "input_schema": schema}
+        if strict:
+            rendered["strict"] = True
+        return rendered
     return {
         "name": tool.name,
-        "description": tool.description,
+        "title": tool.title or tool.name,
+        "description": description,
         "inputSchema": schema,
+        "outputSchema": output_schema(tool),
         "annotations": mcp_annotations(tool),
     }
 
 
+def _fill_timeout(value: Any, seconds: float) -> Any:
+    """``value`` with every description's default-timeout mark replaced by ``seconds``."""
+    if isinstance(value, str):
+        return value.replace(_TIMEOUT_MARK, f"{seconds:g} s")
+    if isinstance(value, dict):
+        return {key: _fill_timeout(item, seconds) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_fill_timeout(item, seconds) for item in value]
+    return value
+
+
 def tool_definitions(
-    format: Any = "openai", names: Iterable[str] | None = None
+    format: Any = "openai", strict: Any = False, names: Iterable[str] | None = None,
+    default_timeout: float | None = None,
 ) -> list[dict[str, Any]] | dict[str, Any]:
     """The coordex tools rendered for one agent framework.
 
     Args:
-        format: ``"openai"``, ``"anthropic"`` or ``"mcp"``.
+        format: ``"openai"`` (Chat Completions), ``"openai-responses"`` (Responses API),
+            ``"anthropic"`` or ``"mcp"``.
+        strict: schemas OpenAI's strict mode accepts (every property required, optional
+            ones nullable, ``additionalProperties: false``); ``null`` always means
+            "omitted", strict or not.
         names: restrict to these tools (in :data:`TOOLS` order); default all.
+        default_timeout: the call timeout the descriptions name (default: 60 s, the
+            Executor's; 50 s for ``"mcp"``, the MCP front end's).
 
     Returns:
         A list of tool definitions, or a ``validation`` error dict for an unknown format
@@ -424,8 +620,11 @@ def tool_definitions(
         return make_error(
             "validation",
             f"Unknown tool definition format {format!r}.",
-            f"Use format='openai', 'anthropic' or 'mcp'.{hint}",
+            f"Use format='openai', 'openai-responses', 'anthropic' or 'mcp'.{hint}",
         )
+    if not isinstance(strict, bool):
+        return make_error("validation", f"strict must be true or false, got {strict!r:.80}.",
+                          "Pass strict=True for OpenAI strict-mode schemas, else strict=False.")
     wanted = list(TOOL_NAMES) if names is None else list(names)
     unknown = [n for n in wanted if n not in _BY_NAME]
     if unknown:
@@ -434,22 +633,26 @@ def tool_definitions(
             f"Unknown tool name(s): {quoted_list(unknown)}.",
             f"Choose from {quoted_list(TOOL_NAMES)}.",
         )
-    return [render(tool, format) for tool in TOOLS if tool.name in wanted]
+    if default_timeout is None:
+        default_timeout = MCP_DEFAULT_TIMEOUT if format == "mcp" else DEFAULT_TIMEOUT
+    return [render(tool, format, strict, default_timeout)
+            for tool in TOOLS if tool.name in wanted]
 
 
 def check_arguments(name: Any, arguments: Any) -> dict[str, Any] | None:
-    """A ``validation`` error dict if the call cannot be dispatched, else None.
+    """An error dict if the call cannot be dispatched, else None.
 
-    Checks only the tool's shape (known tool, an object of arguments, no unknown keys,
-    required keys present); values are the executor's to judge.
+    Checks only the tool's shape: a known tool (else ``not_found`` naming the nearest),
+    an object of arguments, no unknown keys, required keys present and not ``null``
+    (else ``validation``); values are the executor's to judge.
     """
     tool = _BY_NAME.get(name) if isinstance(name, str) else None
     if tool is None:
-        guess = nearest(name, TOOL_NAMES) if isinstance(name, str) else None
+        guess = nearest_tool(name) if isinstance(name, str) else None
         hint = f" Did you mean {guess!r}?" if guess else ""
         return make_error(
-            "validation",
-            f"Unknown tool {name!r}.",
+            "not_found",
+            f"No tool named {name!r}.",
             f"Call one of {quoted_list(TOOL_NAMES)}.{hint}",
         )
     if arguments is None:
@@ -470,7 +673,7 @@ def check_arguments(name: Any, arguments: Any) -> dict[str, Any] | None:
                 f"Unknown argument {key!r} for {tool.name}.",
                 f"Use only {quoted_list(allowed, empty='no arguments')}.{hint}",
             )
-    missing = [key for key in tool.required if key not in arguments]
+    missing = [key for key in tool.required if arguments.get(key) is None]
     if missing:
         return make_error(
             "validation",
@@ -478,6 +681,54 @@ def check_arguments(name: Any, arguments: Any) -> dict[str, Any] | None:
             f"Add {', '.join(f'{key}=...' for key in missing)} to the call.",
         )
     return None
+
+
+def nearest_tool(name: str) -> str:
+    """The tool whose name is closest to ``name`` (there always is one to name)."""
+    return nearest(name, TOOL_NAMES) or max(
+        TOOL_NAMES, key=lambda tool: difflib.SequenceMatcher(None, name.lower(), tool).ratio())
+
+
+def decode_arguments(name: Any, arguments: Any) -> Any:
+    """Arguments as a model sent them, made a dict where they are JSON text.
+
+    ``arguments`` may be a dict, ``None`` or a JSON string of an object (what the OpenAI
+    SDKs hand over); an empty string means no arguments. Text that is not JSON raises
+    a ``validation`` :class:`CoordexError` quoting the parser's complaint.
+    """
+    if not isinstance(arguments, str):
+        return arguments
+    if not arguments.strip():
+        return {}
+    try:
+        return json.loads(arguments)
+    except ValueError as exc:
+        raise CoordexError(
+            "validation",
+            f"The arguments to {name!r} are not valid JSON: {exc} (in {arguments[:200]!r}).",
+            "Send the arguments as one JSON object, e.g. {\"code\": \"print(1)\"}.",
+        )
+
+
+def _omit_nulls(tool: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Drop ``null`` arguments (null means omitted) and decode JSON-text arguments."""
+    out = {key: value for key, value in arguments.items() if value is not None}
+    for key, _example in tool.json_text:
+        value = out.get(key)
+        if isinstance(value, str):
+            try:
+                decoded = json.loads(value) if value.strip() else None
+            except ValueError as exc:
+                raise CoordexError(
+                    "validation",
+                    f"{key} for {tool.name} is text that is not JSON: {value[:200]!r} ({exc}).",
+                    f"Pass {key} as a JSON value, or as its JSON text, e.g. {_example!r}.",
+                )
+            if decoded is None:
+                del out[key]
+            else:
+                out[key] = decoded
+    return out
 
 
 def call_tool(
@@ -490,16 +741,50 @@ def call_tool(
     """Run one tool call against an executor and return its result or error dict.
 
     The one router every front end uses. Blocking (run it in a worker thread from async
-    code). ``on_output(stream, text)`` receives output chunks of ``execute_code`` and
-    build lines (stream ``"build"``) of ``execute_code`` and of ``create_environment``
-    with ``build=true``, for progress reporting. ``cancel`` is handed to
-    ``execute_code`` (setting it interrupts the run).
+    code). ``arguments`` is a dict or its JSON text; ``null`` values mean "omitted".
+    ``on_output(stream, text)`` receives output chunks of ``execute_code`` and build
+    lines (stream ``"build"``) of ``execute_code`` and of ``create_environment`` with
+    ``build=true``, for progress reporting. ``cancel`` is handed to ``execute_code``
+    (setting it interrupts the run).
     """
-    problem = check_arguments(name, arguments)
-    if problem is not None:
-        return problem
-    handler = _HANDLERS[name]
-    return handler(executor, dict(arguments or {}), on_output, cancel)
+    try:
+        arguments = decode_arguments(name, arguments)
+        problem = check_arguments(name, arguments)
+        if problem is not None:
+            return problem
+        args = _omit_nulls(_BY_NAME[name], dict(arguments or {}))
+    except CoordexError as exc:
+        return exc.to_dict()
+    return _HANDLERS[name](executor, args, on_output, cancel)
+
+
+def route(executor: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """``Executor.call_tool``: one model tool call, answered exactly as the MCP tool is.
+
+    Never raises: a bug in coordex is an error dict too (:func:`internal_error`). The
+    result is JSON-normal (what a client decodes from the MCP structured content).
+    """
+    try:
+        record = call_tool(executor, name, arguments)
+    except Exception as exc:
+        record = internal_error(exc)
+    return json_normal(record)
+
+
+def json_normal(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` as a JSON round trip gives it back (tuples as lists, odd values as text)."""
+    return cast(dict[str, Any], json.loads(json.dumps(record, default=str)))
+
+
+def internal_error(exc: BaseException) -> dict[str, Any]:
+    """A bug in coordex itself, still reported as a result a model can act on."""
+    return make_error(
+        "crashed",
+        f"coordex failed internally: {type(exc).__name__}: {exc}",
+        "Retry the call once; if it fails again, continue without the session's state "
+        "(it may be lost) and report the problem to the operator.",
+        state_lost=True,
+    )
 
 
 # (executor, arguments, on_output, cancel) -> result or error dict
@@ -570,6 +855,7 @@ _HANDLERS: dict[str, _Handler] = {
     "list_sessions": _plain(lambda ex: ex.list_sessions),
     "inspect_session": _plain(lambda ex: ex.inspect_session),
     "close_session": _plain(lambda ex: ex.close_session),
+    "rebuild_session": _plain(lambda ex: ex.rebuild_session),
     "list_environments": _plain(lambda ex: ex.environments.list),
     "create_environment": _create_environment,
     "list_functions": _plain(lambda ex: ex.functions.list),
@@ -600,7 +886,8 @@ def build_environment(
 
 
 __all__ = [
-    "FORMATS", "TOOLS", "TOOL_NAMES", "ToolFormat", "ToolSpec", "build_environment", "call_tool",
-    "check_arguments", "get_tool", "mcp_annotations", "render",
-    "tool_definitions",
+    "DEFAULT_TIMEOUT", "ERROR_RESULT", "FORMATS", "MCP_DEFAULT_TIMEOUT", "TOOLS", "TOOL_NAMES",
+    "ToolFormat", "ToolSpec", "build_environment", "call_tool", "check_arguments",
+    "decode_arguments", "get_tool", "internal_error", "json_normal", "mcp_annotations",
+    "output_schema", "render", "route", "strict_parameters", "tool_definitions",
 ]

@@ -73,3 +73,11 @@ def test_demo_runs_clean_in_a_fresh_home(tmp_path: Path) -> None:
     assert "FAILED" not in done.stdout
     assert "Did you mean session_name='audit'" in done.stdout
     assert home.is_dir()  # the demo used the COORDEX_HOME it was given
+    # The read-only step: counts before and after, and what stateful would have cost.
+    assert "session 'audit' before: 3000 ledger rows, 6 account totals" in done.stdout
+    assert "session 'audit' after: 3000 ledger rows, 6 account totals" in done.stdout
+    assert ("would have cost the session 2990 of its 3000 ledger rows (and their order) "
+            "and all 6 account totals") in done.stdout
+    # The stored function: its source, and its effect after the stateful run.
+    assert "    | def mark_reviewed(limit):" in done.stdout and "noqa" not in done.stdout
+    assert "['T00000', 'T00001', 'T00002', 'T00003', 'T00004']" in done.stdout

@@ -6,13 +6,18 @@ Tests point ``coordex.backends.workers.WORKER_SCRIPT`` here. Behaviours:
 - ``garbage``: writes a non-JSON line where the handshake should be;
 - ``old_protocol``: announces a protocol version the host does not speak;
 - ``exit``: prints a reason to stderr and exits with status 3 before the handshake;
-- ``garbage_later``: handshakes correctly, then answers a run with garbage.
+- ``garbage_later``: handshakes correctly, then answers a run with garbage;
+- ``ignore_shutdown``: handshakes, then reads and ignores every message (``shutdown``
+  included); SIGINT still ends it;
+- ``ignore_interrupt``: as ``ignore_shutdown``, and SIGINT is ignored too (TERM ends it);
+- ``ignore_term``: as ``ignore_interrupt``, and SIGTERM is ignored too (only KILL works).
 
 Standard library only, like the real worker.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -35,6 +40,15 @@ def main() -> int:
     elif mode == "exit":
         sys.stderr.write("fake worker: refusing to start\n")
         return 3
+    elif mode.startswith("ignore_"):
+        if mode in ("ignore_interrupt", "ignore_term"):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if mode == "ignore_term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.write(out_fd, json.dumps(hello).encode() + b"\n")
+        while os.read(in_fd, 65536):
+            pass  # `shutdown` included: not listening
+        time.sleep(600)
     elif mode == "garbage_later":
         os.write(out_fd, json.dumps(hello).encode() + b"\n")
         while os.read(in_fd, 65536):

@@ -58,3 +58,17 @@ def test_cancelling_the_task_interrupts_the_code_and_keeps_the_session(tmp_path:
             assert r["result"] == "True"
 
     asyncio.run(main())
+
+
+def test_the_log_and_rebuild_are_awaitable(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncExecutor(root=tmp_path / "home") as ex:
+            await ex.execute_code("v = 3", state_mode="stateful", session_name="aio")
+            await ex.close_session(session_name="aio")
+            rebuilt = await ex.rebuild_session(session_name="aio")
+            assert rebuilt["replayed"] == 1
+            calls = (await ex.history(session_name="aio"))["calls"]
+            assert [c["code"] for c in calls] == ["v = 3", "v = 3"]
+            assert (await ex.serve_ui())["url"].startswith("http://127.0.0.1:")
+
+    asyncio.run(main())

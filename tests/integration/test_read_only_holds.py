@@ -130,8 +130,12 @@ def test_a_sqlite_connection_works_in_the_copy_and_the_database_keeps_nothing(
     assert "error" not in result, result
     assert result["result"] == "1"
     assert place.ok("con.execute('select count(*) from t').fetchone()[0]")["result"] == "0"
-    with sqlite3.connect(place.work / "db.sqlite") as fresh:
+    place.ok("con.close()")
+    fresh = sqlite3.connect(place.work / "db.sqlite")
+    try:
         assert fresh.execute("select count(*) from t").fetchone()[0] == 0
+    finally:
+        fresh.close()
 
 
 def test_coordex_pipes_are_closed_in_the_copy(place: Place) -> None:
@@ -173,6 +177,7 @@ def test_shared_maps_are_private_in_the_copy(place: Place) -> None:
     assert result["isolation"]["objects"] is True
     assert place.ok("bytes(anon[:5]) + bytes(fm[:5])")["result"] == repr(b"hello\0\0\0\0\0")
     assert (place.work / "map.bin").read_bytes() == b"\0" * 4096
+    place.ok("fm.close(); anon.close(); f.close()")
 
 
 # -- capabilities -------------------------------------------------------------------------

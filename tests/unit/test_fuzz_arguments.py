@@ -15,16 +15,31 @@ from coordex.core.errors import ERROR_TYPES
 
 pytestmark = pytest.mark.timeout(300)
 
+# Lone surrogates: what os.listdir gives for a byte that is not UTF-8.
+surrogates = st.text(alphabet=st.sampled_from(["\udce9", "\ud800", "a", "\u00e9"]),
+                     min_size=1, max_size=5)
 anything = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([2**63 - 1, 2**63, 2**70]), surrogates,
     st.floats(allow_nan=True), st.text(max_size=30),
     st.sampled_from(["python", "bash", "stateless", "stateful", "read_only", "audit"]),
     st.lists(st.integers(), max_size=3), st.binary(max_size=10),
 )
 code_values = st.one_of(
-    st.text(max_size=200), st.just("x" * 200_000), st.just("print('a\x00b')"),
+    st.text(max_size=200), st.just("print('caf\\udce9')"), st.just("raise KeyboardInterrupt"),
+    st.just("x" * 200_000), st.just("print('a\x00b')"),
     st.just("\x00"), st.just("1\n" * 10_000), anything,
 )
+
+
+nested_toml = st.integers(min_value=1, max_value=3000).map(
+    lambda depth: "[project]\ndependencies = []\nx = " + "[" * depth + "]" * depth)
+specs = st.one_of(nested_toml, anything, st.just("caf\udce9lib"), st.just(""))
+
+
+def sendable(record: dict[str, object]) -> None:
+    """What a front end does with a result: JSON, as UTF-8."""
+    json.dumps(record, ensure_ascii=False).encode("utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +64,7 @@ def test_execute_code_never_raises(fuzz_ex: Executor, code: object, language: ob
                              session_id=session_id, session_name=session_name,  # type: ignore[arg-type]
                              venv_id=venv_id, timeout=timeout)  # type: ignore[arg-type]
     assert isinstance(r, dict)
-    json.dumps(r)
+    sendable(r)
     if "error_type" in r:
         assert r["error_type"] in ERROR_TYPES
         assert r["error"] and r["suggestion"]
@@ -67,5 +82,18 @@ def test_inspect_and_close_never_raise(fuzz_ex: Executor, language: object, sess
                    session_name=session_name, venv_id=venv_id)  # type: ignore[arg-type]
         assert isinstance(r, dict)
         json.dumps(r)
+        if "error_type" in r:
+            assert r["error_type"] in ERROR_TYPES and r["suggestion"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=specs, name=anything, venv_id=anything)
+def test_environments_never_raise(fuzz_ex: Executor, spec: object, name: object,
+                                  venv_id: object) -> None:
+    for r in (fuzz_ex.environments.create(spec, name=name),  # type: ignore[arg-type]
+              fuzz_ex.environments.build(venv_id),  # type: ignore[arg-type]
+              fuzz_ex.environments.list()):
+        assert isinstance(r, dict)
+        sendable(r)
         if "error_type" in r:
             assert r["error_type"] in ERROR_TYPES and r["suggestion"]

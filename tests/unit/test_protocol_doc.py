@@ -115,6 +115,36 @@ def test_reexport_is_the_worker_module() -> None:
 
 
 @pytest.mark.parametrize("name", ["_coordex_worker.py", "_coordex_protocol.py",
-                                  "_coordex_engine.py"])
+                                  "_coordex_engine.py", "_coordex_import_check.py"])
 def test_worker_files_are_python_38(name: str) -> None:
     ast.parse((WORKER_DIR / name).read_text(), feature_version=(3, 8))
+
+
+def test_unknown_fields_are_refused() -> None:
+    with pytest.raises(ProtocolError, match="unknown field"):
+        message("inspect", id="1", extra=True)
+    with pytest.raises(ProtocolError, match="unknown field"):
+        decode(b'{"type": "shutdown", "now": 1}')
+
+
+def test_the_launcher_wire_is_documented_with_its_version() -> None:
+    from coordex.backends import launcher
+
+    text = DOC.read_text()
+    version = launcher.HELLO.decode().split()[-1]
+    assert f"Launcher version: **{version}**" in text
+    assert launcher.HEADER.format == "!cii" and "`!cii`" in text
+    section = text.split("# The launcher wire", 1)[1].split("# The bash record wire", 1)[0]
+    for kind in ("R", "W", "P", "X", "E"):
+        assert f"| `{kind}` |" in section, kind
+
+
+def test_the_bash_record_wire_is_documented_with_its_version() -> None:
+    from coordex.backends import shell
+
+    text = DOC.read_text()
+    assert f"Record wire version: **{shell.RECORD_WIRE_VERSION}**" in text
+    assert "`FLAGS` is `$-:${#BASHOPTS}`" in text
+    assert shell._FLAGS == "$-:${#BASHOPTS}"
+    for record in ("`TOKEN r N STATUS FLAGS`", "`TOKEN s N STATUS FLAGS`"):
+        assert record in text

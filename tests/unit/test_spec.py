@@ -214,3 +214,81 @@ def test_script_block_errors() -> None:
 def test_non_text_and_nul_are_refused() -> None:
     assert "must be text" in invalid(["six"]).error  # type: ignore[arg-type]
     assert "NUL" in invalid("six\x00").error
+
+
+# -- read as meant or refused (SPEC section 5) -----------------------------------------------
+
+
+def test_crlf_line_endings_read_like_lf() -> None:
+    for text in (SCRIPT, PYPROJECT, REQUIREMENTS):
+        crlf = parse_spec(text.replace("\n", "\r\n"))
+        assert crlf.requirements and crlf == parse_spec(text)
+
+
+@pytest.mark.parametrize("opener", ["# /// pyproject", "# /// requirements", "#/// script",
+                                    "# ///script"])
+def test_a_block_coordex_would_not_read_is_refused(opener: str) -> None:
+    error = invalid(f"import six\n{opener}\n# dependencies = [\"six\"]\n# ///\n")
+    assert "Line 2" in error.error and repr(opener) in error.error
+    assert "'# /// script" in error.suggestion
+
+
+def test_two_adjacent_script_blocks_say_there_are_two() -> None:
+    block = "# /// script\n# dependencies = [\"six\"]\n# ///\n"
+    error = invalid(block + block)
+    assert "2 '# /// script' blocks (at lines 1, 4)" in error.error
+
+
+@pytest.mark.parametrize(("table", "fragment"), [
+    ("[tool.uv]\nindex-url = \"https://example.org/simple\"\n", "UV_INDEX_URL"),
+    ("[[tool.uv.index]]\nurl = \"https://example.org/simple\"\n", "UV_INDEX_URL"),
+    ("[tool.uv.sources]\nsix = { path = \"/wheels/six.whl\" }\n", "name @ URL"),
+    ("[tool.uv]\nprerelease = \"allow\"\n", "Remove the [tool.uv] table"),
+])
+def test_tool_uv_settings_are_refused(table: str, fragment: str) -> None:
+    text = "[project]\nname = \"x\"\nversion = \"0\"\ndependencies = [\"six\"]\n\n" + table
+    error = invalid(text)
+    assert "[tool.uv]" in error.error and "line 6" in error.error
+    assert fragment.replace("name @ URL", "by URL") in error.suggestion
+    script = "# /// script\n# dependencies = [\"six\"]\n" + "".join(
+        f"# {line}\n" for line in table.splitlines()) + "# ///\n"
+    assert "line 3" in invalid(script).error
+
+
+@pytest.mark.parametrize("text", [
+    "ledgerlib @ file://${WHEELS}/ledgerlib-1.0-py3-none-any.whl",
+    "[project]\ndependencies = [\"ledgerlib @ file://${HOME}/w.whl\"]\n",
+    "# /// script\n# dependencies = [\"six==${SIX_VERSION}\"]\n# ///\n",
+])
+def test_environment_variables_in_a_requirement_are_refused(text: str) -> None:
+    error = invalid(text)
+    assert "environment variable '${" in error.error and "Write the value itself" in error.suggestion
+    assert "line 1" in error.error.lower() or "line 2" in error.error
+
+
+def test_index_url_lines_are_refused_naming_the_line() -> None:
+    error = invalid("six\n--index-url https://example.org/simple\n")
+    assert "Line 2" in error.error and "UV_INDEX_URL" in error.suggestion
+
+
+def test_tool_coordex_resources_are_read_but_not_hashed() -> None:
+    text = PYPROJECT + "\n[tool.coordex]\nnum_cpus = 2\nnum_gpus = 0.5\nmemory = \"8GiB\"\n"
+    spec = parse_spec(text)
+    assert spec.resources == {"num_cpus": 2, "num_gpus": 0.5, "memory": 8 * 2**30}
+    plain = parse_spec(PYPROJECT)
+    assert plain.resources == {} and spec.spec_hash() == plain.spec_hash()
+    assert parse_spec("[project]\n[tool.coordex]\nmemory = 1000\n").resources == {"memory": 1000}
+    script = SCRIPT.replace("# ]\n", "# ]\n# [tool.coordex]\n# num_gpus = 1\n")
+    assert parse_spec(script).resources == {"num_gpus": 1}
+    assert parse_spec("[project]\n[tool.ruff]\nline-length = 90\n").resources == {}
+
+
+@pytest.mark.parametrize(("table", "fragment"), [
+    ("num_gpu = 1", "Did you mean 'num_gpus'?"),
+    ("num_cpus = -1", "num_cpus = 2"),
+    ("memory = \"lots\"", "8GiB"),
+    ("num_gpus = true", "num_gpus = 2"),
+])
+def test_bad_tool_coordex_keys_are_refused(table: str, fragment: str) -> None:
+    error = invalid(f"[project]\ndependencies = []\n[tool.coordex]\n{table}\n")
+    assert "line 4" in error.error and fragment in error.suggestion

@@ -45,8 +45,8 @@ class RunRequest:
     # The call's private scratch folder (its TMPDIR), created and removed by the caller;
     # None: the copy is not protected and reports ``files: "none"``.
     scratch: str | None = None
-    # Set by a front end whose request was cancelled: interrupt like a timeout. Only the
-    # own-interpreter backend watches it so far; shells and workers wait for the timeout.
+    # Set by a front end whose request was cancelled: every place interrupts the code as
+    # at its timeout (state kept), and kills only past INTERRUPT_GRACE.
     cancel: threading.Event | None = None
 
 
@@ -122,6 +122,10 @@ class Place(Protocol):
 
     def run_stateless(self, request: RunRequest) -> Outcome:
         """Run code in a fresh namespace / process / shell that is gone afterwards."""
+        ...
+
+    def capabilities_changed(self) -> None:
+        """A capability was registered: make it visible to the sessions open here."""
         ...
 
     def close(self) -> None:

@@ -47,8 +47,6 @@ HEADER = struct.Struct("!cii")
 START_TIMEOUT = 15.0
 _LIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 LIMITS = _LIMITS  # the resource limits a child takes from the session shell
-# How long close() waits for the server to exit after closing the socket, before KILL.
-CLOSE_GRACE = 1.0
 
 
 class LauncherError(RuntimeError):
@@ -69,15 +67,19 @@ class LauncherServer:
     _proc: subprocess.Popen[bytes]
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        import subprocess  # here: the server side (this file run as a script) needs none
+        # Here: the server side (this file run as a script) needs neither.
+        import subprocess
+
+        from . import _reap
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = subprocess.Popen(
+            # A session of its own: the copies it forks stay in it (in groups of their
+            # own), so the keeper ends them too if the host dies.
+            self._proc = _reap.spawn(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=dict(env), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError as exc:
             ours.close()
             raise LauncherError(f"could not start the launcher server: {exc}") from exc
@@ -175,20 +177,24 @@ class LauncherServer:
         except OSError:
             pass
 
-    def close(self) -> None:
-        """Close the socket (the server kills a child still running, then exits); reap."""
-        _release(self._sock.fileno())
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-        import subprocess
+    def close(self) -> str:
+        """Stop the server by the one policy; returns the step reached.
 
-        try:
-            self._proc.wait(CLOSE_GRACE)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        Closing the socket is how it is asked to leave: it kills a child still running,
+        then exits.
+        """
+        from . import _reap
+
+        _release(self._sock.fileno())
+
+        def hang_up() -> bool:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            return True
+
+        return _reap.stop(self._proc, "launcher server", ask=hang_up)
 
     def _take(self) -> tuple[bytes, int, int] | None:
         if len(self._buffer) < HEADER.size:

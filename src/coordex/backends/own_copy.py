@@ -22,7 +22,6 @@ How it works:
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import gc
 import io
@@ -52,10 +51,12 @@ class CapabilityHost(Protocol):
 
 def run_copy(session: own.NamespaceSession, request: RunRequest,
              protect: Callable[[], str] | None,
-             capabilities: CapabilityHost | None, fork: bool = True) -> Outcome:
+             capabilities: CapabilityHost | None, fork: bool = True,
+             fork_on: Callable[[Callable[[], int]], int] | None = None) -> Outcome:
     """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``.
 
-    ``fork=False`` (no safe ``fork`` here) always copies by value.
+    ``fork=False`` (no safe ``fork`` here) always copies by value. ``fork_on(fork)``
+    calls ``fork`` on the thread the session's code runs on (default: this one).
     """
     names = [n for n in (capabilities.names() if capabilities else [])
              if n in session.injected]
@@ -66,7 +67,8 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         start = _start_values(session, request, names, out_w, err_w)
         kind = "values"
     else:
-        start = _start_fork(session, request, protect, names, out_w, err_w, (out_r, err_r))
+        start = _start_fork(session, request, protect, names, out_w, err_w, (out_r, err_r),
+                            fork_on or _fork_here)
         kind = "fork"
     os.close(out_w)
     os.close(err_w)
@@ -83,12 +85,14 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         isolation.setdefault("left_out", left_out)
     if cell is None or (interrupted and cell.get("interrupted") is not True):
         if interrupted:
-            outcome = own._timed_out(out, err, stuck=False, mode="read_only")
+            outcome = own._timed_out(out, err, stuck=False, mode="read_only",
+                                     seconds=request.timeout)
         else:
             outcome = own._crashed_copy(out, err, status)
     else:
         outcome = own._outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
-                                         mode="read_only")
+                                         mode="read_only", seconds=request.timeout)
+        outcome.update(rebound=cell.get("rebound") or [], deleted=cell.get("deleted") or [])
     outcome["isolation"] = isolation
     return outcome
 
@@ -99,6 +103,7 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
 def _start_fork(session: own.NamespaceSession, request: RunRequest,
                 protect: Callable[[], str] | None, capability_names: list[str],
                 out_w: int, err_w: int, parent_ends: tuple[int, ...],
+                fork_on: Callable[[Callable[[], int]], int],
                 ) -> tuple[int, int, int, None, list[str]] | str:
     link_r, child_w = os.pipe()
     child_r, link_w = os.pipe()
@@ -119,7 +124,7 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
         return pid
 
     try:
-        pid = _fork_on_session_thread(session, fork)
+        pid = fork_on(fork)
     except OSError as exc:
         for fd in (link_r, child_w, child_r, link_w):
             os.close(fd)
@@ -129,36 +134,10 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
     return pid, link_r, link_w, None, []
 
 
-def _fork_on_session_thread(session: own.NamespaceSession, fork: Callable[[], int]) -> int:
-    """Fork from the session's runner thread when it is idle, else from this one.
-
-    The child is a copy of the forking thread alone; forking on the runner makes the
-    copy's thread the one that built the session's objects, which sqlite3 (and any
-    other check of the creating thread) insists on.
-    """
+def _fork_here(fork: Callable[[], int]) -> int:
     nested = getattr(own._local, "in_call", False)
-    runner = session.runner
-    if nested or runner is None or runner.busy or runner.closed:
-        with contextlib.nullcontext() if nested else own.OWN_LOCK:
-            return fork()
-    box: dict[str, Any] = {}
-    done = _thread.allocate_lock()
-    done.acquire()
-
-    def job() -> None:
-        try:
-            box["pid"] = fork()
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            done.release()
-
-    with own.OWN_LOCK:
-        runner.submit(job)
-        done.acquire()
-    if "error" in box:
-        raise box["error"]
-    return int(box["pid"])
+    with contextlib.nullcontext() if nested else own.OWN_LOCK:
+        return fork()
 
 
 def _start_values(session: own.NamespaceSession, request: RunRequest,
@@ -193,7 +172,7 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         # Freeze what the session holds: a collection in the copy would walk (and so
         # copy page by page) every object the session owns.
         gc.freeze()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        copier.interrupt_on_sigint()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
@@ -207,7 +186,7 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                       errors="replace", write_through=True)
         sys.stdin = own._EmptyStdin()
-        own._local.stdout = own._local.stderr = None
+        own._local.call = None
         own._chdir(session.cwd)
         own._apply_environ(session.environ)
         files = protect() if protect is not None else "none"
@@ -219,7 +198,11 @@ def _child(session: own.NamespaceSession, request: RunRequest,
             namespace[name] = copier.CapabilityStub(name, link)
         isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
         link.send(wire.message("copy_ready", isolation=isolation))
+        before = dict(namespace)
         cell = engine.run_cell(request.code, namespace, request.output_limit)
+        # What the copy changed, for the call log: the session itself never sees it.
+        cell["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
+        cell["deleted"] = [k for k in before if k not in namespace]
         cell.update(type="done", id="copy", isolation=isolation)
         link.send(cell)
         code = 0

@@ -50,10 +50,12 @@ import sys
 import termios
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import messages
 from ..core.errors import ERROR_TYPES, make_error
 from ..core.results import OutputBuffer
 from ..worker import _coordex_copy as copier
@@ -72,11 +74,81 @@ OWN_LOCK = threading.RLock()
 _local = threading.local()
 
 
+# --------------------------------------------------------------------------- calls and threads
+
+
+class _Call:
+    """One running own-interpreter call: where its output goes, and what it started.
+
+    The call's own thread finds it in ``_local.call``; a thread its code starts carries
+    it as ``_coordex_call`` (set by :func:`_start_with_origin`), so the thread's prints
+    reach this call while it runs, then the next call of the same session, and never a
+    call of another session.
+    """
+
+    __slots__ = ("err", "open", "out", "session", "threads")
+
+    def __init__(self, out: Callable[[str], None], err: Callable[[str], None],
+                 session: NamespaceSession | None) -> None:
+        self.out = out
+        self.err = err
+        self.session = session
+        self.open = True
+        self.threads: list[weakref.ref[threading.Thread]] = []
+
+    def threads_alive(self) -> bool:
+        return any((t := ref()) is not None and t.is_alive() for ref in self.threads)
+
+
+def _current_call() -> _Call | None:
+    """The call whose output this thread's writes belong to, or None (a host thread)."""
+    call: _Call | None = getattr(_local, "call", None)
+    if call is None:
+        call = getattr(threading.current_thread(), "_coordex_call", None)
+    return call
+
+
+def _target_call() -> _Call | None:
+    """Where a write from this thread goes: a call, None (the host's stream) or
+    ``_NOWHERE`` (a thread whose call is over and whose session runs nothing now)."""
+    call = _current_call()
+    if call is None or call.open:
+        return call
+    session = call.session
+    current = session.current if session is not None else None
+    return current if current is not None else _NOWHERE
+
+
+def _drop(text: str) -> None:
+    pass
+
+
+_NOWHERE = _Call(_drop, _drop, None)
+_THREAD_START = threading.Thread.start
+
+
+def _start_with_origin(self: threading.Thread) -> None:
+    """``threading.Thread.start`` that remembers which call started the thread."""
+    call = _current_call()
+    if call is not None:
+        self._coordex_call = call  # type: ignore[attr-defined]
+        call.threads.append(weakref.ref(self))
+        if call.session is not None:
+            call.session.threads.add(self)
+    _THREAD_START(self)
+
+
+def _install_thread_origin() -> None:
+    if threading.Thread.start is not _start_with_origin:
+        threading.Thread.start = _start_with_origin  # type: ignore[method-assign]
+
+
 # --------------------------------------------------------------------------- streams
 
 
 class _RoutedStream(io.TextIOBase):
-    """Installed as sys.stdout/sys.stderr: writes go to the current thread's capture."""
+    """Installed as sys.stdout/sys.stderr: writes go to the capture of the call they
+    belong to (see :func:`_target_call`), escaped as every place escapes them."""
 
     def __init__(self, name: str, original: Any) -> None:
         super().__init__()
@@ -84,16 +156,16 @@ class _RoutedStream(io.TextIOBase):
         self.original = original
 
     def write(self, text: str) -> int:
-        sink = getattr(_local, self._name, None)
-        if sink is None:
+        call = _target_call()
+        if call is None:
             return int(self.original.write(text) or 0)
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        sink(text)
+        (call.out if self._name == "stdout" else call.err)(engine.escape_text(text))
         return len(text)
 
     def flush(self) -> None:
-        if getattr(_local, self._name, None) is None:
+        if _target_call() is None:
             with contextlib.suppress(Exception):
                 self.original.flush()
 
@@ -133,7 +205,7 @@ class _RoutedStdin(io.TextIOBase):
         self._empty = _EmptyStdin()
 
     def _target(self) -> Any:
-        return self._empty if getattr(_local, "in_call", False) else self.original
+        return self._empty if _current_call() is not None else self.original
 
     def read(self, size: int | None = -1) -> str:
         return str(self._target().read(size))
@@ -262,6 +334,8 @@ class _FdPump:
             sel.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         copier.release(*self._held())
         os.write(self._wake_w, b"x")
@@ -290,21 +364,41 @@ def _flush_real_streams() -> None:
 # --------------------------------------------------------------------------- runner thread
 
 
+def _raise_in(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in thread ``ident`` at its next bytecode; None withdraws a pending one."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc))
+
+
 class _Runner:
     """A daemon thread that runs one job at a time; the caller waits with a deadline.
 
-    Hand-off uses bare locks (``_thread.allocate_lock``): two context switches per call,
-    about 50 us on a small VM, which is the whole cost of timeouts that always return.
+    Runners belong to the :class:`OwnInterpreter`, not to sessions: one runner serves
+    every call, and a session only points at the runner while that runner holds its
+    code. A runner whose code did not stop when interrupted is *retired*: the next call
+    gets a new runner, and the retired thread ends as soon as its code returns. So no
+    thread is kept per session, and nothing keeps a job (and the namespace its closure
+    holds) once it returned.
+
+    Hand-off uses bare locks (``_thread.allocate_lock``): two context switches per call.
+    The interrupt is sent under ``_lock`` only while the job runs user code, and a
+    pending one is withdrawn once it ended, so a late interrupt never lands in the
+    runner's own bookkeeping.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self) -> None:
         self._go = _thread.allocate_lock()
         self._go.acquire()
+        self.done = _thread.allocate_lock()  # released once per job, after it ended
+        self.done.acquire()
+        self._lock = _thread.allocate_lock()
         self._job: Callable[[], None] | None = None
+        self._in_job = False
         self.busy = False
-        self.closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.retired = False
+        self._thread = threading.Thread(target=self._loop, name="coordex-runner", daemon=True)
+        # Not a thread of any call: start it with the original start().
+        _THREAD_START(self._thread)
 
     @property
     def ident(self) -> int:
@@ -312,52 +406,89 @@ class _Runner:
 
     def submit(self, job: Callable[[], None]) -> None:
         self.busy = True
+        self._in_job = True
         self._job = job
         self._go.release()
 
     def _loop(self) -> None:
         while True:
-            self._go.acquire()
-            job, self._job = self._job, None
-            if job is None:
-                return
             try:
-                job()
-            except BaseException:  # a stray async KeyboardInterrupt after the job ended
+                self._go.acquire()
+                job, self._job = self._job, None
+                if job is None:
+                    return
+                try:
+                    job()
+                finally:
+                    job = None
+            except BaseException:  # an interrupt that landed outside the code: ignore
                 pass
-            finally:
-                self.busy = False
+            self._finish()
+            if self.retired:
+                return
+
+    def _finish(self) -> None:
+        while True:
+            try:
+                with self._lock:
+                    self._in_job = False
+                _raise_in(self.ident, None)
+                if self.busy:
+                    self.busy = False
+                    self.done.release()
+                return
+            except BaseException:  # landed before it was withdrawn: run the step again
+                continue
 
     def interrupt(self) -> None:
-        """Raise KeyboardInterrupt in the runner at its next bytecode."""
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(self.ident), ctypes.py_object(KeyboardInterrupt))
+        """Raise :class:`engine.Interrupt` in the job, if it is still running."""
+        with self._lock:
+            if self._in_job:
+                _raise_in(self.ident, engine.Interrupt)
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if not self.busy:
-                self._job = None
-                with contextlib.suppress(RuntimeError):
-                    self._go.release()
+        """End the thread once it is idle (now, if it is)."""
+        self.retired = True
+        if not self.busy:
+            with contextlib.suppress(RuntimeError):
+                self._go.release()
 
 
 # --------------------------------------------------------------------------- sessions
 
 
-@dataclass
+@dataclass(eq=False)
 class NamespaceSession:
-    """One own-interpreter session: a namespace plus its own cwd and environment."""
+    """One own-interpreter session: a namespace plus its own cwd and environment.
+
+    ``runner`` is the runner holding the session's code (during a call, or after one
+    whose code did not stop); ``current`` the call running now; ``threads`` the threads
+    its code started. ``owns_namespace`` is False for a namespace the caller lent (the
+    plan namespace, a view): closing never clears those.
+    """
 
     namespace: dict[str, Any]
     cwd: str
     environ: dict[Any, Any]
     runner: _Runner | None = None
     injected: set[str] = field(default_factory=set)
+    current: _Call | None = None
+    threads: weakref.WeakSet[threading.Thread] = field(default_factory=weakref.WeakSet)
+    owns_namespace: bool = True
 
     @property
     def stuck(self) -> bool:
         return self.runner is not None and self.runner.busy
+
+    def threads_alive(self) -> bool:
+        return any(t.is_alive() for t in list(self.threads))
+
+    def close(self) -> None:
+        """Let go of what the session holds: its namespace is emptied at once (functions
+        in it make cycles a collection would find only later), unless code or threads
+        the session started still run in it; they keep it until they end."""
+        if self.owns_namespace and not self.stuck and not self.threads_alive():
+            self.namespace.clear()
 
 
 def fresh_namespace() -> dict[str, Any]:
@@ -434,10 +565,11 @@ class OwnInterpreter:
         # the host too, so entering a session costs no environment change per call.
         for key, value in PAGER_ENV.items():
             os.environ.setdefault(key, value)
+        _install_thread_origin()
         self._fds = _FdPump()
         self._closed = False
-        self._stateless_runners: list[_Runner] = []
-        self._runner_lock = threading.Lock()
+        self._runner: _Runner | None = None
+        self._active_runner: _Runner | None = None  # the runner of the call now running
 
     def new_session(self, namespace: dict[str, Any] | None = None) -> NamespaceSession:
         environ = environ_snapshot()
@@ -446,7 +578,7 @@ class OwnInterpreter:
         for key, value in PAGER_ENV.items():
             environ[encode_key(key)] = encode_value(value)
         return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
-                                _getcwd(), environ)
+                                _getcwd(), environ, owns_namespace=namespace is None)
 
     # -- running -----------------------------------------------------------------------
 
@@ -454,10 +586,8 @@ class OwnInterpreter:
         """Stateful: run in the session's namespace; report rebound and deleted names."""
         if session.stuck:
             return _still_busy()
-        if session.runner is None:
-            session.runner = _Runner("coordex-session")
         before = dict(session.namespace)
-        outcome = self._run_on(session.runner, session, session.namespace, request)
+        outcome = self._run_on(None, session, session.namespace, request)
         after = session.namespace
         rebound = [k for k, v in after.items() if k not in before or before[k] is not v]
         deleted = [k for k in before if k not in after]
@@ -469,29 +599,30 @@ class OwnInterpreter:
     def run_stateless(self, request: RunRequest, extra_globals: dict[str, Any]) -> Outcome:
         namespace = fresh_namespace()
         namespace.update(extra_globals)
-        runner = self._free_stateless_runner()
-        return self._run_on(runner, self.new_session(namespace), namespace, request,
-                            mode="stateless")
+        session = self.new_session(namespace)
+        outcome = self._run_on(None, session, namespace, request, mode="stateless")
+        # Nothing is kept from a stateless call: its namespace goes now, not when a
+        # collection finds the cycles its functions make, unless code or threads it
+        # started still run in it.
+        if not session.stuck and not session.threads_alive():
+            namespace.clear()
+        return outcome
 
-    def _free_stateless_runner(self) -> _Runner:
-        with self._runner_lock:
-            self._stateless_runners = [r for r in self._stateless_runners if not r.closed]
-            for runner in self._stateless_runners:
-                if not runner.busy:
-                    return runner
-            runner = _Runner("coordex-stateless")
-            self._stateless_runners.append(runner)
-            return runner
+    def _take_runner(self) -> _Runner:
+        """The idle runner (called under OWN_LOCK); a new one if the last got stuck."""
+        runner = self._runner
+        if runner is None or runner.busy or runner.retired:
+            runner = self._runner = _Runner()
+        return runner
 
-    def _run_on(self, runner: _Runner, session: NamespaceSession | None,
+    def _run_on(self, runner: Any, session: NamespaceSession | None,
                 namespace: dict[str, Any], request: RunRequest,
                 mode: str = "stateful") -> Outcome:
+        """Run ``request`` in ``namespace``; ``runner`` is unused (the interpreter picks
+        its own), kept so nested calls from the executor read the same."""
         out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
-        box: dict[str, Any] = {}
-        done = _thread.allocate_lock()
-        done.acquire()
-
-        # The runner thread (print) and the fd pump (child processes) both write here.
+        # The runner thread (print), threads the code started and the fd pump (child
+        # processes) all write here.
         sink_lock = threading.Lock()
 
         def sink_out(text: str) -> None:
@@ -504,57 +635,81 @@ class OwnInterpreter:
                 err.write(text)
             emit(request, "stderr", text)
 
+        call = _Call(sink_out, sink_err, session)
+        if getattr(_local, "in_call", False):
+            return self._run_inline(call, namespace, request, out, err, mode)
+        box: dict[str, Any] = {}
+
         def job() -> None:
-            _local.stdout, _local.stderr, _local.in_call = sink_out, sink_err, True
+            _local.call, _local.in_call = call, True
             try:
                 box["cell"] = engine.run_cell(request.code, namespace, request.output_limit)
             finally:
-                _local.stdout = _local.stderr = None
+                _local.call = None
                 _local.in_call = False
-                done.release()
 
-        if getattr(_local, "in_call", False):
-            return self._run_inline(session, namespace, request, sink_out, sink_err, out, err,
-                                    mode)
         deadline = time.monotonic() + request.timeout
         if not OWN_LOCK.acquire(timeout=request.timeout):
             return _own_busy(out, err)
         try:
+            if self._closed:
+                return _closed_own(out, err)
+            runner = self._take_runner()
+            self._active_runner = runner
+            if session is not None:
+                session.runner, session.current = runner, call
             with _session_process_state(session), _routed_streams():
                 self._fds.start(sink_out, sink_err)
                 try:
                     runner.submit(job)
-                    finished = wait_for(done, deadline - time.monotonic(), request.cancel)
+                    finished = wait_for(runner.done, deadline - time.monotonic(), request.cancel)
                     if not finished:
                         runner.interrupt()
-                        finished = done.acquire(True, INTERRUPT_GRACE)
+                        finished = runner.done.acquire(True, INTERRUPT_GRACE)
                 finally:
                     self._fds.stop()
+                    call.open = False
+            if not finished:  # the code runs on; the session stays stuck on this runner
+                runner.close()
+                self._runner = None
+            elif session is not None:
+                session.runner = None
         finally:
+            self._active_runner = None
+            if session is not None and session.current is call:
+                session.current = None
+            if self._closed:  # close() left these to the call that was using them
+                if self._runner is not None:
+                    self._runner.close()
+                    self._runner = None
+                self._fds.close()
             OWN_LOCK.release()
+        if self._closed:
+            return _closed_own(out, err)
         if not finished:
-            return _timed_out(out, err, stuck=True, mode=mode)
+            return _timed_out(out, err, stuck=True, mode=mode, seconds=request.timeout)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
+                                  seconds=request.timeout,
                                   mode=mode)
 
     @staticmethod
-    def _run_inline(session: NamespaceSession | None, namespace: dict[str, Any],
-                    request: RunRequest, sink_out: Callable[[str], None],
-                    sink_err: Callable[[str], None], out: OutputBuffer,
-                    err: OutputBuffer, mode: str) -> Outcome:
+    def _run_inline(call: _Call, namespace: dict[str, Any], request: RunRequest,
+                    out: OutputBuffer, err: OutputBuffer, mode: str) -> Outcome:
         """A call made from code already running here (a stored function, a capability).
 
         The outer call holds the process-wide state already, so this one runs on the
         same thread, under the outer call's timeout.
         """
-        saved = (_local.stdout, _local.stderr)
-        _local.stdout, _local.stderr = sink_out, sink_err
+        saved = getattr(_local, "call", None)
+        _local.call = call
         try:
-            with _session_process_state(session):
+            with _session_process_state(call.session):
                 cell = engine.run_cell(request.code, namespace, request.output_limit)
         finally:
-            _local.stdout, _local.stderr = saved
-        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode)
+            _local.call = saved
+            call.open = False
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode,
+                                  seconds=request.timeout)
 
     # -- read-only ---------------------------------------------------------------------
 
@@ -571,15 +726,56 @@ class OwnInterpreter:
             return _still_busy()
         from .own_copy import run_copy
 
-        return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE)
+        return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE,
+                        fork_on=self._fork_on_runner)
+
+    def _fork_on_runner(self, fork: Callable[[], int]) -> int:
+        """Call ``fork`` on the runner thread, where session code made its objects.
+
+        A fork child is a copy of the forking thread alone; forking on the runner makes
+        the copy's thread the one that built the session's objects, which sqlite3 (and
+        any other check of the creating thread) insists on. From code already running
+        here (a nested call) the runner is this thread.
+        """
+        if getattr(_local, "in_call", False):
+            return fork()
+        box: dict[str, Any] = {}
+
+        def job() -> None:
+            try:
+                box["pid"] = fork()
+            except BaseException as exc:
+                box["error"] = exc
+
+        with OWN_LOCK:
+            runner = self._take_runner()
+            runner.submit(job)
+            runner.done.acquire()
+        if "error" in box:
+            raise box["error"]
+        return int(box["pid"])
 
     def close(self) -> None:
+        """Interrupt a call still running and end the runners; never raises.
+
+        The fd pump is closed here only if no call uses it, else by that call as it
+        ends (closing its pipes under it raised ``OSError: [Errno 9]`` in the call).
+        """
         if self._closed:
             return
         self._closed = True
-        for runner in self._stateless_runners:
-            runner.close()
-        self._fds.close()
+        active = self._active_runner
+        if active is not None:
+            active.interrupt()  # the call returns an error dict saying the executor closed
+        if OWN_LOCK.acquire(blocking=False):
+            try:
+                if self._runner is not None:
+                    self._runner.close()
+                    self._runner = None
+                if self._active_runner is None:
+                    self._fds.close()
+            finally:
+                OWN_LOCK.release()
 
 
 def _cancelled(request: RunRequest) -> bool:
@@ -621,18 +817,8 @@ def _signal(pid: int, sig: int) -> None:
 # --------------------------------------------------------------------------- outcomes
 
 
-_INTERRUPTED = {
-    "stateful": "The session survived with its state (interrupted: state kept). Make the "
-                "code faster or do less per call, or pass a larger timeout=.",
-    "stateless": "Nothing is kept from a stateless call. Make the code faster or do less per "
-                 "call, or pass a larger timeout=.",
-    "read_only": "The read-only copy was stopped; the session itself is unchanged. Make the "
-                 "code faster or pass a larger timeout=.",
-}
-
-
 def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer,
-                       timed_out: bool, mode: str = "stateful") -> Outcome:
+                       timed_out: bool, mode: str = "stateful", seconds: float = 0.0) -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
     outcome: Outcome = {
         "stdout": stdout, "stderr": stderr,
@@ -640,10 +826,8 @@ def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffe
         "result": cell.get("result"), "exit_code": None, "images": cell.get("images") or [],
     }
     if timed_out:
-        outcome["error"] = make_error(
-            "timeout", "The code ran past its timeout and was interrupted.",
-            _INTERRUPTED.get(mode, _INTERRUPTED["stateful"]),
-            stdout=stdout, stderr=stderr, state_lost=False)
+        outcome["error"] = messages.timeout("own", _mode(mode), seconds, survived=True,
+                                            stdout=stdout, stderr=stderr)
     elif (cell.get("error") or {}).get("coordex_error_type") in ERROR_TYPES:
         # A coordex error raised inside the code (a stored-function CallError): the
         # model sees its own error_type and suggestion, not a generic execution error.
@@ -685,24 +869,29 @@ def _execution_suggestion(exception: str, mode: str = "stateful") -> str:
     return "Read the traceback, fix the code and run it again."
 
 
-def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str) -> Outcome:
+def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str,
+               seconds: float = 0.0) -> Outcome:
     stdout, stderr = out.getvalue(), err.getvalue()
-    if stuck and mode == "stateful":
-        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
-                      "bytecode); the agent's own interpreter cannot be killed, so the session "
-                      "is still busy and its state is kept. Further calls to this session "
-                      "return timeout at once until the code stops: wait, or use another "
-                      "session.")
-    elif stuck:
-        suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
-                      "bytecode) and finishes in the background of the agent's process; no "
-                      "session is affected. Make it faster or pass a larger timeout=.")
-    else:
-        suggestion = _INTERRUPTED.get(mode, _INTERRUPTED["stateful"])
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
-            "error": make_error("timeout", "The code ran past its timeout.", suggestion,
-                                stdout=stdout, stderr=stderr, state_lost=False)}
+            "error": messages.timeout("own", _mode(mode), seconds, survived=not stuck,
+                                      stuck=stuck, stdout=stdout, stderr=stderr)}
+
+
+def _mode(mode: str) -> messages.Mode:
+    return "stateless" if mode == "stateless" else "read_only" if mode == "read_only" else "stateful"
+
+
+def _closed_own(out: OutputBuffer, err: OutputBuffer) -> Outcome:
+    outcome: Outcome = {"stdout": out.getvalue(), "stderr": err.getvalue(),
+                        "truncated": out.truncated or err.truncated, "result": None,
+                        "exit_code": None, "images": []}
+    outcome["error"] = make_error(
+        "crashed", "The Executor was closed while this code ran; it was interrupted.",
+        "Create a new Executor and run the code again.", state_lost=True,
+        stdout=outcome["stdout"], stderr=outcome["stderr"])
+    outcome["state_lost"] = True
+    return outcome
 
 
 def _still_busy() -> Outcome:
@@ -731,13 +920,10 @@ def _crashed_copy(out: OutputBuffer, err: OutputBuffer, status: int | None) -> O
     stdout, stderr = out.getvalue(), err.getvalue()
     how = ""
     if status is not None and os.WIFSIGNALED(status):
-        how = f" (killed by signal {os.WTERMSIG(status)})"
+        how = f"killed by signal {os.WTERMSIG(status)}"
     elif status is not None and os.WIFEXITED(status):
-        how = f" (exit status {os.WEXITSTATUS(status)}; os._exit() or a crash)"
+        how = f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
             "result": None, "exit_code": None, "images": [],
-            "error": make_error(
-                "crashed", f"The read-only copy of the session died before finishing{how}.",
-                "The session itself is unchanged. Avoid os._exit() and code that crashes "
-                "the interpreter; run the call again after fixing it.",
-                state_lost=False, stdout=stdout, stderr=stderr)}
+            "error": messages.crashed("own", "read_only", how or "no reason given",
+                                      stdout=stdout, stderr=stderr)}

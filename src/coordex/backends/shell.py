@@ -77,16 +77,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core import messages
 from ..core.errors import make_error
 from ..core.results import OutputBuffer
+from ..core.terminal import QueryFilter
 from ..worker import _coordex_copy as copier
-from . import isolation, launcher
+from . import _reap, isolation, launcher
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
-__all__ = ["ShellSession", "run_stateless"]
+__all__ = ["ShellPlace", "ShellSession", "run_stateless"]
 
-# How long close() gives processes to exit after SIGTERM before SIGKILL.
-CLOSE_GRACE = 1.0
+# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL.
+_SHELL_STEPS = _reap.Steps(interrupt=False)
+# A stateless shell's session ends with it: no scan for members that left its group.
+_STATELESS_STEPS = _reap.Steps(interrupt=False, whole_session=False)
+# Past a timeout's grace the shell has had its interrupt: straight to SIGKILL.
+_KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 # Starting bash and inspecting it are ours, not the user's: generous fixed limits.
 START_TIMEOUT = 15.0
 INSPECT_TIMEOUT = 15.0
@@ -154,6 +160,10 @@ def _quote_code(code: str) -> bytes:
             .replace(b"!", b"\\041"))
     return b"$'" + data + b"'"
 
+
+# The version of the trigger-line / record texts below (docs/protocol.md, "The bash
+# record wire"); both ends live in this module, so it changes with them.
+RECORD_WIRE_VERSION = 1
 
 # What a record says after the status: ``$-``, then the length of BASHOPTS.
 # PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
@@ -621,7 +631,7 @@ class _Stream:
     Nothing is allocated until the first byte arrives: most calls print little.
     """
 
-    __slots__ = ("_decoder", "buffer", "name", "request")
+    __slots__ = ("_decoder", "_queries", "buffer", "name", "request")
 
     def __init__(self, name: str, request: RunRequest) -> None:
         self.name = name
@@ -630,6 +640,8 @@ class _Stream:
         # Invalid UTF-8 (binary output) becomes U+FFFD; a character split across two
         # reads is held back until its remaining bytes arrive.
         self._decoder: codecs.IncrementalDecoder | None = None
+        # Terminal queries (``ESC [ 6 n``...) never reach a client terminal to answer.
+        self._queries = QueryFilter()
 
     def feed(self, data: bytes, final: bool = False) -> None:
         if self._decoder is None:
@@ -637,7 +649,7 @@ class _Stream:
                 return
             self._decoder = _utf8_decoder(errors="replace")
             self.buffer = OutputBuffer(self.request.output_limit)
-        text = self._decoder.decode(data, final)
+        text = self._queries.feed(self._decoder.decode(data, final), final)
         if text:
             assert self.buffer is not None
             self.buffer.write(text)
@@ -681,10 +693,9 @@ class _Shell:
         protocol = _Protocol.build(token, child_err, runner_fd)
         try:
             os.write(runner_fd, protocol.runner)
-            self._proc = subprocess.Popen(
+            self._proc = _reap.spawn(
                 BASH_ARGV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=status_w,
-                env=dict(env), cwd=cwd, start_new_session=True,
-                pass_fds=(child_err, runner_fd), bufsize=0,
+                env=dict(env), cwd=cwd, pass_fds=(child_err, runner_fd), bufsize=0,
             )
         except BaseException:
             for fd in (status_r, err_r):
@@ -711,6 +722,7 @@ class _Shell:
         self._sync_aliases = False
         self._reap_lock = threading.Lock()
         self._reaped = False
+        self.stop_step: _reap.StopStep | None = None
         self._released = False
 
         self._setup, self._trigger = protocol.setup, protocol.trigger
@@ -787,13 +799,20 @@ class _Shell:
         spin_until = time.perf_counter() + SPIN_SECONDS if spin else 0
         sync_number = -1
         ended = finished = False
+        # A cancelled request is interrupted at once, exactly as at its timeout.
+        cancel = request.cancel if interruptible else None
         try:
             while not finished:
+                if cancel is not None and cancel.is_set() and now < deadline \
+                        and not ending.timed_out:
+                    deadline = now
+                    handover_deadline = min(handover_deadline, now + INTERRUPT_GRACE)
+                    cancel = None
                 if now >= deadline:
                     if not interruptible or ending.timed_out:
                         ending.timed_out = True
                         ending.survived = False
-                        self.terminate()
+                        self.terminate(_KILL_NOW)  # it ignored the interrupt
                         break
                     if pending or self._unread_input():
                         if now >= handover_deadline:
@@ -811,7 +830,7 @@ class _Shell:
                         spin_until = 0
                 else:
                     timeout_ms = (deadline - now) * 1000
-                    if self._pidfd is None:
+                    if self._pidfd is None or cancel is not None:
                         timeout_ms = min(timeout_ms, POLL_FALLBACK * 1000)
                 for fd, _events in self._poller.poll(timeout_ms):
                     what = self._kinds[fd]
@@ -954,29 +973,27 @@ class _Shell:
 
     # -- ending ------------------------------------------------------------------------
 
-    def terminate(self, grace: float = CLOSE_GRACE) -> None:
-        """End bash and every process in its group: TERM, wait, KILL. Thread-safe."""
+    def terminate(self, steps: _reap.Steps | None = None) -> _reap.StopStep:
+        """End bash and every process in its session by the one stop policy. Thread-safe.
+
+        An interactive bash ignores SIGINT and SIGTERM as ways to leave; SIGHUP is how
+        it is told to go (it passes the hangup on to its jobs). Returns the step reached.
+        """
         with self._reap_lock:
             if self._reaped:
-                return
-            _signal_group(self.pid, signal.SIGTERM)
-            # An interactive bash ignores SIGTERM; SIGHUP is how it is told to go.
-            try:
-                os.kill(self.pid, signal.SIGHUP)
-            except ProcessLookupError:
-                pass
-            try:
-                self._proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.pid, signal.SIGKILL)
-                self._proc.wait()
-            # Bash is reaped; anything left in its group ignored SIGTERM (or is a
-            # zombie on its way to init). Give it the grace, then SIGKILL.
-            end = time.monotonic() + grace
-            while _group_exists(self.pid) and time.monotonic() < end:
-                time.sleep(0.005)
-            _signal_group(self.pid, signal.SIGKILL)
+                return self.stop_step or "exited"
+
+            def hang_up() -> bool:
+                try:
+                    os.kill(self.pid, signal.SIGHUP)
+                except ProcessLookupError:
+                    pass
+                return True
+
+            self.stop_step = _reap.stop(self._proc, "bash", ask=hang_up,
+                                        steps=steps or _SHELL_STEPS)
             self._reaped = True
+            return self.stop_step
 
     def release(self) -> None:
         """Close our ends of the pipes. Only when no exchange is running."""
@@ -1017,32 +1034,6 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _group_exists(pgid: int) -> bool:
-    """Whether a live (non-zombie) process is left in group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # kill(0) also counts zombies, and an orphaned zombie stays one for good where
-    # pid 1 does not reap (many containers); only /proc tells them apart.
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                # "pid (comm) state ppid pgrp ...": comm may hold spaces and parens.
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
 
 
 def _shell_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -1087,45 +1078,20 @@ def _outcome(out: _Stream, err: _Stream, ending: _Ending, timeout: float, *,
 
 def _timeout_error(timeout: float, survived: bool, stateless: bool, *, stdout: str,
                    stderr: str) -> dict[str, Any]:
-    longer = f"timeout={max(timeout * 4, 60):g}"
-    background = "run it in the background (`cmd > out.log 2>&1 &`) and read the log later"
-    if stateless:
-        return make_error(
-            "timeout", f"The command was still running after the {timeout:g} s timeout and "
-            "was stopped.",
-            f"Raise the limit (e.g. {longer}), {background} in a stateful session, or split "
-            "the work into shorter steps.",
-            stdout=stdout, stderr=stderr, state_lost=False)
-    if survived:
-        return make_error(
-            "timeout", f"The command was still running after the {timeout:g} s timeout and "
-            "was interrupted with SIGINT.",
-            "The session survived: its variables, functions, aliases, options and cwd are "
-            f"kept. Raise the limit (e.g. {longer}), {background}, or split the work into "
-            "shorter steps.",
-            stdout=stdout, stderr=stderr, state_lost=False)
-    return make_error(
-        "timeout", f"The command was still running after the {timeout:g} s timeout, did not "
-        f"stop within {INTERRUPT_GRACE:g} s of SIGINT, and the shell was killed.",
-        "The session was restarted and its state is lost: re-create the variables, "
-        "functions, aliases and cwd you need. Then raise the limit (e.g. "
-        f"{longer}) or {background}; do not ignore SIGINT (`trap '' INT`).",
-        stdout=stdout, stderr=stderr, state_lost=True)
+    error = messages.timeout("shell", "stateless" if stateless else "stateful", timeout,
+                             survived=survived, stdout=stdout, stderr=stderr)
+    error["suggestion"] += (" A long command can run in the background "
+                            "(`cmd > out.log 2>&1 &`) in a stateful session while you read "
+                            "the log later; do not ignore SIGINT (`trap '' INT`).")
+    return error
 
 
 def _crashed_error(signame: str, stateless: bool) -> dict[str, Any]:
-    if stateless:
-        return make_error(
-            "crashed", f"The bash shell was killed by {signame} during the call.",
-            "Check whether the command signals its own shell (e.g. `kill $$`); run such a "
-            "command in a subshell `( ... )` instead.", state_lost=True)
-    return make_error(
-        "crashed", f"The session's bash shell was killed by {signame} during the call; the "
-        "command was not retried.",
-        "The next call starts a fresh shell: re-create the variables, functions, aliases "
-        "and cwd you need, then run the command again. If the command signals its own shell "
-        "(e.g. `kill $$`), run it in a subshell `( ... )` or a stateless call.",
-        state_lost=True)
+    error = messages.crashed("shell", "stateless" if stateless else "stateful",
+                             f"killed by {signame}; the command was not retried")
+    error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) can run "
+                            "in a subshell `( ... )` instead.")
+    return error
 
 
 def _closed_outcome() -> Outcome:
@@ -1440,19 +1406,75 @@ def _parse_dump(text: str) -> dict[str, Any]:
     return state
 
 
+class ShellPlace:
+    """Bash of one environment: opens kept sessions and runs stateless calls.
+
+    Each stateless call gets a fresh shell that is stopped when the call returns; the
+    shells of calls still running are tracked so that :meth:`close` ends them (and
+    their commands) at once, and those calls return a ``crashed`` error dict.
+    """
+
+    def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        self._env = env
+        self._cwd = cwd
+        self._lock = threading.Lock()
+        self._running: set[_Shell] = set()
+        self._closed = False
+
+    def capabilities_changed(self) -> None:
+        """bash sees no capabilities."""
+
+    def open_session(self) -> ShellSession:
+        return ShellSession(env=self._env, cwd=self._cwd)
+
+    def run_stateless(self, request: RunRequest) -> Outcome:
+        """Run ``request.code`` in a fresh shell that is closed (its group killed) after."""
+        if self._closed:
+            return _place_closed()
+        try:
+            shell = _Shell(_shell_env(self._env), self._cwd)
+        except (OSError, RuntimeError) as exc:
+            outcome = _start_failed(exc)
+            outcome.pop("state_lost")
+            outcome["error"]["state_lost"] = False
+            return outcome
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._running.add(shell)
+        try:
+            if closed:
+                return _place_closed()
+            out, err, ending = shell.run(request.code, request)
+        finally:
+            with self._lock:
+                self._running.discard(shell)
+            shell.terminate(_STATELESS_STEPS)
+            shell.release()
+        outcome = _outcome(out, err, ending, request.timeout, stateless=True)
+        if self._closed:  # close() ended the shell under the call
+            outcome.update(exit_code=None, error=_place_closed()["error"])
+        return outcome
+
+    def close(self) -> None:
+        """End the shells of stateless calls still running; idempotent, any thread."""
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for shell in running:
+            shell.terminate(_STATELESS_STEPS)
+
+
+def _place_closed() -> Outcome:
+    return {"stdout": "", "stderr": "", "truncated": False, "result": None,
+            "exit_code": None, "images": [],
+            "error": make_error("crashed", "The Executor was closed while this stateless "
+                                "bash call ran; its shell and commands were ended.",
+                                "Create a new Executor and run the command again.",
+                                state_lost=False)}
+
+
 def run_stateless(request: RunRequest, *, env: dict[str, str] | None = None,
                   cwd: str | None = None) -> Outcome:
     """Run ``request.code`` in a fresh shell that is closed (its whole group killed) after."""
-    try:
-        shell = _Shell(_shell_env(env), cwd)
-    except (OSError, RuntimeError) as exc:
-        outcome = _start_failed(exc)
-        outcome.pop("state_lost")
-        outcome["error"]["state_lost"] = False
-        return outcome
-    try:
-        out, err, ending = shell.run(request.code, request)
-    finally:
-        shell.terminate()
-        shell.release()
-    return _outcome(out, err, ending, request.timeout, stateless=True)
+    return ShellPlace(env=env, cwd=cwd).run_stateless(request)

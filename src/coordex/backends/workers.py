@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ..core import messages
 from ..core.errors import CoordexError, make_error
 from ..core.results import OutputBuffer
 from ..protocol import (
@@ -52,19 +53,22 @@ from ..protocol import (
     to_wire,
 )
 from ..worker import _coordex_copy as copier
+from . import _reap
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
 
 WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
 CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
-STOP_STEP = 1.0  # each stage of close() waits this long before escalating
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _PIPE_SIZE = 1 << 20
 RunMode = Literal["stateful", "read_only", "stateless"]
 # A read-only run whose copy never reported: no code of it ran against the session.
 _NO_COPY_CLAIM = {"names": True, "objects": True, "files": "none", "copy": "fork"}
+# After a timeout's interrupt was ignored: straight to SIGKILL.
+_KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
+_CANCEL_POLL = 0.05  # with a cancel event, the wait for a reply wakes this often to look
 
 
 class CapabilityHost(Protocol):
@@ -158,7 +162,7 @@ class _WorkerProcess:
         self.python = str(python)
         self.capability_names: list[str] | None = None
         self.hello: dict[str, Any] = {}
-        self.close_step = ""
+        self.close_step: _reap.StopStep | None = None  # how the process was ended
         self._carry: dict[int, bytes] = {}
         self._counter = 0
         self._closed = False
@@ -194,12 +198,11 @@ class _WorkerProcess:
         argv = [self.python, "-u", "-I", str(WORKER_SCRIPT),
                 "--in", str(to_worker_r), "--out", str(from_worker_w)]
         try:
-            # start_new_session: the worker leads a process group, so close() can take
-            # its fork children and the user's subprocesses down with it.
-            self._proc = subprocess.Popen(
+            # A session of its own (``_reap.spawn``): close() takes its fork children and
+            # the user's subprocesses down with it, and so does the keeper if we die.
+            self._proc = _reap.spawn(
                 argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                pass_fds=(to_worker_r, from_worker_w), cwd=cwd, env=worker_env(env),
-                start_new_session=True)
+                pass_fds=(to_worker_r, from_worker_w), cwd=cwd, env=worker_env(env))
         except OSError as exc:
             for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
                 os.close(fd)
@@ -339,8 +342,12 @@ class _WorkerProcess:
         # fork child needs on a small machine: spin only for in-process cells.
         spin_until = time.monotonic() + (0.0 if fork_child else SPIN_WAIT)
         stage = 0  # 0 running, 1 interrupted, 2 fork child killed
+        cancel = request.cancel  # a cancelled request is interrupted as at its timeout
         while reply.message is None:
             now = time.monotonic()
+            if cancel is not None and cancel.is_set() and stage == 0:
+                escalate_at = now
+                cancel = None
             if now >= escalate_at:
                 if stage == 0:
                     reply.interrupted = True
@@ -356,6 +363,8 @@ class _WorkerProcess:
             # Spin briefly before sleeping: most cells answer within a few hundred
             # microseconds, and waking a sleeping thread costs tens of them.
             wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
+            if cancel is not None:
+                wait = min(wait, _CANCEL_POLL)
             for fd, _ in self._poll.poll(wait * 1000):
                 if fd in captures:
                     self._pump(fd, captures[fd])
@@ -460,39 +469,23 @@ class _WorkerProcess:
     # -- stopping ---------------------------------------------------------------------------
 
     def kill(self) -> None:
-        """SIGKILL the whole process group and reap the worker. Idempotent."""
-        with contextlib.suppress(OSError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            self._proc.kill()
-        self._proc.wait()
+        """SIGKILL the whole session (the interrupt was already ignored) and reap. Idempotent."""
+        self.close_step = _reap.stop(self._proc, "Python worker", steps=_KILL_NOW)
 
     def close(self) -> None:
-        """Stop in stages (shutdown, SIGINT, SIGTERM, SIGKILL), reap, release the pipes."""
+        """Stop by the one policy (shutdown, SIGINT, SIGTERM, SIGKILL), release the pipes."""
         with self._state_lock:
             if self._closed:
                 return
             self._closed = True
             busy = self._busy
-        steps: list[tuple[str, int | None]] = [("shutdown", None), ("interrupt", signal.SIGINT),
-                                               ("terminate", signal.SIGTERM)]
-        for step, signum in steps:
-            if self._proc.poll() is not None:
-                break
-            self.close_step = step
-            if signum is None:
-                with contextlib.suppress(OSError):
-                    self.send(message("shutdown"))
-                if busy:
-                    continue  # a running cell will not read it; go straight on
-            else:
-                self._signal(signum)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(STOP_STEP)
-        if self._proc.poll() is None:
-            self.close_step = "kill"
-        # Always: the group may still hold fork children or the user's subprocesses.
-        self.kill()
+
+        def ask() -> bool:
+            with contextlib.suppress(OSError):
+                self.send(message("shutdown"))
+            return not busy  # a running cell will not read it; go straight on
+
+        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask)  # once only
         with self._state_lock:
             if not self._busy:
                 self._release_fds()
@@ -521,8 +514,9 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
     done = reply.message or {}
     outcome.update(stdout=reply.stdout, stderr=reply.stderr,
                    truncated=reply.truncated or bool(done.get("result_truncated")))
-    if mode == "stateful":
-        # Names bound before an error or an interrupt stay bound: provenance needs them.
+    if mode in ("stateful", "read_only"):
+        # Names bound before an error or an interrupt stay bound: provenance needs them
+        # (for a read-only copy: what it would have changed, for the call log).
         outcome["rebound"] = done.get("rebound") or []
         outcome["deleted"] = done.get("deleted") or []
     if mode == "read_only":
@@ -548,31 +542,8 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
 
 
 def _timeout_error(reply: _Reply, request: RunRequest, mode: RunMode) -> dict[str, Any]:
-    limit = f"{request.timeout:g} s"
-    common = {"stdout": reply.stdout, "stderr": reply.stderr}
-    if reply.worker_killed:
-        return make_error(
-            "timeout",
-            f"The code ran past its timeout of {limit} and did not stop within "
-            f"{INTERRUPT_GRACE:g} s of the interrupt, so its process was killed and "
-            "restarted: the session's state is lost.",
-            "Run the setup steps again before continuing. Keep long work interruptible "
-            "(do not ignore SIGINT or swallow KeyboardInterrupt), split it into smaller "
-            "calls, or pass a larger timeout=....", state_lost=True, **common)
-    if mode == "stateful":
-        return make_error(
-            "timeout",
-            f"The code ran past its timeout of {limit} and was interrupted; the session "
-            "survived with its state (names bound before the interrupt are kept).",
-            "Continue in the same session: make the code faster, work on a smaller piece, "
-            "or pass a larger timeout=....", state_lost=False, **common)
-    where = ("the session is unchanged" if mode == "read_only"
-             else "nothing was kept, as with any stateless call")
-    return make_error(
-        "timeout",
-        f"The code ran past its timeout of {limit} and was stopped; {where}.",
-        "Make the code faster, work on a smaller piece, or pass a larger timeout=....",
-        state_lost=False, **common)
+    return messages.timeout("worker", mode, request.timeout, survived=not reply.worker_killed,
+                            stdout=reply.stdout, stderr=reply.stderr)
 
 
 def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dict[str, Any]:
@@ -600,23 +571,7 @@ def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dic
 
 def _crashed(reply: _Reply, mode: RunMode, attempts: int) -> dict[str, Any]:
     how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
-    if mode == "read_only":
-        what = (f"The read-only copy of the session died {attempts} time(s) while running "
-                f"this code ({how}); the session itself is unchanged.")
-        lost = False
-    elif mode == "stateless":
-        what = f"The process running this code died {attempts} time(s) ({how})."
-        lost = True
-    else:
-        what = (f"The worker process died {attempts} time(s) while running this code "
-                f"({how}); the session's state is lost.")
-        lost = True
-    after = ("The session keeps its state." if mode == "read_only" else
-             "The next call starts on a fresh process.")
-    return make_error(
-        "crashed", what,
-        "The code probably ends its own process (os._exit, os.kill, a crash in a C "
-        f"extension, running out of memory); change that part. {after}", state_lost=lost)
+    return messages.crashed("worker", mode, how, attempts=attempts)
 
 
 def _fork_child_died(reply: _Reply) -> bool:
@@ -867,7 +822,13 @@ class WorkerTemplate:
             reply = _run_once(proc, request, "stateless", self._capabilities)
             healthy = not (reply.died or reply.worker_killed)
             self._checkin(proc, healthy)
-            if not (reply.died or _fork_child_died(reply)) or self._closed:
+            if self._closed:  # close() stopped the template under the call
+                return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
+                        "error": make_error(
+                            "crashed", "The Executor was closed while this code ran; its "
+                            "process was stopped.", "Create a new Executor and run the code "
+                            "again.", state_lost=False)}
+            if not (reply.died or _fork_child_died(reply)):
                 outcome = _outcome(reply, request, "stateless")
                 if attempt == 2:
                     outcome["retried"] = True

@@ -20,6 +20,8 @@ LANGUAGES: tuple[Language, ...] = ("python", "bash")
 STATE_MODES: tuple[StateMode, ...] = ("stateless", "stateful", "read_only")
 MAX_SESSION_NAME = 200
 MAX_SESSION_ID = 2**31 - 1  # JSON clients (JavaScript) lose precision above 2**53 anyway
+# Ids are SQLite INTEGERs (64-bit); a larger one can name nothing stored.
+MAX_VENV_ID = 2**63 - 1
 MAX_TIMEOUT = 7 * 24 * 3600.0  # beyond a week a deadline is a mistake, and OS waits overflow
 
 
@@ -51,6 +53,18 @@ class Coordinate:
         return self.session_id is not None or self.session_name is not None
 
 
+def is_valid_text(text: str) -> bool:
+    """False for text with a lone surrogate (``'caf\\udce9'``, from undecodable bytes):
+    it cannot be stored, logged or sent as UTF-8, so names and specs refuse it."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -79,9 +93,10 @@ def check_state_mode(state_mode: Any) -> StateMode:
 def check_venv_id(venv_id: Any) -> int | None:
     if venv_id is None:
         return None
-    if not _is_int(venv_id) or venv_id < 0:
+    if not _is_int(venv_id) or not 0 <= venv_id <= MAX_VENV_ID:
         raise validation(
-            f"venv_id must be None or an integer >= 0, got {_short(venv_id)}.",
+            f"venv_id must be None or an integer from 0 to {MAX_VENV_ID}, got "
+            f"{_short(venv_id)}.",
             "Use venv_id=None for the agent's own interpreter, or the venv_id returned by "
             "environments.create / list_environments.",
         )
@@ -106,11 +121,12 @@ def check_session(session_id: Any, session_name: Any) -> tuple[int | None, str |
                 f"{_short(session_name)}.",
                 "Use a short text name such as session_name='audit', or session_id=<int>.",
             )
-        if not session_name.strip() or len(session_name) > MAX_SESSION_NAME or "\x00" in session_name:
+        if not session_name.strip() or len(session_name) > MAX_SESSION_NAME \
+                or "\x00" in session_name or not is_valid_text(session_name):
             raise validation(
                 f"session_name {_short(session_name)} is not a usable name.",
-                f"Use a non-empty name of at most {MAX_SESSION_NAME} characters without NUL, "
-                "such as session_name='audit'.",
+                f"Use a non-empty name of at most {MAX_SESSION_NAME} characters without NUL "
+                "or undecodable characters (lone surrogates), such as session_name='audit'.",
             )
     return session_id, session_name
 

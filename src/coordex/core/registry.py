@@ -167,10 +167,10 @@ class SessionRegistry:
                 "Close a different session, or delete names from the plan namespace with "
                 "execute_code('del name', state_mode='stateful').",
             )
+        self.move(key, "closed")
         entry = self._entries.pop(key)
         if entry.name is not None:
             self._names.pop((key.language, key.venv_id, entry.name), None)
-        entry.state = "closed"
         return entry
 
     def _next_free_id(self, language: Language, venv_id: int | None) -> int:

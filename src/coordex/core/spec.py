@@ -18,6 +18,15 @@ shape carried them. ``normalised()`` is the text identity of the environment; th
 index settings — passed in as data by the caller, which is the one that looks at the
 machine. Text that cannot be parsed raises a ``validation`` :class:`CoordexError` that
 names the line, quotes it and says how to write it instead.
+
+A spec is read as its author meant it or refused, never half-read (SPEC section 5):
+CRLF line endings are read as LF; a ``# /// TYPE`` block other than ``script``, a second
+``script`` block, ``[tool.uv]`` settings (indexes, sources: coordex builds with uv's
+configuration switched off) and ``${VAR}`` in a requirement (uv would expand it from the
+host's environment, and its value would end up in error messages) are refused.
+``[tool.coordex]`` asks for cluster resources (``num_cpus``, ``num_gpus``, ``memory``):
+they are kept in :attr:`EnvironmentSpec.resources` and are not part of the
+environment's identity (the same packages on a bigger node are the same environment).
 """
 
 from __future__ import annotations
@@ -28,14 +37,15 @@ import re
 import sys
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from .errors import CoordexError
+from .coordinates import is_valid_text
+from .errors import CoordexError, nearest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,6 +63,17 @@ PEP723_BLOCK = re.compile(
     r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$"
 )
 _PEP723_OPEN = re.compile(r"(?m)^# /// script[ \t]*$")
+# Any line that opens a PEP 723 block, whatever its TYPE (or a near-miss spelling).
+_BLOCK_OPEN = re.compile(r"(?m)^#[ \t]*///[ \t]*(?P<type>\S+)[ \t]*$")
+# uv expands ${VAR} in requirements (and URLs) from the environment it runs in.
+_ENV_REFERENCE = re.compile(r"\$\{[^}]*\}")
+# [tool.coordex] keys: what a session in the environment needs of a cluster node.
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")
+_MEMORY = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]i?B?|B)?\s*$",
+                     re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
+          "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12,
+          "TIB": 2**40}
 # A TOML table header line: ``[project]``, ``[tool.uv]``, ``[[tool.x]]``.
 _TOML_TABLE = re.compile(r"(?m)^[ \t]*\[\[?[ \t]*[A-Za-z0-9_\-.\"' ]+\]\]?[ \t]*(#.*)?$")
 _TOML_LINE = re.compile(r"at line (\d+)")
@@ -69,11 +90,16 @@ class EnvironmentSpec:
         requirements: PEP 508 strings, normalised, de-duplicated and sorted.
         requires_python: a normalised specifier set such as ``">=3.10"``, or None.
         kind: which text shape the spec came from (not part of its identity).
+        resources: what ``[tool.coordex]`` asks of a cluster node - ``num_cpus`` and
+            ``num_gpus`` (numbers), ``memory`` (bytes, an int) - only the keys given;
+            not part of the identity or the hash.
     """
 
     requirements: tuple[str, ...]
     requires_python: str | None
     kind: SpecKind
+    resources: Mapping[str, float | int] = field(default_factory=dict, hash=False,
+                                                 compare=False)
 
     def normalised(self) -> str:
         """The canonical text of the spec: equal environments have equal text."""
@@ -119,14 +145,50 @@ def parse_spec(text: str) -> EnvironmentSpec:
     if "\x00" in text:
         raise _invalid("The environment spec contains a NUL character.",
                        "Remove the NUL character from the spec text.")
-    if _PEP723_OPEN.search(text):
-        return _parse_script(text)
-    if _TOML_TABLE.search(text):
-        return _parse_pyproject(text)
-    return _parse_requirements(text)
+    if not is_valid_text(text):
+        raise _invalid("The environment spec contains a character that is not valid text "
+                       "(a lone surrogate, as from undecodable bytes).",
+                       "Write the spec in plain UTF-8 text: package names and versions only.")
+    # Windows line endings: PEP 723's block pattern (and people) mean the same lines.
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    _check_block_markers(text)
+    try:
+        if _PEP723_OPEN.search(text):
+            return _parse_script(text)
+        if _TOML_TABLE.search(text):
+            return _parse_pyproject(text)
+        return _parse_requirements(text)
+    except RecursionError:  # tomllib recurses once per nesting level
+        raise _invalid("The environment spec nests tables or lists too deeply to read.",
+                       "Flatten the TOML: a spec needs only [project] with dependencies = "
+                       "[\"name==1.0\", ...] and requires-python.") from None
 
 
 # -- the three shapes ---------------------------------------------------------------------
+
+
+def _check_block_markers(text: str) -> None:
+    """Refuse ``# /// TYPE`` blocks coordex would not read, and a second script block."""
+    scripts: list[int] = []
+    for found in _BLOCK_OPEN.finditer(text):
+        line = _line_of_offset(text, found.start())
+        if _PEP723_OPEN.fullmatch(found.group(0)):
+            scripts.append(line)
+        else:  # another TYPE, or a spelling PEP 723 readers skip ('#/// script')
+            raise _invalid(
+                f"Line {line} opens a {found.group(0).strip()!r} block; coordex reads only "
+                "'# /// script' blocks (PEP 723 inline script metadata), so this one would "
+                "be ignored.",
+                "Write the dependencies in a '# /// script' block: '# /// script\\n"
+                "# dependencies = [\"ledgerlib==1.0\"]\\n# ///', or pass pyproject.toml text "
+                "without the '# ' prefixes.",
+            )
+    if len(scripts) > 1:
+        raise _invalid(
+            f"The spec has {len(scripts)} '# /// script' blocks (at lines "
+            f"{', '.join(map(str, scripts))}); PEP 723 allows one.",
+            "Merge them into a single '# /// script' … '# ///' block.",
+        )
 
 
 def _parse_script(text: str) -> EnvironmentSpec:
@@ -156,7 +218,8 @@ def _parse_script(text: str) -> EnvironmentSpec:
     data = _load_toml(content, "the '# /// script' block", line_offset=first_line - 1)
     deps = _string_list(data, "dependencies", "the '# /// script' block", text)
     requires_python = _requires_python(data.get("requires-python"), text)
-    return _build(deps, requires_python, "script")
+    resources = _tool_tables(data, text)
+    return _build(deps, requires_python, "script", resources)
 
 
 def _parse_pyproject(text: str) -> EnvironmentSpec:
@@ -170,7 +233,8 @@ def _parse_pyproject(text: str) -> EnvironmentSpec:
         )
     deps = _string_list(project, "dependencies", "[project]", text)
     requires_python = _requires_python(project.get("requires-python"), text)
-    return _build(deps, requires_python, "pyproject")
+    resources = _tool_tables(data, text)
+    return _build(deps, requires_python, "pyproject", resources)
 
 
 def _parse_requirements(text: str) -> EnvironmentSpec:
@@ -210,18 +274,94 @@ def _parse_requirements(text: str) -> EnvironmentSpec:
 
 
 def _build(deps: list[tuple[str, str]], requires_python: str | None,
-           kind: SpecKind) -> EnvironmentSpec:
+           kind: SpecKind, resources: Mapping[str, float | int]) -> EnvironmentSpec:
     requirements = [_normalise_requirement(value, where) for where, value in deps]
-    return _finish(requirements, requires_python, kind)
+    return _finish(requirements, requires_python, kind, resources)
 
 
 def _finish(requirements: list[str], requires_python: str | None,
-            kind: SpecKind) -> EnvironmentSpec:
+            kind: SpecKind, resources: Mapping[str, float | int] | None = None) -> EnvironmentSpec:
     unique = sorted(set(requirements), key=lambda r: (Requirement(r).name, r))
-    return EnvironmentSpec(tuple(unique), requires_python, kind)
+    return EnvironmentSpec(tuple(unique), requires_python, kind, dict(resources or {}))
+
+
+def _tool_tables(data: dict[str, Any], text: str) -> dict[str, float | int]:
+    """Refuse ``[tool.uv]``; read ``[tool.coordex]`` resources. Other tools' tables are
+    theirs (a linter's settings do not change the environment)."""
+    tool = data.get("tool")
+    if not isinstance(tool, dict):
+        return {}
+    if "uv" in tool:
+        raise _uv_settings(tool["uv"], text)
+    table = tool.get("coordex", {})
+    if not isinstance(table, dict):
+        raise _invalid(f"tool.coordex (line {_line_of_value(text, 'tool.coordex')}) must be a "
+                       f"table, got {table!r}.",
+                       "Write it as [tool.coordex] with num_cpus, num_gpus or memory keys.")
+    resources: dict[str, float | int] = {}
+    for key, value in table.items():
+        line = _line_of_value(text, key)
+        if key not in RESOURCE_KEYS:
+            guess = nearest(key, RESOURCE_KEYS)
+            hint = f" Did you mean {guess!r}?" if guess else ""
+            raise _invalid(
+                f"[tool.coordex] key {key!r} (line {line}) is not one coordex knows.",
+                f"Use only num_cpus, num_gpus and memory (e.g. num_gpus = 1, "
+                f"memory = \"8GiB\").{hint}",
+            )
+        resources[key] = _resource(key, value, line)
+    return resources
+
+
+def _resource(key: str, value: Any, line: int | str) -> float | int:
+    """One ``[tool.coordex]`` value: a non-negative number; memory in bytes or '8GiB'."""
+    if key == "memory" and isinstance(value, str):
+        found = _MEMORY.match(value)
+        if found is not None:
+            unit = (found.group("unit") or "").upper()
+            unit = unit if unit in _UNITS else unit + "B"
+            if unit in _UNITS:
+                return int(float(found.group("number")) * _UNITS[unit])
+    elif not isinstance(value, bool) and isinstance(value, (int, float)) and value >= 0:
+        return int(value) if key == "memory" else value
+    example = 'memory = "8GiB" (or a number of bytes)' if key == "memory" else f"{key} = 2"
+    raise _invalid(f"[tool.coordex] {key} (line {line}) must be a number >= 0, got {value!r}.",
+                   f"Write it as {example}.")
+
+
+def _uv_settings(settings: Any, text: str) -> CoordexError:
+    """``[tool.uv]`` would be silently dropped (builds run uv with --no-config): refuse it."""
+    keys = sorted(settings) if isinstance(settings, dict) else []
+    line = _line_of_value(text, "tool.uv")
+    shown = f" ({', '.join(keys)})" if keys else ""
+    if any(key in ("index", "index-url", "extra-index-url", "find-links", "no-index")
+           for key in keys):
+        fix = ("To use another index, set it in the host's environment (UV_INDEX_URL, "
+               "UV_EXTRA_INDEX_URL or UV_FIND_LINKS) before starting coordex, or name "
+               f"packages by URL: {_EXAMPLE}.")
+    elif "sources" in keys:
+        fix = ("Name each package by URL in the dependencies instead of in [tool.uv.sources]: "
+               f"{_EXAMPLE}.")
+    else:
+        fix = "Remove the [tool.uv] table and list requirements in the dependencies only."
+    return _invalid(
+        f"The spec has [tool.uv] settings{shown} at line {line}; coordex does not apply "
+        "them (environments are built from the dependencies alone, the same on every "
+        "machine), so the spec would not be read as written.",
+        fix + " Then create the environment again.",
+    )
 
 
 def _normalise_requirement(value: str, where: str) -> str:
+    reference = _ENV_REFERENCE.search(value)
+    if reference is not None:
+        raise _invalid(
+            f"{where} refers to the environment variable {reference.group(0)!r}: {value!r}. "
+            "uv would expand it from the host's environment, so the spec would not say "
+            "what it installs (and the value could appear in error messages).",
+            "Write the value itself, e.g. 'ledgerlib @ file:///abs/path/"
+            "ledgerlib-1.0-py3-none-any.whl' instead of '${WHEELS}/ledgerlib-1.0-…'.",
+        )
     try:
         requirement = Requirement(value)
     except InvalidRequirement as exc:
@@ -341,4 +481,5 @@ def _invalid(error: str, suggestion: str) -> CoordexError:
     return CoordexError("validation", error, suggestion)
 
 
-__all__ = ["NORMAL_FORM_VERSION", "PEP723_BLOCK", "EnvironmentSpec", "SpecKind", "parse_spec"]
+__all__ = ["NORMAL_FORM_VERSION", "PEP723_BLOCK", "RESOURCE_KEYS", "EnvironmentSpec", "SpecKind",
+           "parse_spec"]

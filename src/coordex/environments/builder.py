@@ -12,17 +12,23 @@ How a build goes (``EnvironmentBuilder.ensure_built``):
    requirements into it, write the marker, and ``os.rename`` the sibling to
    ``envs/<hash>``. The rename is atomic on one filesystem, so a crash at any point leaves
    either no ``envs/<hash>`` at all or a complete one — never a half-made environment.
+4. Before the marker is written, every requirement's top-level modules are imported in
+   the new environment (``worker/_coordex_import_check.py``, run by its own
+   interpreter). A failure is an ``environment`` error quoting the import error, with
+   the likely fix where one is known (:func:`import_fix`), and nothing is kept: a spec
+   that installs but cannot be imported is not an environment.
 
 ``--relocatable`` matters because the venv is built under a temporary name: it makes
 console scripts use a relative shebang trampoline and the activation scripts locate
 themselves, so ``bin/<script>`` and ``bash`` with ``PATH=env/bin`` keep working after the
 rename (the interpreter symlink and ``pyvenv.cfg`` never held the folder's path).
 
-uv runs in its own process group with a deadline shared by the whole build; on timeout
-the group is killed. Every line uv prints goes to the build log under ``root/logs`` and to
-``on_progress``. The facts that change a build's result besides the spec — interpreter,
-uv version, index settings — are gathered here (:func:`hash_inputs`) and hashed into the
-folder name by :meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
+uv runs in its own process session with a deadline shared by the whole build; on timeout
+it is stopped by coordex's one stop policy (``backends/_reap.py``). Every line uv prints
+goes to the build log under ``root/logs`` and to ``on_progress``. The facts that change a
+build's result besides the spec — interpreter, uv version, index settings — are gathered
+here (:func:`hash_inputs`) and hashed into the folder name by
+:meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ import functools
 import json
 import os
 import platform
+import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -49,10 +55,14 @@ from filelock import FileLock, Timeout
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from ..backends import _reap
 from ..core.errors import CoordexError
 from ..core.spec import EnvironmentSpec
 
 ProgressCallback = Callable[[str], None]
+
+IMPORT_CHECK = Path(__file__).resolve().parent.parent / "worker" / "_coordex_import_check.py"
+IMPORT_CHECK_MARKER = "::coordex-import-check::"
 
 MARKER = ".coordex-built.json"
 TMP_PREFIX = ".tmp-"
@@ -329,6 +339,7 @@ class EnvironmentBuilder:
                 self._run(log, deadline, label, spec,
                           [uv, "pip", "install", *_UV_COMMON, "--python", str(python),
                            f"--link-mode={LINK_MODE}", "-r", str(requirements_file)])
+                self._check_imports(log, deadline, label, spec, python)
             installed = self._freeze(uv, python, deadline)
             duration_ms = round((time.monotonic() - started) * 1000, 3)
             _write_marker(tmp / MARKER, {
@@ -359,20 +370,21 @@ class EnvironmentBuilder:
         env = dict(os.environ)
         env.pop("VIRTUAL_ENV", None)  # --python names the target; never the caller's venv
         env["NO_COLOR"] = "1"
-        process = subprocess.Popen(
+        # Its own session (``_reap.spawn``): a timeout stops uv and its children, and
+        # so does the keeper if the host dies mid-build.
+        process = _reap.spawn(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, cwd=str(self.envs_dir), env=env,
-            start_new_session=True,  # its own group: a timeout kills uv and its children
         )
         reader = threading.Thread(target=log.pump, args=(process.stdout,), daemon=True)
         reader.start()
         try:
             returncode = self._wait(process, reader, deadline)
         except BaseException:
-            _kill_group(process)
+            _reap.stop(process, "uv build")
             raise
         if returncode is None:
-            _kill_group(process)
+            _reap.stop(process, "uv build")
             reader.join(timeout=5)
             log.line(f"=== killed: build_timeout={self.timeout:g}s reached")
             raise CoordexError(
@@ -384,6 +396,9 @@ class EnvironmentBuilder:
                 log=log.tail(),
             )
         reader.join(timeout=5)
+        # uv has exited: this ends what it may have left in its session and tells the
+        # keeper to stop watching it.
+        _reap.stop(process, "uv build")
         if returncode != 0:
             raise _uv_failed(label, spec, log.tail(), returncode)
 
@@ -406,6 +421,53 @@ class EnvironmentBuilder:
                 return process.wait()
             if process.poll() is not None:
                 return process.returncode
+
+    def _check_imports(self, log: _BuildLog, deadline: float, label: str,
+                       spec: EnvironmentSpec, python: Path) -> None:
+        """Import each requirement's top-level modules in the new environment, or raise."""
+        command = [str(python), "-I", str(IMPORT_CHECK), *spec.names()]
+        log.line("$ " + " ".join(_display(c) for c in command))
+        # Its own session (``_reap.spawn``): whatever an import starts ends with it.
+        process = _reap.spawn(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, cwd=str(python.parent.parent),
+            env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"})
+        try:
+            output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _reap.stop(process, "import check")
+            process.communicate()
+            raise CoordexError(
+                "environment",
+                f"Building {label}: importing the installed packages took longer than "
+                f"build_timeout={self.timeout:g}s; nothing was kept.",
+                "An import that hangs usually waits for a service or a device: check the "
+                "package's requirements, or raise build_timeout (Executor(build_timeout=...)).",
+                log=log.tail())
+        finally:
+            _reap.stop(process, "import check")
+        text = output.decode("utf-8", "replace")
+        body, _, report = text.rpartition(IMPORT_CHECK_MARKER)
+        for line in (body if report else text).splitlines():
+            if line.strip():
+                log.line(line)
+        try:
+            failed = json.loads(report)["failed"] if report else None
+        except (ValueError, KeyError, TypeError):
+            failed = None
+        if failed is None:
+            raise CoordexError(
+                "environment",
+                f"Building {label}: the import check exited with status {process.returncode} "
+                "before reporting; nothing was kept.",
+                "Read the log: an import may have ended the interpreter (os._exit, a crash in "
+                "native code). Pin another version of the package it names.",
+                log=log.tail())
+        for failure in failed:
+            log.line(f"=== import {failure['module']} ({failure['dist']}) failed: "
+                     f"{failure['error']}")
+        if failed:
+            raise _import_failed(label, failed, log.tail())
 
     def _freeze(self, uv: str, python: Path, deadline: float) -> list[str]:
         try:
@@ -492,20 +554,6 @@ def _emit(on_progress: ProgressCallback | None, text: str) -> None:
             pass
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    try:
-        if os.name == "posix":
-            os.killpg(process.pid, signal.SIGKILL)
-        else:
-            process.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 def _tail_of(path: Path) -> str:
     try:
         return "\n".join(path.read_text(encoding="utf-8", errors="replace")
@@ -547,8 +595,42 @@ def _uv_failed(label: str, spec: EnvironmentSpec, tail: str, returncode: int) ->
     )
 
 
+def import_fix(dist: str, error: str) -> str | None:
+    """The likely fix for a package that installed but does not import, where known."""
+    if ("numpy.dtype size changed" in error or "compiled using NumPy 1.x" in error
+            or "_ARRAY_API not found" in error or "numpy.core.multiarray failed" in error):
+        return (f"{dist!r} was built against NumPy 1 and uv installed NumPy 2: pin "
+                f"'numpy<2' next to it in the spec (or pin a newer {dist} built for NumPy 2).")
+    missing = re.search(r"No module named '([^']+)'", error)
+    if missing is not None:
+        module = missing.group(1).split(".")[0]
+        return (f"{dist!r} needs the module {module!r} but does not declare it: add the "
+                f"package that provides {module!r} to the spec (often named {module!r}).")
+    library = re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", error)
+    if library is not None:
+        return (f"{dist!r} needs the system library {library.group(1)!r}: install it on the "
+                f"host (e.g. with the system package manager), or pin a version of {dist} "
+                "whose wheels bundle it.")
+    return None
+
+
+def _import_failed(label: str, failed: list[dict[str, Any]], tail: str) -> CoordexError:
+    first = failed[0]
+    lines = [f"import {f['module']} ({f['dist']}): {f['error']}" for f in failed]
+    fix = import_fix(first["dist"], first["error"] + "\n" + first.get("traceback", ""))
+    return CoordexError(
+        "environment",
+        f"Built {label}, but its packages do not import, so it was not kept:\n"
+        + "\n".join(lines),
+        (fix or f"Pin another version of {first['dist']!r} (one that supports this Python "
+         "and the versions of its dependencies uv chose), or remove it from the spec.")
+        + " Then create the environment again with the corrected spec.",
+        log=tail + "\n" + first.get("traceback", ""),
+    )
+
+
 __all__ = [
-    "INDEX_SETTINGS", "LINK_MODE", "MARKER", "BuildOutcome", "EnvironmentBuilder",
+    "IMPORT_CHECK", "INDEX_SETTINGS", "LINK_MODE", "MARKER", "BuildOutcome", "EnvironmentBuilder",
     "Interpreter", "current_interpreter", "find_interpreter", "hash_inputs",
     "index_settings", "uv_binary", "uv_version",
 ]

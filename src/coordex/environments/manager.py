@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.coordinates import MAX_VENV_ID, is_valid_text
 from ..core.errors import CoordexError, make_error
 from ..core.spec import EnvironmentSpec, parse_spec
 from .builder import EnvironmentBuilder, Interpreter, find_interpreter, hash_inputs
@@ -177,7 +178,8 @@ class EnvironmentManager:
     def _ensure(self, venv_id: int, on_progress: ProgressCallback | None) -> tuple[_Ready, bool]:
         if not _is_id(venv_id):
             raise CoordexError(
-                "validation", f"venv_id must be an integer >= 0, got {venv_id!r}.",
+                "validation", f"venv_id must be an integer from 0 to {MAX_VENV_ID}, got "
+                f"{venv_id!r}"[:200] + ".",
                 "Use the venv_id returned by environments.create(...) or listed by "
                 "environments.list().")
         with self._lock:
@@ -263,17 +265,19 @@ class EnvironmentManager:
 
 
 def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_VENV_ID
 
 
 def _check_name(name: Any) -> str | None:
     if name is None:
         return None
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or "\x00" in name:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or "\x00" in name \
+            or not is_valid_text(name):
         raise CoordexError(
             "validation", f"An environment name must be a non-empty string of at most "
             f"{MAX_NAME} characters, got {name!r}"[:300] + ".",
-            "Pass a short text name such as name='ledger-v1', or omit name.")
+            "Pass a short text name (no NUL or undecodable characters) such as "
+            "name='ledger-v1', or omit name.")
     return name
 
 

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..core import coordinates as coords
 from ..core.errors import CoordexError, nearest, quoted_list
@@ -110,6 +110,12 @@ def analyse(source: str, name: str | None) -> tuple[str, str, str | None]:
     if not isinstance(source, str) or not source.strip():
         raise CallError("validation", f"source must be non-empty Python text, got {source!r:.80}.",
                         "Pass the function's code as a string: source='def f(x):\\n    ...'.")
+    if not coords.is_valid_text(source) or (isinstance(name, str)
+                                            and not coords.is_valid_text(name)):
+        raise CallError("validation", "The source or name holds a character that is not valid "
+                        "text (a lone surrogate, as from undecodable bytes).",
+                        "Write the code in plain UTF-8 text; build such strings at run time "
+                        "(os.fsdecode) instead of writing them into the source.")
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -307,6 +313,29 @@ class StoredFunction:
         return self._library._describe(self.record)
 
 
+# --------------------------------------------------------------------------- the runner
+
+
+class FunctionRunner(Protocol):
+    """What the library needs of whoever runs its calls (the Executor implements it).
+
+    ``run_function_code`` is ``execute_code`` for Python with the same validation,
+    sessions, capacity and isolation, a larger output limit (the value comes back in
+    ``result``), and one difference: a call made from code running in the very session
+    it names runs there at once instead of waiting for that session.
+    """
+
+    root: Path
+
+    @property
+    def environments(self) -> Any: ...
+
+    def run_function_code(self, code: str, *, state_mode: str, session_id: int | None,
+                          session_name: str | None, venv_id: int | None,
+                          timeout: float | None, on_output: OutputCallback | None,
+                          output_limit: int) -> dict[str, Any]: ...
+
+
 # --------------------------------------------------------------------------- the library
 
 
@@ -319,7 +348,7 @@ class FunctionLibrary:
     ``functions["list"]``.
     """
 
-    def __init__(self, executor: Any) -> None:
+    def __init__(self, executor: FunctionRunner) -> None:
         self._executor = executor
         self._path = Path(executor.root) / DB_NAME
         self._store_obj: LibraryStore | None = None
@@ -568,7 +597,7 @@ class FunctionLibrary:
         if token is not None and slot is not None:
             _SLOTS[token] = slot
         try:
-            record = self._executor._library_execute(
+            record = self._executor.run_function_code(
                 code, state_mode=call.state_mode, session_id=call.session_id,
                 session_name=call.session_name, venv_id=venv_id, timeout=call.timeout,
                 on_output=call.on_output, output_limit=_TRANSFER_LIMIT)

@@ -363,6 +363,16 @@ class LinkReader:
         return found
 
 
+def interrupt_on_sigint() -> None:
+    """In a copy: SIGINT (a timeout or a cancel) raises ``engine.Interrupt`` in the code."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise engine.Interrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+
+
 def run_cell(code: str, namespace: Dict[str, Any], output_limit: int) -> Dict[str, Any]:
     """``engine.run_cell``, with an interrupt that lands outside the engine reported too."""
     outcome = None
@@ -499,11 +509,10 @@ def _load_isolation() -> Any:
 def _values_main(in_fd: int, out_fd: int) -> int:
     """A copy by values: protect, load the values, run the cell, report over the link."""
     import pickle
-    import signal
     import struct
     import types
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt_on_sigint()
     link = Link(out_fd, in_fd)
     size = struct.unpack("!Q", _read_exact(in_fd, 8))[0]
     payload = pickle.loads(_read_exact(in_fd, size))
@@ -547,7 +556,11 @@ def _values_main(in_fd: int, out_fd: int) -> int:
     isolation = {"names": True, "objects": True, "files": files, "copy": "values",
                  "left_out": left_out}
     link.send(wire.message("copy_ready", isolation=isolation))
+    before = dict(namespace)
     outcome = run_cell(payload["code"], namespace, payload["output_limit"])
+    # What the copy changed, for the call log: the session itself never sees it.
+    outcome["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
+    outcome["deleted"] = [k for k in before if k not in namespace]
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -4,7 +4,7 @@
 top-level expression (IPython's rule: not when the cell ends with ``;``, and ``None``
 is not shown), and returns a plain dict: ``result`` (a repr, shortened in the middle),
 ``error`` (exception type name, message and a traceback without this module's frames),
-``interrupted`` (a KeyboardInterrupt stopped it) and ``images`` (matplotlib figures
+``interrupted`` (coordex's :class:`Interrupt` stopped it) and ``images`` (matplotlib figures
 left open, as PNG). Output capture is the caller's job: it swaps ``sys.stdout``.
 
 Used by the host (agent's own interpreter, and its fork for read-only) and by the
@@ -26,6 +26,14 @@ _MAX_CELLS_IN_LINECACHE = 200
 _counter = [0]
 
 
+class Interrupt(KeyboardInterrupt):
+    """What coordex raises into running code to stop it (a timeout or a cancel).
+
+    A KeyboardInterrupt, so code that cleans up on Ctrl-C does so here too; a
+    ``raise KeyboardInterrupt`` of the code's own is an ordinary error, not a timeout.
+    """
+
+
 def shorten(text, limit):
     """Cut ``text`` in the middle to about ``limit`` characters."""
     if limit is None or len(text) <= limit:
@@ -35,13 +43,30 @@ def shorten(text, limit):
     return text[:half] + "\n... [%d characters truncated] ...\n" % dropped + text[-(limit - half):]
 
 
+def escape_text(text):
+    """``text`` with lone surrogates written as backslash escapes (``\\udce9``).
+
+    A file name with a byte that is not UTF-8 (``os.listdir`` gives ``'caf\\udce9'``), or
+    a string built from one, cannot be encoded, and JSON or a UTF-8 pipe would fail on
+    it. Every place escapes such text this way (the worker's streams use the same rule:
+    ``errors="backslashreplace"``), so the same print reads the same everywhere.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def safe_repr(value, limit=None):
     """repr(value), never raising, shortened in the middle past ``limit``."""
     try:
         text = repr(value)
     except BaseException as exc:  # a broken __repr__ is the user's bug, not ours
         text = "<%s object; repr() raised %s>" % (type(value).__name__, type(exc).__name__)
-    return shorten(text, limit)
+    return shorten(escape_text(text), limit)
 
 
 def _register_source(filename, code):
@@ -79,15 +104,15 @@ def format_error(exc, limit=None):
         message = "<str() of the exception failed>"
     record = {
         "exception": type(exc).__name__,
-        "message": shorten(message, 2000),
-        "traceback": shorten(text, limit or 20000),
+        "message": shorten(escape_text(message), 2000),
+        "traceback": shorten(escape_text(text), limit or 20000),
     }
     # An exception that already is a coordex error (coordex.CallError from a stored
     # function call) says so through these attributes; the host keeps its type.
     for attr in ("coordex_error_type", "coordex_error", "coordex_suggestion"):
         value = getattr(exc, attr, None)
         if isinstance(value, str):
-            record[attr] = shorten(value, 4000)
+            record[attr] = shorten(escape_text(value), 4000)
     return record
 
 
@@ -139,7 +164,7 @@ def run_cell(code, namespace, result_limit=65536, filename=None):
                     text = shorten(text, result_limit)
                 outcome["result"] = text
     except KeyboardInterrupt as exc:
-        outcome["interrupted"] = True
+        outcome["interrupted"] = isinstance(exc, Interrupt)
         outcome["error"] = format_error(exc)
     except BaseException as exc:  # SystemExit included: it must never end the host/worker
         outcome["error"] = format_error(exc)

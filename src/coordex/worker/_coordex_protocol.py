@@ -40,7 +40,7 @@ MESSAGES: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
     "hello": (WORKER_TO_HOST, ("protocol", "python", "pid"), ("fork", "executable")),
     "capabilities": (HOST_TO_WORKER, ("names",), ()),
     "run": (HOST_TO_WORKER, ("id", "code", "mode", "output_limit"),
-            ("timeout", "protect", "scratch")),
+            ("timeout", "protect", "scratch", "capabilities")),
     "capability_call": (WORKER_TO_HOST, ("id", "name", "args", "kwargs"), ()),
     "capability_result": (HOST_TO_WORKER, ("id",), ("value", "error")),
     "done": (WORKER_TO_HOST, ("id", "result", "error", "interrupted", "images"),
@@ -83,6 +83,12 @@ def check(msg: Any, direction: Optional[str] = None) -> None:
     missing = [name for name in spec[1] if name not in msg]
     if missing:
         raise ProtocolError("message %r lacks field(s) %s" % (kind, ", ".join(missing)))
+    unknown = [name for name in msg if name != "type" and name not in spec[1]
+               and name not in spec[2]]
+    if unknown:
+        # The table is the whole truth: a field it does not name is a bug on one side.
+        raise ProtocolError("message %r has unknown field(s) %s"
+                            % (kind, ", ".join(sorted(unknown))))
     if kind == "run" and msg["mode"] not in RUN_MODES:
         raise ProtocolError("run mode %r is not one of %s" % (msg["mode"], RUN_MODES))
 

@@ -200,7 +200,7 @@ def _on_sigint(signum: int, frame: Any) -> None:
     if _State.fork_child:
         _signal_child(signal.SIGINT)
     elif _State.in_user_code:
-        raise KeyboardInterrupt
+        raise engine.Interrupt
     # else: a late interrupt for a cell that already finished; ignore it.
 
 
@@ -304,13 +304,17 @@ def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, An
             outcome = {"result": None, "interrupted": True, "images": [],
                        "error": {"exception": "KeyboardInterrupt", "message": "",
                                  "traceback": "KeyboardInterrupt\n"}}
-    missing = _MISSING
-    outcome["rebound"] = [name for name, value in namespace.items()
-                          if before.get(name, missing) is not value
-                          and _is_user_name(namespace, name)]
-    outcome["deleted"] = [name for name in before
-                          if name not in namespace and _is_user_name(before, name)]
+    outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
     return outcome
+
+
+def _changed_names(before: Dict[str, Any], namespace: Dict[str, Any]) -> Tuple[List[str], List[str]]:
+    """User names a cell rebound (by identity) and deleted, given a copy from before it."""
+    missing = _MISSING
+    rebound = [name for name, value in namespace.items()
+               if before.get(name, missing) is not value and _is_user_name(namespace, name)]
+    deleted = [name for name in before if name not in namespace and _is_user_name(before, name)]
+    return rebound, deleted
 
 
 def _fork() -> int:
@@ -489,14 +493,17 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
                 os.close(fd)
             _State.channel = None
         link = _State.copy_link = copier.Link(out_fd, in_fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        copier.interrupt_on_sigint()
         files = protect(msg.get("protect") or [], msg.get("scratch"))
         copier.seal_descriptors((0, 1, 2, out_fd, in_fd), discarded=files == "discarded")
         private = copier.privatize_shared_mappings()
         isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
         link.send(wire.message("copy_ready", isolation=isolation))
+        before = namespace.copy()
         outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # What the copy changed, for the host's call log; the session never sees it.
+        outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
         outcome.update(isolation=isolation, id=msg["id"], type="done")
         _flush_user_streams()
         link.send(outcome)

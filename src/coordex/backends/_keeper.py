@@ -1,0 +1,86 @@
+"""The keeper: ends the sessions coordex started when the host dies without closing.
+
+Run by path, ``python -I -S _keeper.py``, by :mod:`coordex.backends._reap` (standard
+library only). It reads lines on fd 0: ``+SID`` (coordex started a process leading
+session SID) and ``-SID`` (it has been stopped and reaped). It does nothing else while
+the host lives. At end of file - the host exited or was killed, and the kernel closed
+its end of the pipe - every process of every session still listed gets SIGKILL:
+its process group first, then any member that moved to another group of the session.
+Processes that left with ``setsid`` are in no listed session and are left alone.
+"""
+
+import os
+import signal
+import sys
+
+
+def members(sids):
+    """Live processes whose session id is in ``sids``, from /proc."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) in sids:
+            found.append(int(entry))
+    return found
+
+
+def end(sids):
+    for sid in sids:
+        try:
+            os.killpg(sid, signal.SIGKILL)
+        except OSError:
+            pass
+    # A process forking as we go may add a member: a few passes until none is left.
+    for _ in range(5):
+        left = members(sids)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def main():
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    watched = set()
+    pending = b""
+    while True:
+        try:
+            data = os.read(0, 65536)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            break
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            try:
+                sid = int(line[1:])
+            except ValueError:
+                continue
+            if line[:1] == b"+":
+                watched.add(sid)
+            elif line[:1] == b"-":
+                watched.discard(sid)
+    if watched:
+        end(watched)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

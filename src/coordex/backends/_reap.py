@@ -1,0 +1,342 @@
+"""The one stop policy for every process coordex starts, and the keeper behind it.
+
+How it works
+------------
+Every process coordex starts (workers and templates, shells, the read-only launcher,
+uv builds) leads a process session of its own (``start_new_session``), so everything
+it starts - fork children, ``cmd &``, ``nohup cmd &``, ``subprocess.Popen`` - shares
+its session id unless it deliberately left with ``setsid``. :func:`spawn` starts such a
+process and tells the *keeper* its session; :func:`stop` ends it, always the same way:
+
+1. ``asked`` - the process is asked to leave in its own terms (a worker's ``shutdown``
+   message, SIGHUP for an interactive bash, a closed socket for the launcher);
+2. ``interrupt`` - SIGINT to its process group;
+3. ``terminate`` - SIGTERM to its process group;
+4. ``kill`` - SIGKILL to its process group.
+
+Each step waits up to its own time for the leader to end (a pidfd, so no polling
+sleeps); the step that ended it is returned and logged (debug; warning from
+``terminate`` on, since a process that needs TERM ignored the gentler steps). Then the
+rest of the session - background jobs, processes that changed their group - gets
+SIGKILL and the leader is reaped.
+
+The keeper (``_keeper.py``, run by path with this interpreter, standard library only)
+is one small process per host that holds the read end of a pipe and a list of the
+sessions coordex started. It never acts while the host lives. When the host dies
+without closing (SIGKILL, SIGTERM without a handler, a crash), the pipe reaches end of
+file and the keeper kills every process of every session still listed, then exits.
+``PR_SET_PDEATHSIG`` would not do: it fires when the *thread* that started the child
+ends, and calls arrive on short-lived threads (anyio's pool, a caller's own threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger("coordex.processes")
+
+StopStep = Literal["exited", "asked", "interrupt", "terminate", "kill"]
+# How long each step waits for the leader before the next one.
+STEP_SECONDS = 1.0
+KEEPER_SCRIPT = Path(__file__).resolve().parent / "_keeper.py"
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Which steps a kind of process gets, and how long each waits."""
+
+    interrupt: bool = True  # an interactive bash ignores SIGINT as a way to leave
+    terminate: bool = True  # ...and SIGTERM
+    seconds: float | None = None  # None: STEP_SECONDS
+    # Also look for members that left the group but not the session (a /proc scan,
+    # ~1 ms): kept sessions, where ``set -m`` jobs live; not per stateless call.
+    whole_session: bool = True
+
+
+DEFAULT_STEPS = Steps()
+
+
+def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` in a new session, registered with the keeper."""
+    popen["start_new_session"] = True
+    proc: subprocess.Popen[Any] = subprocess.Popen(list(argv), **popen)
+    keeper().watch(proc.pid)
+    return proc
+
+
+def stop(proc: subprocess.Popen[Any], what: str, *,
+         ask: Callable[[], bool] | None = None, steps: Steps | None = None) -> StopStep:
+    """End ``proc`` (a :func:`spawn`-ed session leader) and its session; reap it.
+
+    ``ask`` asks it to leave in its own terms and returns whether that is worth waiting
+    for (a busy worker will not read its ``shutdown``). Returns the step that ended it:
+    ``"exited"`` if it had ended already. Idempotent: a reaped process is not signalled.
+    """
+    done: StopStep | None = getattr(proc, "_coordex_stop_step", None)
+    if done is not None:
+        return done  # stopped before: its pid (and group id) may belong to another now
+    steps = steps or DEFAULT_STEPS
+    seconds = STEP_SECONDS if steps.seconds is None else steps.seconds
+    started = time.monotonic()
+    step: StopStep = "exited"
+    plan: list[tuple[StopStep, Callable[[], bool]]] = []
+    if ask is not None:
+        plan.append(("asked", ask))
+    if steps.interrupt:
+        plan.append(("interrupt", lambda: _group(proc, signal.SIGINT)))
+    if steps.terminate:
+        plan.append(("terminate", lambda: _group(proc, signal.SIGTERM)))
+    plan.append(("kill", lambda: _group(proc, signal.SIGKILL)))
+    timings: list[str] = []
+    if proc.poll() is None:
+        with _PidWait(proc) as waiter:
+            for name, act in plan:
+                step = name
+                t0 = time.monotonic()
+                worth_waiting = act()
+                if waiter.wait(seconds if worth_waiting or name == "kill" else 0.0):
+                    timings.append(f"{name} {time.monotonic() - t0:.3f}s")
+                    break
+                timings.append(f"{name} {time.monotonic() - t0:.3f}s")
+    sweep(proc.pid)
+    with contextlib.suppress(OSError):
+        proc.wait()
+    if steps.whole_session:
+        sweep_session(proc.pid)
+    keeper().forget(proc.pid)
+    proc._coordex_stop_step = step  # type: ignore[attr-defined]
+    level = logging.WARNING if step in ("terminate", "kill") else logging.DEBUG
+    if logger.isEnabledFor(level):
+        logger.log(level, "stopped %s (pid %d) at step %r in %.3f s [%s]", what, proc.pid,
+                   step, time.monotonic() - started, ", ".join(timings) or "already gone")
+    return step
+
+
+def sweep(sid: int, settle: float = 0.5) -> None:
+    """SIGKILL what is left of process group ``sid`` (its background jobs), and wait up
+    to ``settle`` seconds until none of them runs any more.
+
+    SIGKILL is delivered asynchronously: without the wait, a caller that looks right
+    after ``stop()`` returned can still see a background job alive. The wait costs
+    nothing when the group is already empty (one ``killpg(..., 0)``).
+    """
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except OSError:
+        return  # no process left in the group
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(sid, 0)
+        except OSError:
+            return
+        if not _group_runs(sid):
+            return  # only zombies left, waiting for their new parent to reap them
+        time.sleep(0.001)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a non-zombie process is in group ``pgid`` (a /proc scan, ~1 ms)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def sweep_session(sid: int) -> int:
+    """SIGKILL every process of session ``sid`` that is not in group ``sid`` (it left
+    the group, not the session: ``set -m`` jobs, ``setpgid``). Returns how many."""
+    killed = 0
+    for pid in session_members(sid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is ``sid``, from /proc."""
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # "pid (comm) state ppid pgrp session ...": comm may hold spaces/parens.
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) == sid:
+            found.append(int(entry))
+    return found
+
+
+def _group(proc: subprocess.Popen[Any], sig: int) -> bool:
+    """Signal ``proc``'s process group (it leads one); True (wait for it to act)."""
+    if proc.returncode is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)
+    return True
+
+
+class _PidWait:
+    """Wait for a child to end without polling sleeps (a pidfd where there is one)."""
+
+    def __init__(self, proc: subprocess.Popen[Any]) -> None:
+        self.proc = proc
+        self.fd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            self.fd = os.pidfd_open(proc.pid)
+
+    def __enter__(self) -> _PidWait:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def wait(self, seconds: float) -> bool:
+        if self.fd is not None:
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            poller.poll(max(0.0, seconds) * 1000)
+        else:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(seconds)
+        return self.proc.poll() is not None
+
+
+# -- the keeper ---------------------------------------------------------------------------
+
+
+class Keeper:
+    """The host side of the keeper process: a pipe of ``+SID`` / ``-SID`` lines.
+
+    Started on the first :meth:`watch`; :meth:`release` ends it once nothing is watched
+    (the Executor calls it from ``close()``). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = 0
+        self._watched: set[int] = set()
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+    def watch(self, sid: int) -> None:
+        with self._lock:
+            self._watched.add(sid)
+            self._send(b"+%d\n" % sid)
+
+    def forget(self, sid: int) -> None:
+        with self._lock:
+            if sid in self._watched:
+                self._watched.discard(sid)
+                self._send(b"-%d\n" % sid, start=False)
+
+    def release(self) -> None:
+        """End the keeper if no session is watched (it starts again when needed)."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or self._watched or self._owner != os.getpid():
+                return
+            self._proc = None
+        # Closing its stdin with nothing listed: it exits at once, killing nothing.
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(STEP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _send(self, line: bytes, start: bool = True) -> None:
+        if self._owner != os.getpid():  # a fork child of the host: not its keeper
+            self._proc = None
+        if self._proc is None or self._proc.poll() is not None:
+            if not start:
+                return
+            self._start()
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            os.write(proc.stdin.fileno(), line)
+        except OSError:
+            logger.warning("the process keeper (pid %d) is gone; processes started now "
+                           "will not be ended if this host dies without closing", proc.pid)
+            self._proc = None
+
+    def _start(self) -> None:
+        self._owner = os.getpid()
+        try:
+            # Its own session: a signal to the host's process group (^C in a terminal)
+            # never reaches it. It must outlive the host, so it is not in a group we kill.
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(KEEPER_SCRIPT)], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, bufsize=0)
+        except OSError as exc:
+            logger.warning("could not start the process keeper (%s); processes will not "
+                           "be ended if this host dies without closing", exc)
+            self._proc = None
+            return
+        # Everything watched so far (a keeper that died is replaced with the full list).
+        assert self._proc.stdin is not None
+        with contextlib.suppress(OSError):
+            os.write(self._proc.stdin.fileno(),
+                     b"".join(b"+%d\n" % sid for sid in sorted(self._watched)))
+
+
+_KEEPER = Keeper()
+
+
+def keeper() -> Keeper:
+    """This host's keeper."""
+    return _KEEPER
+
+
+__all__ = [
+    "DEFAULT_STEPS",
+    "Keeper",
+    "Steps",
+    "StopStep",
+    "keeper",
+    "session_members",
+    "spawn",
+    "stop",
+    "sweep",
+    "sweep_session",
+]

@@ -1,0 +1,175 @@
+"""Every model-facing message about what happened to a call, built from facts.
+
+A place (the own interpreter, a worker, a shell) reports *facts* — the code ran past
+its timeout and survived the interrupt, the process died during the call, the session
+was busy — and this module turns them into the SPEC error dict. So one event reads the
+same in every place: the same ``error_type``, the same ``state_lost`` and the same
+sentence, with only the name of the place and of what it holds filled in.
+
+Pure: no processes, no disk, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import CoordexError, make_error
+
+Mode = Literal["stateless", "stateful", "read_only"]
+PlaceKind = Literal["own", "worker", "shell", "cluster", "host"]
+
+# After SIGINT, how long code gets to stop before its process is killed (state lost).
+INTERRUPT_GRACE = 2.0
+
+
+@dataclass(frozen=True)
+class PlaceWords:
+    """How messages name a place and what its sessions hold."""
+
+    process: str  # what runs the code: "worker process", "bash shell"
+    holds: str  # what a stateful session keeps there
+
+
+WORDS: dict[PlaceKind, PlaceWords] = {
+    "own": PlaceWords("agent's own interpreter", "names"),
+    "worker": PlaceWords("worker process", "names"),
+    "shell": PlaceWords("bash shell", "variables, functions, aliases, options and cwd"),
+    "cluster": PlaceWords("process on the cluster node", "names"),
+    "host": PlaceWords("confined host", "sessions"),
+}
+
+REBUILD_HINT = ("To bring the lost state back, call rebuild_session with the same "
+                "coordinates: it replays the stateful calls that built it (their code runs "
+                "again).")
+
+
+def with_rebuild_hint(suggestion: str) -> str:
+    """``suggestion`` followed by the rebuild hint, once."""
+    if "rebuild_session" in suggestion:
+        return suggestion
+    return f"{suggestion} {REBUILD_HINT}".strip()
+
+
+def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
+            stuck: bool = False, stdout: str = "", stderr: str = "") -> dict[str, Any]:
+    """The code ran past ``seconds``.
+
+    ``survived``: the interrupt stopped it and the session kept its state. ``stuck``:
+    the code did not stop and its place cannot be killed (the own interpreter).
+    """
+    words = WORDS[place]
+    limit = f"{seconds:g} s"
+    longer = f"timeout={max(seconds * 4, 60):g}"
+    common: dict[str, Any] = {"stdout": stdout, "stderr": stderr}
+    if stuck:
+        if mode == "stateful":
+            suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
+                          "bytecode); the agent's own interpreter cannot be killed, so the "
+                          "session is still busy and its state is kept. Further calls to this "
+                          "session return timeout at once until the code stops: wait, or use "
+                          "another session.")
+        else:
+            suggestion = ("The code did not stop when interrupted (it is blocked outside Python "
+                          "bytecode) and finishes in the background of the agent's process; no "
+                          "session is affected. Make it faster or pass a larger timeout=.")
+        return make_error("timeout", f"The code ran past its timeout of {limit}.", suggestion,
+                          state_lost=False, **common)
+    if not survived and mode == "stateful":
+        return make_error(
+            "timeout",
+            f"The code ran past its timeout of {limit}, did not stop within "
+            f"{INTERRUPT_GRACE:g} s of the interrupt, and its {words.process} was killed and "
+            "restarted: the session's state is lost.",
+            with_rebuild_hint(
+                f"The session was restarted (state lost): re-create the {words.holds} you "
+                "need before continuing. Keep long work "
+                "interruptible (do not ignore SIGINT or swallow KeyboardInterrupt), split it "
+                f"into smaller calls, or pass a larger timeout (e.g. {longer})."),
+            state_lost=True, **common)
+    if mode == "stateful":
+        return make_error(
+            "timeout",
+            f"The code ran past its timeout of {limit} and was interrupted; the session "
+            f"survived with its state ({words.holds} set before the interrupt are kept).",
+            "The session survived (interrupted: state kept). Continue in the same session: "
+            "make the code faster, work on a smaller piece, or pass a larger timeout (e.g. "
+            f"{longer}).", state_lost=False, **common)
+    where = ("the session is unchanged" if mode == "read_only"
+             else "nothing was kept, as with any stateless call")
+    return make_error(
+        "timeout", f"The code ran past its timeout of {limit} and was stopped; {where}.",
+        f"Make the code faster, work on a smaller piece, or pass a larger timeout (e.g. "
+        f"{longer}).", state_lost=False, **common)
+
+
+def crashed(place: PlaceKind, mode: Mode, how: str, *, attempts: int = 1,
+            state_lost: bool | None = None, **extra: Any) -> dict[str, Any]:
+    """The process running the code died during the call (after ``attempts`` tries)."""
+    words = WORDS[place]
+    times = "" if attempts == 1 else f" {attempts} times"
+    if mode == "read_only":
+        return make_error(
+            "crashed",
+            f"The read-only copy of the session died{times} while running this code ({how}); "
+            "the session itself is unchanged.",
+            "The code probably ends its own process (os._exit, os.kill, a crash in a C "
+            "extension, running out of memory); change that part. The session keeps its "
+            "state.", state_lost=False if state_lost is None else state_lost, **extra)
+    if mode == "stateless":
+        return make_error(
+            "crashed", f"The {words.process} running this code died{times} ({how}).",
+            "The code probably ends its own process (os._exit, os.kill, `kill $$`, a crash "
+            "in a C extension, running out of memory); change that part and run it again.",
+            state_lost=True if state_lost is None else state_lost, **extra)
+    return make_error(
+        "crashed",
+        f"The session's {words.process} died{times} while running this code ({how}); the "
+        "session's state is lost.",
+        with_rebuild_hint(
+            "The next call starts on a fresh process: re-create the "
+            f"{words.holds} you need, then run the code again. If the code ends its own "
+            "process (os._exit, os.kill, `kill $$`, a crash in a C extension, running out "
+            "of memory), change that part."),
+        state_lost=True if state_lost is None else state_lost, **extra)
+
+
+def session_busy() -> dict[str, Any]:
+    """The call waited its whole timeout for another call to the same session."""
+    return make_error(
+        "timeout", "The session stayed busy with another call for the whole timeout.",
+        "Nothing ran and no state changed. Retry later, pass a larger timeout=, or use "
+        "another session.", stdout="", stderr="", state_lost=False)
+
+
+def session_closed_during_call() -> dict[str, Any]:
+    return make_error(
+        "crashed", "The session was closed while the code ran.",
+        "Open a new session with a stateful call and run the code again.", state_lost=True)
+
+
+def executor_closed() -> CoordexError:
+    return CoordexError("validation", "This Executor is closed.",
+                        "Create a new Executor (with Executor(...) as ex: ...) and call it.")
+
+
+def start_failed(language: str, reason: object) -> CoordexError:
+    """A session's process could not be started at all."""
+    return CoordexError(
+        "crashed", f"Could not start the {language} session: {reason}.",
+        "Check that the program exists and the machine has free processes and memory, "
+        "then run the call again.", state_lost=True)
+
+
+def environment_not_found(venv_id: int, known: list[tuple[int, str | None]]) -> CoordexError:
+    listed = ", ".join(f"{vid}" + (f" ({name!r})" if name else "") for vid, name in known)
+    return CoordexError(
+        "not_found", f"No environment with venv_id={venv_id}.",
+        f"Existing environments: {listed or 'none yet'}. Create one with "
+        "environments.create(spec) (MCP: create_environment) and use the venv_id it returns, "
+        "or venv_id=None for the agent's own interpreter.")
+
+
+def state_lost_suggestion(suggestion: str) -> str:
+    """What a result that lost state says, whatever else it says."""
+    return with_rebuild_hint(suggestion)

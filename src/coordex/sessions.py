@@ -1,0 +1,222 @@
+"""The one owner of session state: key -> entry, session, lock.
+
+:class:`SessionTable` is the only code that moves a session through its lifecycle
+(``starting → idle ⇄ busy``, ``broken`` when the process holding it died, ``closed`` at
+the end; the table of legal moves is :data:`coordex.core.registry.TRANSITIONS`). It
+decides from the facts a place reports in an outcome:
+
+- a call whose outcome says the process died (``crashed``) leaves the session
+  ``broken``; its next call moves it back through ``starting`` (the place replaces the
+  process and reports ``state_lost``);
+- ``state_lost`` is reported once per loss: a loss already reported by an earlier
+  result is not repeated;
+- a call that reserved a new session whose process could not start releases the
+  reservation, so a failed start never holds a place under ``max_sessions``.
+
+Calls to one session are serialised by its lock; the table's own lock guards only the
+bookkeeping and is never held while code runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.base import Outcome, Session, wait_for
+from .core import messages
+from .core.coordinates import Coordinate, SessionKey
+from .core.errors import CoordexError
+from .core.registry import PLAN_KEY, SessionEntry, SessionRegistry
+from .core.results import session_record
+
+
+@dataclass
+class Slot:
+    """What the table holds for one session besides its registry entry."""
+
+    session: Session | None
+    lock: threading.Lock
+    place: Any = None  # the place that opened it (for nested calls and cluster facts)
+
+
+class SessionTable:
+    """Sessions by key: registry entry (names, cap, provenance, state), process, lock."""
+
+    def __init__(self, max_sessions: int, plan_session: Session) -> None:
+        self.lock = threading.RLock()
+        self.registry = SessionRegistry(max_sessions, now=time.time())
+        self._slots: dict[SessionKey, Slot] = {PLAN_KEY: Slot(plan_session, threading.Lock())}
+        self.closed = False
+
+    # -- lookup ----------------------------------------------------------------------
+
+    def record(self, key: SessionKey) -> dict[str, Any]:
+        """The ``session`` dict of a result for ``key``."""
+        with self.lock:
+            entry = self.registry.get(key)
+        name = entry.name if entry is not None else None
+        return session_record(key.language, key.venv_id, key.session_id, name)
+
+    def existing(self, coordinate: Coordinate) -> tuple[SessionKey, Slot]:
+        """The live session a coordinate names, else ``not_found``."""
+        with self.lock:
+            self._check_open()
+            key = self.registry.require(coordinate)
+            slot = self._slots.get(key)
+            if slot is None or slot.session is None:
+                raise self.registry.not_found(coordinate)
+            return key, slot
+
+    def find(self, coordinate: Coordinate) -> tuple[SessionKey, Slot] | None:
+        with self.lock:
+            key = self.registry.find(coordinate)
+            slot = self._slots.get(key) if key is not None else None
+            if key is None or slot is None or slot.session is None:
+                return None
+            return key, slot
+
+    def entries(self) -> list[tuple[SessionEntry, Session | None]]:
+        with self.lock:
+            return [(e, (self._slots.get(e.key) or Slot(None, threading.Lock())).session)
+                    for e in self.registry.entries()]
+
+    def provenance(self, key: SessionKey, name: str) -> tuple[int, int]:
+        with self.lock:
+            return self.registry.provenance(key, name)
+
+    # -- a stateful call -------------------------------------------------------------
+
+    @contextmanager
+    def stateful(self, coordinate: Coordinate, timeout: float, cancel: threading.Event | None,
+                 opener: Callable[[SessionKey], tuple[Session, Any]]) -> Iterator[
+                     tuple[SessionKey, Session | None, int]]:
+        """Hold the session a stateful call runs in (created with ``opener`` if new).
+
+        Yields ``(key, session, call number)``; ``session`` is None when another call
+        kept the session busy for the whole timeout (nothing ran). On exit, :meth:`finish`
+        must have been given the outcome.
+        """
+        with self.lock:
+            self._check_open()
+            key, created = self.registry.resolve_or_reserve(coordinate, time.time())
+            slot = self._slots.setdefault(key, Slot(None, threading.Lock()))
+        if not wait_for(slot.lock, timeout, cancel):
+            yield key, None, 0
+            return
+        try:
+            session = slot.session
+            if session is None:
+                session = self._open(key, slot, created, opener)
+            with self.lock:
+                entry = self.registry.get(key)
+                if entry is None:  # closed while we waited for its lock
+                    raise CoordexError("not_found", "The session was closed before this call "
+                                       "could run.", "Run the call again: a stateful call "
+                                       "opens a new session.")
+                if entry.state == "broken":
+                    self.registry.move(key, "starting")
+                    self.registry.move(key, "idle")
+                call = self.registry.begin_call(key, time.time())
+                self.registry.move(key, "busy")
+            yield key, session, call
+        finally:
+            slot.lock.release()
+
+    def _open(self, key: SessionKey, slot: Slot, created: bool,
+              opener: Callable[[SessionKey], tuple[Session, Any]]) -> Session:
+        try:
+            session, place = opener(key)
+        except BaseException as exc:
+            with self.lock:  # never leave a reserved session without a process
+                self._forget(key)
+            if isinstance(exc, OSError):
+                raise messages.start_failed(key.language, exc) from exc
+            raise
+        with self.lock:
+            if self.closed or key not in self.registry:
+                closed = self.closed
+                self._forget(key)
+                session.close()
+                if closed:
+                    raise messages.executor_closed()
+                raise CoordexError("not_found", "The session was closed while it started.",
+                                   "Run the call again: a stateful call opens a new session.")
+            slot.session, slot.place = session, place
+            self.registry.move(key, "idle")
+        return session
+
+    def finish(self, key: SessionKey, call: int, outcome: Outcome) -> None:
+        """Record what a call did: its state after, and the names it rebound."""
+        rebound, deleted = outcome.pop("rebound", ()), outcome.pop("deleted", ())
+        error = outcome.get("error") or {}
+        with self.lock:
+            if key not in self.registry:
+                return
+            broken = error.get("error_type") == "crashed" and bool(
+                error.get("state_lost") or outcome.get("state_lost"))
+            self.registry.move(key, "broken" if broken else "idle")
+            self.registry.record_bindings(key, call, rebound, deleted)
+            if outcome.get("state_lost") or error.get("state_lost"):
+                # What was bound before the loss is gone with it.
+                entry = self.registry.get(key)
+                if entry is not None:
+                    entry.bindings = {n: c for n, c in entry.bindings.items() if c == call}
+
+    # -- read-only and inspect ---------------------------------------------------------
+
+    @contextmanager
+    def reading(self, coordinate: Coordinate, timeout: float,
+                cancel: threading.Event | None) -> Iterator[tuple[SessionKey, Slot | None]]:
+        """Hold an existing session for a read-only call or an inspection.
+
+        Yields ``(key, slot)``, ``slot`` None when the session stayed busy for the whole
+        timeout. Counts the call (read-only calls age names too).
+        """
+        key, slot = self.existing(coordinate)
+        if not wait_for(slot.lock, timeout, cancel):
+            yield key, None
+            return
+        try:
+            yield key, slot
+        finally:
+            slot.lock.release()
+
+    def count_call(self, key: SessionKey) -> None:
+        with self.lock:
+            if key in self.registry:
+                self.registry.begin_call(key, time.time())
+
+    # -- closing -----------------------------------------------------------------------
+
+    def remove(self, coordinate: Coordinate) -> tuple[dict[str, Any], Session | None]:
+        """Take a session out (``close_session``); the caller closes what is returned."""
+        with self.lock:
+            self._check_open()
+            key = self.registry.require(coordinate)
+            record = self.record(key)
+            self.registry.remove(key)  # validation error for the plan namespace
+            slot = self._slots.pop(key, None)
+        return record, slot.session if slot is not None else None
+
+    def drain(self) -> list[Session]:
+        """Mark the table closed and hand back every session to close (the plan's too)."""
+        with self.lock:
+            if self.closed:
+                return []
+            self.closed = True
+            sessions = [s.session for s in self._slots.values() if s.session is not None]
+            self._slots.clear()
+            return sessions
+
+    def _forget(self, key: SessionKey) -> None:
+        if key in self.registry and key != PLAN_KEY:
+            self.registry.remove(key)
+        self._slots.pop(key, None)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise messages.executor_closed()

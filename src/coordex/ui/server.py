@@ -1,0 +1,91 @@
+"""The page served from a thread of the process that holds the sessions.
+
+``Executor.serve_ui`` and ``coordex mcp --ui PORT`` use this: a standard-library
+threading HTTP server over :class:`~coordex.ui.app.UIApp`, owned by the Executor (it
+stops when the executor closes). Each request runs on its own short-lived thread, so a
+busy session's inspection never holds up the rest of the page.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..core.errors import CoordexError
+from .app import UIApp, single_tenant
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_HEAD(self) -> None:
+        self._answer("HEAD")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def _answer(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if self.server.app.handles(parts.path):
+            response = self.server.app.handle(method, parts.path, parts.query, headers)
+        else:
+            response = self.server.app.handle(method, self.server.app.prefix + "/nothing-here",
+                                              parts.query, headers)
+        self.send_response(response.status)
+        for key, value in response.all_headers():
+            self.send_header(key, value)
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(response.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # stderr belongs to the program (and under ``coordex mcp`` to its log)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    app: UIApp
+
+
+class UIServer:
+    """A running page: ``url`` (with the token) and ``close()``."""
+
+    def __init__(self, executor: Any, host: str, port: int) -> None:
+        self.token = secrets.token_urlsafe(24)
+        try:
+            server = _Server((host, port), _Handler)
+        except OSError as exc:
+            raise CoordexError(
+                "validation", f"Cannot serve the page on {host}:{port}: {exc.strerror or exc}.",
+                "Pass port=0 to take any free port, or another port that is free.")
+        server.app = UIApp(single_tenant(executor, self.token))
+        self._server = server
+        self._closed = False
+        bound_port = server.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{bound_port}/ui/?token={self.token}"
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="coordex-ui", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_ui(executor: Any, host: str = "127.0.0.1", port: int = 0) -> UIServer:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise CoordexError("validation", f"port must be an integer from 0 to 65535, got {port!r}.",
+                           "Pass port=0 to take any free port.")
+    return UIServer(executor, host, port)

@@ -1,0 +1,254 @@
+"""One conformance suite: every SPEC promise, through the public API, over every place.
+
+The places are the agent's own interpreter (Python), an environment worker (Python in a
+built environment) and bash. Each gets the same story — state kept by stateful calls,
+nothing kept by stateless ones, read-only copies that change nothing, the same
+coordinate errors — and the same event (a timeout that the code survives, a busy
+session, a closed executor, a process found dead) gives the same ``error_type``,
+``state_lost`` and wording in each.
+
+A new place is one more entry in ``PLACES``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordex import Executor
+from tests.conftest import assert_no_new_children, child_pids
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass(frozen=True)
+class Place:
+    id: str
+    language: str
+    in_environment: bool
+    set_v: str      # binds v to 41
+    show_v: str     # prints v (or an empty line when unbound)
+    change_v: str   # rebinds v to 99
+    slow: str       # runs for ~30 s unless interrupted
+    pid: str        # prints the pid of the process holding the session
+    killable: bool  # the process holding a session can be killed and replaced
+
+
+PY_SLOW = "import time\nwhile True: time.sleep(0.01)"
+PLACES = [
+    Place("own", "python", False, "v = 41", "print(globals().get('v', ''))", "v = 99",
+          PY_SLOW, "import os; print(os.getpid())", killable=False),
+    Place("worker", "python", True, "v = 41", "print(globals().get('v', ''))", "v = 99",
+          PY_SLOW, "import os; print(os.getpid())", killable=True),
+    Place("bash", "bash", False, "v=41", 'echo "$v"', "v=99", "sleep 30", "echo $$",
+          killable=True),
+]
+
+
+@dataclass
+class At:
+    """An executor and the coordinates of one place in it."""
+
+    ex: Executor
+    place: Place
+    venv_id: int | None
+
+    def run(self, code: str, **kw: Any) -> dict[str, Any]:
+        return self.ex.execute_code(code, language=self.place.language, venv_id=self.venv_id,
+                                    **kw)
+
+    def where(self, **kw: Any) -> dict[str, Any]:
+        return {"language": self.place.language, "venv_id": self.venv_id, **kw}
+
+
+@pytest.fixture(scope="module")
+def envs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("envs")
+
+
+@pytest.fixture(params=PLACES, ids=lambda p: p.id)
+def at(request: pytest.FixtureRequest, tmp_path: Path, envs_dir: Path) -> Iterator[At]:
+    place: Place = request.param
+    before = child_pids()
+    ex = Executor(root=tmp_path / "home", timeout=30, envs_dir=envs_dir)
+    try:
+        venv_id = None
+        if place.in_environment:
+            # An environment with no requirements: a real uv build, offline, ~0.2 s.
+            created = ex.environments.create("# no requirements\n", name="bare")
+            venv_id = created["venv_id"]
+            assert ex.environments.build(venv_id).get("built") is True
+        yield At(ex, place, venv_id)
+    finally:
+        ex.close()
+    assert_no_new_children(before)  # closing an Executor ends every process it started
+
+
+# -- the three modes ------------------------------------------------------------------
+
+
+def test_stateful_keeps_state(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    r = at.run(at.place.show_v, state_mode="stateful", session_name="s")
+    assert r["stdout"] == "41\n"
+    assert r["session"] == {"language": at.place.language, "venv_id": at.venv_id,
+                            "session_id": 1, "session_name": "s"}
+
+
+def test_stateful_without_a_session_uses_session_0(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful")
+    r = at.run(at.place.show_v, state_mode="stateful", session_id=0)
+    assert r["stdout"] == "41\n"
+    assert r["session"]["session_id"] == 0
+
+
+def test_stateless_sees_and_keeps_nothing(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    assert at.run(at.place.show_v)["stdout"] == "\n"
+    at.run(at.place.change_v)
+    assert at.run(at.place.show_v)["stdout"] == "\n"
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="s")["stdout"] == "41\n"
+
+
+def test_read_only_sees_the_session_and_changes_nothing(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    r = at.run(at.place.change_v + "\n" + at.place.show_v, state_mode="read_only",
+               session_name="s")
+    assert r["stdout"] == "99\n"
+    assert r["state_mode"] == "read_only"
+    assert r["isolation"]["names"] is True
+    assert r["isolation"]["files"] in ("discarded", "refused", "none")
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="s")["stdout"] == "41\n"
+
+
+def test_read_only_of_a_missing_session_is_not_found(at: At) -> None:
+    r = at.run(at.place.show_v, state_mode="read_only", session_name="missing")
+    assert r["error_type"] == "not_found"
+    assert "stateful" in r["suggestion"]
+
+
+def test_the_same_coordinate_errors(at: At) -> None:
+    r = at.run(at.place.show_v, state_mode="read_only")
+    assert r["error"] == "Cannot use state_mode='read_only' without specifying a session."
+    assert r["error_type"] == "validation"
+    assert at.run(at.place.show_v, session_id=1)["error_type"] == "validation"
+    r = at.run(at.place.show_v, state_mode="stateful", session_id=1, session_name="x")
+    assert r["error_type"] == "validation"
+    assert at.run(at.place.show_v, state_mode="sideways")["error_type"] == "validation"
+
+
+def test_closed_sessions_are_gone(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="gone")
+    closed = at.ex.close_session(**at.where(session_name="gone"))
+    assert closed["closed"] is True
+    assert at.run(at.place.show_v, state_mode="read_only",
+                  session_name="gone")["error_type"] == "not_found"
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="gone")["stdout"] == "\n"
+
+
+def test_list_and_inspect_see_the_session_and_change_nothing(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="look")
+    listed = [s for s in at.ex.list_sessions()["sessions"] if s["session_name"] == "look"]
+    assert len(listed) == 1
+    assert listed[0]["alive"] is True and listed[0]["calls"] == 1
+    report = at.ex.inspect_session(**at.where(session_name="look"))
+    assert "error_type" not in report, report
+    if at.place.language == "python":
+        assert [n["name"] for n in report["names"]] == ["v"]
+    else:
+        assert report["variables"].get("v") == "41"
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="look")["stdout"] == "41\n"
+
+
+def test_output_streams_through_on_output(at: At) -> None:
+    chunks: list[tuple[str, str]] = []
+    r = at.run(at.place.set_v + "\n" + at.place.show_v,
+               on_output=lambda s, t: chunks.append((s, t)))
+    assert "".join(t for s, t in chunks if s == "stdout") == r["stdout"] == "41\n"
+
+
+# -- the same event, the same answer ----------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["stateless", "stateful"])
+def test_a_timeout_that_the_code_survives(at: At, mode: str) -> None:
+    kw: dict[str, Any] = {"state_mode": mode}
+    if mode == "stateful":
+        kw["session_name"] = "slow"
+        at.run(at.place.set_v, **kw)
+    started = time.monotonic()
+    r = at.run(at.place.slow, timeout=0.5, **kw)
+    assert time.monotonic() - started < 5
+    assert r["error_type"] == "timeout"
+    assert r["state_lost"] is False
+    assert "0.5 s" in r["error"] and r["suggestion"]
+    if mode == "stateful":
+        assert at.run(at.place.show_v, **kw)["stdout"] == "41\n"
+
+
+def test_a_busy_session_reads_the_same_everywhere(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="busy")
+    first: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: first.update(
+        at.run(at.place.slow, state_mode="stateful", session_name="busy", timeout=2)))
+    runner.start()
+    time.sleep(0.3)
+    r = at.run(at.place.show_v, state_mode="stateful", session_name="busy", timeout=0.3)
+    runner.join()
+    assert r["error_type"] == "timeout"
+    assert r["error"] == "The session stayed busy with another call for the whole timeout."
+    assert r["state_lost"] is False
+    assert first["error_type"] == "timeout"
+
+
+def test_a_closed_executor_answers_with_an_error(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    at.ex.close()
+    for kw in ({}, {"state_mode": "stateful", "session_name": "s"},
+               {"state_mode": "read_only", "session_name": "s"}):
+        r = at.run(at.place.show_v, **kw)
+        assert r["error_type"] == "validation"
+        assert r["error"] == "This Executor is closed."
+
+
+def test_a_process_found_dead_is_replaced_and_says_state_lost(at: At) -> None:
+    if not at.place.killable:
+        pytest.skip("the agent's own interpreter is this process")
+    at.run(at.place.set_v, state_mode="stateful", session_name="k")
+    pid = int(at.run(at.place.pid, state_mode="stateful", session_name="k")["stdout"])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.02)
+    r = at.run(at.place.show_v, state_mode="stateful", session_name="k")
+    assert "error_type" not in r, r
+    assert r["state_lost"] is True
+    assert r["stdout"] == "\n"
+    again = at.run(at.place.show_v, state_mode="stateful", session_name="k")
+    assert "state_lost" not in again  # a loss is reported once
+
+
+def test_stateless_calls_leave_no_process(at: At) -> None:
+    before = child_pids()
+    for _ in range(3):
+        assert at.run(at.place.show_v)["stdout"] == "\n"
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        extra = child_pids() - before
+        # Environments keep warm fork-server templates (owned and ended at close).
+        if at.place.in_environment or not extra:
+            break
+        time.sleep(0.05)
+    if not at.place.in_environment:
+        assert child_pids() - before == set()

@@ -1,0 +1,128 @@
+"""The call log and the page through the front ends, as real processes: ``coordex log``
+(its JSON, ``--session``, ``--limit``, ``--stats``), ``coordex serve`` at ``/ui`` (each
+tenant's token shows that tenant alone), ``coordex mcp --ui PORT`` and the MCP tool
+``rebuild_session``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from coordex import Executor
+
+from ._procs import child_env, run_cli, spawn
+from .test_mcp_http import READY, call_with_sdk
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_coordex_log_prints_the_history_as_json(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Executor(root=home) as ex:
+        ex.execute_code("a = 1", state_mode="stateful", session_name="one")
+        ex.execute_code("b = 2", state_mode="stateful", session_name="two")
+        ex.execute_code("a / 0", state_mode="stateful", session_name="one")
+        ex.execute_code("a = 5", state_mode="read_only", session_name="one")
+        expected = ex.history()
+        ex.close_session(session_name="one")
+        ex.rebuild_session(session_name="one")
+    env = child_env(home)
+    done = run_cli("log", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["calls"][:4] == expected["calls"]
+    assert printed["calls"][-1]["code"] == "a = 1"  # the replay, logged too
+    only = json.loads(run_cli("log", "--json", "--session", "one", "--limit", "2", env=env).stdout)
+    assert [c["code"] for c in only["calls"]] == ["a = 5", "a = 1"]
+    table = run_cli("log", env=env)
+    assert table.returncode == 0 and "a / 0" in table.stdout and "execution" in table.stdout
+    stats = json.loads(run_cli("log", "--stats", "--json", env=env).stdout)
+    one = next(s for s in stats["sessions"] if s["session_name"] == "one")
+    assert one["calls"] == 4 and one["errors"] == {"execution": 1}
+    assert one["rebuilds"] == 1 and one["read_only_changed"] == 1
+    text = run_cli("log", "--stats", env=env)
+    assert text.returncode == 0 and "per coordinate:" in text.stdout
+
+
+def test_coordex_log_on_an_empty_home(tmp_path: Path) -> None:
+    done = run_cli("log", "--json", env=child_env(tmp_path / "home"))
+    assert done.returncode == 0 and json.loads(done.stdout) == {"calls": []}
+
+
+def _ui(base: str, token: str | None, path: str = "api/sessions") -> httpx.Response:
+    query = {"token": token} if token else {}
+    return httpx.get(f"{base}/ui/{path}", params=query)
+
+
+def test_serve_shows_each_tenant_its_own_page(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("alice alice-token-0123456789\nbob bob-token-0123456789\n")
+    os.chmod(tokens, 0o600)
+    with spawn("serve", "--port", "0", "--tokens", str(tokens),
+               env=child_env(tmp_path / "home")) as running:
+        url = running.wait_for(READY).group(1)
+        running.wait_for(r"/ui/\?token=<token>")
+        base = url.removesuffix("/mcp")
+        call_with_sdk(url, "alice-token-0123456789", [
+            ("execute_code", {"code": "secret = 42", "state_mode": "stateful",
+                              "session_name": "vault"})])
+        assert _ui(base, None).status_code == 401
+        assert _ui(base, "wrong-token-0123456789").status_code == 401
+        alice = _ui(base, "alice-token-0123456789").json()
+        bob = _ui(base, "bob-token-0123456789").json()
+        assert "vault" in {s["session_name"] for s in alice["sessions"]}
+        assert "vault" not in {s["session_name"] for s in bob["sessions"]}
+        history = _ui(base, "alice-token-0123456789", "api/history").json()
+        assert [c["code"] for c in history["calls"]] == ["secret = 42"]
+        assert _ui(base, "bob-token-0123456789", "api/history").json()["calls"] == []
+        with httpx.Client(follow_redirects=True) as browser:
+            page = browser.get(f"{base}/ui", params={"token": "bob-token-0123456789"})
+            assert page.status_code == 200 and "<title>coordex" in page.text
+            assert "token" not in str(page.url)  # the redirect dropped it from the URL
+            assert "HttpOnly" in page.history[0].headers["set-cookie"]
+            # From now on the cookie alone is the browser's pass.
+            assert browser.get(f"{base}/ui/api/sessions").status_code == 200
+
+
+def test_mcp_ui_serves_the_page_next_to_stdio_and_rebuild_session_is_a_tool(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "coordex", "mcp", "--ui", "0"], env=child_env(home))
+    log = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 - read after the server ends
+
+    async def main() -> dict[str, Any]:
+        async with stdio_client(params, errlog=log) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+            assert "runs again" in (tools["rebuild_session"].description or "")
+            await session.call_tool("execute_code", {"code": "n = 7", "state_mode": "stateful",
+                                                     "session_name": "m"})
+            await session.call_tool("close_session", {"session_name": "m"})
+            rebuilt = await session.call_tool("rebuild_session", {"session_name": "m"})
+            assert rebuilt.structured_content is not None
+            log.flush()
+            log.seek(0)
+            url = next(line.split()[-1] for line in log if "/ui/?token=" in line)
+            sessions = await anyio.to_thread.run_sync(lambda: httpx.get(
+                url.replace("/ui/?", "/ui/api/sessions?")).json())
+            value = await session.call_tool("execute_code", {"code": "n", "state_mode": "stateful",
+                                                             "session_name": "m"})
+            return {"rebuilt": rebuilt.structured_content, "sessions": sessions,
+                    "value": value.structured_content}
+
+    try:
+        out = anyio.run(main)
+    finally:
+        log.close()
+    assert out["rebuilt"]["replayed"] == 1 and out["rebuilt"]["failed_at"] is None
+    assert "m" in {s["session_name"] for s in out["sessions"]["sessions"]}
+    assert out["value"]["result"] == "7"

@@ -1,0 +1,154 @@
+"""Faults of process lifetime, through the public Executor API (SPEC section 6): close
+while calls run, cancel in every place, shells killed between and during calls, and
+terminal queries in bash output."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordex import Executor
+from tests.conftest import child_pids
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "uvc"))
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+
+
+def test_terminal_queries_never_reach_the_client(ex: Executor) -> None:
+    code = (r"printf 'a\033[6nb\033[cc\033]11;?\007d\033[31me\033[0m\n'; "
+            r"printf '\033[>0c' >&2; printf '\033P$qm\033\\'")
+    for mode in ("stateless", "stateful"):
+        chunks: list[str] = []
+        r = ex.execute_code(code, language="bash", state_mode=mode,
+                            on_output=lambda stream, text, c=chunks: c.append(text))
+        assert r["stdout"] == "abcd\x1b[31me\x1b[0m\n", r
+        assert r["stderr"] == ""
+        assert "".join(chunks) == r["stdout"]
+    r = ex.execute_code(code, language="bash", state_mode="read_only", session_id=0)
+    assert r["stdout"] == "abcd\x1b[31me\x1b[0m\n", r
+
+
+def _cancelled_call(ex: Executor, code: str, after: float = 0.8, **where: Any) -> dict[str, Any]:
+    cancel = threading.Event()
+    timer = threading.Timer(after, cancel.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        r = ex.execute_code(code, timeout=60, cancel=cancel, **where)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < after + 3, r
+    return r
+
+
+BASH_LOOP = "n=0; while :; do n=$((n+1)); echo $n > {out}; sleep 0.05; done"
+PY_LOOP = ("import time\nn = 0\nwhile True:\n    n += 1\n"
+           "    open({out!r}, 'w').write(str(n))\n    time.sleep(0.05)")
+
+
+def _stopped(counter: Path) -> None:
+    """The loop writing ``counter`` no longer runs."""
+    first = counter.read_text()
+    time.sleep(0.3)
+    assert counter.read_text() == first, "the cancelled code ran on"
+
+
+def test_cancel_interrupts_bash_and_keeps_the_session(ex: Executor, tmp_path: Path) -> None:
+    out = tmp_path / "n"
+    ex.execute_code("kept=yes", language="bash", state_mode="stateful")
+    r = _cancelled_call(ex, BASH_LOOP.format(out=out), language="bash", state_mode="stateful")
+    assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+    _stopped(out)
+    assert ex.execute_code("echo $kept", language="bash", state_mode="stateful")["stdout"] == "yes\n"
+    r = _cancelled_call(ex, BASH_LOOP.format(out=out), language="bash")
+    assert r["error_type"] == "timeout", r
+    _stopped(out)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("offline")
+def test_cancel_interrupts_environment_code(ex: Executor, tmp_path: Path) -> None:
+    out = tmp_path / "n"
+    v = ex.environments.create("")["venv_id"]
+    ex.execute_code("kept = 'yes'", state_mode="stateful", venv_id=v)
+    r = _cancelled_call(ex, PY_LOOP.format(out=str(out)), state_mode="stateful", venv_id=v)
+    assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+    _stopped(out)
+    assert ex.execute_code("kept", state_mode="stateful", venv_id=v)["result"] == "'yes'"
+    r = _cancelled_call(ex, PY_LOOP.format(out=str(out)), venv_id=v)
+    assert r["error_type"] == "timeout", r
+    _stopped(out)
+    ignoring = ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "time.sleep(60)")
+    r = _cancelled_call(ex, ignoring, state_mode="stateful", venv_id=v)
+    assert r["error_type"] == "timeout" and r["state_lost"] is True, r
+
+
+def _calls_in_flight(ex: Executor, calls: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Start ``calls`` in threads, close ``ex`` under them; each call's result (or what it
+    raised) and when it came back, in seconds after close."""
+    results: dict[str, Any] = {}
+
+    def run(name: str, kwargs: dict[str, Any]) -> None:
+        try:
+            results[name] = ex.execute_code(**kwargs)
+        except BaseException as exc:  # the fault under test: a call that raises
+            results[name] = exc
+        results[name + " after"] = time.monotonic() - closed_at
+
+    closed_at = float("inf")
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    closed_at = time.monotonic()
+    ex.close()
+    for thread in threads:
+        thread.join(20)
+    return results
+
+
+def test_close_ends_calls_in_flight_with_error_dicts(root: Path) -> None:
+    before = child_pids()
+    ex = Executor(root=root, timeout=30)
+    slow_py = "import time\nfor i in range(100):\n    time.sleep(0.05)\nprint('done')"
+    results = _calls_in_flight(ex, {
+        "own stateless": {"code": slow_py},
+        "bash stateless": {"code": "sleep 5; echo done", "language": "bash"},
+        "bash stateful": {"code": "sleep 5; echo done", "language": "bash",
+                          "state_mode": "stateful"},
+    })
+    for name in ("own stateless", "bash stateless", "bash stateful"):
+        r = results[name]
+        assert isinstance(r, dict), f"{name} raised {r!r}"
+        assert r.get("error_type") in ("crashed", "timeout"), (name, r)
+        assert "done" not in r.get("stdout", ""), (name, r)
+        assert results[name + " after"] < 3, (name, results[name + " after"])
+    assert child_pids() - before == set()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("offline")
+def test_close_ends_environment_calls_in_flight(root: Path) -> None:
+    before = child_pids()
+    ex = Executor(root=root, timeout=30)
+    v = ex.environments.create("")["venv_id"]
+    assert ex.execute_code("1", venv_id=v)["result"] == "1"
+    slow = "import time\ntime.sleep(5)\nprint('done')"
+    results = _calls_in_flight(ex, {
+        "stateless": {"code": slow, "venv_id": v},
+        "stateful": {"code": slow, "venv_id": v, "state_mode": "stateful"},
+    })
+    for name in ("stateless", "stateful"):
+        r = results[name]
+        assert isinstance(r, dict) and r.get("error_type") == "crashed", (name, r)
+        assert results[name + " after"] < 3, (name, results[name + " after"])
+    assert child_pids() - before == set()
