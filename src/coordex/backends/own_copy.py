@@ -2,9 +2,10 @@
 
 How it works:
 
-- Where it can, the copy is a ``fork()`` of the agent's process, made on the session's
-  own runner thread: the child is that thread's copy, so objects bound to the thread
-  that made them (a ``sqlite3`` connection, ``threading.local`` data) work in the copy.
+- Where it can, the copy is a ``fork()`` of the agent's process, made on the
+  interpreter's runner thread, where session code runs: the child is that thread's
+  copy, so objects bound to the thread that made them (a ``sqlite3`` connection,
+  ``threading.local`` data) work in the copy.
   Before user code runs the child closes the descriptors coordex holds (pipes to shells
   and workers, launcher sockets, the output pump), protects the disk, reopens the
   session's writable file descriptors through the protected view or read-only, and

@@ -23,7 +23,7 @@ How it works:
   own-interpreter calls run one at a time (``OWN_LOCK``); worker and shell sessions
   still run in parallel with them.
 - ``read_only`` runs against a copy (``own_copy``): a fork of this process made on the
-  session's runner thread, or, when a loaded library does not survive ``fork()``
+  interpreter's runner thread, or, when a loaded library does not survive ``fork()``
   (polars, duckdb, grpc, torch) or ``fork`` is missing or unsafe (macOS), the session's
   values pickled into a fresh interpreter. Only the forking thread exists in a fork
   child; a lock another thread held at fork time stays held there, so code touching
