@@ -79,8 +79,8 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         return _not_started(start, kind)
     pid, link_r, link_w, proc, left_out = start
     watched = _watch(pid, out_r, err_r, link_r, link_w, request, capabilities)
-    status = _reap(pid, proc)
     cell, reported, interrupted, out, err = watched
+    status = _reap(pid, proc, wait=cell is None)
     isolation = reported or {"names": True, "objects": True, "files": "none", "copy": kind}
     if kind == "values":
         isolation.setdefault("left_out", left_out)
@@ -291,17 +291,38 @@ def _no_capabilities(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
     raise LookupError(f"no host capability named {name!r}")
 
 
-def _reap(pid: int, proc: Any) -> int | None:
-    """The copy's exit status if it has ended, else reap it on a short-lived thread."""
+# Copies that answered and were still tearing their memory down (a large image takes
+# milliseconds): reaped by the next copy, so no call waits for the kernel.
+_unreaped: list[int] = []
+
+
+def _reap(pid: int, proc: Any, wait: bool) -> int | None:
+    """The copy's exit status when ``wait`` (it ended without answering), else None.
+
+    A copy that answered is reaped now if it has exited, or by a later call.
+    """
+    for old in list(_unreaped):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(old, os.WNOHANG)[0] == 0:
+                continue
+        _unreaped.remove(old)
     if proc is not None:
         try:
-            proc.wait(0.05)
+            proc.wait(0.05 if not wait else INTERRUPT_GRACE)
         except Exception:
             threading.Thread(target=proc.wait, daemon=True).start()
             return None
         code = proc.returncode
         return code << 8 if code >= 0 else -code
-    return own._reap_soon(pid)
+    if wait:
+        return own._reap_soon(pid)
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if not done:
+        _unreaped.append(pid)
+    return None
 
 
 def _not_started(reason: str, kind: str) -> Outcome:
