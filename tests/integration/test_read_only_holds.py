@@ -275,3 +275,53 @@ def test_polars_in_an_environment_read_only_call_answers(tmp_path: Path) -> None
         assert "error" not in result, result
         assert result["result"] == POLARS_ANSWER
         assert result["isolation"]["copy"] == "values"
+
+
+# -- a copy by values holds the same promises ---------------------------------------------
+
+
+@pytest.fixture
+def by_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Place]:
+    """An own-interpreter session whose copies go by value (as where fork is unsafe)."""
+    from coordex.backends import own_interpreter
+
+    monkeypatch.setattr(own_interpreter, "FORK_IS_SAFE", False)
+    monkeypatch.delenv(isolation.FORCE_ENV, raising=False)
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    ex = Executor(root=tmp_path / "root", timeout=30, read_only_paths=["."])
+    try:
+        where = Place("values", ex, None, work, outside)
+        where.ok(f"import os; os.chdir({str(work)!r}); rows = [1, 2]")
+        yield where
+    finally:
+        ex.close()
+
+
+def test_a_copy_by_values_protects_files_and_calls_capabilities_here(
+        by_values: Place) -> None:
+    require("refused")
+    calls: list[Any] = []
+
+    @by_values.ex.capability
+    def record(value: Any) -> str:
+        calls.append(value)
+        return "ok"
+
+    result = by_values.run("rows.append(3); open('new.txt', 'w').write('x')\n"
+                           "import os; (record(len(rows)), sorted(os.listdir('.')))")
+    assert "error" not in result, result
+    assert result["result"] == repr(("ok", ["new.txt"]))
+    assert result["isolation"]["copy"] == "values"
+    assert result["isolation"]["files"] == isolation.best_mode()
+    assert calls == [3]
+    assert not (by_values.work / "new.txt").exists()
+    assert by_values.ok("rows")["result"] == "[1, 2]"
+
+
+def test_a_timed_out_copy_by_values_says_what_held(by_values: Place) -> None:
+    result = by_values.run("import time; time.sleep(30)", timeout=1.5)
+    assert result["error_type"] == "timeout", result
+    assert result["isolation"]["copy"] == "values"
+    assert result["isolation"]["files"] == isolation.best_mode()
