@@ -1,9 +1,28 @@
 """coordex: one execute_code tool for LLM agents, placed by coordinates."""
 
-from .aio import AsyncExecutor
+from typing import TYPE_CHECKING, Any
+
 from .core.errors import CoordexError
 from .executor import Executor
 from .library.errors import CallError
 
-__all__ = ["AsyncExecutor", "CallError", "CoordexError", "Executor"]
+if TYPE_CHECKING:
+    from .aio import AsyncExecutor
+    from .backends.confined import ConfinedExecutor
+
+__all__ = ["AsyncExecutor", "CallError", "ConfinedExecutor", "CoordexError", "Executor"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: asyncio alone takes ~120 ms to import, a third of a confined
+    # host's start, and a host never needs it.
+    if name == "AsyncExecutor":
+        from .aio import AsyncExecutor
+
+        return AsyncExecutor
+    if name == "ConfinedExecutor":
+        from .backends.confined import ConfinedExecutor
+
+        return ConfinedExecutor
+    raise AttributeError(f"module 'coordex' has no attribute {name!r}")

@@ -81,6 +81,8 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
     # Built environments are content-addressed, so tenants may share them on disk.
     if envs_dir is not None:
         kwargs["envs_dir"] = envs_dir
+    if getattr(args, "cluster", None):
+        kwargs["cluster"] = args.cluster
     return Executor(**kwargs)
 
 
@@ -120,7 +122,14 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     wire = claim_stdio()
     _terminate_as_interrupt()
     try:
-        ex = make_executor(args)
+        if args.confine:
+            from . import router
+
+            hidden = router.secrets_to_hide(base_root(args.home), None)
+            _say(f"confinement: {router.confinement_level(hidden)}")
+            ex = router.confined_executor(args, Path(args.confine), name="default", hidden=hidden)
+        else:
+            ex = make_executor(args)
     except Exception as exc:
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
         return EXIT_FAILURE
@@ -165,6 +174,7 @@ def _read_tokens(path: str) -> dict[str, str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
+    from . import router
     from .mcp_server import (
         BearerTenantApp,
         TokenFileError,
@@ -197,6 +207,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         named = {"": token}
         _say("COORDEX_TOKEN is not set; this run's bearer token (shown once):")
         print(f"  {token}", file=sys.stderr, flush=True)
+    router.hide_secrets_from_sessions()
+    problem = router.short_tokens(named)
+    if problem is not None:
+        _say(problem)
+        return EXIT_USAGE
+    confined = bool(args.tokens or args.confine)
+    if confined:
+        level = router.confinement_level(router.secrets_to_hide(root, args.tokens))
+        _say(f"confinement: {level}")
+        refusal = router.confinement_refusal(level, len(named), args.allow_unconfined)
+        if refusal is not None:
+            _say(f"refusing to start: {refusal}")
+            return EXIT_USAGE
+    else:
+        _say("confinement: none (the single tenant runs in this process; --confine DIR "
+             "runs it in a jail)")
+    for warning in router.startup_warnings(args.host, args.allowed_host, is_loopback(args.host)):
+        _say(f"warning: {warning}")
 
     try:
         sock = bind_socket(args.host, args.port)
@@ -204,14 +232,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return EXIT_FAILURE
     _terminate_as_interrupt()
+    if args.cluster and args.tokens:
+        _say("warning: on the cluster, tenants' sessions run in coordex's actor on each node, "
+             "not yet in a confined host of each tenant there.")
     tenants = []
     try:
         for name, token in named.items():
-            if name:
-                ex = make_executor(args, root=root / "tenants" / name, envs_dir=root / "envs")
-            else:  # the single COORDEX_TOKEN tenant lives in root itself
-                ex = make_executor(args, root=root)
-            tenants.append(make_tenant(name or "default", token, ex, args.host, args.allowed_host))
+            # Named tenants run confined in root/tenants/NAME; the single COORDEX_TOKEN
+            # tenant lives in root itself (or in --confine DIR).
+            ex = router.tenant_executor(args, name, root, lambda: make_executor(args, root=root))
+            tenants.append(make_tenant(name or "default", token, ex, args.host, args.allowed_host,
+                                       **router.tenant_options(args, confined)))
     except Exception as exc:
         sock.close()
         for tenant in tenants:
@@ -465,6 +496,12 @@ def _port(text: str) -> int:
     return value
 
 
+def _add_confinement_options(parser: argparse.ArgumentParser, *, tenants: bool) -> None:
+    from .router import add_confinement_options
+
+    add_confinement_options(parser, tenants=tenants, count=_positive_int)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--home", metavar="DIR",
@@ -493,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "free); its URL, with the token, is printed to stderr")
     p.add_argument("--ui-host", default="127.0.0.1", metavar="HOST",
                    help="address the page binds to (default 127.0.0.1)")
+    _add_confinement_options(p, tenants=False)
     p.set_defaults(func=cmd_mcp)
 
     p = sub.add_parser("serve", parents=[common, limits], help="serve MCP over streamable HTTP",
@@ -506,6 +544,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "under HOME/tenants/NAME (replaces COORDEX_TOKEN)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name clients may use (DNS-rebinding protection)")
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="run bash and environment sessions on a Ray cluster: 'auto' (the "
+                   "cluster this machine belongs to), 'ray://HOST:PORT', or an address; "
+                   "needs pip install 'coordex[ray]'")
+    _add_confinement_options(p, tenants=True)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("log", parents=[common], help="show the call log",

@@ -56,11 +56,11 @@ from .tools import (
     MCP_DEFAULT_TIMEOUT,
     TOOL_NAMES,
     call_tool,
+    escape_strings,
     internal_error,
     json_normal,
     tool_definitions,
 )
-from .worker._coordex_engine import escape_text
 
 # How often progress notifications may be sent while output streams in, and how much
 # of the newest output each one carries.
@@ -80,23 +80,12 @@ INSTRUCTIONS = (
 # --- results ---------------------------------------------------------------------------
 
 
-def _escaped(value: Any) -> Any:
-    """``value`` with every string's lone surrogates escaped, as the places do."""
-    if isinstance(value, str):
-        return escape_text(value)
-    if isinstance(value, dict):
-        return {_escaped(k): _escaped(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_escaped(v) for v in value]
-    return value
-
-
 def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
     """A coordex result or error dict as an MCP tool result."""
     try:  # the places escape what they print; this catches anything else (a name, a key)
         json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
     except UnicodeEncodeError:
-        record = _escaped(record)
+        record = escape_strings(record)
     images = [img for img in record.get("images") or [] if isinstance(img, dict)]
     text_view = dict(record)
     if images:
@@ -173,8 +162,13 @@ async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay
 async def run_tool(
     executor: Any, name: str, arguments: dict[str, Any] | None,
     ctx: ServerRequestContext[Any, Any] | None = None,
+    limiter: anyio.CapacityLimiter | None = None,
 ) -> dict[str, Any]:
     """Run one tool call in a worker thread, relaying output as progress.
+
+    ``limiter`` bounds the threads of this executor's calls (a tenant's own limit, so
+    no tenant's calls can hold every thread); default: anyio's shared pool. An executor
+    with ``forward_tool`` (a confined host's client) takes the whole call over its pipe.
 
     If the request is cancelled and the executor's ``execute_code`` accepts a
     ``cancel`` event, the event is set so the running code is interrupted; otherwise
@@ -184,7 +178,11 @@ async def run_tool(
     relay = OutputRelay()
     cancel = threading.Event()
 
+    forward = getattr(executor, "forward_tool", None)
+
     def work() -> dict[str, Any]:
+        if forward is not None:
+            return cast(dict[str, Any], forward(name, arguments, on_output=relay, cancel=cancel))
         return call_tool(executor, name, arguments, on_output=relay, cancel=cancel)
 
     def guarded() -> dict[str, Any]:
@@ -198,7 +196,8 @@ async def run_tool(
             if ctx is not None:
                 tg.start_soon(_pump_progress, ctx, relay)
             try:
-                result = await anyio.to_thread.run_sync(guarded, abandon_on_cancel=True)
+                result = await anyio.to_thread.run_sync(guarded, abandon_on_cancel=True,
+                                                        limiter=limiter)
             finally:
                 tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class():
@@ -212,7 +211,8 @@ async def run_tool(
     return result
 
 
-def build_server(executor: Any, name: str = "coordex") -> Server[Any]:
+def build_server(executor: Any, name: str = "coordex",
+                 limiter: anyio.CapacityLimiter | None = None) -> Server[Any]:
     """A low-level MCP server exposing every coordex tool over ``executor``."""
 
     # The descriptions name the call timeout this server's executor applies (50 s unless
@@ -230,7 +230,7 @@ def build_server(executor: Any, name: str = "coordex") -> Server[Any]:
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         # Unknown tools and malformed arguments come back from call_tool as error dicts.
-        record = await run_tool(executor, params.name, params.arguments, ctx)
+        record = await run_tool(executor, params.name, params.arguments, ctx, limiter)
         return to_tool_result(record)
 
     def input_schema(tool: str) -> dict[str, Any] | None:
@@ -383,7 +383,8 @@ class Tenant:
 
 def security_settings(host: str, extra_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
     """DNS-rebinding protection: only loopback names (and the bound host) may be used."""
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    # A Host header may omit the port (a proxy on 80/443 forwarding, some clients).
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]"]
     origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
     for name in [host, *extra_hosts]:
         if name in LOOPBACK_HOSTS or name in ("0.0.0.0", "::", ""):
@@ -484,11 +485,15 @@ async def _plain_response(
 
 
 def make_tenant(
-    name: str, token: str, executor: Any, host: str, extra_hosts: Sequence[str] = ()
+    name: str, token: str, executor: Any, host: str, extra_hosts: Sequence[str] = (), *,
+    limiter: anyio.CapacityLimiter | None = None, max_mcp_sessions: int | None = None,
+    idle_timeout: float | None = None,
 ) -> Tenant:
-    server = build_server(executor)
+    """One tenant's MCP endpoint; its own thread ``limiter`` and MCP session cap."""
+    server = build_server(executor, limiter=limiter)
     manager = StreamableHTTPSessionManager(
-        app=server, security_settings=security_settings(host, extra_hosts)
+        app=server, security_settings=security_settings(host, extra_hosts),
+        max_sessions=max_mcp_sessions, session_idle_timeout=idle_timeout or 1800,
     )
     return Tenant(name, token, executor, manager)
 

@@ -32,29 +32,41 @@ DOC = ROOT / "docs" / "protocol.md"
 WORKER_DIR = ROOT / "src" / "coordex" / "worker"
 
 
-def _sections() -> dict[str, str]:
-    text = DOC.read_text()
-    parts = re.split(r"^### `(\w+)`", text, flags=re.MULTILINE)
+CONFINED_PART = "# The owner ↔ confined host protocol"
+
+
+def _part(confined: bool) -> str:
+    worker, confined_text = DOC.read_text().split(CONFINED_PART, 1)
+    return confined_text if confined else worker
+
+
+def _sections(confined: bool = False) -> dict[str, str]:
+    parts = re.split(r"^### `(\w+)`", _part(confined), flags=re.MULTILINE)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
 def test_version_matches_the_doc() -> None:
-    found = re.search(r"Protocol version: \*\*(\d+)\*\*", DOC.read_text())
+    found = re.search(r"Protocol version: \*\*(\d+)\*\*", _part(confined=False))
     assert found is not None and int(found.group(1)) == PROTOCOL_VERSION
 
 
-def test_every_message_and_field_is_documented_in_its_section() -> None:
-    sections = _sections()
-    assert set(sections) == set(MESSAGES), "doc headings and MESSAGES differ"
-    for kind, (direction, required, optional) in MESSAGES.items():
-        body = sections[kind].split("\n### ", 1)[0]
-        arrow = "host → worker" if direction == HOST_TO_WORKER else "worker → host"
-        assert arrow in sections[kind].splitlines()[0], kind
+def _check_documented(sections: dict[str, str],
+                      messages: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]],
+                      arrows: dict[str, str]) -> None:
+    assert set(sections) == set(messages), "doc headings and MESSAGES differ"
+    for kind, (direction, required, optional) in messages.items():
+        body = sections[kind].split("\n## ", 1)[0]
+        assert arrows[direction] in sections[kind].splitlines()[0], kind
         for name in required:
             assert re.search(rf"- `{name}` —", body), f"{kind}.{name} undocumented"
         for name in optional:
             assert re.search(rf"- `{name}` \(\*optional\*", body), \
                 f"{kind}.{name} not documented as optional"
+
+
+def test_every_message_and_field_is_documented_in_its_section() -> None:
+    _check_documented(_sections(), MESSAGES,
+                      {HOST_TO_WORKER: "host → worker", WORKER_TO_HOST: "worker → host"})
 
 
 def test_directions_are_known() -> None:
@@ -148,3 +160,21 @@ def test_the_bash_record_wire_is_documented_with_its_version() -> None:
     assert shell._FLAGS == "$-:${#BASHOPTS}"
     for record in ("`TOKEN r N STATUS FLAGS`", "`TOKEN s N STATUS FLAGS`"):
         assert record in text
+
+
+def test_the_confined_host_protocol_is_documented_in_its_part() -> None:
+    from coordex.backends.confined import wire
+
+    found = re.search(r"Confined host protocol version: \*\*(\d+)\*\*", _part(confined=True))
+    assert found is not None and int(found.group(1)) == wire.PROTOCOL_VERSION
+    sections = _sections(confined=True)
+    _check_documented(sections, wire.MESSAGES,
+                      {wire.OWNER_TO_HOST: "owner → host", wire.HOST_TO_OWNER: "host → owner"})
+    documented = re.findall(r"`([a-z_]+(?:\.[a-z_|]+)?)`", sections["call"])
+    methods = {m for d in documented for m in _expand(d)}
+    assert set(wire.METHODS) <= methods, set(wire.METHODS) - methods
+
+
+def _expand(name: str) -> list[str]:
+    head, _, tails = name.partition(".")
+    return [f"{head}.{t}" for t in tails.split("|")] if tails else [head]

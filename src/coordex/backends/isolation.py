@@ -344,7 +344,11 @@ def _spawn_map_helper(uid_map: str, gid_map: str) -> tuple[int | None, int | Non
     try:
         helper = os.posix_spawn("/bin/sh", ["sh", "-c", script, "sh", uid_map, gid_map],
                                 {"PATH": "/usr/bin:/bin"},
-                                file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0)])
+                                file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0),
+                                              # a refused map is reported by the
+                                              # fallback, not as noise in the call
+                                              (os.POSIX_SPAWN_OPEN, 2, os.devnull,
+                                               os.O_WRONLY, 0)])
     except OSError:
         os.close(write_end)
         return None, None

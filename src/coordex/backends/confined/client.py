@@ -1,0 +1,501 @@
+"""The owner's side of a confined host: :class:`ConfinedExecutor`.
+
+It starts the host program (:mod:`.host`) with a clean environment, reads its ``ready``
+line, and then offers the Executor's methods by sending each as one ``call`` line and
+waiting for its ``reply``; ``output`` lines in between reach ``on_output``. One reader
+thread per host dispatches what arrives; the calling threads only wait.
+
+A host that dies (``os._exit`` in the tenant's code, a signal, the memory limit) fails
+the calls in flight with ``crashed`` and ``state_lost: true``; the next call starts a new
+host and its result carries ``state_lost: true``. Nothing else notices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...core.errors import make_error
+from . import wire
+from .jail import best_level
+from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
+
+OnOutput = Callable[[str, str], None]
+DEFAULT_MEMORY_LIMIT = 4 << 30
+READY_TIMEOUT = 30.0
+CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its host is ended
+STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
+_STDERR_TAIL = 4000
+# The environment a host starts with: nothing of the owner's but these (no tokens).
+# uv's index and offline settings and the proxies pass too: builds run in the host.
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE",
+              "UV_OFFLINE", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_PYTHON_DOWNLOADS",
+              "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+
+
+@dataclass
+class _Pending:
+    on_output: OnOutput | None
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Any = None
+
+
+class _Host:
+    """One running host process: its pipes, its reader thread, its calls in flight."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        to_host_r, self._to_host = os.pipe()
+        self._from_host, from_host_w = os.pipe()
+        lifeline_r, self._lifeline = os.pipe()
+        passed = (to_host_r, from_host_w, lifeline_r)
+        argv = [*argv, "--in", str(to_host_r), "--out", str(from_host_w),
+                "--lifeline", str(lifeline_r)]
+        try:
+            self.process = subprocess.Popen(
+                argv, env=env, cwd=cwd, pass_fds=passed, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except BaseException:
+            for fd in (*passed, self._to_host, self._from_host, self._lifeline):
+                os.close(fd)
+            raise
+        for fd in passed:
+            os.close(fd)
+        self._write_lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.alive = True
+        self.ready: dict[str, Any] | None = None
+        self._ready = threading.Event()
+        self.stderr_tail = b""
+        self._reader = threading.Thread(target=self._read, name="coordex-confined-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    # -- reading
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        err_fd = self.process.stderr.fileno()
+        selector = selectors.DefaultSelector()
+        selector.register(self._from_host, selectors.EVENT_READ, "out")
+        selector.register(err_fd, selectors.EVENT_READ, "err")
+        buffer = b""
+        open_streams = 2
+        try:
+            while open_streams:
+                for key, _ in selector.select():
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        selector.unregister(key.fd)
+                        open_streams -= 1
+                        if key.data == "out":
+                            self._lost()  # the host is gone (or closed its end)
+                        continue
+                    if key.data == "err":
+                        self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]
+                        continue
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        self._dispatch(wire.decode(line, wire.HOST_TO_OWNER))
+        except (wire.ProtocolError, OSError) as exc:
+            self.stderr_tail += f"\n[owner] {exc}".encode()
+            self.kill()
+        finally:
+            selector.close()
+            self._lost()
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "ready":
+            self.ready = msg
+            self._ready.set()
+            return
+        with self._pending_lock:
+            pending = self._pending.get(msg["id"])
+        if pending is None:
+            return
+        if kind == "output":
+            if pending.on_output is not None:
+                with contextlib.suppress(Exception):  # a caller's bug must not stop the reader
+                    pending.on_output(msg["stream"], msg["text"])
+        elif kind == "reply":
+            with self._pending_lock:
+                self._pending.pop(msg["id"], None)
+            pending.value = msg["value"]
+            pending.done.set()
+
+    def _lost(self) -> None:
+        self.alive = False
+        self._ready.set()
+        with self._pending_lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for call in pending:
+            call.value = None
+            call.done.set()
+
+    # -- calling
+    def wait_ready(self, timeout: float) -> dict[str, Any] | None:
+        self._ready.wait(timeout)
+        return self.ready
+
+    def call(self, method: str, args: dict[str, Any], on_output: OnOutput | None,
+             cancel: threading.Event | None, deadline: float | None = None) -> Any:
+        """The reply's value, or None when the host died (or was ended) first.
+
+        ``deadline`` (seconds) bounds the wait: a host that has not answered by then is
+        stuck beyond its own timeouts (code holding the GIL in C) and is ended.
+        """
+        call_id = next(self._ids)
+        pending = _Pending(on_output)
+        with self._pending_lock:
+            if not self.alive:
+                return None
+            self._pending[call_id] = pending
+        msg: dict[str, Any] = {"type": "call", "id": call_id, "method": method, "args": args}
+        if on_output is not None:
+            msg["stream"] = True
+        try:
+            self._send(msg)
+        except OSError:
+            self.kill()
+            return None
+        if cancel is None and deadline is None:
+            pending.done.wait()
+            return pending.value
+        give_up = None if deadline is None else time.monotonic() + deadline
+        while not pending.done.wait(0.05):
+            if cancel is not None and cancel.is_set():
+                with contextlib.suppress(OSError):
+                    self._send({"type": "cancel", "id": call_id})
+                give_up = time.monotonic() + CANCEL_GRACE
+                cancel = None
+            if give_up is not None and time.monotonic() > give_up:
+                self.kill()
+                pending.done.wait()
+        return pending.value
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        data = memoryview(wire.encode(msg))
+        with self._write_lock:
+            while data:
+                data = data[os.write(self._to_host, data):]
+
+    # -- ending
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._lifeline)  # the keeper ends the jail
+        self._lifeline = -1
+        with contextlib.suppress(OSError):
+            self.process.kill()
+
+    def close(self, grace: float = 2.0) -> str:
+        """shutdown line, then the lifeline (the keeper kills the jail), then SIGKILL."""
+        step = "shutdown"
+        with contextlib.suppress(OSError):
+            self._send({"type": "shutdown"})
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            step = "lifeline"
+            with contextlib.suppress(OSError):
+                if self._lifeline >= 0:
+                    os.close(self._lifeline)
+            self._lifeline = -1
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                step = "kill"
+                self.process.kill()
+                self.process.wait()
+        for fd in (self._to_host, self._lifeline):
+            with contextlib.suppress(OSError):
+                if fd >= 0:
+                    os.close(fd)
+        self._reader.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.close(self._from_host)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        return step
+
+
+class _Namespace:
+    """``ex.environments`` / ``ex.functions`` of a confined executor: calls by name."""
+
+    def __init__(self, owner: ConfinedExecutor, prefix: str, names: Sequence[str]) -> None:
+        self._owner, self._prefix, self._names = owner, prefix, tuple(names)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in self._names:
+            raise AttributeError(f"{self._prefix}.{name} is not offered by a confined executor; "
+                                 f"it offers {', '.join(self._names)}")
+        return lambda **kwargs: self._owner._call(f"{self._prefix}.{name}", kwargs)
+
+
+class ConfinedExecutor:
+    """An :class:`~coordex.Executor` in a confined host process of its own (SPEC 9).
+
+    Args:
+        folder: the host's working folder and home; the only place it may write
+            (besides ``root`` and its private ``/tmp``).
+        root: the Executor's data folder (default: ``folder``).
+        memory_limit: bytes for the whole host (default 4 GiB); a cgroup where the
+            machine lets coordex make one, else a per-process rlimit
+            (``confinement["memory"]`` says which).
+        network: False leaves the host loopback only.
+        max_calls: calls the host runs at once; more wait their turn (default 8).
+        max_processes: processes the host may have (default 512; a cgroup only).
+        hide: further folders and files the host must not see (a server passes its
+            root and its tokens file).
+        level: the strongest confinement to try (``"namespaces+landlock"``,
+            ``"landlock"``, ``"none"``); default the best this machine gives.
+        name: a label for the host's cgroups.
+        env: further environment variables for the host (it gets none of the owner's
+            but ``PATH``, the locale and ``TERM``).
+        lazy: start the host on the first call instead of now.
+        executor_args: ``Executor`` arguments (``max_sessions``, ``timeout``, ...),
+            JSON values.
+
+    Every method returns what the Executor's does, as a dict; ``plan_namespace`` and
+    ``capability`` are not offered (they are objects that live in the host). Raises
+    RuntimeError when the host cannot start at all.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
+                 memory_limit: int | None = None, network: bool = True,
+                 max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
+                 hide: Sequence[str | os.PathLike[str]] = (), level: str | None = None,
+                 name: str = "host", env: Mapping[str, str] | None = None,
+                 lazy: bool = False, **executor_args: Any) -> None:
+        import json
+
+        self.folder = Path(folder).expanduser().absolute()
+        self.root = Path(root).expanduser().absolute() if root is not None else self.folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
+        self.network = bool(network)
+        self.max_calls = int(max_calls)
+        self._timeout = executor_args.get("timeout", 60.0)
+        self._argv = [sys.executable, "-I", "-m", "coordex.backends.confined.host",
+                      "--folder", str(self.folder), "--root", str(self.root),
+                      "--memory-limit", str(self.memory_limit),
+                      "--max-processes", str(int(max_processes)),
+                      "--max-calls", str(self.max_calls), "--name", name,
+                      "--executor", json.dumps(executor_args)]
+        if not self.network:
+            self._argv.append("--no-network")
+        # Probed once per owner process (cached), not once per host start.
+        self._argv += ["--level", level if level is not None else best_level()]
+        for path in hide:
+            self._argv += ["--hide", str(path)]
+        for path in readable_paths():
+            self._argv += ["--readable", path]
+        self._env = self._host_env(env)
+        self._lock = threading.Lock()
+        self._host: _Host | None = None
+        self._lost = False
+        self._closed = False
+        self.restarts = 0
+        self.close_step: str | None = None
+        self.environments = _Namespace(self, "environments",
+                                       ("create", "list", "build", "remove_unused"))
+        self.functions = _Namespace(self, "functions", ("list", "show"))
+        if not lazy:
+            started = self._start()
+            if isinstance(started, dict):
+                raise RuntimeError(started["error"])
+
+    def _host_env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env.update({"HOME": str(self.folder), "PYTHONNOUSERSITE": "1"})
+        # -I drops PYTHONPATH; a package importable only through it is passed by path.
+        env.update(extra or {})
+        return env
+
+    # ------------------------------------------------------------------ the host
+
+    @property
+    def confinement(self) -> dict[str, Any]:
+        """What holds for the running host: level, memory, processes, network."""
+        host = self._host
+        ready = host.ready if host is not None and host.ready else {}
+        return {k: ready.get(k) for k in ("confinement", "memory", "processes", "network")} | {
+            "level": ready.get("confinement")}
+
+    @property
+    def pid(self) -> int | None:
+        """The keeper's process id (the host process tree's root, outside the jail)."""
+        return self._host.process.pid if self._host is not None else None
+
+    def _start(self) -> _Host | dict[str, Any]:
+        """Start a host; the running one, or an error dict when it cannot start."""
+        host = _Host(self._argv, self._env, str(self.folder))
+        ready = host.wait_ready(READY_TIMEOUT)
+        if ready is not None and ready.get("fatal") and str(ready.get("error")).startswith(
+                ("TypeError", "ValueError")):
+            host.close(grace=0.5)
+            return make_error("validation", f"The host's Executor refused its arguments: "
+                              f"{ready['error']}", "Fix the Executor arguments.")
+        if ready is None or ready.get("protocol") != wire.PROTOCOL_VERSION or ready.get(
+                "fatal") or not host.alive:
+            host.close(grace=0.5)
+            reason = (ready or {}).get("error") or host.stderr_tail.decode("utf-8", "replace")
+            return make_error("crashed", f"The confined host did not start: {reason.strip()[-800:]}",
+                              "Retry the call; if it fails again, the operator must check the "
+                              "host's limits and folder.", state_lost=True)
+        self._host = host
+        return host
+
+    def _running(self) -> tuple[_Host | None, dict[str, Any] | None, bool]:
+        """(host, error, state_lost): the live host, starting one if the last died."""
+        with self._lock:
+            if self._closed:
+                return None, make_error("crashed", "This confined executor is closed.",
+                                        "Create a new ConfinedExecutor.", state_lost=True), False
+            host = self._host
+            if host is not None and host.alive:
+                return host, None, False
+            if host is not None:
+                host.close(grace=0.2)
+                self.restarts += 1
+            started = self._start()
+            if isinstance(started, dict):
+                self._host = None
+                return None, started, True
+            return started, None, host is not None or self._lost
+
+    def _call(self, method: str, args: dict[str, Any], on_output: OnOutput | None = None,
+              cancel: threading.Event | None = None, deadline: float | None = None) -> Any:
+        host, error, restarted = self._running()
+        if host is None:
+            return error
+        value = host.call(method, args, on_output, cancel, deadline)
+        if value is None and not host.alive:
+            host.process.wait()
+            how = _how_it_ended(host.process.returncode)
+            return make_error(
+                "crashed", f"The tenant's host process died during the call ({how}); every "
+                "session's state is gone (the plan namespace too).",
+                "Run the call again: the next call starts a fresh host. Rebuild the state "
+                "you need (rebuild_session replays a session's calls).", state_lost=True)
+        if restarted and isinstance(value, dict):
+            value = {**value, "state_lost": True}
+        return value
+
+    # ------------------------------------------------------------------ the Executor's methods
+
+    def execute_code(self, code: str, language: str = "python", state_mode: str = "stateless",
+                     session_id: int | None = None, session_name: str | None = None,
+                     venv_id: int | None = None, timeout: float | None = None,
+                     on_output: OnOutput | None = None, *,
+                     cancel: threading.Event | None = None, **extra: Any) -> dict[str, Any]:
+        """As :meth:`Executor.execute_code`; ``on_output`` streams from the host."""
+        extra.pop("on_progress", None)  # build lines arrive as on_output("build", line)
+        args = {"code": code, "language": language, "state_mode": state_mode,
+                "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
+                "timeout": timeout, **extra}
+        # Without an environment nothing is built, so the call's own timeout bounds it;
+        # past that and a grace the host is stuck and is ended (state lost).
+        deadline = None
+        if venv_id is None and isinstance(timeout or self._timeout, (int, float)):
+            deadline = float(timeout or self._timeout) + STUCK_GRACE
+        result: dict[str, Any] = self._call("execute_code", args, on_output, cancel, deadline)
+        return result
+
+    def call_tool(self, name: str, arguments: Any = None, on_output: OnOutput | None = None,
+                  cancel: threading.Event | None = None) -> dict[str, Any]:
+        """Route a model's tool call into the host (as :func:`coordex.tools.call_tool`)."""
+        result: dict[str, Any] = self._call("call_tool", {"name": name, "arguments": arguments},
+                                            on_output, cancel)
+        return result
+
+    # The MCP server hands whole tool calls over with this (see mcp_server.run_tool).
+    forward_tool = call_tool
+
+    def list_sessions(self) -> dict[str, Any]:
+        return self._call("list_sessions", {})
+
+    def inspect_session(self, language: str = "python", session_id: int | None = None,
+                        session_name: str | None = None, venv_id: int | None = None) -> dict[str, Any]:
+        return self._call("inspect_session", {
+            "language": language, "session_id": session_id, "session_name": session_name,
+            "venv_id": venv_id})
+
+    def close_session(self, language: str = "python", session_id: int | None = None,
+                      session_name: str | None = None, venv_id: int | None = None) -> dict[str, Any]:
+        return self._call("close_session", {
+            "language": language, "session_id": session_id, "session_name": session_name,
+            "venv_id": venv_id})
+
+    def tool_definitions(self, format: str = "openai", **options: Any) -> Any:
+        return self._call("tool_definitions", {"format": format, **options})
+
+    def history(self, **options: Any) -> dict[str, Any]:
+        return self._call("history", options)
+
+    def rebuild_session(self, **options: Any) -> dict[str, Any]:
+        return self._call("rebuild_session", options)
+
+    def serve_ui(self, port: int = 0) -> dict[str, Any]:
+        return self._call("serve_ui", {"port": port})
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """End the host and every process in its jail."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            host, self._host = self._host, None
+        if host is not None:
+            self.close_step = host.close()
+
+    def __enter__(self) -> ConfinedExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _how_it_ended(code: int | None) -> str:
+    if code is None:
+        return "still ending"
+    if code >= 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"killed by {signal.Signals(code - 128).name}"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def readable_paths() -> list[str]:
+    """What a host must read in the ``landlock`` level: Python and coordex's folders."""
+    import coordex
+
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+             os.path.dirname(os.path.dirname(os.path.abspath(coordex.__file__)))}
+    paths |= {p for p in sys.path if p and os.path.isdir(p)}
+    try:
+        import uv  # the builder's uv binary
+
+        paths.add(os.path.dirname(os.path.abspath(uv.__file__)))
+    except ImportError:
+        pass
+    return sorted(paths)
+
+
+__all__ = ["DEFAULT_MEMORY_LIMIT", "ConfinedExecutor", "readable_paths"]

@@ -1,0 +1,323 @@
+"""The confined host program: one Executor in a jail, served over a JSON-lines pipe.
+
+Start it as ``python -m coordex.backends.confined.host --folder DIR --in R --out W
+--lifeline L [limits...]`` (or call :func:`main` with that argv): ``R``/``W`` are the
+descriptors of the protocol pipes (:mod:`.wire`), ``L`` the read end of a pipe the owner
+holds open for as long as it wants the host to live. The process tree is the one
+:mod:`.jail` describes: this process stays outside as the *keeper* (it ends the jail
+when the lifeline closes and removes its cgroups), its child is the pid namespace's
+*init* (reaps orphans), and the init's child is the *host*, which runs the Executor and
+whose own interpreter runs the tenant's code.
+
+The Executor's modules are imported by the keeper, before any fork, so the three
+processes share those pages (a host costs little more than one interpreter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from . import jail, wire
+from .jail import JailSpec, Level, LimitReport, Limits
+from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m coordex.backends.confined.host",
+                                description="Run one coordex Executor in a jail.")
+    p.add_argument("--folder", required=True, help="working folder and home (writable)")
+    p.add_argument("--root", help="the Executor's data folder (default: the folder)")
+    p.add_argument("--in", dest="fd_in", type=int, required=True, help="protocol fd, owner to host")
+    p.add_argument("--out", dest="fd_out", type=int, required=True, help="protocol fd, host to owner")
+    p.add_argument("--lifeline", type=int, help="fd whose end of file ends the host")
+    p.add_argument("--memory-limit", type=int, default=4 << 30, help="bytes (0: none)")
+    p.add_argument("--max-processes", type=int, default=DEFAULT_MAX_PROCESSES)
+    p.add_argument("--max-calls", type=int, default=DEFAULT_MAX_CALLS)
+    p.add_argument("--no-network", action="store_true", help="loopback only")
+    p.add_argument("--hide", action="append", default=[], help="path made invisible")
+    p.add_argument("--readable", action="append", default=[],
+                   help="path the host must read (for the 'landlock' level)")
+    p.add_argument("--level", choices=("auto", *jail.LEVELS), default="auto",
+                   help="the strongest confinement to try (default: the best here)")
+    p.add_argument("--name", default="host", help="name for the host's cgroups")
+    p.add_argument("--executor", default="{}", help="JSON object of Executor arguments")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    folder = os.path.realpath(args.folder)
+    root = os.path.realpath(args.root) if args.root else folder
+    os.makedirs(folder, exist_ok=True)
+    os.makedirs(root, exist_ok=True)
+    spec = JailSpec(folder=folder, writable=(root,) if root != folder else (),
+                    hidden=tuple(args.hide), readable=tuple(args.readable),
+                    network=not args.no_network)
+    level = _level(args.level, spec)
+    # Imported here, once, before the forks: the keeper, init and host share the pages.
+    from ... import tools  # noqa: F401
+    from ...executor import Executor  # noqa: F401
+
+    limits = jail.make_limits(Limits(memory=args.memory_limit or None,
+                                     processes=args.max_processes or None, name=args.name))
+    jail.join_cgroups(limits, os.getpid())  # the keeper too: everything forked inherits
+    jail.apply_rlimits(limits)
+    error = ""
+    if level == "namespaces+landlock":
+        try:
+            jail.enter_namespaces(spec.network)
+            jail.build_view(spec)
+        except OSError as exc:  # e.g. blocked after the probe: say so, confine less
+            error = f"namespaces: {exc}"
+            level = "landlock" if jail.best_level() == "landlock" and jail.landlock_covers(
+                spec) else "none"
+    scratch = None
+    if level != "namespaces+landlock":
+        # No private /tmp here: a scratch folder of its own, removed by the keeper.
+        import tempfile
+
+        scratch = tempfile.mkdtemp(prefix=f"coordex-{args.name}-")
+        for name in ("TMPDIR", "TMP", "TEMP"):
+            os.environ[name] = scratch
+        tempfile.tempdir = scratch  # mkdtemp cached the old one
+    init = os.fork()
+    if init == 0:
+        _close_quietly(args.lifeline)
+        os._exit(_init(level, spec, args, root, limits, error))
+    for fd in (args.fd_in, args.fd_out):
+        _close_quietly(fd)
+    try:
+        return _keep(init, args.lifeline)
+    finally:
+        if scratch is not None:
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+        jail.leave_cgroups(limits)
+
+
+def _level(wanted: str, spec: JailSpec) -> Level:
+    """The level to try: ``wanted`` (the owner probed once for all its hosts), capped by
+    ``COORDEX_ISOLATION_FORCE``; ``auto`` probes here."""
+    order = jail.LEVELS
+    best = jail.best_level() if wanted == "auto" else jail.forced_level()
+    chosen = best if wanted == "auto" else order[max(order.index(best), order.index(wanted))]
+    if chosen == "landlock" and not jail.landlock_covers(spec):
+        return "none"
+    return chosen
+
+
+def _keep(init: int, lifeline: int | None) -> int:
+    """The keeper: wait for init to end, or for the lifeline to close and end it."""
+    pidfd = os.pidfd_open(init)
+    watched = [pidfd] + ([lifeline] if lifeline is not None else [])
+    while True:
+        ready, _, _ = select.select(watched, [], [])
+        if pidfd in ready:
+            break
+        if lifeline in ready and not os.read(lifeline, 64):
+            os.kill(init, signal.SIGKILL)  # the kernel then ends the whole pid namespace
+            break
+    _, status = os.waitpid(init, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def _init(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
+          limits: LimitReport, error: str) -> int:
+    """pid 1 of the jail: mount /proc, start the host, reap every orphan until it ends."""
+    jail.die_with_parent()
+    if level == "namespaces+landlock":
+        try:
+            jail.init_namespace(spec)
+        except OSError as exc:
+            error, level = f"/proc: {exc}", "none"
+    else:
+        # No pid namespace: orphans of the host come here instead of to the system init.
+        with contextlib.suppress(OSError):
+            jail.iso._libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    host = os.fork()
+    if host == 0:
+        jail.die_with_parent()
+        os._exit(_host(level, spec, args, root, limits, error))
+    for fd in (args.fd_in, args.fd_out):
+        _close_quietly(fd)
+    # An init ignores signals it has no handler for; only the keeper's SIGKILL ends it.
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 1
+        if pid == host:
+            code = os.waitstatus_to_exitcode(status)
+            if level != "namespaces+landlock":
+                _kill_children()
+            return code if code >= 0 else 128 - code
+
+
+def _kill_children() -> None:
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as f:
+            pids = [int(p) for p in f.read().split()]
+    except OSError:
+        return
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
+          limits: LimitReport, error: str) -> int:
+    os.chdir(spec.folder)
+    if level != "none":
+        try:
+            jail.restrict(level, spec)
+        except OSError as exc:
+            error, level = f"landlock: {exc}", "none"
+    from ...executor import Executor
+
+    options = json.loads(args.executor)
+    ready = {"protocol": wire.PROTOCOL_VERSION, "pid": os.getpid(), "confinement": level,
+             "memory": limits.memory, "processes": limits.processes,
+             "network": spec.network}
+    out = _Writer(args.fd_out)
+    try:
+        executor = Executor(root=root, **options)
+    except Exception as exc:
+        out.send(wire.message("ready", **ready, error=f"{type(exc).__name__}: {exc}",
+                              fatal=True))
+        return 2
+    if error:
+        ready["error"] = error
+    out.send(wire.message("ready", **ready))
+    from ...worker._coordex_copy import hold
+
+    hold(args.fd_in, args.fd_out)  # read-only copies of its Python sessions close the wire
+    return _Server(executor, args.fd_in, out, max(1, args.max_calls)).serve()
+
+
+def _close_quietly(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class _Writer:
+    """Whole lines to the owner, one at a time from any thread."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = memoryview(wire.encode(msg))
+        with self._lock:
+            while data:
+                data = data[os.write(self.fd, data):]
+
+
+class _Server:
+    """Reads calls, runs each on a pool of ``max_calls`` threads, writes replies."""
+
+    def __init__(self, executor: Any, fd_in: int, out: _Writer, max_calls: int) -> None:
+        self.executor = executor
+        self.fd_in = fd_in
+        self.out = out
+        self.pool = ThreadPoolExecutor(max_workers=max_calls, thread_name_prefix="coordex-call")
+        self.cancels: dict[Any, threading.Event] = {}
+
+    def serve(self) -> int:
+        buffer = b""
+        try:
+            while True:
+                chunk = os.read(self.fd_in, 1 << 16)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    msg = wire.decode(line, wire.OWNER_TO_HOST)
+                    if msg["type"] == "shutdown":
+                        return self._stop(0)
+                    if msg["type"] == "cancel":
+                        event = self.cancels.get(msg["id"])
+                        if event is not None:
+                            event.set()
+                        continue
+                    self.cancels[msg["id"]] = threading.Event()
+                    self.pool.submit(self._run, msg)
+        except wire.ProtocolError as exc:
+            print(f"coordex host: the owner broke the protocol: {exc}", file=sys.stderr)
+            return self._stop(3)
+        return self._stop(0)
+
+    def _stop(self, code: int) -> int:
+        with contextlib.suppress(Exception):
+            self.executor.close()
+        os._exit(code)  # call threads may still be blocked in user code
+
+    def _run(self, msg: dict[str, Any]) -> None:
+        call_id = msg["id"]
+        cancel = self.cancels[call_id]
+        on_output: Callable[[str, str], None] | None = None
+        if msg.get("stream"):
+            def on_output(stream: str, text: str) -> None:
+                self.out.send({"type": "output", "id": call_id, "stream": stream, "text": text})
+        try:
+            value = invoke(self.executor, msg["method"], msg["args"], on_output, cancel)
+        except Exception as exc:  # a coordex bug still reaches the owner as data
+            from ...core.errors import make_error
+
+            value = make_error("crashed", f"coordex failed in the host: {type(exc).__name__}: "
+                               f"{exc}", "Retry the call once; the session may be lost.",
+                               state_lost=False)
+        finally:
+            self.cancels.pop(call_id, None)
+        self.out.send({"type": "reply", "id": call_id, "value": value})
+
+
+def invoke(executor: Any, method: str, args: Any, on_output: Callable[[str, str], None] | None,
+           cancel: threading.Event) -> Any:
+    """Run one ``call`` against the Executor; bad arguments come back as error dicts."""
+    from ... import tools
+    from ...core.errors import make_error
+
+    if not isinstance(args, dict):
+        return make_error("validation", f"arguments must be an object, got {args!r:.80}.",
+                          "Pass the method's arguments by name.")
+    progress = None if on_output is None else (lambda line: on_output("build", line))
+    try:
+        if method == "execute_code":
+            return executor.execute_code(**args, on_output=on_output, on_progress=progress,
+                                         cancel=cancel)
+        if method == "call_tool":
+            return tools.call_tool(executor, args.get("name"), args.get("arguments"),
+                                   on_output=on_output, cancel=cancel)
+        if method == "environments.build":
+            return executor.environments.build(**args, on_progress=progress)
+        owner_name, _, name = method.rpartition(".")
+        owner = getattr(executor, owner_name) if owner_name else executor
+        function = getattr(owner, name, None)
+        if function is None:
+            return make_error("not_found", f"This coordex has no {method!r}.",
+                              "Upgrade coordex, or use the methods it lists in its docs.")
+        return function(**args)
+    except TypeError as exc:
+        return make_error("validation", f"{method}: {exc}.",
+                          "Pass only the arguments the method takes, by name.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The jail a confined host runs in (SPEC section 9): namespaces, mounts, Landlock, limits.
+
+The host program (:mod:`.host`) calls these in order, single-threaded, before it imports
+the Executor. Three processes make one host::
+
+    keeper (outside)  --fork-->  init (pid 1 inside)  --fork-->  host (runs the Executor)
+
+``namespaces+landlock`` (user namespaces work):
+    the keeper joins the host's cgroups (:func:`apply_limits`), unshares a user, mount
+    and pid namespace (and a network namespace with ``network=False``), and rebuilds the
+    file view (:func:`build_view`): a private ``/tmp`` and ``/dev/shm``, an empty tmpfs
+    over every hidden folder (the server's root with every tenant in it), an empty file
+    over every hidden file (the tokens file), then the tenant's own folders bound back
+    in. The init process mounts a ``/proc`` of the new pid namespace (no process outside
+    is visible, so none can be signalled, traced or read) and brings loopback up in an
+    empty network namespace. The host then restricts itself with Landlock
+    (:func:`restrict`): writes only beneath its folders, ``/tmp``, ``/dev/shm`` and a
+    few devices; signals and abstract unix sockets scoped to its own processes (ABI 6);
+    and no mount can be changed any more, so the hiding tmpfs cannot be lifted.
+``landlock`` (no user namespaces, Landlock ABI >= 6):
+    no new view; Landlock refuses reads as well as writes outside an allow-list (the
+    system folders, the Python installation, the tenant's folders) and scopes signals
+    and abstract sockets. A hidden path that lies beneath an allowed one cannot be
+    hidden this way, so the level is only claimed when none does.
+``none``:
+    nothing holds; the server says so and refuses several tenants.
+
+Who reaps: the init process waits for every orphan in the pid namespace; when it ends
+the kernel kills what is left there. The keeper ends init when its lifeline (a pipe
+whose other end the owner holds) closes, so a dead owner takes its hosts with it.
+
+Linux only; standard library only (the cluster starts this on nodes where coordex is
+installed but nothing else can be assumed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import socket
+import stat
+import struct
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .. import isolation as iso
+
+Level = Literal["namespaces+landlock", "landlock", "none"]
+LEVELS: tuple[Level, ...] = ("namespaces+landlock", "landlock", "none")
+
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_PR_SET_PDEATHSIG = 1
+
+_LL_EXECUTE = 1 << 0
+_LL_READ_FILE = 1 << 2
+_LL_READ_DIR = 1 << 3
+_LL_READ = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
+_LL_IOCTL_DEV = 1 << 15  # ABI 5
+
+# Read-only in the "landlock" level: what a Python and a bash need to run.
+SYSTEM_READ = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
+               "/opt", "/proc", "/sys", "/dev", "/run")
+# Devices the code may write (terminals and sinks), as for read-only calls.
+DEVICES = iso._DEVICES
+
+
+@dataclass(frozen=True)
+class JailSpec:
+    """What one host may see and use.
+
+    Attributes:
+        folder: the working folder and home; writable.
+        writable: further folders of the tenant (its data root when that is elsewhere).
+        hidden: folders and files made invisible (empty) in the host's view.
+        readable: folders the host must be able to read in the ``landlock`` level
+            (the Python installation, coordex itself); in ``namespaces+landlock`` every
+            folder not hidden stays readable.
+        network: False leaves only loopback (a network namespace of its own).
+    """
+
+    folder: str
+    writable: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
+    readable: tuple[str, ...] = ()
+    network: bool = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory: int | None = 4 << 30
+    processes: int | None = 512
+    name: str = "host"
+
+
+@dataclass
+class LimitReport:
+    memory: str = "none"  # "cgroup", "rlimit" or "none": what holds the memory limit
+    processes: str = "none"
+    cgroups: list[str] = field(default_factory=list)
+    limit_memory: int | None = None
+    limit_processes: int | None = None
+
+
+# ------------------------------------------------------------------------ levels
+
+def best_level() -> Level:
+    """The strongest level this machine gives, from the cached isolation probe.
+
+    ``COORDEX_ISOLATION_FORCE=refused`` (see :func:`isolation.force_unavailable`) acts
+    as if user namespaces were blocked, ``none`` as if Landlock were missing too.
+    """
+    if not sys.platform.startswith("linux"):
+        return "none"
+    ceiling = iso.forced_ceiling()
+    abi = iso.landlock_abi()
+    if ceiling == "none" or abi < 3:
+        return "none"
+    if ceiling == "discarded" and iso.probe()["userns"]:
+        return "namespaces+landlock"
+    # Without namespaces only Landlock's signal scoping (ABI 6) keeps signals inside.
+    return "landlock" if abi >= 6 else "none"
+
+
+def forced_level() -> Level:
+    """The strongest level ``COORDEX_ISOLATION_FORCE`` and Landlock's presence allow,
+    without probing user namespaces (the caller knows they work)."""
+    ceiling = iso.forced_ceiling()
+    abi = iso.landlock_abi()
+    if ceiling == "none" or abi < 3:
+        return "none"
+    if ceiling == "discarded":
+        return "namespaces+landlock"
+    return "landlock" if abi >= 6 else "none"
+
+
+def landlock_covers(spec: JailSpec) -> bool:
+    """True when no hidden path lies beneath a path the ``landlock`` level must allow."""
+    allowed = [*SYSTEM_READ, *spec.readable, spec.folder, *spec.writable]
+    return not any(iso._within(os.path.realpath(h), os.path.realpath(a))
+                   for h in spec.hidden for a in allowed if os.path.exists(a))
+
+
+# ------------------------------------------------------------------------ limits
+
+def _cgroup_base(controller: str) -> str | None:
+    """A writable cgroup folder for ``controller`` (v1 hierarchy or delegated v2)."""
+    v1 = f"/sys/fs/cgroup/{controller}"
+    if os.path.isdir(v1):
+        return v1 if os.access(v1, os.W_OK) else None
+    try:  # v2: our own group, if it was delegated to us
+        with open("/proc/self/cgroup") as f:
+            line = next((x for x in f if x.startswith("0::")), "")
+    except OSError:
+        return None
+    own = "/sys/fs/cgroup" + line[3:].strip()
+    if line and os.access(own, os.W_OK) and os.path.exists(os.path.join(own, "cgroup.procs")):
+        with contextlib.suppress(OSError), open(os.path.join(own, "cgroup.controllers")) as f:
+            if controller in f.read().split():
+                return own
+    return None
+
+
+def _make_cgroup(controller: str, name: str, settings: dict[str, int]) -> str | None:
+    base = _cgroup_base(controller)
+    if base is None:
+        return None
+    path = os.path.join(base, "coordex", f"{name}-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        for key, value in settings.items():
+            iso._write(os.path.join(path, key), str(value))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+        return None
+    return path
+
+
+def make_limits(limits: Limits) -> LimitReport:
+    """Make the host's cgroups (joined later by :func:`join_cgroups`); say what holds.
+
+    A cgroup where the machine lets us make one (v1 ``memory``/``pids`` hierarchies as
+    root, or a delegated v2 group); else per-process rlimits, set by
+    :func:`apply_rlimits`: ``RLIMIT_AS`` for memory (each process may take the whole
+    limit) and ``RLIMIT_NPROC`` (counted per user, so only meaningful for a user of its
+    own; root is not held by it).
+    """
+    report = LimitReport(limit_memory=limits.memory, limit_processes=limits.processes)
+    if limits.memory:
+        v1 = os.path.isdir("/sys/fs/cgroup/memory")
+        key = "memory.limit_in_bytes" if v1 else "memory.max"
+        path = _make_cgroup("memory", limits.name, {key: limits.memory})
+        if path is not None:
+            report.memory = "cgroup"
+            report.cgroups.append(path)
+            if v1:  # without swap accounting this file is absent; swap off is then moot
+                with contextlib.suppress(OSError):
+                    iso._write(os.path.join(path, "memory.memsw.limit_in_bytes"),
+                               str(limits.memory))
+        else:
+            report.memory = "rlimit"
+    if limits.processes:
+        path = _make_cgroup("pids", limits.name, {"pids.max": limits.processes})
+        if path is not None:
+            report.processes = "cgroup"
+            report.cgroups.append(path)
+        elif os.geteuid() != 0:
+            report.processes = "rlimit"
+    return report
+
+
+def join_cgroups(report: LimitReport, pid: int) -> None:
+    """Move ``pid`` into the cgroups; a limit whose group refuses it falls to an rlimit."""
+    for path in list(report.cgroups):
+        try:
+            iso._write(os.path.join(path, "cgroup.procs"), str(pid))
+        except OSError:
+            report.cgroups.remove(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+            if "/memory" in path:
+                report.memory = "rlimit"
+            else:
+                report.processes = "rlimit" if os.geteuid() != 0 else "none"
+
+
+def apply_rlimits(report: LimitReport) -> None:
+    """Set the rlimits :func:`make_limits` chose, in the process about to start the jail."""
+    import resource
+
+    if report.memory == "rlimit" and report.limit_memory:
+        resource.setrlimit(resource.RLIMIT_AS, (report.limit_memory, report.limit_memory))
+    if report.processes == "rlimit" and report.limit_processes:
+        resource.setrlimit(resource.RLIMIT_NPROC,
+                           (report.limit_processes, report.limit_processes))
+
+
+def leave_cgroups(report: LimitReport) -> None:
+    """Move this process out of the host's cgroups and remove them.
+
+    Called by the keeper once init has ended; the kernel ends the other processes of a
+    pid namespace shortly after its init, so removal is retried for a moment.
+    """
+    import time
+
+    for path in report.cgroups:
+        parent = os.path.dirname(os.path.dirname(path))
+        with contextlib.suppress(OSError):
+            iso._write(os.path.join(parent, "cgroup.procs"), str(os.getpid()))
+        for _ in range(100):
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+
+
+# ------------------------------------------------------------------------ namespaces
+
+def enter_namespaces(network: bool) -> None:
+    """unshare user + mount + pid (+ net) namespaces, mapping only our own uid/gid.
+
+    Children forked afterwards live in the new pid namespace; the first is its init.
+    Mapping one id (not the full identity map a read-only copy gets) means files of
+    other users show as ``nobody`` and no id can be switched to inside.
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    flags = iso._CLONE_NEWUSER | iso._CLONE_NEWNS | _CLONE_NEWPID
+    if not network:
+        flags |= _CLONE_NEWNET
+    iso._check(iso._libc().unshare(flags), "unshare(user, mount, pid)")
+    iso._write("/proc/self/setgroups", "deny")
+    iso._write("/proc/self/uid_map", f"{uid} {uid} 1")
+    iso._write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def build_view(spec: JailSpec) -> None:
+    """Rebuild the file view in our mount namespace (see the module docstring)."""
+    iso._mount(None, "/", None, iso._MS_REC | iso._MS_PRIVATE)
+    keep = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
+    # Handles on the folders to bring back, taken before anything covers them.
+    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in keep if os.path.isdir(p)}
+    hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
+    try:
+        for path in ("/tmp", "/dev/shm"):
+            if os.path.isdir(path):
+                iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=1777")
+        inside = [h for h in hidden if any(iso._within(h, k) and h != k for k in keep)]
+        # Hidden paths above the tenant's folders are covered first and the folders bound
+        # back; hidden paths inside them (a tokens file kept there) are covered after.
+        for path in [h for h in hidden if h not in inside]:
+            _cover(path)
+        for path, fd in handles.items():
+            # Bound even where not covered: each writable folder must be a mount of its
+            # own to stay writable once the rest is made read-only (seal_view).
+            os.makedirs(path, exist_ok=True)  # inside a covering tmpfs
+            iso._mount(f"/proc/self/fd/{fd}", path, None, iso._MS_BIND | iso._MS_REC)
+        for path in inside:
+            _cover(path)
+    finally:
+        for fd in handles.values():
+            os.close(fd)
+
+
+def _cover(path: str) -> None:
+    if not os.path.lexists(path):
+        return  # already out of sight (under the private /tmp)
+    if os.path.isdir(path):
+        iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=0755,size=1m")
+    else:
+        iso._mount("/dev/null", path, None, iso._MS_BIND)
+
+
+def seal_view(spec: JailSpec) -> None:
+    """In a mount namespace of the init's own: everything read-only but the tenant's
+    folders, ``/tmp`` and ``/dev/shm``.
+
+    Landlock refuses writes but not chmod/chown/utime; a read-only view refuses those too
+    (a tenant mapped to root owns root's files). The keeper's namespace stays writable,
+    so it can still remove the host's cgroups at the end.
+    """
+    iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
+    _set_read_only("/", True)
+    keep = {os.path.realpath(p) for p in (spec.folder, *spec.writable)}
+    for path in (*sorted(keep), "/tmp", "/dev/shm"):
+        if os.path.isdir(path):
+            _set_read_only(path, False)
+
+
+def _set_read_only(path: str, read_only: bool) -> None:
+    flag = iso._MOUNT_ATTR_RDONLY
+    attr = (ctypes.c_uint64 * 4)(flag if read_only else 0, 0 if read_only else flag, 0, 0)
+    iso._check(iso._syscall(iso._NR_MOUNT_SETATTR, ctypes.c_int(iso._AT_FDCWD),
+                            os.fsencode(path), ctypes.c_uint(iso._AT_RECURSIVE),
+                            ctypes.byref(attr), ctypes.c_size_t(32)), f"mount_setattr {path!r}")
+
+
+def init_namespace(spec: JailSpec) -> None:
+    """In the pid namespace's init: the sealed view, a /proc of its own, loopback up
+    without network."""
+    seal_view(spec)
+    iso._mount("proc", "/proc", "proc", iso._MS_NOSUID | iso._MS_NODEV | 8)  # 8: MS_NOEXEC
+    network = spec.network
+    if not network:
+        _loopback_up()
+
+
+def _loopback_up() -> None:
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, siocgifflags, request))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent ends (the keeper, for init)."""
+    iso._libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+# ------------------------------------------------------------------------ Landlock
+
+def restrict(level: Level, spec: JailSpec) -> None:
+    """Apply Landlock to this process for good; raise OSError if it cannot hold.
+
+    ``namespaces+landlock``: writes only beneath the tenant's folders, ``/tmp``,
+    ``/dev/shm`` and the devices. ``landlock``: reads too, beneath an allow-list. Both
+    scope signals and abstract unix sockets to the host's own processes (ABI >= 6).
+    """
+    abi = iso.landlock_abi()
+    if abi < 3:
+        raise OSError(errno.ENOSYS, "Landlock ABI >= 3 is needed")
+    write = (iso._LL_WRITE_FILE | iso._LL_REMOVE_DIR | iso._LL_REMOVE_FILE | iso._LL_MAKE_ALL
+             | iso._LL_REFER | iso._LL_TRUNCATE)
+    read = _LL_READ if level == "landlock" else 0
+    ioctl = _LL_IOCTL_DEV if abi >= 5 else 0
+    handled = write | read | ioctl
+    scoped = iso._LL_SCOPE_SIGNAL | iso._LL_SCOPE_ABSTRACT_UNIX_SOCKET if abi >= 6 else 0
+    own = [spec.folder, *spec.writable]
+    rules: list[tuple[str, int]] = [(p, handled) for p in own]
+    if level == "landlock":
+        scratch = os.environ.get("TMPDIR", "")
+        rules += [(scratch, handled)] if scratch else []
+        rules += [(p, read | ioctl) for p in (*SYSTEM_READ, *spec.readable)]
+    else:
+        rules += [("/", read | ioctl), ("/tmp", handled), ("/dev/shm", handled)]
+    rules += [(d, handled) for d in DEVICES]
+    attr = (ctypes.c_uint64 * 3)(handled, 0, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = iso._check(iso._syscall(iso._NR_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
+                                      ctypes.c_size_t(size), ctypes.c_uint32(0)),
+                         "landlock_create_ruleset")
+    try:
+        for path, access in rules:
+            if access:
+                _add_rule(ruleset, path, access)
+        iso._check(iso._libc().prctl(iso._PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        iso._check(iso._syscall(iso._NR_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
+                                ctypes.c_uint32(0)), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+def _add_rule(ruleset: int, path: str, access: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # a folder this machine does not have
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            # Rights on a non-directory must be file rights, else EINVAL.
+            access &= (iso._LL_WRITE_FILE | iso._LL_TRUNCATE | _LL_EXECUTE | _LL_READ_FILE
+                       | _LL_IOCTL_DEV)
+        rule = iso._PathBeneath(access, fd)
+        iso._check(iso._syscall(iso._NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
+                                ctypes.c_int(iso._LANDLOCK_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)),
+                   f"landlock_add_rule {path!r}")
+    finally:
+        os.close(fd)
+
+
+__all__ = [
+    "LEVELS",
+    "JailSpec",
+    "Level",
+    "LimitReport",
+    "Limits",
+    "apply_rlimits",
+    "best_level",
+    "build_view",
+    "die_with_parent",
+    "enter_namespaces",
+    "forced_level",
+    "init_namespace",
+    "join_cgroups",
+    "landlock_covers",
+    "leave_cgroups",
+    "make_limits",
+    "restrict",
+]

@@ -1,0 +1,99 @@
+"""The owner <-> confined host wire: JSON lines, one table of messages, one version.
+
+Pure: no I/O. The owner (a server, :class:`~coordex.ConfinedExecutor`, a cluster node's
+actor) writes ``call`` lines; the host answers each with exactly one ``reply``, after
+any number of ``output`` lines for that call when the call asked for them. Rules:
+
+1. The host's first line is ``ready`` carrying :data:`PROTOCOL_VERSION` and what
+   confinement and limits hold; the owner refuses another version before it calls.
+2. Calls are concurrent: the owner may send the next ``call`` before a ``reply``; the
+   ``id`` pairs them up. ``cancel`` interrupts a call in flight as a timeout does.
+3. A reply's ``value`` is the method's result dict, unchanged (the host never raises
+   across the wire: a coordex bug there becomes a ``crashed`` error dict).
+
+Lines are ASCII JSON (``ensure_ascii``), so output with any characters travels safely.
+docs/protocol.md documents every message; tests/unit/test_protocol_doc.py keeps the two
+in step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ...worker._coordex_protocol import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+# The host's limits unless its owner says otherwise (SPEC 9: --max-calls defaults to 8).
+DEFAULT_MAX_CALLS = 8
+DEFAULT_MAX_PROCESSES = 512
+
+OWNER_TO_HOST = "owner->host"
+HOST_TO_OWNER = "host->owner"
+
+# type -> (direction, required fields, optional fields)
+MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "ready": (HOST_TO_OWNER, ("protocol", "pid", "confinement", "memory", "processes"),
+              ("network", "error", "fatal")),
+    "call": (OWNER_TO_HOST, ("id", "method", "args"), ("stream",)),
+    "output": (HOST_TO_OWNER, ("id", "stream", "text"), ()),
+    "reply": (HOST_TO_OWNER, ("id", "value"), ()),
+    "cancel": (OWNER_TO_HOST, ("id",), ()),
+    "shutdown": (OWNER_TO_HOST, (), ()),
+}
+
+# What a ``call`` may name: the Executor's methods, but ``plan_namespace`` and
+# ``capability`` (objects, not data: they live in the host) and ``close`` (``shutdown``).
+METHODS = (
+    "execute_code", "list_sessions", "inspect_session", "close_session", "call_tool",
+    "tool_definitions", "history", "rebuild_session", "serve_ui",
+    "environments.create", "environments.list", "environments.build",
+    "environments.remove_unused", "functions.list", "functions.show",
+)
+
+
+def check(msg: Any, direction: str | None = None) -> dict[str, Any]:
+    """``msg`` itself when it is a known message with its required fields."""
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a message must be a JSON object, got {type(msg).__name__}")
+    kind = msg.get("type")
+    spec = MESSAGES.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    if direction is not None and spec[0] != direction:
+        raise ProtocolError(f"message {kind!r} does not travel {direction}")
+    missing = [name for name in spec[1] if name not in msg]
+    if missing:
+        raise ProtocolError(f"message {kind!r} lacks field(s) {', '.join(missing)}")
+    unknown = sorted(set(msg) - {"type", *spec[1], *spec[2]})
+    if unknown:
+        raise ProtocolError(f"message {kind!r} has unknown field(s) {', '.join(unknown)}")
+    if kind == "call" and msg["method"] not in METHODS:
+        raise ProtocolError(f"method {msg['method']!r} is not one of {METHODS}")
+    return msg
+
+
+def message(kind: str, **fields: Any) -> dict[str, Any]:
+    return check({"type": kind, **fields})
+
+
+_encode_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_decode_json = json.JSONDecoder().decode
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """One message as one ASCII line."""
+    return _encode_json(msg).encode("ascii") + b"\n"
+
+
+def decode(line: bytes, direction: str | None = None) -> dict[str, Any]:
+    try:
+        msg = _decode_json(line.decode("ascii"))
+    except ValueError:
+        raise ProtocolError(f"not a JSON line: {bytes(line[:200])!r}")
+    return check(msg, direction)
+
+
+__all__ = ["HOST_TO_OWNER", "MESSAGES", "METHODS", "OWNER_TO_HOST", "PROTOCOL_VERSION",
+           "ProtocolError", "check", "decode", "encode", "message"]

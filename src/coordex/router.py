@@ -1,0 +1,168 @@
+"""Tenants and confinement for the servers: which executor serves which token.
+
+``coordex serve --tokens FILE`` is a router: each tenant's Executor runs in a confined
+host of its own (:class:`~coordex.ConfinedExecutor`, SPEC section 9), so the server
+process itself never runs a tenant's code. ``--confine DIR`` (``serve`` and ``mcp``)
+runs the single tenant in one. The server keeps, per tenant, a thread limit of its own
+(a tenant's calls beyond ``--max-calls`` wait for that tenant's turn without taking a
+thread from anyone else) and a capped number of MCP sessions that expire when idle.
+
+This module holds the checks and choices the command line makes at start: token
+lengths, the warnings, the confinement level and whether it is enough, and how each
+tenant's executor is built. The CLI calls it; nothing here parses arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MIN_TOKEN_LENGTH = 16
+# MCP sessions a tenant may hold open at once, and how long an idle one lives.
+MCP_SESSIONS_PER_TENANT = 32
+MCP_SESSION_IDLE_SECONDS = 900.0
+GIB = 1 << 30
+
+
+def add_confinement_options(parser: argparse.ArgumentParser, *, tenants: bool,
+                            count: Callable[[str], int] = int) -> None:
+    """The options of section 9 on ``coordex serve`` (``tenants=True``) or ``coordex mcp``;
+    ``count`` parses (and checks) ``--max-calls``."""
+    group = parser.add_argument_group("confinement (each tenant in a jail of its own)")
+    group.add_argument("--confine", metavar="DIR",
+                       help="run the executor in a confined host whose working folder and "
+                       "home is DIR")
+    group.add_argument("--memory-limit", type=_size, metavar="SIZE", default=4 * GIB,
+                       help="memory per confined host, e.g. 512M, 4G (default 4G)")
+    group.add_argument("--max-calls", type=count, metavar="N", default=8,
+                       help="calls a confined host runs at once (default 8)")
+    group.add_argument("--no-network", action="store_true",
+                       help="confined hosts get loopback only")
+    if tenants:
+        group.add_argument("--allow-unconfined", action="store_true",
+                           help="serve several tenants even where no confinement holds")
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    raw = text.strip().lower().removesuffix("b").removesuffix("i")
+    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
+    try:
+        value = int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 4G, got {text!r}")
+    if value < 64 << 20:  # below this an interpreter with coordex cannot even start
+        raise argparse.ArgumentTypeError(f"must be at least 64M, got {text!r}")
+    return value
+
+
+# --- checks at start ----------------------------------------------------------------
+
+
+def short_tokens(named: Mapping[str, str]) -> str | None:
+    """A message naming the tenants whose token is too short, or None."""
+    short = [name or "COORDEX_TOKEN" for name, token in named.items()
+             if len(token) < MIN_TOKEN_LENGTH]
+    if not short:
+        return None
+    return (f"refusing tokens shorter than {MIN_TOKEN_LENGTH} characters ("
+            + ", ".join(repr(n) for n in short)
+            + "). Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+
+
+def startup_warnings(host: str, allowed_hosts: Sequence[str], is_loopback: bool) -> list[str]:
+    if is_loopback or allowed_hosts:
+        return []
+    return [f"bound to non-loopback {host!r} without --allowed-host: clients must use this "
+            "exact address as the Host; pass --allowed-host NAME for each name clients use."]
+
+
+def confinement_level(hidden: Sequence[str]) -> str:
+    """The level a confined host reaches here, given what it must not see."""
+    from .backends.confined.client import readable_paths
+    from .backends.confined.jail import JailSpec, best_level, landlock_covers
+
+    level = best_level()
+    if level == "landlock" and not landlock_covers(
+            JailSpec(folder=os.devnull, hidden=tuple(hidden), readable=tuple(readable_paths()))):
+        return "none"
+    return level
+
+
+def confinement_refusal(level: str, tenants: int, allow_unconfined: bool) -> str | None:
+    """Why the server must not start, or None."""
+    if level != "none" or tenants <= 1 or allow_unconfined:
+        return None
+    return (f"no confinement holds on this machine (level 'none'), so {tenants} tenants would "
+            "share one OS user with nothing between them. Enable unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
+            "user.max_user_namespaces) or Landlock, or pass --allow-unconfined.")
+
+
+def hide_secrets_from_sessions() -> None:
+    """Take ``COORDEX_TOKEN`` out of this process's environment once it has been read."""
+    os.environ.pop("COORDEX_TOKEN", None)
+
+
+# --- executors ----------------------------------------------------------------------
+
+
+def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
+                      hidden: Sequence[str | Path], lazy: bool = False) -> Any:
+    """A :class:`ConfinedExecutor` for one tenant, from the command-line options."""
+    from .backends.confined import ConfinedExecutor
+
+    executor_args: dict[str, Any] = {}
+    if getattr(args, "max_sessions", None) is not None:
+        executor_args["max_sessions"] = args.max_sessions
+    if getattr(args, "timeout", None) is not None:
+        executor_args["timeout"] = args.timeout
+    return ConfinedExecutor(folder, memory_limit=args.memory_limit,
+                            network=not args.no_network, max_calls=args.max_calls,
+                            hide=[str(p) for p in hidden], name=name or "default",
+                            lazy=lazy, **executor_args)
+
+
+def secrets_to_hide(root: Path, tokens_file: str | None) -> list[str]:
+    """What no confined host may see: the server's root and its tokens file."""
+    hidden = [str(root.expanduser().absolute())]
+    if tokens_file:
+        hidden.append(str(Path(tokens_file).expanduser().absolute()))
+    return hidden
+
+
+def tenant_executor(args: argparse.Namespace, name: str, root: Path,
+                    make_in_process: Any) -> Any:
+    """The executor of one ``serve`` tenant.
+
+    Named tenants (``--tokens``) each get a confined host in ``root/tenants/NAME``; the
+    single ``COORDEX_TOKEN`` tenant gets one in ``--confine DIR`` when given, else runs
+    in this process (``make_in_process()``), with ``root`` as its data folder.
+    """
+    hidden = secrets_to_hide(root, getattr(args, "tokens", None))
+    if name:
+        return confined_executor(args, root / "tenants" / name, name=name, hidden=hidden,
+                                 lazy=True)
+    if getattr(args, "confine", None):
+        return confined_executor(args, Path(args.confine), name="default", hidden=hidden)
+    return make_in_process()
+
+
+def tenant_options(args: argparse.Namespace, confined: bool) -> dict[str, Any]:
+    """``make_tenant`` keyword arguments: the tenant's own thread limit and MCP sessions."""
+    import anyio
+
+    calls = args.max_calls if confined else 40  # 40: anyio's default, for one tenant
+    return {"limiter": anyio.CapacityLimiter(calls + 2),  # +2: list/inspect during a long call
+            "max_mcp_sessions": MCP_SESSIONS_PER_TENANT,
+            "idle_timeout": MCP_SESSION_IDLE_SECONDS}
+
+
+__all__ = [
+    "MIN_TOKEN_LENGTH", "add_confinement_options", "confined_executor", "confinement_level",
+    "confinement_refusal", "hide_secrets_from_sessions", "secrets_to_hide", "short_tokens",
+    "startup_warnings", "tenant_executor", "tenant_options",
+]

@@ -1,0 +1,201 @@
+"""ConfinedExecutor: a real host process in a real jail, driven from Python."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordex import ConfinedExecutor
+from coordex.backends.confined import best_level
+from tests.conftest import child_pids
+
+pytestmark = pytest.mark.timeout(120)
+
+needs_namespaces = pytest.mark.skipif(best_level() != "namespaces+landlock",
+                                      reason="user namespaces are blocked here")
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "secret.txt").write_text("not for the tenant")
+    return folder
+
+
+@pytest.fixture
+def confined(tmp_path: Path, secret: Path) -> Iterator[ConfinedExecutor]:
+    ex = ConfinedExecutor(tmp_path / "tenant", hide=[secret], memory_limit=256 << 20, timeout=20)
+    try:
+        yield ex
+    finally:
+        ex.close()
+
+
+def test_the_host_says_what_holds(confined: ConfinedExecutor) -> None:
+    held = confined.confinement
+    assert held["level"] == best_level()
+    assert held["memory"] in ("cgroup", "rlimit") and held["network"] is True
+
+
+def test_the_folder_is_cwd_and_home_and_the_rest_is_hidden_or_read_only(
+        confined: ConfinedExecutor, tmp_path: Path, secret: Path) -> None:
+    where = confined.execute_code("import os; (os.getcwd(), os.path.expanduser('~'))")
+    folder = str(tmp_path / "tenant")
+    assert where["result"] == repr((folder, folder))
+    probe = confined.execute_code(
+        f"cat {secret}/secret.txt; echo made > here.txt && cat here.txt; touch /usr/x; "
+        f"touch {tmp_path}/x", language="bash")
+    assert "not for the tenant" not in probe["stdout"]
+    assert probe["stdout"].strip() == "made"
+    assert not (tmp_path / "x").exists()
+
+
+def test_output_streams_while_the_call_runs(confined: ConfinedExecutor) -> None:
+    chunks: list[tuple[str, str, float]] = []
+    started = time.monotonic()
+    result = confined.execute_code(
+        "import time\nprint('first', flush=True)\ntime.sleep(0.5)\nprint('second')",
+        on_output=lambda stream, text: chunks.append((stream, text, time.monotonic())))
+    assert result["stdout"] == "first\nsecond\n"
+    first = next(c for c in chunks if "first" in c[1])
+    assert first[0] == "stdout" and first[2] - started < result["duration_ms"] / 1000
+
+
+def test_a_dead_host_is_restarted_with_state_lost(confined: ConfinedExecutor) -> None:
+    confined.execute_code("kept = 1", state_mode="stateful")
+    died = confined.execute_code("import os; os._exit(3)")
+    assert died["error_type"] == "crashed" and died["state_lost"] is True
+    assert "exit status 3" in died["error"]
+    after = confined.execute_code("'kept' in globals()", state_mode="stateful")
+    assert after["result"] == "False" and after["state_lost"] is True
+    assert "state_lost" not in confined.execute_code("1")
+    assert confined.restarts == 1
+
+
+def test_calls_run_side_by_side_up_to_max_calls(confined: ConfinedExecutor) -> None:
+    results: list[dict[str, object]] = []
+    started = time.monotonic()
+    threads = [threading.Thread(target=lambda: results.append(
+        confined.execute_code("sleep 1", language="bash"))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(r["exit_code"] == 0 for r in results)
+    assert time.monotonic() - started < 2.5
+
+
+def test_cancel_interrupts_the_call(confined: ConfinedExecutor) -> None:
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    started = time.monotonic()
+    result = confined.execute_code("import time; time.sleep(10)", state_mode="stateful",
+                                   cancel=cancel)
+    assert time.monotonic() - started < 5
+    assert result.get("error_type") in ("timeout", "execution"), result
+
+
+def test_the_memory_limit_holds(confined: ConfinedExecutor) -> None:
+    hog = confined.execute_code("hog = bytearray(512 << 20); hog[::4096] = b'x' * len(hog[::4096])")
+    assert hog.get("error_type") in ("crashed", "execution"), hog
+    assert confined.execute_code("1 + 1")["result"] == "2"
+
+
+@needs_namespaces
+def test_no_network_leaves_loopback(tmp_path: Path) -> None:
+    with ConfinedExecutor(tmp_path / "t", network=False) as ex:
+        assert ex.confinement["network"] is False
+        probe = ex.execute_code(
+            "import socket\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            "c = socket.create_connection(s.getsockname(), timeout=2)\n"
+            "try:\n"
+            "    socket.create_connection(('192.0.2.1', 80), timeout=2)\n"
+            "    outside = 'reached'\n"
+            "except OSError as exc:\n"
+            "    outside = type(exc).__name__\n"
+            "outside")
+        assert probe["result"] != "'reached'", probe
+
+
+@needs_namespaces
+def test_signals_do_not_reach_outside(confined: ConfinedExecutor) -> None:
+    import os
+
+    me = os.getpid()
+    probe = confined.execute_code(
+        f"import os, signal\ntry:\n    os.kill({me}, 0)\n    got = 'reached'\n"
+        "except OSError as e:\n    got = type(e).__name__\ngot")
+    assert probe["result"] in ("'ProcessLookupError'", "'PermissionError'"), probe
+    ppid = confined.execute_code(
+        "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\n    got = 'sent'\n"
+        "except OSError as e:\n    got = type(e).__name__\ngot")
+    assert ppid["result"] == "'PermissionError'", ppid
+    assert confined.execute_code("1")["result"] == "1"
+
+
+def test_landlock_alone_hides_and_refuses(tmp_path: Path, secret: Path) -> None:
+    with ConfinedExecutor(tmp_path / "t", hide=[secret], level="landlock") as ex:
+        assert ex.confinement["level"] == "landlock"
+        probe = ex.execute_code(f"cat {secret}/secret.txt; touch {tmp_path}/x; echo ok > mine",
+                                language="bash")
+        assert "not for the tenant" not in probe["stdout"]
+        assert not (tmp_path / "x").exists() and (tmp_path / "t" / "mine").exists()
+        ex.execute_code("x = [1]", state_mode="stateful", session_name="s")
+        copy = ex.execute_code("x.append(2); x", state_mode="read_only", session_name="s")
+        assert copy["result"] == "[1, 2]" and copy["isolation"]["files"] == "refused", copy
+
+
+def test_level_none_says_so(tmp_path: Path) -> None:
+    with ConfinedExecutor(tmp_path / "t", level="none") as ex:
+        assert ex.confinement["level"] == "none"
+        assert ex.execute_code("1 + 1")["result"] == "2"
+
+
+def test_close_ends_every_process_of_the_jail(tmp_path: Path) -> None:
+    before = child_pids()
+    ex = ConfinedExecutor(tmp_path / "t")
+    ex.execute_code("sleep 300 &", language="bash", state_mode="stateful")
+    ex.execute_code("import subprocess; p = subprocess.Popen(['sleep', '300'])",
+                    state_mode="stateful")
+    assert len(child_pids() - before) >= 4
+    ex.close()
+    deadline = time.monotonic() + 5
+    while child_pids() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child_pids() - before == set()
+    assert ex.execute_code("1")["error_type"] == "crashed"
+
+
+def test_bad_executor_arguments_fail_at_start(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="max_sessions"):
+        ConfinedExecutor(tmp_path / "t", max_sessions=0)
+
+
+def test_a_host_stuck_holding_the_gil_is_ended_on_cancel(confined: ConfinedExecutor,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordex.backends.confined import client
+
+    monkeypatch.setattr(client, "CANCEL_GRACE", 1.0)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    started = time.monotonic()
+    stuck = confined.execute_code("import ctypes; ctypes.PyDLL(None).sleep(60)", cancel=cancel)
+    assert time.monotonic() - started < 10
+    assert stuck["error_type"] == "crashed" and stuck["state_lost"] is True
+    assert confined.execute_code("1 + 1")["result"] == "2"
+
+
+@needs_namespaces
+def test_a_hidden_file_inside_the_folder_stays_hidden(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "tokens").write_text("alice alice-token-0123456789")
+    with ConfinedExecutor(folder, hide=[folder / "tokens"]) as ex:
+        seen = ex.execute_code("cat tokens; ls", language="bash")
+        assert "alice-token" not in seen["stdout"]

@@ -1,0 +1,65 @@
+"""The confined host's wire and the router's start-up checks: pure, no processes."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from coordex import router
+from coordex.backends.confined import wire
+from coordex.backends.confined.jail import JailSpec, landlock_covers
+
+
+def test_lines_are_ascii_and_checked() -> None:
+    line = wire.encode(wire.message("call", id=1, method="execute_code",
+                                    args={"code": "print('✓')"}))
+    line.decode("ascii")
+    assert wire.decode(line, wire.OWNER_TO_HOST)["args"]["code"] == "print('✓')"
+    with pytest.raises(wire.ProtocolError, match="does not travel"):
+        wire.decode(line, wire.HOST_TO_OWNER)
+    with pytest.raises(wire.ProtocolError, match="is not one of"):
+        wire.message("call", id=1, method="plan_namespace", args={})
+    with pytest.raises(wire.ProtocolError, match="lacks field"):
+        wire.message("reply", id=1)
+    with pytest.raises(wire.ProtocolError, match="unknown field"):
+        wire.message("cancel", id=1, now=True)
+    with pytest.raises(wire.ProtocolError, match="not a JSON line"):
+        wire.decode(b"\xff")
+
+
+def test_capability_and_plan_namespace_never_travel() -> None:
+    assert "capability" not in wire.METHODS and "plan_namespace" not in wire.METHODS
+
+
+def test_short_tokens_are_named() -> None:
+    assert router.short_tokens({"alice": "a" * 16}) is None
+    problem = router.short_tokens({"alice": "a" * 16, "bob": "short", "": "x"})
+    assert problem is not None
+    assert "'bob'" in problem and "'COORDEX_TOKEN'" in problem and "'alice'" not in problem
+
+
+def test_several_tenants_without_confinement_are_refused_unless_allowed() -> None:
+    assert router.confinement_refusal("none", 2, allow_unconfined=False) is not None
+    assert router.confinement_refusal("none", 2, allow_unconfined=True) is None
+    assert router.confinement_refusal("none", 1, allow_unconfined=False) is None
+    assert router.confinement_refusal("landlock", 5, allow_unconfined=False) is None
+
+
+def test_the_public_bind_warning() -> None:
+    assert router.startup_warnings("0.0.0.0", [], is_loopback=False)
+    assert not router.startup_warnings("0.0.0.0", ["example.org"], is_loopback=False)
+    assert not router.startup_warnings("127.0.0.1", [], is_loopback=True)
+
+
+@pytest.mark.parametrize(("text", "size"), [("512M", 512 << 20), ("4G", 4 << 30),
+                                            ("1.5GiB", 3 << 29), ("100000000", 100000000)])
+def test_memory_sizes(text: str, size: int) -> None:
+    parser = argparse.ArgumentParser()
+    router.add_confinement_options(parser, tenants=True)
+    assert parser.parse_args(["--memory-limit", text]).memory_limit == size
+
+
+def test_landlock_cannot_hide_what_lies_under_an_allowed_folder() -> None:
+    assert landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/srv/secret",)))
+    assert not landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/etc/coordex-tokens",)))
