@@ -49,7 +49,7 @@ def main() -> None:
         for label, size in sizes:
             ex.execute_code(LEDGER.replace("SIZE", str(size)), state_mode="stateful",
                             session_name="audit", timeout=600)
-            # The same state built here, for deepcopy (no reaching into the executor).
+            # The peer deep-copies the same state, built the same way here.
             state: dict[str, object] = {}
             exec(LEDGER.replace("SIZE", str(size)), state)
             del state["__builtins__"]

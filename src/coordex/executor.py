@@ -306,7 +306,8 @@ class Executor:
                 record.setdefault("images", outcome["images"])
             if coordinate.state_mode == "read_only":
                 # Nothing ran (the session was busy): no copy was made, nothing is claimed.
-                record.setdefault("isolation", {"names": True, "objects": True, "files": "none"})
+                record.setdefault("isolation", {"names": True, "objects": True, "files": "none",
+                                                "copy": "none"})
             if outcome.get("state_lost"):
                 record["state_lost"] = True
             record["duration_ms"] = _ms(started)

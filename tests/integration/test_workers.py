@@ -178,7 +178,7 @@ def test_read_only_sees_everything_and_changes_nothing(session: WorkerSession,
         "records.append('junk'); records[0]['n'] = -1; x = 2; del lock\n"
         "(acquired, first, line, len(records), x)"))
     assert r["result"] == "(True, 0, 'line1\\n', 1001, 2)"
-    assert r["isolation"] == {"names": True, "objects": True, "files": "none"}
+    assert r["isolation"] == {"names": True, "objects": True, "files": "none", "copy": "fork"}
     after = session.run(req(
         "(lock.locked(), next(gen), len(records), records[0]['n'], x, 'acquired' in dir())"))
     assert after["result"] == "(False, 0, 1000, 0, 1, False)"

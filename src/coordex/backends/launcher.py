@@ -46,6 +46,7 @@ HEADER = struct.Struct("!cii")
 # How long the server may take to start and answer its handshake.
 START_TIMEOUT = 15.0
 _LIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
+LIMITS = _LIMITS  # the resource limits a child takes from the session shell
 
 
 class LauncherError(RuntimeError):
@@ -85,6 +86,7 @@ class LauncherServer:
         finally:
             theirs.close()
         self._sock = ours
+        _hold(ours.fileno())
         self._buffer = b""
         self._sock.settimeout(START_TIMEOUT)
         try:
@@ -140,6 +142,8 @@ class LauncherServer:
         """
         try:
             kind, pid, value = self._read_blocking()
+            while kind == b"X":  # a child called off before its pid was asked for
+                kind, pid, value = self._read_blocking()
         except OSError as exc:
             raise LauncherError(f"the launcher server is gone: {exc}") from exc
         if kind != b"P":
@@ -181,6 +185,8 @@ class LauncherServer:
         """
         from . import _reap
 
+        _release(self._sock.fileno())
+
         def hang_up() -> bool:
             try:
                 self._sock.close()
@@ -206,6 +212,19 @@ class LauncherServer:
             if not data:
                 raise LauncherError("the launcher server is gone")
             self._buffer += data
+
+
+def _hold(fd: int) -> None:
+    """Note the socket as coordex's, so read-only copies of Python sessions close it."""
+    from ..worker import _coordex_copy
+
+    _coordex_copy.hold(fd)
+
+
+def _release(fd: int) -> None:
+    from ..worker import _coordex_copy
+
+    _coordex_copy.release(fd)
 
 
 # -- the server side (runs as a script: standard library and isolation.py only) ---------

@@ -34,13 +34,13 @@ How it works:
   streams them to the running call, and fd 0 is ``/dev/null`` so nothing waits on
   input. Because descriptors are process-wide, own-interpreter calls run one at a
   time (``OWN_LOCK``); worker and shell sessions still run in parallel with them.
-- ``read_only`` forks this process: the child runs the code against a copy-on-write
-  image of the session and reports over pipes, so not even in-place mutation reaches
-  the session. Only the forking thread exists in the child; a lock another thread held
-  at fork time stays held there, so code touching such an object can deadlock — the
-  child is then killed at the timeout and the session is untouched either way. Where
-  ``fork`` is missing or unsafe (macOS) the copy is shallow and the result says
-  ``objects: false``.
+- ``read_only`` runs against a copy (``own_copy``): a fork of this process made on the
+  interpreter's runner thread, or, when a loaded library does not survive ``fork()``
+  (polars, duckdb, grpc, torch) or ``fork`` is missing or unsafe (macOS), the session's
+  values pickled into a fresh interpreter. Only the forking thread exists in a fork
+  child; a lock another thread held at fork time stays held there, so code touching
+  such an object can deadlock — the child is then killed at the timeout and the session
+  is untouched either way.
 
 What still leaks between own-interpreter sessions (they share one process):
 ``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, what
@@ -58,9 +58,7 @@ import builtins
 import contextlib
 import ctypes
 import fcntl
-import gc
 import io
-import json
 import os
 import selectors
 import signal
@@ -76,6 +74,7 @@ from typing import Any
 from ..core import messages
 from ..core.errors import ERROR_TYPES, make_error
 from ..core.results import OutputBuffer
+from ..worker import _coordex_copy as copier
 from ..worker import _coordex_engine as engine
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
 
@@ -339,6 +338,11 @@ class _FdPump:
         self._closed = False
         self._thread = threading.Thread(target=self._pump, name="coordex-fd-pump", daemon=True)
         self._thread.start()
+        copier.hold(*self._held())
+
+    def _held(self) -> list[int]:
+        return [*(fd for pair in self._pipes.values() for fd in pair), self._devnull,
+                self._wake_r, self._wake_w]
 
     def start(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
         _flush_real_streams()
@@ -396,6 +400,7 @@ class _FdPump:
         if self._closed:
             return
         self._closed = True
+        copier.release(*self._held())
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2)
         for r, w in self._pipes.values():
@@ -964,88 +969,46 @@ class OwnInterpreter:
     # -- read-only ---------------------------------------------------------------------
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
-                      protect: Callable[[], str] | None = None) -> Outcome:
-        """Run against a copy of the session: a fork where possible, else a shallow copy."""
+                      protect: Callable[[], str] | None = None,
+                      capabilities: Any = None) -> Outcome:
+        """Run against a copy of the session: a fork, or its values in a new process.
+
+        See ``own_copy``. Where ``fork`` is missing or unsafe, the copy always goes by
+        value. ``capabilities`` (``names()``, ``call(name, args, kwargs)``): what the
+        copy may call; they run here, in the agent's process, never in the copy.
+        """
         if session.stuck:
             return _still_busy()
-        if FORK_IS_SAFE:
-            return self._run_forked(session, request, protect)
-        copy = NamespaceSession(dict(session.namespace), session.cwd, session.environ.copy())
-        copy.owns_namespace = False
-        outcome = self._run_on(None, copy, copy.namespace, request, mode="read_only")
-        outcome["isolation"] = {"names": True, "objects": False, "files": "none"}
-        return outcome
+        from .own_copy import run_copy
 
-    def _run_forked(self, session: NamespaceSession, request: RunRequest,
-                    protect: Callable[[], str] | None) -> Outcome:
-        out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
-        pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
-        nested = getattr(_local, "in_call", False)
-        with contextlib.nullcontext() if nested else OWN_LOCK:
-            _flush_real_streams()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child, reported through pipes
-                _forked_child(session, request, pipes, protect)
-        for _, w in pipes.values():
-            os.close(w)
-        readers = {pipes["stdout"][0]: "stdout", pipes["stderr"][0]: "stderr",
-                   pipes["result"][0]: "result"}
-        chunks: list[bytes] = []
-        decoders = {"stdout": _decoder(), "stderr": _decoder()}
-        sel = selectors.DefaultSelector()
-        for fd, name in readers.items():
-            sel.register(fd, selectors.EVENT_READ, name)
-        deadline = time.monotonic() + request.timeout
-        interrupted_at: float | None = None
-        status = None
-        try:
-            while sel.get_map():
-                now = time.monotonic()
-                if interrupted_at is None and (now >= deadline or _cancelled(request)):
-                    _signal(pid, signal.SIGINT)
-                    interrupted_at = now
-                if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
-                    _signal(pid, signal.SIGKILL)
-                    break
-                wait = (deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE)
-                if request.cancel is not None:
-                    wait = min(wait, now + 0.05)
-                for key, _ in sel.select(max(0.0, wait - now)):
-                    data = os.read(key.fd, 65536)
-                    if not data:
-                        sel.unregister(key.fd)
-                        continue
-                    if key.data == "result":
-                        chunks.append(data)
-                        continue
-                    text = decoders[key.data].decode(data)
-                    (out if key.data == "stdout" else err).write(text)
-                    emit(request, key.data, text)
-        finally:
-            sel.close()
-            for fd in readers:
-                os.close(fd)
-            status = _reap_soon(pid)
-        isolation = {"names": True, "objects": True, "files": "none"}
-        try:
-            cell = json.loads(b"".join(chunks).decode("utf-8"))
-            isolation["files"] = cell.pop("files", "none")
-            changed = {"rebound": cell.pop("rebound", []), "deleted": cell.pop("deleted", [])}
-        except ValueError:
-            cell, changed = None, {}
-        if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
-            if interrupted_at is not None:
-                outcome = _timed_out(out, err, stuck=False, mode="read_only",
-                                     seconds=request.timeout)
-            else:
-                outcome = _crashed_copy(out, err, status)
-        else:
-            outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
-                                         seconds=request.timeout,
-                                         mode="read_only")
-        outcome["isolation"] = isolation
-        outcome.update(changed)
-        return outcome
+        return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE,
+                        fork_on=self._fork_on_runner)
+
+    def _fork_on_runner(self, fork: Callable[[], int]) -> int:
+        """Call ``fork`` on the runner thread, where session code made its objects.
+
+        A fork child is a copy of the forking thread alone; forking on the runner makes
+        the copy's thread the one that built the session's objects, which sqlite3 (and
+        any other check of the creating thread) insists on. From code already running
+        here (a nested call) the runner is this thread.
+        """
+        if getattr(_local, "in_call", False):
+            return fork()
+        box: dict[str, Any] = {}
+
+        def job() -> None:
+            try:
+                box["pid"] = fork()
+            except BaseException as exc:
+                box["error"] = exc
+
+        with OWN_LOCK:
+            runner = self._take_runner()
+            runner.submit(job)
+            runner.done.acquire()
+        if "error" in box:
+            raise box["error"]
+        return int(box["pid"])
 
     def close(self) -> None:
         """Interrupt a call still running and end the runners; never raises.
@@ -1068,61 +1031,6 @@ class OwnInterpreter:
                     self._fds.close()
             finally:
                 OWN_LOCK.release()
-
-
-def _forked_child(session: NamespaceSession, request: RunRequest,
-                  pipes: dict[str, tuple[int, int]], protect: Callable[[], str] | None) -> None:
-    """The read-only child: never returns; reports through pipes and ``os._exit``."""
-    code = 0
-    try:
-        for r, _ in pipes.values():
-            os.close(r)
-        # Freeze what the session holds: a collection in the copy would walk (and so
-        # copy page by page) every object the session owns.
-        gc.freeze()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(pipes["stdout"][1], 1)
-        os.dup2(pipes["stderr"][1], 2)
-        # Only fds 1 and 2 may hold the output pipes, so closing them before exit is
-        # seen by the parent as end-of-file at once.
-        os.close(pipes["stdout"][1])
-        os.close(pipes["stderr"][1])
-        os.close(devnull)
-        out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                               errors="backslashreplace", write_through=True)
-        err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                               errors="backslashreplace", write_through=True)
-        sys.stdout, sys.stderr, sys.stdin = out, err, _EmptyStdin()
-        _local.stdout = _local.stderr = None
-        _chdir(session.cwd)
-        _apply_environ(session.environ)
-        files = protect() if protect is not None else "none"
-        before = dict(session.namespace)
-        cell = engine.run_cell(request.code, session.namespace, request.output_limit)
-        cell["files"] = files
-        # What the copy changed, for the call log: the session itself never sees it.
-        after = session.namespace
-        cell["rebound"] = [k for k, v in after.items() if k not in before or before[k] is not v]
-        cell["deleted"] = [k for k in before if k not in after]
-        payload = json.dumps(cell).encode("utf-8")
-        fd = pipes["result"][1]
-        while payload:
-            written = os.write(fd, payload)
-            payload = payload[written:]
-    except BaseException:
-        code = 70
-    finally:
-        # Close the pipes before exiting: tearing down a large copy-on-write image takes
-        # milliseconds, and the parent returns as soon as it sees end-of-file.
-        for target in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                target.flush()
-        for fd in (1, 2, pipes["result"][1]):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        os._exit(code)
 
 
 def _cancelled(request: RunRequest) -> bool:

@@ -105,6 +105,22 @@ class OwnSession:
         return self._place.own._run_on(session.runner, session, session.namespace, request)
 
 
+class _Capabilities:
+    """The capabilities a read-only copy may call: the session globals but ``functions``."""
+
+    def __init__(self, session_globals: GlobalsProvider) -> None:
+        self._globals = session_globals
+
+    def names(self) -> list[str]:
+        return sorted(n for n in self._globals() if n != "functions")
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        found = {n: f for n, f in self._globals().items() if n != "functions"}
+        if name not in found:
+            raise LookupError(f"no capability named {name!r}; registered: {sorted(found)}")
+        return found[name](*args, **kwargs)
+
+
 class OwnPlace:
     """Python in the agent's own interpreter: one :class:`OwnInterpreter` per Executor."""
 
@@ -135,7 +151,8 @@ class OwnPlace:
         def protect() -> str:  # in the fork child, after it entered the session's cwd
             return "none" if scratch is None else str(isolation.protect(paths, scratch))
 
-        return self.own.run_read_only(session, request, protect)
+        # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
+        return self.own.run_read_only(session, request, protect, _Capabilities(self._globals))
 
     def capabilities_changed(self) -> None:
         with self._lock:

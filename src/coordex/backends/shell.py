@@ -60,8 +60,10 @@ from __future__ import annotations
 
 import array
 import codecs
+import contextlib
 import fcntl
 import os
+import resource
 import secrets
 import select
 import shutil
@@ -81,6 +83,7 @@ from ..core.errors import CoordexError, make_error, storage_error
 from ..core.results import OutputBuffer
 from ..core.terminal import QueryFilter
 from ..diskspace import free_bytes
+from ..worker import _coordex_copy as copier
 from . import _reap, isolation, launcher
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
 
@@ -257,36 +260,122 @@ _NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
 # sourced file, where bash keeps it) silently abandons the rest of its command list. Code too long for one
 # argument (Linux: 128 KiB) is read from a file and eval'd instead (traces "++ cmd").
 _STATE_FD = PRIVATE_FD_FLOOR
-_SOURCE_STATE = f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :\n"
+# Then an EXIT trap writes the copy's exit status to a pipe at _END_FD: the call is over
+# at that moment, before the process has exited (tearing its namespaces down takes
+# milliseconds). The code runs with _END_FD closed (its children see 0-2 only), inside
+# `eval ... 202>&-` or after `exec 202>&-`; an `exit` in the code, an EXIT trap of its
+# own or a signal leave the end to the launcher's report.
+_END_FD = PRIVATE_FD_FLOOR + 2
+_SOURCE_STATE = (f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :; \\builtin trap "
+                 f"'{{ \\builtin printf \"%d\\n\" \"$?\" >&{_END_FD}; }} 2>/dev/null' EXIT\n")
+_HIDE_END = f" {_END_FD}>&-"
 _READ_CODE = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <%s; }} 2>/dev/null || :\n"
               f'\\builtin eval "')
 _INLINE_CODE_LIMIT = 120_000
 _OPTIONS_FUNCTION = f"{PRIVATE_PREFIX}options"
+# A *ready* copy has restored the state already and reads its code from a pipe at
+# _CODE_FD; eval keeps errors reading "bash: line N: ..." (traces would read "++ cmd",
+# so a session tracing itself with set -x/-v never gets a ready copy).
+_CODE_FD = PRIVATE_FD_FLOOR + 1
+# One line, the script's second, as the code is in a waiting copy's: errors read
+# "bash: line N:" with the same N in both.
+_RUN_PIPED = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <&{_CODE_FD}; }} "
+              f"2>/dev/null || :; \\builtin exec {_CODE_FD}<&-; "
+              f'\\builtin eval "\\builtin unset {PRIVATE_PREFIX}ro; ${PRIVATE_PREFIX}ro"'
+              + _HIDE_END)
 
 
 class _ProtectedCopy:
-    """One protected read-only copy of a session's shell: its private files and group.
+    """One protected read-only copy of a session's shell: a launcher child and its group.
 
-    :meth:`run` asks the session's :class:`~.launcher.LauncherServer` for a child that
-    protects itself and waits, and meanwhile has a subshell of the session
-    (:meth:`dump_command`) write the session's state to the private folder (not the
-    call's scratch, which the code may write) and print the trace flags; the flags are
-    the child's go: it execs a fresh bash that restores the state and runs the code, in
-    its own process group. The launcher writes the mode that held to ``mode_file``.
+    :meth:`launch` asks the session's :class:`~.launcher.LauncherServer` for a child that
+    protects itself. The session launches the next copy as soon as a call ends, so a
+    call finds one protected while the session was idle, in one of two states:
+
+    - *waiting* (``ready=False``): :meth:`run` has a subshell of the session
+      (:meth:`dump_command`) write the session's state to the session's private folder
+      (not the scratch folder, which the code may write) and print the trace flags;
+      the flags and the code are the child's go: it execs a fresh bash that restores
+      the state and runs the code.
+    - *ready* (``ready=True``, when the state file already holds the session's state:
+      no stateful call since the last dump, and no trace flags): the child has exec'd
+      bash at once, which restored that state and waits for the code on a pipe, so a
+      call only hands it the code.
+
+    Either way the code runs in the copy's own process group. The launcher writes the
+    mode that held to the mode file. A launched copy is used only while the session
+    still has the cwd, umask and limits it was protected for (:meth:`fits`).
     """
 
-    def __init__(self, request: RunRequest, bash: str) -> None:
-        assert request.scratch is not None
-        self.request = request
+    def __init__(self, bash: str, work_paths: tuple[str, ...], folder: str,
+                 ready: bool = False) -> None:
         self.bash = bash
-        self.folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
-        self.state_file = os.path.join(self.folder, "state")
-        self.mode_file = os.path.join(self.folder, "mode")
-        self.code_file = os.path.join(self.folder, "code")
-        with open(self.state_file, "w"):
-            pass  # the child opens it before the dump fills it
-        self.pid: int | None = None  # the copy's pid and process group, while it runs
+        self.work_paths = work_paths
+        self.ready = ready
+        self.folder = folder  # the session's private folder, kept across copies
+        self.scratch = os.path.join(folder, "coordex-ro-scratch")  # the copy's TMPDIR
+        self.state_file = os.path.join(folder, "state")
+        self.mode_file = os.path.join(folder, "mode")
+        self.code_file = os.path.join(folder, "code")
+        self.pid: int | None = None  # the copy's pid and process group, once known
+        self.launched = False  # a protected bash ran the code (the state went by value)
         self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
+        self._fds: tuple[int, int, int, int] | None = None  # out, err, go/code, end (ours)
+        self._fingerprint: tuple[Any, ...] | None = None
+        self.flags: str | None = None  # the trace flags the dump printed (it ran)
+
+    @staticmethod
+    def make_folder() -> str:
+        """A session's private folder: the state, mode and code files, the scratch."""
+        folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
+        with open(os.path.join(folder, "state"), "w"):
+            pass  # a child opens it before the dump fills it
+        os.mkdir(os.path.join(folder, "coordex-ro-scratch"), 0o700)
+        return folder
+
+    def launch(self, server: launcher.LauncherServer, shell: _Shell) -> None:
+        """Have the server fork the child, which protects itself; no wait here.
+
+        Raises :class:`~.launcher.LauncherError` when the server is gone.
+        """
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
+        state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
+        end_r, end_w = os.pipe()
+        script, fds, keep = _SOURCE_STATE, [out_w, err_w, go_r, state_fd], [_STATE_FD]
+        if self.ready:
+            code_r, code_w = os.pipe()
+            script += _RUN_PIPED
+            fds.append(code_r)
+            keep.append(_CODE_FD)
+        fds.append(end_w)
+        keep.append(_END_FD)
+        argv = [self.bash, "--norc", "--noprofile", "-c", script, "bash"]
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.mode_file)  # the mode is this child's to report
+            server.start(argv, fds, session_pid=shell.pid, work_paths=self.work_paths,
+                         scratch=self.scratch, allow="discarded", report_path=self.mode_file,
+                         splice=(4, len(script)), keep=keep)
+        except BaseException:
+            for fd in (out_r, err_r, go_w, end_r, *((code_w,) if self.ready else ())):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (*fds,):
+                os.close(fd)
+        if self.ready:
+            _write_all(go_w, b"g")  # exec bash now: it restores the state and waits
+            os.close(go_w)
+            go_w = code_w
+        self._fds = (out_r, err_r, go_w, end_r)
+        self._fingerprint = _fingerprint(shell.pid, self.work_paths)
+
+    def fits(self, shell: _Shell, work_paths: tuple[str, ...]) -> bool:
+        """Whether this waiting copy was protected for the session as it is now."""
+        return self._fds is not None and self._fingerprint == _fingerprint(shell.pid,
+                                                                            work_paths)
 
     def dump_command(self) -> str:
         """The bash text, run by the session's driver line, that writes the state.
@@ -318,59 +407,65 @@ class _ProtectedCopy:
             f"\\builtin printf %s {q(chr(10) + restore_tail)}; }} >> {state} 2>/dev/null )"
         )
 
-    def argv(self) -> tuple[list[str], int]:
-        """The copy's command line, and where in its script the trace flags go."""
-        code = self.request.code.replace("\0", "")
-        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
-            head, tail = _SOURCE_STATE, code
-        else:
-            with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
-                f.write(code)
-            head = _SOURCE_STATE + _READ_CODE % _shell_quote(self.code_file)
-            tail = f'${PRIVATE_PREFIX}ro"'
-        return [self.bash, "--norc", "--noprofile", "-c", head + tail, "bash"], len(head)
+    def go_text(self, code: str, flags: str) -> str:
+        """What the child splices into its script: the trace flags, then the code.
 
-    def run(self, server: launcher.LauncherServer, shell: _Shell, deadline: float,
-            ) -> tuple[_Stream, _Stream, _Ending]:
-        """Start the copy and watch it until it ends (or the deadline passes).
+        Untraced code runs in an ``eval`` with the end pipe closed. Traced code (set
+        -x/-v) stands in the script itself, so its traces read "+ cmd" as in the session,
+        after the end pipe is closed. Code too long for one argument is written to
+        ``code_file`` and read from there.
+        """
+        code = code.replace("\0", "")
+        inline = len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT
+        if inline and not flags:
+            quoted = _quote_code(code).decode("utf-8", "surrogateescape")
+            return f"\\builtin eval {quoted}{_HIDE_END}"
+        if inline:
+            return f"\\builtin exec{_HIDE_END}; {flags}{code}"
+        with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(code)
+        hide = f"\\builtin exec{_HIDE_END}; " if flags else ""
+        tail = _HIDE_END if not flags else ""
+        return (hide + _READ_CODE % _shell_quote(self.code_file) + flags
+                + f'${PRIVATE_PREFIX}ro"' + tail)
+
+    def run(self, server: launcher.LauncherServer, shell: _Shell, request: RunRequest,
+            deadline: float) -> tuple[_Stream, _Stream, _Ending]:
+        """Run ``request.code`` in this (launched) copy and watch it until it ends.
 
         A timeout interrupts the copy's group, kills it if it ignores the interrupt, and
         whatever the copy left running is killed when it ends. Raises
         :class:`~.launcher.LauncherError` if the server died before the code ran.
         """
-        request = self.request
-        assert request.scratch is not None
-        argv, offset = self.argv()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        go_r, go_w = os.pipe()
-        state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            server.start(argv, (out_w, err_w, go_r, state_fd), session_pid=shell.pid,
-                         work_paths=request.protect_paths, scratch=request.scratch,
-                         allow="discarded", report_path=self.mode_file, splice=(4, offset),
-                         keep=(_STATE_FD,))
-        except BaseException:
-            for fd in (out_r, err_r, go_w):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (out_w, err_w, go_r, state_fd):
-                os.close(fd)
+        assert self._fds is not None
+        out_r, err_r, go_w, end_r = self._fds
+        self._fds = None
         pid = None
         try:
-            # The child protects itself while the session writes its state (which takes
-            # less time: no spinning, the CPU is theirs).
+            if self.ready:  # bash has restored the state: hand it the code
+                pid = self.pid = server.started()
+                self.launched = True
+                _write_all(go_w, request.code.replace("\0", "").encode(
+                    "utf-8", "surrogateescape"))
+                os.close(go_w)
+                go_w = -1
+                return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
+            # A copy launched just now protects itself while the session writes its
+            # state (which takes less time: no spinning, the CPU is theirs).
             dump = RunRequest(code="", timeout=max(deadline - time.monotonic(), 0.0),
                               output_limit=1 << 20)
             flags, _err, ending = shell.run(self.dump_command(), dump, spin=False)
+            self.flags = flags.getvalue()
             pid = self.pid = server.started()
             if ending.timed_out or not ending.survived:
+                self.flags = None
                 return _Stream("stdout", request), _Stream("stderr", request), ending
-            os.write(go_w, b"g" + flags.getvalue().encode())
+            go = self.go_text(request.code, self.flags)
+            self.launched = True
+            _write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
-            return self._watch(server, pid, out_r, err_r, deadline)
+            return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
         finally:
             if go_w >= 0:
                 os.close(go_w)  # called off: the child exits without running anything
@@ -378,18 +473,34 @@ class _ProtectedCopy:
                 _signal_group(pid, signal.SIGKILL)  # its background jobs, its namespaces
                 self.pid = None
                 server.release(pid)  # only now may its pid (and group id) be reused
-            os.close(out_r)
-            os.close(err_r)
+            for fd in (out_r, err_r, end_r):
+                os.close(fd)
 
-    def _watch(self, server: launcher.LauncherServer, pid: int, out_r: int, err_r: int,
-               deadline: float) -> tuple[_Stream, _Stream, _Ending]:
-        out, err = _Stream("stdout", self.request), _Stream("stderr", self.request)
+    def discard(self, server: launcher.LauncherServer | None) -> None:
+        """Call off a copy that never ran: it exits; its files are removed."""
+        if self._fds is not None:
+            fds, self._fds = self._fds, None
+            for fd in fds:
+                os.close(fd)  # end of file on the go pipe: the child exits quietly
+            if server is not None:
+                try:
+                    pid = server.started()
+                except launcher.LauncherError:
+                    return
+                _signal_group(pid, signal.SIGKILL)  # a ready copy's bash runs already
+                server.release(pid)
+
+    def _watch(self, server: launcher.LauncherServer, pid: int, fds: tuple[int, int, int],
+               deadline: float, request: RunRequest) -> tuple[_Stream, _Stream, _Ending]:
+        out_r, err_r, end_r = fds
+        out, err = _Stream("stdout", request), _Stream("stderr", request)
         streams = {out_r: out, err_r: err}
         poller = select.poll()
-        for fd in (out_r, err_r):
+        for fd in fds:
             os.set_blocking(fd, False)
             poller.register(fd, select.POLLIN)
         poller.register(server.fileno(), select.POLLIN)
+        record = b""
         ending = _Ending()
         killed = False
         now = time.monotonic()
@@ -409,6 +520,17 @@ class _ProtectedCopy:
                 if fd in streams:
                     if not _read_available(fd, streams[fd]):
                         poller.unregister(fd)
+                    continue
+                if fd == end_r:
+                    try:
+                        data = os.read(end_r, 64)
+                    except BlockingIOError:
+                        continue
+                    record += data
+                    if record.endswith(b"\n") and record[:-1].isdigit():
+                        ending.exit_code = int(record[:-1])
+                    elif not data or len(record) > 16:
+                        poller.unregister(end_r)  # no record (or a garbled one) comes
                     continue
                 try:
                     events = server.read_events()
@@ -441,15 +563,53 @@ class _ProtectedCopy:
             return "none"
         return mode if mode in ("discarded", "refused") else "none"
 
-    def forget_mode(self) -> None:
-        """Drop the mode a child reported: the code runs elsewhere, unprotected."""
+    def clear_scratch(self) -> None:
+        """Empty the scratch folder for the next copy (it is usually empty already)."""
         try:
-            os.unlink(self.mode_file)
+            names = os.listdir(self.scratch)
         except OSError:
-            pass
+            names = []
+            with contextlib.suppress(OSError):
+                os.mkdir(self.scratch, 0o700)
+        for name in names:
+            path = os.path.join(self.scratch, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+
+def _fingerprint(shell_pid: int, work_paths: tuple[str, ...]) -> tuple[Any, ...]:
+    """What a waiting copy took from the session shell: cwd, umask, limits (and paths)."""
+    try:
+        cwd = os.readlink(f"/proc/{shell_pid}/cwd")
+        with open(f"/proc/{shell_pid}/status") as f:
+            umask = next((line for line in f if line.startswith("Umask:")), "")
+    except OSError:
+        return (None,)  # never equal to a fingerprint taken from a live shell
+    limits: list[Any] = []
+    for number in launcher.LIMITS:
+        try:
+            limits.append(resource.prlimit(shell_pid, number))
+        except (OSError, ValueError):
+            limits.append(None)
+    return (shell_pid, cwd, umask, tuple(limits), work_paths)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+@dataclass
+class _CopySlot:
+    """What one protected read-only call learnt from the copy that ran it."""
+
+    files: str = "none"
+    launched: bool = False
+    failure: str | None = None
 
 
 def _read_available(fd: int, stream: _Stream) -> bool:
@@ -591,7 +751,12 @@ class _Shell:
             self._kinds[self._pidfd] = _PIDFD
         except (AttributeError, OSError):
             self._pidfd = None
+        copier.hold(*self._held())  # closed in read-only copies of Python sessions
         self._start()
+
+    def _held(self) -> list[int]:
+        return [fd for fd in (self._stdin, self._stdout, self._stderr, self._status_r,
+                              self._pidfd) if fd is not None]
 
     def _start(self) -> None:
         # History off (and no file to write it to), aliases on, the runner stored. What
@@ -849,6 +1014,7 @@ class _Shell:
         if self._released:
             return
         self._released = True
+        copier.release(*self._held())
         for fd in (self._stderr, self._status_r, self._pidfd):
             if fd is not None:
                 os.close(fd)
@@ -990,6 +1156,13 @@ class ShellSession:
         self._closed = False
         self._loss_reported = False
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
+        self._standby: _ProtectedCopy | None = None  # the next one, protected and waiting
+        self._ro_folder: str | None = None  # the copies' state file, mode file, scratch
+        # The state file holds the session as of stateful call _dumped (-1: never), with
+        # the trace flags it had; _state_version counts the calls that may change it.
+        self._state_version = 0
+        self._dumped = -1
+        self._dump_flags = ""
         self._launcher: launcher.LauncherServer | None = None  # started on first use
         self._bash = shutil.which("bash", path=self._env.get("PATH")) or "/bin/bash"
         try:
@@ -1016,30 +1189,29 @@ class ShellSession:
 
     def run(self, request: RunRequest) -> Outcome:
         """Run ``request.code`` in the kept shell; what it changes stays."""
+        self._state_version += 1  # a read-only copy's saved state may be stale now
         return self._call(request.code, request)
 
     def run_read_only(self, request: RunRequest) -> Outcome:
         """Run ``request.code`` against a throwaway copy of the session.
 
         With ``request.scratch`` set and protection available here, the copy runs under
-        :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported;
+        :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported
+        (its TMPDIR is a scratch folder of its own, made before it was protected);
         otherwise a plain subshell runs it and ``files`` is ``"none"``.
         """
-        copy = None
+        slot = None
         if request.scratch is not None and isolation.best_mode() != "none":
-            copy = _ProtectedCopy(request, self._bash)
-        try:
-            if copy is None:
-                outcome = self._call(self.read_only_command(request.code, request.scratch),
-                                     request)
-                files = "none"
-            else:
-                outcome = self._call(request.code, request, copy)
-                files = copy.files()
-        finally:
-            if copy is not None:
-                copy.remove()
-        outcome["isolation"] = {"names": True, "objects": True, "files": files}
+            slot = _CopySlot()
+            outcome = self._call(request.code, request, slot)
+        else:
+            outcome = self._call(self.read_only_command(request.code, request.scratch),
+                                 request)
+        # The protected copy is a fresh bash given the session's state by value (its
+        # variables, functions, aliases, options, cwd); the plain one a forked subshell.
+        files = slot.files if slot is not None else "none"
+        kind = "values" if slot is not None and slot.launched and files != "none" else "fork"
+        outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
         return outcome
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:
@@ -1098,6 +1270,12 @@ class ShellSession:
             self._shell.terminate()
             self._shell.release()
             shell.release()
+            if self._standby is not None:
+                self._standby.discard(None)  # its child ends with the launcher server
+                self._standby = None
+            if self._ro_folder is not None:
+                shutil.rmtree(self._ro_folder, ignore_errors=True)
+                self._ro_folder = None
             if self._launcher is not None:
                 self._launcher.close()
                 self._launcher = None
@@ -1111,7 +1289,7 @@ class ShellSession:
     # -- internals ---------------------------------------------------------------------
 
     def _call(self, code: str, request: RunRequest,
-              copy: _ProtectedCopy | None = None) -> Outcome:
+              copy: _CopySlot | None = None) -> Outcome:
         with self._lock:
             if self._closed:
                 return _closed_outcome()
@@ -1129,22 +1307,23 @@ class ShellSession:
                     lost = True
                     out, err, ending = self._shell.run(code, request)
             else:
-                self._copy = copy
-                try:
-                    out, err, ending = self._run_copy(copy, request)
-                finally:
-                    self._copy = None
+                out, err, ending = self._run_copy(copy, request)
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
             if copy is not None and ending.exit_code == 127 \
                     and outcome["stderr"].startswith(launcher.START_FAILED):
                 # The copy never ran the code (its scratch folder full, say): not a
                 # command's exit status 127.
                 reason = outcome["stderr"][len(launcher.START_FAILED):].strip()
-                folder = os.path.dirname(request.scratch or copy.folder)
+                folder = os.path.dirname(request.scratch or tempfile.gettempdir())
                 outcome["exit_code"] = None
                 outcome["error"] = storage_error(
                     OSError(reason), folder, "temporary folder (TMPDIR)",
                     free_bytes(Path(folder))).to_dict()
+                # The state it saved may be cut short too: the next copy dumps it again.
+                self._dumped = -1
+                if self._standby is not None:
+                    self._standby.discard(self._launcher)
+                    self._standby = None
             if copy is not None and copy.failure is not None:
                 outcome["exit_code"] = None
                 outcome["error"] = make_error(
@@ -1171,22 +1350,51 @@ class ShellSession:
                 outcome["state_lost"] = True
             return outcome
 
-    def _run_copy(self, copy: _ProtectedCopy, request: RunRequest,
+    def _run_copy(self, slot: _CopySlot, request: RunRequest,
                   ) -> tuple[_Stream, _Stream, _Ending]:
         """A protected read-only call, through the session's launcher server.
 
-        Where the server cannot be started (or died before the code ran), the plain
-        subshell runs the code and the copy reports ``files: "none"``.
+        It takes the waiting copy when that one still fits the session (else launches
+        one now) and, once the call is over, launches the next one, which protects
+        itself while the session is idle. Where the server cannot be started (or died
+        before the code ran), the plain subshell runs the code (``files: "none"``).
         """
         deadline = time.monotonic() + request.timeout
         server = self._launcher_server()
+        copy, self._standby = self._standby, None
+        current = self._dumped == self._state_version
+        if copy is not None and (server is None or (copy.ready and not current)
+                                 or not copy.fits(self._shell, request.protect_paths)):
+            copy.discard(server)
+            copy = None
         if server is not None:
             try:
-                return copy.run(server, self._shell, deadline)
+                if self._ro_folder is None:
+                    self._ro_folder = _ProtectedCopy.make_folder()
+                if copy is None:
+                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder)
+                    copy.launch(server, self._shell)
+                self._copy = copy
+                try:
+                    streams = copy.run(server, self._shell, request, deadline)
+                finally:
+                    self._copy = None
+                slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
+                    copy.files()
+                if copy.flags is not None:  # it dumped: the state file is current now
+                    self._dumped, self._dump_flags = self._state_version, copy.flags
+                copy.clear_scratch()
+                if not self._closed and self._shell.alive():
+                    ready = self._dumped == self._state_version and not self._dump_flags
+                    self._standby = _ProtectedCopy(self._bash, request.protect_paths,
+                                                   self._ro_folder, ready=ready)
+                    self._standby.launch(server, self._shell)
+                return streams
             except launcher.LauncherError:
                 self._launcher = None  # the next call starts a new one
                 server.close()
-                copy.forget_mode()  # the subshell below is not protected
+                self._standby = None
+                slot.files = "none"  # the code did not run; the subshell below is not protected
         return self._shell.run(self.read_only_command(request.code, request.scratch), request)
 
     def _launcher_server(self) -> launcher.LauncherServer | None:

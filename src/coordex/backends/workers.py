@@ -53,6 +53,7 @@ from ..protocol import (
     message,
     to_wire,
 )
+from ..worker import _coordex_copy as copier
 from . import _reap
 from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
 
@@ -64,6 +65,8 @@ INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _PIPE_SIZE = 1 << 20
 RunMode = Literal["stateful", "read_only", "stateless"]
+# A read-only run whose copy never reported: no code of it ran against the session.
+_NO_COPY_CLAIM = {"names": True, "objects": True, "files": "none", "copy": "fork"}
 # After a timeout's interrupt was ignored: straight to SIGKILL.
 _KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 _CANCEL_POLL = 0.05  # with a cancel event, the wait for a reply wakes this often to look
@@ -212,6 +215,8 @@ class _WorkerProcess:
                 os.close(fd)
         for fd in (self._out_r, self._err_r):
             os.set_blocking(fd, False)
+        # A read-only copy of a Python session in this process must not reach them.
+        copier.hold(self._to_worker, self._from_worker, self._out_r, self._err_r)
         self._eof: set[int] = set()
         self._reader = LineReader(self._from_worker)
         # poll() rather than selectors: this sits on every call's path, and the
@@ -491,6 +496,7 @@ class _WorkerProcess:
         if getattr(self, "_fds_released", False):
             return
         self._fds_released = True
+        copier.release(self._to_worker, self._from_worker, self._out_r, self._err_r)
         for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -516,8 +522,9 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
         outcome["rebound"] = done.get("rebound") or []
         outcome["deleted"] = done.get("deleted") or []
     if mode == "read_only":
-        outcome["isolation"] = done.get("isolation") or {"names": True, "objects": True,
-                                                         "files": "none"}
+        # The copy reports what held before user code runs; without that report (the
+        # worker died first) nothing is claimed beyond the names.
+        outcome["isolation"] = done.get("isolation") or dict(_NO_COPY_CLAIM)
     failed = bool(done.get("error")) or bool(done.get("child_died")) or not done
     if reply.interrupted and failed:
         outcome["error"] = _timeout_error(reply, request, mode)
@@ -741,7 +748,8 @@ def _died(reply: _Reply, mode: RunMode) -> Outcome:
     outcome["died"] = "process" if reply.died else "copy"
     outcome["died_how"] = how
     if mode == "read_only":
-        outcome["isolation"] = {"names": True, "objects": True, "files": "none"}
+        # What the copy reported before it died, else nothing is claimed.
+        outcome["isolation"] = (reply.message or {}).get("isolation") or dict(_NO_COPY_CLAIM)
     return outcome
 
 
