@@ -333,8 +333,8 @@ class ConfinedExecutor:
         """What holds for the running host: level, memory, processes, network."""
         host = self._host
         ready = host.ready if host is not None and host.ready else {}
-        return {k: ready.get(k) for k in ("confinement", "memory", "processes", "network")} | {
-            "level": ready.get("confinement")}
+        return {"level": ready.get("confinement"), "memory": ready.get("memory"),
+                "processes": ready.get("processes"), "network": ready.get("network")}
 
     @property
     def pid(self) -> int | None:
