@@ -18,7 +18,14 @@ from typing import Any
 from fastmcp.client.transports import StdioTransport
 from pydantic_ai import Agent
 from pydantic_ai.mcp import MCPToolset
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 STEPS: list[tuple[str, dict[str, Any]]] = [
@@ -28,12 +35,15 @@ STEPS: list[tuple[str, dict[str, Any]]] = [
                       "session_name": "sales"}),
     ("execute_code", {"code": "echo $((120 + 80 + 45))", "language": "bash"}),
     ("inspect_session", {"session_name": "sales"}),
+    # A misspelt session: the error reaches the model as a retry carrying the suggestion.
+    ("execute_code", {"code": "rows[0]", "state_mode": "read_only", "session_name": "sale"}),
 ]
 
 
 def returns(messages: list[ModelMessage]) -> list[Any]:
+    """What each tool call gave back: a result, or the retry prompt of an error result."""
     return [part.content for message in messages for part in message.parts
-            if isinstance(part, ToolReturnPart)]
+            if isinstance(part, (ToolReturnPart, RetryPromptPart))]
 
 
 def scripted_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

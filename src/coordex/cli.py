@@ -81,6 +81,8 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
     # Built environments are content-addressed, so tenants may share them on disk.
     if envs_dir is not None:
         kwargs["envs_dir"] = envs_dir
+    if getattr(args, "cluster", None):
+        kwargs["cluster"] = args.cluster
     return Executor(**kwargs)
 
 
@@ -230,6 +232,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return EXIT_FAILURE
     _terminate_as_interrupt()
+    if args.cluster and args.tokens:
+        _say("warning: on the cluster, tenants' sessions run in coordex's actor on each node, "
+             "not yet in a confined host of each tenant there.")
     tenants = []
     try:
         for name, token in named.items():
@@ -539,6 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "under HOME/tenants/NAME (replaces COORDEX_TOKEN)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name clients may use (DNS-rebinding protection)")
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="run bash and environment sessions on a Ray cluster: 'auto' (the "
+                   "cluster this machine belongs to), 'ray://HOST:PORT', or an address; "
+                   "needs pip install 'coordex[ray]'")
     _add_confinement_options(p, tenants=True)
     p.set_defaults(func=cmd_serve)
 

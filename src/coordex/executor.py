@@ -71,6 +71,12 @@ class Executor:
             share one, since folders are named by the spec's hash.
         log: record every call in the call log under ``root`` (SPEC section 11).
         log_max_rows: rows the call log keeps; the oldest go first.
+        cluster: a Ray cluster's address (``"auto"``, ``"ray://host:port"``, or a local
+            cluster's address): bash sessions, environment sessions and stateless
+            environment and bash calls then run on its nodes (SPEC section 10). Needs
+            ``pip install 'coordex[ray]'``; without Ray, or when the cluster cannot be
+            joined, the constructor raises ``ValueError`` saying what to do, as it does
+            for any bad constructor argument.
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -81,7 +87,8 @@ class Executor:
                  output_limit: int = DEFAULT_OUTPUT_LIMIT,
                  read_only_paths: list[str] | None = None,
                  envs_dir: str | os.PathLike[str] | None = None,
-                 log: bool = True, log_max_rows: int = 100_000) -> None:
+                 log: bool = True, log_max_rows: int = 100_000,
+                 cluster: str | None = None) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -96,6 +103,7 @@ class Executor:
         self.output_limit = int(output_limit)
         self.read_only_paths = list(read_only_paths) if read_only_paths is not None else None
         self._envs_dir = Path(envs_dir) if envs_dir is not None else None
+        self._cluster: Any = self._join_cluster(cluster) if cluster is not None else None
         self._lock = threading.RLock()
         self._capabilities: dict[str, Callable[..., Any]] = {}
         self._environments: Any = None
@@ -144,6 +152,9 @@ class Executor:
         if self._ui is not None:
             with contextlib.suppress(Exception):
                 self._ui.close()
+        if self._cluster is not None:
+            with contextlib.suppress(Exception):
+                self._cluster.close()
         if self._call_log is not None:
             self._call_log.close()
         _process_keeper().release()  # the host's process keeper, once no process is left
@@ -325,6 +336,8 @@ class Executor:
         return place
 
     def _new_place(self, language: str, venv_id: int | None) -> Place:
+        if self._cluster is not None:
+            return self._cluster_place(language, venv_id)
         if language == "bash":
             from .backends.shell import ShellPlace
 
@@ -333,6 +346,33 @@ class Executor:
         return EnvironmentPlace(
             lambda: self.environments_manager.python_for(venv_id, self._progress.emit),
             lambda: self._worker_env(venv_id), _CapabilityBridge(self))
+
+    def _join_cluster(self, address: Any) -> Any:
+        """Join the Ray cluster at ``address`` (SPEC section 10); ValueError if it cannot."""
+        if not isinstance(address, str) or not address.strip():
+            raise ValueError(f"cluster must be a Ray address such as 'auto' or "
+                             f"'ray://host:10001', got {address!r}")
+        try:
+            from .backends.ray import RayCluster
+
+            return RayCluster(address, capabilities=_CapabilityBridge(self),
+                              build_timeout=self.build_timeout)
+        except CoordexError as exc:
+            raise ValueError(f"{exc.error} {exc.suggestion}") from None
+
+    def _cluster_place(self, language: str, venv_id: int | None) -> Place:
+        """A place on the cluster: its sessions live on nodes, and an environment is built
+        on the node that needs it, from its spec and hash, with the spec's resources."""
+        from .backends.ray import EnvRef
+        from .core.spec import parse_spec
+
+        env = None
+        if venv_id is not None:
+            text, spec_hash, label = self.environments_manager.describe(venv_id)
+            asked = parse_spec(text).resources  # [tool.coordex]
+            env = EnvRef(text, spec_hash, label, {k: float(v) for k, v in asked.items() if v})
+        place: Place = self._cluster.place(language, env, self._progress.emit)
+        return place
 
     def _bash_env(self, venv_id: int | None) -> dict[str, str] | None:
         """The environment for bash: the host's, or with ``venv_id`` activated."""
@@ -369,6 +409,9 @@ class Executor:
             if session is not None:
                 with contextlib.suppress(Exception):
                     record["alive"] = bool(session.alive())
+                node = getattr(session, "node", None)
+                if node:  # placed on a cluster node
+                    record["node"] = node
             records.append(record)
         return {"sessions": records, "max_sessions": max_sessions}
 
@@ -439,7 +482,7 @@ class Executor:
     def _record_call(self, result: dict[str, Any], code: Any,
                      coordinate: Coordinate | None) -> dict[str, Any]:
         """The end of every call: its log row, and a suggestion naming rebuild_session
-        where state was lost (the wording: ``coordex.log.rebuild.rebuild_hint``)."""
+        where state was lost (the wording: ``coordex.core.messages.rebuild_hint``)."""
         return record_call(self._call_log, result, code, coordinate)
 
     def history(self, language: str | None = None, session_id: int | None = None,

@@ -56,11 +56,11 @@ from .tools import (
     MCP_DEFAULT_TIMEOUT,
     TOOL_NAMES,
     call_tool,
+    escape_strings,
     internal_error,
     json_normal,
     tool_definitions,
 )
-from .worker._coordex_engine import escape_text
 
 # How often progress notifications may be sent while output streams in, and how much
 # of the newest output each one carries.
@@ -80,23 +80,12 @@ INSTRUCTIONS = (
 # --- results ---------------------------------------------------------------------------
 
 
-def _escaped(value: Any) -> Any:
-    """``value`` with every string's lone surrogates escaped, as the places do."""
-    if isinstance(value, str):
-        return escape_text(value)
-    if isinstance(value, dict):
-        return {_escaped(k): _escaped(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_escaped(v) for v in value]
-    return value
-
-
 def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
     """A coordex result or error dict as an MCP tool result."""
     try:  # the places escape what they print; this catches anything else (a name, a key)
         json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
     except UnicodeEncodeError:
-        record = _escaped(record)
+        record = escape_strings(record)
     images = [img for img in record.get("images") or [] if isinstance(img, dict)]
     text_view = dict(record)
     if images:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from .core.errors import ERROR_TYPES, CoordexError, make_error, nearest, quoted_list
+from .worker._coordex_engine import escape_text
 
 ToolFormat = Literal["openai", "openai-responses", "anthropic", "mcp"]
 FORMATS: tuple[ToolFormat, ...] = ("openai", "openai-responses", "anthropic", "mcp")
@@ -772,8 +773,26 @@ def route(executor: Any, name: Any, arguments: Any) -> dict[str, Any]:
 
 
 def json_normal(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` as a JSON round trip gives it back (tuples as lists, odd values as text)."""
-    return cast(dict[str, Any], json.loads(json.dumps(record, default=str)))
+    """``record`` as a JSON round trip gives it back (tuples as lists, odd values as text),
+    with lone surrogates escaped as every place escapes them (a UTF-8 wire cannot carry
+    them), so the Python API and the MCP wire return the same dict."""
+    normal = cast(dict[str, Any], json.loads(json.dumps(record, default=str)))
+    try:
+        json.dumps(normal, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return cast(dict[str, Any], escape_strings(normal))
+    return normal
+
+
+def escape_strings(value: Any) -> Any:
+    """``value`` with every string's (keys included) lone surrogates escaped."""
+    if isinstance(value, str):
+        return escape_text(value)
+    if isinstance(value, dict):
+        return {escape_strings(k): escape_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escape_strings(v) for v in value]
+    return value
 
 
 def internal_error(exc: BaseException) -> dict[str, Any]:
@@ -888,6 +907,7 @@ def build_environment(
 __all__ = [
     "DEFAULT_TIMEOUT", "ERROR_RESULT", "FORMATS", "MCP_DEFAULT_TIMEOUT", "TOOLS", "TOOL_NAMES",
     "ToolFormat", "ToolSpec", "build_environment", "call_tool", "check_arguments",
-    "decode_arguments", "get_tool", "internal_error", "json_normal", "mcp_annotations",
+    "decode_arguments", "escape_strings", "get_tool", "internal_error", "json_normal",
+    "mcp_annotations",
     "output_schema", "render", "route", "strict_parameters", "tool_definitions",
 ]

@@ -25,13 +25,15 @@ def test_pydantic_ai_mcp_toolset(tmp_path: Path) -> None:
     pytest.importorskip("pydantic_ai")
     module = example("pydantic_ai_agent")
     seen: list[Any] = asyncio.run(module.run(child_env(tmp_path)))
-    load, look, check, inspect = seen
+    load, look, check, inspect, misspelt = seen
     assert load["result"] == "3" and load["session"]["session_name"] == "sales"
     assert look["result"] == "('east', 45)" and look["isolation"]["names"] is True
     assert check["stdout"] == "245\n" and check["exit_code"] == 0
     # The read-only sort was discarded: the session still holds the rows as loaded.
     [rows] = inspect["names"]
     assert rows["repr"] == "[('north', 120), ('south', 80), ('east', 45)]"
+    # An error result reaches the model as a retry prompt holding the error dict.
+    assert "Did you mean session_name='sales'?" in str(misspelt)
 
 
 def test_openai_agents_sdk_with_strict_schemas(tmp_path: Path) -> None:

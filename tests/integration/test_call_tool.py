@@ -142,3 +142,9 @@ def test_the_async_executor_routes_tool_calls(tmp_path: Path) -> None:
             return await ex.call_tool("execute_code", '{"code": "6 * 7", "timeout": null}')
 
     assert asyncio.run(main())["result"] == "42"
+
+
+def test_lone_surrogates_are_escaped_as_on_the_mcp_wire(ex: Executor) -> None:
+    # A stored function's value is the function's own: nothing escaped it on the way.
+    ex.call_tool("define_function", {"source": "def cafe():\n    return 'caf' + chr(0xDCE9)"})
+    assert ex.call_tool("call_function", {"name": "cafe"})["value"] == "caf\\udce9"

@@ -141,6 +141,17 @@ class EnvironmentManager:
         record = self._store.get(venv_id) if _is_id(venv_id) else None
         return None if record is None else self._builder.folder(record.spec_hash)
 
+    def describe(self, venv_id: int) -> tuple[str, str, str]:
+        """``(spec_text, spec_hash, label)`` of an environment, for a builder elsewhere
+        (a cluster node builds it with the same hash). Raises like :meth:`python_for`."""
+        record = self._store.get(venv_id) if _is_id(venv_id) else None
+        if record is None:
+            raise self._not_found(venv_id)
+        spec = parse_spec(record.spec_text)
+        spec_hash = self._current_hash(record, spec, find_interpreter(spec.requires_python))
+        label = f"environment venv_id={venv_id}" + (f" ({record.name!r})" if record.name else "")
+        return record.spec_text, spec_hash, label
+
     # -- building -------------------------------------------------------------------------------
 
     def build(self, venv_id: int,

@@ -103,6 +103,12 @@ def cap_code(code: str) -> tuple[str, bool]:
     return raw[:CODE_CAP_BYTES].decode("utf-8", "ignore"), True
 
 
+def _busy(exc: BaseException) -> bool:
+    """A lock held by another connection (worth retrying), not a broken file."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
 class CallLog:
     """The call log of one Executor (several may share one file).
 
@@ -169,9 +175,14 @@ class CallLog:
                     conn.execute("DELETE FROM calls WHERE seq <= ?", (high - self.max_rows,))
             self.problem = None
         except (sqlite3.Error, OSError, ValueError) as exc:
-            self.dropped += len(batch)
             self.problem = f"{type(exc).__name__}: {exc}"
             self._drop_connection()
+            if _busy(exc) and not self._stop.is_set():
+                # Another process held the file past the busy timeout: the rows wait for
+                # the next batch (the queue stays bounded) instead of being lost.
+                self._pending.extendleft(reversed(batch))
+                return
+            self.dropped += len(batch)
 
     def _encode(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         (at, kind, language, venv_id, session_id, session_name, state_mode, code,

@@ -14,6 +14,7 @@ Standard library only, CPython >= 3.8: it runs in the environment's own interpre
 """
 
 import json
+import re
 import sys
 import traceback
 
@@ -52,12 +53,26 @@ def top_level_modules(dist):
     return seen
 
 
+def _normal(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed():
+    """Installed distributions by normalised name (3.8 and 3.9 do not normalise lookups)."""
+    found = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(_normal(name), dist)
+    return found
+
+
 def main(names):
     checked, failed = [], []
+    dists = installed()
     for name in names:
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
+        dist = dists.get(_normal(name))
+        if dist is None:  # a marker excluded it
             continue
         for module in top_level_modules(dist):
             checked.append([name, module])

@@ -1,0 +1,628 @@
+"""Sessions on a Ray cluster, seen from the Executor's process (the driver).
+
+:class:`RayCluster` joins the cluster and keeps coordex's actors (:class:`.node.NodeHost`
+wrapped with ``ray.remote``): one shared actor per node, pinned there, for sessions
+that ask for no resources, and one actor of its own for each session (or stateless
+runner) whose environment asks for ``num_cpus``/``num_gpus``/``memory`` - Ray places
+that actor on a node that has them and holds them while it lives.
+
+:class:`RayPlace` is one (language, environment) on the cluster and implements the
+``Place`` protocol; :class:`RaySession` implements ``Session`` and says on which
+``node`` it lives. A call is a *conversation* with an actor (:meth:`RayCluster.converse`):
+``begin``, then ``events`` polls until the outcome arrives, streaming output to
+``on_output``, running capability calls here and sending their answers back, passing a
+cancel on. Every wait is bounded: a poll that gets no answer is asked again until the
+call's deadline (its timeout plus the node's own escalation grace, twice for Python,
+which the node may retry once), so an unreachable node costs at most that; a dead
+actor (``RayActorError``) ends the conversation at once.
+
+Faults follow SPEC sections 6 and 10: a Python session whose node dies (during a call
+or between calls) is opened again on another node and the call runs there once more
+(``retried``, ``state_lost``); a bash call is never run twice - it returns ``crashed``
+with ``state_lost`` and a suggestion naming ``rebuild_session``, and the next call
+opens a fresh shell elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core.errors import CoordexError, make_error
+from ..base import INTERRUPT_GRACE, Outcome, RunRequest, empty_outcome
+from .node import NodeHost
+
+# Each wait of the driver on an actor: a poll returns as soon as there is output, so
+# this only bounds how often an idle long call is polled.
+POLL_WAIT = 0.25
+# Extra seconds a ray.get may take beyond the actor's own wait (scheduling, a busy node)
+# before the driver asks again.
+GET_SLACK = 2.0
+# Past a call's timeout the node interrupts, waits INTERRUPT_GRACE, kills and reports:
+# the driver waits that long and a little more before it calls the node lost.
+NODE_GRACE = 2 * INTERRUPT_GRACE + 2.0
+# Starting an actor (a Ray worker process) and opening or inspecting a session.
+START_TIMEOUT = 60.0
+INSPECT_TIMEOUT = 15.0
+ALIVE_TIMEOUT = 2.0
+CLOSE_TIMEOUT = 10.0
+# Threads of one actor that may serve driver requests at once (calls run on their own).
+MAX_CONCURRENCY = 64
+
+ProgressCallback = Callable[[str], None]
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a ``validation`` error saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise CoordexError(
+            "validation", "Executor(cluster=...) needs Ray, which is not installed here.",
+            "Install the extra with pip install 'coordex[ray]' (Ray 2.x, on this machine "
+            "and on every node), then create the Executor again; or pass cluster=None to "
+            "keep every session on this machine.")
+    return ray
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """What a node needs to build an environment: the spec text and its hash."""
+
+    spec_text: str
+    spec_hash: str
+    label: str
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def wire(self) -> dict[str, Any]:
+        return {"spec_text": self.spec_text, "spec_hash": self.spec_hash,
+                "label": self.label}
+
+
+@dataclass
+class _Host:
+    """One coordex actor: its handle, its node, and whether one session owns it."""
+
+    handle: Any
+    node: str
+    dedicated: bool
+
+
+class NodeLost(Exception):
+    """The actor holding a call died, or did not answer before the call's deadline."""
+
+    def __init__(self, how: str, *, unreachable: bool = False) -> None:
+        super().__init__(how)
+        self.how = how
+        self.unreachable = unreachable
+
+
+class RayCluster:
+    """The Executor's connection to a Ray cluster and the coordex actors on it.
+
+    Args:
+        address: ``"auto"``, ``"ray://host:port"`` or a cluster's address; when Ray is
+            already initialised in this process, that connection is used as it is.
+        capabilities: the host's capabilities (``names()``, ``call(...)``).
+        build_timeout: seconds a node may take to build one environment.
+
+    Raises:
+        CoordexError: ``validation`` when Ray is missing or the cluster cannot be joined.
+    """
+
+    def __init__(self, address: str, *, capabilities: Any, build_timeout: float = 900.0) -> None:
+        ray = import_ray()
+        self._ray = ray
+        from ray import exceptions
+
+        self._died = (exceptions.RayActorError, exceptions.ActorUnschedulableError)
+        self._unavailable = getattr(exceptions, "ActorUnavailableError", ())
+        self._timeout = exceptions.GetTimeoutError
+        self._owns_connection = not ray.is_initialized()
+        if self._owns_connection:
+            try:
+                # Ray retries an address that does not answer for minutes: ask it first.
+                _check_reachable(address)
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except Exception as exc:
+                raise CoordexError(
+                    "validation", f"Could not join the Ray cluster at {address!r}: "
+                    f"{type(exc).__name__}: {exc}",
+                    "Start the cluster first (ray start --head on the head node, ray start "
+                    "--address=HEAD:6379 on the others), then pass cluster='auto' on a node "
+                    "of it or cluster='ray://HEAD:10001' from elsewhere.")
+        self.address = address
+        self.capabilities = capabilities
+        self.build_timeout = float(build_timeout)
+        self._actor = ray.remote(NodeHost)
+        self._lock = threading.Lock()
+        self._shared: dict[str, _Host] = {}  # node id -> the node's shared actor
+        self._dedicated: list[_Host] = []
+        self._load: dict[str, int] = {}  # node id -> sessions placed there by us
+        self._dead: set[str] = set()
+        self._places: dict[tuple[str, str | None], RayPlace] = {}
+        self._closed = False
+
+    # -- places and hosts -----------------------------------------------------------------
+
+    def place(self, language: str, env: EnvRef | None,
+              progress: ProgressCallback | None = None) -> RayPlace:
+        """The place of one (language, environment) on the cluster (kept per spec hash)."""
+        key = (language, env.spec_hash if env is not None else None)
+        with self._lock:
+            found = self._places.get(key)
+            if found is None:
+                found = self._places[key] = RayPlace(self, language, env, progress)
+            return found
+
+    def host(self, resources: dict[str, float]) -> _Host:
+        """An actor for one more session: its own when ``resources`` ask for any, else
+        the shared actor of the least loaded live node."""
+        if resources:
+            return self._dedicated_host(resources)
+        node = self._pick_node()
+        with self._lock:
+            host = self._shared.get(node)
+        if host is None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            handle = self._actor.options(
+                num_cpus=0, max_concurrency=MAX_CONCURRENCY, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote(None, self.build_timeout)
+            host = self._started(handle, False, "the node's coordex actor")
+            with self._lock:
+                host = self._shared.setdefault(node, host)
+        return host
+
+    def _dedicated_host(self, resources: dict[str, float]) -> _Host:
+        self._check_fits(resources)
+        options: dict[str, Any] = {"num_cpus": resources.get("num_cpus", 0),
+                                   "max_concurrency": MAX_CONCURRENCY, "max_restarts": 0}
+        if resources.get("num_gpus"):
+            options["num_gpus"] = resources["num_gpus"]
+        if resources.get("memory"):
+            options["memory"] = int(resources["memory"])
+        handle = self._actor.options(**options).remote(None, self.build_timeout)
+        what = "an actor with " + _describe(resources)
+        host = self._started(handle, True, what)
+        with self._lock:
+            self._dedicated.append(host)
+        return host
+
+    def _started(self, handle: Any, dedicated: bool, what: str) -> _Host:
+        try:
+            info = self._ray.get(handle.info.remote(), timeout=START_TIMEOUT)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self._ray.kill(handle)
+            raise CoordexError(
+                "crashed", f"Could not start {what} on the cluster within "
+                f"{START_TIMEOUT:g} s ({type(exc).__name__}).",
+                "Check that the cluster's nodes are up (ray status) and have free "
+                "resources, then run the call again.", state_lost=True)
+        return _Host(handle, str(info.get("node") or ""), dedicated)
+
+    def _live_nodes(self) -> list[dict[str, Any]]:
+        return [n for n in self._ray.nodes()
+                if n.get("Alive") and n.get("NodeID") not in self._dead]
+
+    def _pick_node(self) -> str:
+        nodes = self._live_nodes()
+        if not nodes:
+            raise CoordexError(
+                "crashed", "No node of the Ray cluster is alive.",
+                "Start the cluster's nodes again (ray start), then run the call again; "
+                "rebuild_session(...) replays the calls of a lost session.", state_lost=True)
+        # The head node runs the cluster's own services: use it when it is the only one.
+        with self._lock:
+            best = min(nodes, key=lambda n: ("node:__internal_head__" in n.get("Resources", {}),
+                                             self._load.get(n["NodeID"], 0), n["NodeID"]))
+        return str(best["NodeID"])
+
+    def _check_fits(self, resources: dict[str, float]) -> None:
+        wanted = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+        for node in self._live_nodes():
+            have = node.get("Resources", {})
+            if all(have.get(wanted[k], 0) >= v for k, v in resources.items()):
+                return
+        raise CoordexError(
+            "environment", f"No node of the cluster has {_describe(resources)}, which "
+            "this environment's spec asks for ([tool.coordex]).",
+            "Lower num_cpus / num_gpus / memory in the spec's [tool.coordex] table, or add "
+            "a node that has them (ray start --address=... --num-gpus=...).", log="")
+
+    def placed(self, host: _Host, delta: int) -> None:
+        with self._lock:
+            self._load[host.node] = max(0, self._load.get(host.node, 0) + delta)
+
+    def lost(self, host: _Host, gone: NodeLost) -> None:
+        """Forget an actor that died (and, for a shared one, its node).
+
+        A shared actor that only stopped answering is left alone: the sessions of
+        others live in it, and if its node is dead their calls find out themselves.
+        """
+        if gone.unreachable and not host.dedicated:
+            return
+        with self._lock:
+            if not host.dedicated and self._shared.get(host.node) is host:
+                del self._shared[host.node]
+                self._dead.add(host.node)
+            if host in self._dedicated:
+                self._dedicated.remove(host)
+        with contextlib.suppress(Exception):
+            self._ray.kill(host.handle)
+
+    def release(self, host: _Host) -> None:
+        """End a dedicated actor (its session closed): its processes go with it."""
+        with self._lock:
+            if host in self._dedicated:
+                self._dedicated.remove(host)
+        self._stop([host])
+
+    def _stop(self, hosts: list[_Host]) -> None:
+        refs = [h.handle.shutdown.remote() for h in hosts]
+        with contextlib.suppress(Exception):
+            self._ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT)
+        for host in hosts:
+            # ray.kill alone would leave the actor's children alive; its reaper ends
+            # them when the actor goes, and shutdown() above already closed them.
+            with contextlib.suppress(Exception):
+                self._ray.kill(host.handle)
+
+    # -- one conversation -----------------------------------------------------------------
+
+    def converse(self, host: _Host, op: str, args: dict[str, Any], request: RunRequest | None,
+                 deadline: float, progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Run ``op`` on ``host`` and serve it until its reply; see the module docstring.
+
+        Returns the node's reply (``{"outcome": ...}`` or ``{"raise": error dict}``).
+
+        Raises:
+            NodeLost: the actor died, or gave no answer before ``deadline``.
+        """
+        ray = self._ray
+        call_id = uuid.uuid4().hex
+        ref = host.handle.begin.remote(call_id, op, args, POLL_WAIT)
+        cancel_sent = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                with contextlib.suppress(Exception):
+                    host.handle.events.remote(call_id, 0.0, None, True)
+                raise NodeLost(f"the node {host.node[:12]} gave no answer in time",
+                               unreachable=True)
+            try:
+                reply = ray.get(ref, timeout=min(left, POLL_WAIT + GET_SLACK))
+            except self._timeout:
+                continue  # ask the same request again: the node may only be slow
+            except self._died as exc:
+                if self._unavailable and isinstance(exc, self._unavailable):
+                    # Temporarily unreachable: the request may not have arrived; begin
+                    # is idempotent per call id, so asking again never runs code twice.
+                    time.sleep(min(0.2, max(0.0, left)))
+                    ref = host.handle.begin.remote(call_id, op, args, POLL_WAIT)
+                    continue
+                raise NodeLost(f"the node {host.node[:12]} or its coordex actor died "
+                               f"({type(exc).__name__})")
+            answers: list[tuple[int, bool, Any]] = []
+            for event in reply["events"]:
+                if event[0] == "output":
+                    if request is not None and request.on_output is not None:
+                        with contextlib.suppress(Exception):
+                            request.on_output(event[1], event[2])
+                elif event[0] == "progress":
+                    if progress is not None:
+                        with contextlib.suppress(Exception):
+                            progress(event[1])
+                elif event[0] == "capability":
+                    answers.append(self._capability(event))
+            if reply["done"] is not None:
+                return dict(reply["done"])
+            cancel = (request is not None and request.cancel is not None
+                      and request.cancel.is_set() and not cancel_sent)
+            cancel_sent = cancel_sent or cancel
+            ref = host.handle.events.remote(call_id, POLL_WAIT, answers or None, cancel)
+
+    def _capability(self, event: tuple[Any, ...]) -> tuple[int, bool, Any]:
+        _, number, name, args, kwargs = event
+        try:
+            return number, True, self.capabilities.call(name, list(args), dict(kwargs))
+        except Exception as exc:
+            return number, False, (type(exc).__name__, str(exc))
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End every coordex actor this cluster connection started, and its processes."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            hosts = list(self._shared.values()) + list(self._dedicated)
+            places = list(self._places.values())
+            self._shared.clear()
+            self._dedicated.clear()
+            self._places.clear()
+        for place in places:
+            place.close()
+        self._stop(hosts)
+        if self._owns_connection:
+            with contextlib.suppress(Exception):
+                self._ray.shutdown()
+
+
+def run_args(request: RunRequest, capabilities: Any) -> dict[str, Any]:
+    """A request as plain values for the node (callables stay here)."""
+    return {"code": request.code, "timeout": request.timeout,
+            "output_limit": request.output_limit, "stream": request.on_output is not None,
+            "protect_paths": list(request.protect_paths),
+            "scratch": request.scratch is not None,
+            "capabilities": list(capabilities.names())}
+
+
+class RayPlace:
+    """One (language, environment) on the cluster: opens sessions, serves stateless calls."""
+
+    def __init__(self, cluster: RayCluster, language: str, env: EnvRef | None,
+                 progress: ProgressCallback | None) -> None:
+        self.cluster = cluster
+        self.language = language
+        self.env = env
+        self.progress = progress
+        self.resources = dict(env.resources) if env is not None else {}
+        self._lock = threading.Lock()
+        self._stateless: _Host | None = None  # its own actor, when resources are asked
+
+    def open_session(self) -> RaySession:
+        return RaySession(self)
+
+    def run_stateless(self, request: RunRequest) -> Outcome:
+        """A fresh shell or fork child on a node; a Python call whose node dies is run
+        once more elsewhere (nothing was kept, so nothing is lost)."""
+        args = run_args(request, self.cluster.capabilities)
+        args.update(language=self.language, env=self.env.wire() if self.env else None)
+        deadline = (_deadline(request.timeout, self.language)
+                    + (self.cluster.build_timeout if self.env else 0))
+        notes: list[str] = []
+        for attempt in (1, 2):
+            try:
+                host = self._stateless_host()
+                reply = self.cluster.converse(host, "stateless", args, request, deadline,
+                                              self.progress)
+            except CoordexError as exc:
+                return {**empty_outcome(), "error": exc.to_dict()}
+            except NodeLost as lost:
+                self._forget_stateless(host, lost)
+                notes.append(lost.how)
+                if self.language == "python" and attempt == 1 and not lost.unreachable:
+                    continue
+                return _crashed(notes, stateless=True)
+            outcome = _unwrap(reply)
+            if attempt == 2:
+                outcome["retried"] = True
+            return outcome
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _stateless_host(self) -> _Host:
+        if not self.resources:
+            return self.cluster.host({})
+        with self._lock:
+            if self._stateless is None:
+                self._stateless = self.cluster.host(self.resources)
+            return self._stateless
+
+    def _forget_stateless(self, host: _Host, gone: NodeLost) -> None:
+        with self._lock:
+            if self._stateless is host:
+                self._stateless = None
+        self.cluster.lost(host, gone)
+
+    def close(self) -> None:
+        with self._lock:
+            host, self._stateless = self._stateless, None
+        if host is not None:
+            self.cluster.release(host)
+
+
+class RaySession:
+    """One kept session held by a coordex actor on a node (``Session`` protocol).
+
+    ``node`` is the Ray node id of the node that holds it now; it changes when the
+    session is opened again elsewhere after its node died.
+    """
+
+    def __init__(self, place: RayPlace) -> None:
+        self.place = place
+        self.node = ""
+        self._lock = threading.Lock()
+        self._closed = False
+        self._host: _Host | None = None
+        self._sid = ""
+        self._open()
+
+    # -- Session ---------------------------------------------------------------------------
+
+    def run(self, request: RunRequest) -> Outcome:
+        return self._call("run", request)
+
+    def run_read_only(self, request: RunRequest) -> Outcome:
+        outcome = self._call("read_only", request)
+        outcome.setdefault("isolation", {"names": True, "objects": True, "files": "none"})
+        return outcome
+
+    def inspect(self) -> dict[str, Any]:
+        with self._lock:
+            if self._closed or self._host is None:
+                return _crashed(["the session's node was lost"])["error"]
+            host = self._host
+            try:
+                reply = self.place.cluster.converse(
+                    host, "inspect", {"sid": self._sid}, None,
+                    time.monotonic() + INSPECT_TIMEOUT)
+            except NodeLost as lost:
+                self._drop(host, lost)
+                return _crashed([lost.how])["error"]
+        if "raise" in reply:
+            return dict(reply["raise"])
+        return dict(reply["outcome"])
+
+    def alive(self) -> bool:
+        host = self._host
+        if self._closed or host is None:
+            return False
+        try:
+            return bool(self.place.cluster._ray.get(host.handle.alive.remote(self._sid),
+                                                    timeout=ALIVE_TIMEOUT))
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        self._closed = True
+        host, self._host = self._host, None
+        if host is None:
+            return
+        self.place.cluster.placed(host, -1)
+        if host.dedicated:
+            self.place.cluster.release(host)
+            return
+        with contextlib.suppress(Exception):
+            self.place.cluster._ray.get(host.handle.close_session.remote(self._sid),
+                                        timeout=CLOSE_TIMEOUT)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        """Open the session on a node (building its environment there first)."""
+        cluster, place = self.place.cluster, self.place
+        host = cluster.host(place.resources)
+        sid = uuid.uuid4().hex
+        args: dict[str, Any] = {"sid": sid, "language": place.language,
+                "env": place.env.wire() if place.env else None, "capabilities": []}
+        deadline = time.monotonic() + START_TIMEOUT + (cluster.build_timeout if place.env else 0)
+        try:
+            reply = cluster.converse(host, "open", args, None, deadline, place.progress)
+        except NodeLost as lost:
+            cluster.lost(host, lost)
+            raise CoordexError(
+                "crashed", f"Could not open the session on the cluster: {lost.how}.",
+                "Run the call again: it opens the session on another node.", state_lost=True)
+        if "raise" in reply:
+            if host.dedicated:
+                cluster.release(host)
+            error = dict(reply["raise"])
+            raise CoordexError(error.pop("error_type"), error.pop("error"),
+                               error.pop("suggestion"), **error)
+        self._host, self._sid, self.node = host, sid, host.node
+        cluster.placed(host, +1)
+
+    def _drop(self, host: _Host, gone: NodeLost) -> None:
+        """The session's actor is gone (or unreachable): forget it; the next call opens
+        the session again elsewhere."""
+        if self._host is host:
+            self._host = None
+            self.place.cluster.placed(host, -1)
+        if gone.unreachable and not host.dedicated:  # it may still hold the session
+            with contextlib.suppress(Exception):
+                host.handle.close_session.remote(self._sid)
+        self.place.cluster.lost(host, gone)
+
+    def _call(self, op: str, request: RunRequest) -> Outcome:
+        with self._lock:
+            if self._closed:
+                return {**empty_outcome(), "error": make_error(
+                    "crashed", "This session has been closed.",
+                    "Open a new session with a stateful call.", state_lost=True)}
+            lost = False
+            if self._host is None:  # its node died; the loss was reported then
+                if op == "read_only":
+                    return _crashed(["the session's node was lost"])
+                try:
+                    self._open()
+                except CoordexError as exc:
+                    return {**empty_outcome(), "error": exc.to_dict(), "state_lost": True}
+            notes: list[str] = []
+            for attempt in (1, 2):
+                host = self._host
+                assert host is not None
+                args = run_args(request, self.place.cluster.capabilities)
+                args["sid"] = self._sid
+                try:
+                    reply = self.place.cluster.converse(
+                        host, op, args, request, _deadline(request.timeout, self.place.language))
+                except NodeLost as gone:
+                    self._drop(host, gone)
+                    notes.append(gone.how)
+                    # SPEC 6: a Python worker that dies during a call is replaced and the
+                    # call run once more; a shell command or a read-only look is not.
+                    if (op == "run" and self.place.language == "python" and attempt == 1
+                            and not gone.unreachable):
+                        try:
+                            self._open()
+                        except CoordexError:
+                            return _crashed(notes)
+                        lost = True
+                        continue
+                    return _crashed(notes, read_only=op == "read_only")
+                outcome = _unwrap(reply)
+                if lost:
+                    outcome["state_lost"] = True
+                    outcome["retried"] = True
+                return outcome
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Raise ConnectionError unless ``host:port`` (or ``ray://host:port``) accepts a TCP
+    connection; ``"auto"`` and addresses without a port are left to Ray."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {target} ({exc.strerror or exc})") from None
+
+
+def _deadline(timeout: float, language: str) -> float:
+    """When the driver stops waiting for a node: the node enforces the timeout itself,
+    and a Python call there may run twice (a worker that died is replaced and the call
+    retried once, SPEC section 6)."""
+    runs = 2 if language == "python" else 1
+    return time.monotonic() + runs * (timeout + NODE_GRACE)
+
+
+def _unwrap(reply: dict[str, Any]) -> Outcome:
+    if "raise" in reply:
+        return {**empty_outcome(), "error": dict(reply["raise"])}
+    return dict(reply["outcome"])
+
+
+def _crashed(notes: list[str], *, stateless: bool = False, read_only: bool = False) -> Outcome:
+    how = "; ".join(dict.fromkeys(notes)) or "the node was lost"
+    if stateless:
+        what = f"The node running this call was lost ({how}); nothing was kept."
+        after = "Run the call again: it runs on another node."
+    else:
+        what = (f"The node holding this session was lost ({how}): its state is gone with "
+                "it" + (" (the read-only copy did not run)." if read_only else "."))
+        after = ("Call rebuild_session(...) with this session to replay the calls that "
+                 "built its state into a fresh session, or run the setup again; the next "
+                 "stateful call opens a fresh session on another node.")
+    return {**empty_outcome(), "state_lost": True,
+            "error": make_error("crashed", what, after, state_lost=True)}
+
+
+def _describe(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in resources.items())
+
+
+__all__ = ["EnvRef", "NodeLost", "RayCluster", "RayPlace", "RaySession", "import_ray"]
