@@ -518,3 +518,4 @@ def test_serve_confine_runs_the_single_tenant_in_a_jail(tmp_path: Path) -> None:
         assert seen[0]["result"] == repr(str(folder))
         assert seen[1]["error_type"] == "crashed" and seen[2]["state_lost"] is True
         assert running.process.poll() is None
+

@@ -210,3 +210,17 @@ def test_the_process_limit_holds(tmp_path: Path) -> None:
         started = int(burst["stdout"].split()[-1])
         assert started < 40, burst
         assert ex.execute_code("1 + 1")["result"] == "2"
+
+
+def test_confined_mcp_tenants_keep_the_mcp_default_timeout(tmp_path: Path) -> None:
+    import argparse
+
+    from coordex import router
+    from coordex.tools import MCP_DEFAULT_TIMEOUT
+
+    args = argparse.Namespace(timeout=None, max_sessions=None, memory_limit=1 << 30,
+                              no_network=False, max_calls=8)
+    ex = router.confined_executor(args, tmp_path / "t", name="t", hidden=[], lazy=True)
+    assert ex.timeout == MCP_DEFAULT_TIMEOUT
+    args.timeout = 7.0
+    assert router.confined_executor(args, tmp_path / "u", name="u", hidden=[], lazy=True).timeout == 7.0
