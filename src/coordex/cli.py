@@ -272,9 +272,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return EXIT_FAILURE
     _terminate_as_interrupt()
-    if args.cluster and args.tokens:
-        _say("warning: on the cluster, tenants' sessions run in coordex's actor on each node, "
-             "not yet in a confined host of each tenant there.")
+    if args.cluster and confined:
+        _say("warning: --cluster is not used for confined tenants yet: each runs in a "
+             "confined host on this machine (a tenant's code must not reach the cluster).")
     tenants = []
     try:
         for name, token in named.items():
