@@ -30,7 +30,8 @@ from typing import Any
 from . import sessions
 from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session
-from .backends.places import EnvironmentPlace, OwnPlace, OwnSession
+from .backends.env import EnvironmentPlace
+from .backends.own import OwnPlace, OwnSession
 from .core import coordinates as coords
 from .core import messages
 from .core.coordinates import Coordinate, SessionKey
@@ -692,7 +693,7 @@ class Executor:
     def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:
         """The own-interpreter session ``coordinate`` names if this thread is running
         code in it right now (its namespace is the globals of a frame on the stack)."""
-        from .backends import own_interpreter
+        from .backends.own import interpreter as own_interpreter
 
         if coordinate.venv_id is not None or coordinate.state_mode == "stateless":
             return None

@@ -13,7 +13,7 @@ import pytest
 
 from coordex import CallError, Executor
 from coordex.backends.base import RunRequest
-from coordex.backends.workers import WorkerSession
+from coordex.backends.env.workers import WorkerSession
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,7 @@ HOST = r"""
 import json, sys, threading, time
 from coordex import Executor
 from coordex.backends.base import RunRequest
-from coordex.backends.workers import WorkerSession, WorkerTemplate
+from coordex.backends.env.workers import WorkerSession, WorkerTemplate
 
 root, report = sys.argv[1], sys.argv[2]
 ex = Executor(root=root, timeout=600)

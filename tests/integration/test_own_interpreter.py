@@ -321,7 +321,7 @@ def test_closed_executor_returns_errors(root: Path) -> None:
 
 def test_without_a_safe_fork_read_only_copies_the_values_into_a_new_process(
         ex: Executor, monkeypatch: pytest.MonkeyPatch) -> None:
-    from coordex.backends import own_interpreter
+    from coordex.backends.own import interpreter as own_interpreter
 
     monkeypatch.setattr(own_interpreter, "FORK_IS_SAFE", False)
     ex.execute_code("rows = [1]\nflag = 1", state_mode="stateful", session_name="a")

@@ -299,7 +299,7 @@ def test_a_worker_tells_its_own_keyboard_interrupt_from_a_timeout() -> None:
     import sys
 
     from coordex.backends.base import RunRequest
-    from coordex.backends.workers import WorkerSession
+    from coordex.backends.env.workers import WorkerSession
 
     worker = WorkerSession(sys.executable)
     try:

@@ -283,7 +283,7 @@ def test_polars_in_an_environment_read_only_call_answers(tmp_path: Path) -> None
 @pytest.fixture
 def by_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Place]:
     """An own-interpreter session whose copies go by value (as where fork is unsafe)."""
-    from coordex.backends import own_interpreter
+    from coordex.backends.own import interpreter as own_interpreter
 
     monkeypatch.setattr(own_interpreter, "FORK_IS_SAFE", False)
     monkeypatch.delenv(isolation.FORCE_ENV, raising=False)

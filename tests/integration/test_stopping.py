@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from coordex.backends import _reap, workers
+from coordex.backends import _reap
 from coordex.backends.base import RunRequest
-from coordex.backends.launcher import LauncherServer
+from coordex.backends.env import workers
+from coordex.backends.env.workers import WorkerSession
 from coordex.backends.shell import ShellSession
-from coordex.backends.workers import WorkerSession
+from coordex.backends.shell.launcher import LauncherServer
 from tests.conftest import alive, child_pids
 
 FAKE_WORKER = Path(__file__).resolve().parent.parent / "fakes" / "fake_worker.py"

@@ -1,6 +1,6 @@
 """Real worker processes: semantics, state, read-only forks, faults, capabilities.
 
-Every test drives ``coordex.backends.workers`` against real interpreters: the venv's
+Every test drives ``coordex.backends.env.workers`` against real interpreters: the venv's
 own Python, and (for the stdlib-only guarantee) a bare ``python -m venv --without-pip``
 where coordex is not importable. Each session is closed in ``finally`` and the tests
 check that no child process survives.
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from coordex import sessions
-from coordex.backends import workers
 from coordex.backends.base import INTERRUPT_GRACE, RunRequest
-from coordex.backends.workers import WorkerSession, WorkerStartError, WorkerTemplate
+from coordex.backends.env import workers
+from coordex.backends.env.workers import WorkerSession, WorkerStartError, WorkerTemplate
 from tests.conftest import child_pids
 
 pytestmark = pytest.mark.timeout(90)

@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ..core import messages
-from ..core.errors import CoordexError, make_error
-from ..core.results import OutputBuffer
-from ..protocol import (
+from ...core import messages
+from ...core.errors import CoordexError, make_error
+from ...core.results import OutputBuffer
+from ...protocol import (
     PROTOCOL_VERSION,
     WORKER_TO_HOST,
     LineReader,
@@ -53,11 +53,11 @@ from ..protocol import (
     message,
     to_wire,
 )
-from ..worker import _coordex_copy as copier
-from . import _reap
-from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
+from ...worker import _coordex_copy as copier
+from .. import _reap
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
 
-WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
+WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
 CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)

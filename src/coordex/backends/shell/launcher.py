@@ -70,7 +70,7 @@ class LauncherServer:
         # Here: the server side (this file run as a script) needs neither.
         import subprocess
 
-        from . import _reap
+        from .. import _reap
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -183,7 +183,7 @@ class LauncherServer:
         Closing the socket is how it is asked to leave: it kills a child still running,
         then exits.
         """
-        from . import _reap
+        from .. import _reap
 
         _release(self._sock.fileno())
 
@@ -216,13 +216,13 @@ class LauncherServer:
 
 def _hold(fd: int) -> None:
     """Note the socket as coordex's, so read-only copies of Python sessions close it."""
-    from ..worker import _coordex_copy
+    from ...worker import _coordex_copy
 
     _coordex_copy.hold(fd)
 
 
 def _release(fd: int) -> None:
-    from ..worker import _coordex_copy
+    from ...worker import _coordex_copy
 
     _coordex_copy.release(fd)
 
@@ -447,7 +447,8 @@ def serve(sock: socket.socket, isolation: Any) -> None:
 
 
 def _main() -> None:
-    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    # isolation.py sits one folder up, in backends/.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import isolation
 
     isolation.landlock_abi()  # libc loaded and the ABI asked once here, not per child

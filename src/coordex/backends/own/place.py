@@ -1,20 +1,8 @@
-"""The three local places behind the :class:`~.base.Place` protocol.
+"""Python in the agent's own interpreter, behind the :class:`~..base.Place` protocol.
 
-A place is where code of one (language, environment) runs. The Executor asks
-:func:`local_place` for one per (language, venv_id) it uses and then speaks only the
-protocol: ``open_session()`` for a stateful session, ``run_stateless(request)`` for a
-one-off, ``close()`` at the end. Each session speaks :class:`~.base.Session`.
-
-- :class:`OwnPlace` — Python in the agent's own interpreter: sessions are namespaces in
-  this process; read-only forks it.
-- :class:`EnvironmentPlace` — Python in a built environment: a worker process per
-  session, a fork-server template for stateless calls.
-- :class:`~.shell.ShellPlace` (in :mod:`.shell`) — bash, with or without an environment
-  activated: a kept shell per session, a fresh shell per stateless call.
-
-What a place needs from the Executor (the environment's interpreter, built on first use;
-the globals every session sees; the capability bridge) comes in as callables, so this
-module knows nothing of the Executor.
+Sessions are namespaces in this process (:mod:`.interpreter`); read-only calls run
+against a copy of one (:mod:`.copies`). What the place needs from the Executor (the
+globals every session sees) comes in as a callable, so it knows nothing of the Executor.
 """
 
 from __future__ import annotations
@@ -22,19 +10,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from . import isolation
-from .base import Outcome, RunRequest
-from .own_interpreter import NamespaceSession, OwnInterpreter
+from .. import isolation
+from ..base import Outcome, RunRequest
+from .interpreter import NamespaceSession, OwnInterpreter
 
 _INSPECT_REPR_LIMIT = 200
 
 GlobalsProvider = Callable[[], Mapping[str, Any]]
-
-
-# ----------------------------------------------------------------------------- own
 
 
 class OwnSession:
@@ -60,7 +44,7 @@ class OwnSession:
         return self._place.run_read_only(self._require(), request)
 
     def inspect(self) -> dict[str, Any]:
-        from ..worker._coordex_engine import safe_repr
+        from ...worker._coordex_engine import safe_repr
 
         session = self._require()
         names = []
@@ -179,72 +163,5 @@ class OwnPlace:
         self.own.close()
 
 
-# ----------------------------------------------------------------------------- environment
 
-
-class EnvironmentPlace:
-    """Python in one built environment: a worker per session, a template for stateless.
-
-    A call whose worker (or fork) died is run once more (SPEC 6): ``retries``.
-
-    ``python`` returns the environment's interpreter, building the environment on first
-    use (a build is not counted against a call's timeout); ``env`` its process
-    environment (``VIRTUAL_ENV`` and ``PATH`` set).
-    """
-
-    kind = "worker"
-    retries = True
-
-    def __init__(self, python: Callable[[], str | Path], env: Callable[[], dict[str, str]],
-                 capabilities: Any) -> None:
-        self._python = python
-        self._env = env
-        self._capabilities = capabilities
-        self._lock = threading.Lock()
-        self._template: Any = None
-        self._closed = False
-
-    def open_session(self) -> Any:
-        from .workers import WorkerSession
-
-        return WorkerSession(self._python(), env=self._env(), capabilities=self._capabilities)
-
-    def run_stateless(self, request: RunRequest) -> Outcome:
-        return dict(self._stateless_template().run_stateless(request))
-
-    def _stateless_template(self) -> Any:
-        from .workers import WorkerTemplate
-
-        with self._lock:
-            if self._template is not None:
-                return self._template
-        python = self._python()
-        template = WorkerTemplate(python, env=self._env(), capabilities=self._capabilities)
-        with self._lock:
-            if self._template is None and not self._closed:
-                self._template = template
-                return template
-            existing = self._template
-        template.close()
-        if existing is None:
-            raise place_closed()
-        return existing
-
-    def capabilities_changed(self) -> None:
-        """Workers ask for capability names on every call: nothing to do."""
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            template, self._template = self._template, None
-        if template is not None:
-            template.close()
-
-
-def place_closed() -> Exception:
-    from ..core import messages
-
-    return messages.executor_closed()
-
-
-__all__ = ["EnvironmentPlace", "OwnPlace", "OwnSession"]
+__all__ = ["OwnPlace", "OwnSession"]

@@ -36,12 +36,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..core.results import OutputBuffer
-from ..worker import _coordex_copy as copier
-from ..worker import _coordex_engine as engine
-from ..worker import _coordex_protocol as wire
-from . import own_interpreter as own
-from .base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+from ...core.results import OutputBuffer
+from ...worker import _coordex_copy as copier
+from ...worker import _coordex_engine as engine
+from ...worker import _coordex_protocol as wire
+from ..base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+from . import interpreter as own
 
 
 class CapabilityHost(Protocol):
@@ -326,7 +326,7 @@ def _reap(pid: int, proc: Any, wait: bool) -> int | None:
 
 
 def _not_started(reason: str, kind: str) -> Outcome:
-    from ..core.errors import make_error
+    from ...core.errors import make_error
 
     return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
             "images": [], "isolation": {"names": True, "objects": True, "files": "none",

@@ -34,7 +34,7 @@ How it works:
   streams them to the running call, and fd 0 is ``/dev/null`` so nothing waits on
   input. Because descriptors are process-wide, own-interpreter calls run one at a
   time (``OWN_LOCK``); worker and shell sessions still run in parallel with them.
-- ``read_only`` runs against a copy (``own_copy``): a fork of this process made on the
+- ``read_only`` runs against a copy (``copies``): a fork of this process made on the
   interpreter's runner thread, or, when a loaded library does not survive ``fork()``
   (polars, duckdb, grpc, torch) or ``fork`` is missing or unsafe (macOS), the session's
   values pickled into a fresh interpreter. Only the forking thread exists in a fork
@@ -71,12 +71,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import messages
-from ..core.errors import ERROR_TYPES, make_error
-from ..core.results import OutputBuffer
-from ..worker import _coordex_copy as copier
-from ..worker import _coordex_engine as engine
-from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
+from ...core import messages
+from ...core.errors import ERROR_TYPES, make_error
+from ...core.results import OutputBuffer
+from ...worker import _coordex_copy as copier
+from ...worker import _coordex_engine as engine
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
 
 # fork() copies only the calling thread. On Linux and the BSDs the C library and CPython
 # cope with that; on macOS system frameworks may abort in a child of a threaded process,
@@ -973,13 +973,13 @@ class OwnInterpreter:
                       capabilities: Any = None) -> Outcome:
         """Run against a copy of the session: a fork, or its values in a new process.
 
-        See ``own_copy``. Where ``fork`` is missing or unsafe, the copy always goes by
+        See ``copies``. Where ``fork`` is missing or unsafe, the copy always goes by
         value. ``capabilities`` (``names()``, ``call(name, args, kwargs)``): what the
         copy may call; they run here, in the agent's process, never in the copy.
         """
         if session.stuck:
             return _still_busy()
-        from .own_copy import run_copy
+        from .copies import run_copy
 
         return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE,
                         fork_on=self._fork_on_runner)
