@@ -76,6 +76,16 @@ def test_cancel_interrupts_bash_and_keeps_the_session(ex: Executor, tmp_path: Pa
     _stopped(out)
 
 
+def test_cancel_interrupts_a_protected_bash_read_only_copy(ex: Executor) -> None:
+    ex.execute_code("kept=yes", language="bash", state_mode="stateful", session_name="ro")
+    r = _cancelled_call(ex, "while :; do sleep 0.05; done", language="bash",
+                        state_mode="read_only", session_name="ro")
+    assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+    assert "isolation" in r
+    assert ex.execute_code("echo $kept", language="bash", state_mode="stateful",
+                           session_name="ro")["stdout"] == "yes\n"
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("offline")
 def test_cancel_interrupts_environment_code(ex: Executor, tmp_path: Path) -> None:

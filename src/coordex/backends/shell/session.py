@@ -395,7 +395,11 @@ class _ProtectedCopy:
         ending = _Ending()
         killed = False
         now = time.monotonic()
+        cancel = request.cancel
         while ending.exit_code is None and self.failure is None:
+            if cancel is not None and cancel.is_set() and not ending.timed_out:
+                deadline = now  # a cancelled request is interrupted as at its timeout
+                cancel = None
             if now >= deadline:
                 if not ending.timed_out:
                     ending.timed_out = True
@@ -407,7 +411,8 @@ class _ProtectedCopy:
                     self.failure = "the launcher did not report the copy's end"
                 deadline = now + INTERRUPT_GRACE
                 continue
-            for fd, _events in poller.poll((deadline - now) * 1000):
+            wait = deadline - now if cancel is None else min(deadline - now, 0.05)
+            for fd, _events in poller.poll(wait * 1000):
                 if fd in streams:
                     if not _read_available(fd, streams[fd]):
                         poller.unregister(fd)
