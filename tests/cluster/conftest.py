@@ -72,7 +72,11 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
 
 
 def owned_processes() -> list[int]:
-    """Pids of every process a coordex node actor started (they carry its token)."""
+    """Pids of every process a coordex node actor of this module's cluster started (they
+    carry an owner token, and the nodes' COORDEX_HOME the cluster fixture set: other
+    clusters on the machine are not ours to count)."""
+    home = os.environ.get("COORDEX_HOME")
+    mine = None if home is None else b"COORDEX_HOME=" + os.fsencode(home)
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -82,6 +86,7 @@ def owned_processes() -> list[int]:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if any(item.startswith(b"COORDEX_NODE_OWNER=") for item in env):
+        if any(item.startswith(b"COORDEX_NODE_OWNER=") for item in env) \
+                and (mine is None or mine in env):
             found.append(int(entry))
     return found
