@@ -273,7 +273,8 @@ class Executor:
                 place = self._place(key.language, key.venv_id)
                 outcome = sessions.attempts(place, "read_only",
                                             lambda: session.run_read_only(protected))
-            note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None))
+            note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None),
+                         outcome.pop("written", None))
             return outcome, record
 
     @contextlib.contextmanager

@@ -13,6 +13,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from coordex import Executor
 from coordex.log import LOG_FILE
 
@@ -334,3 +336,24 @@ def test_text_utf8_cannot_carry_costs_no_row(ex: Executor) -> None:
     # Python cannot compile a lone surrogate (an execution error); both rows are kept.
     assert [c["outcome"] for c in calls] == ["execution", "validation"]
     assert calls[0]["session_name"] == "odd" and "\\udcff" in calls[0]["code"]
+
+
+def test_the_log_keeps_the_files_a_read_only_copy_wrote(ex: Executor, tmp_path: Path) -> None:
+    from coordex.backends import isolation
+
+    if isolation.best_mode() != "discarded":
+        pytest.skip("writes are refused here, not discarded: nothing is written to list")
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "old.txt").write_text("kept")
+    ex.execute_code(f"import os; os.chdir({str(work)!r})", state_mode="stateful",
+                    session_name="files")
+    r = ex.execute_code("open('new.txt', 'w').write('x')\nopen('sub/deep.txt', 'w').write('y')\n"
+                        "import os; os.remove('old.txt')", state_mode="read_only",
+                        session_name="files")
+    assert r["isolation"]["files"] == "discarded", r
+    rows = ex._call_log.query("SELECT changed FROM calls WHERE state_mode = 'read_only'")
+    written = json.loads(rows[-1]["changed"])["written"]
+    assert set(written) == {str(work / "new.txt"), str(work / "sub" / "deep.txt"),
+                            str(work / "old.txt")}
+    assert not (work / "new.txt").exists() and (work / "old.txt").read_text() == "kept"

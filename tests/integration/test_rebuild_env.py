@@ -98,7 +98,8 @@ def test_a_crashed_call_names_rebuild_session(env_ex: tuple[Executor, int], tmp_
     assert r["result"] == "5"
 
 
-def test_the_log_keeps_what_a_read_only_copy_changed(env_ex: tuple[Executor, int]) -> None:
+def test_the_log_keeps_what_a_read_only_copy_changed(env_ex: tuple[Executor, int],
+                                                    tmp_path: Path) -> None:
     ex, venv = env_ex
     ex.execute_code("a = 1\nb = 2", state_mode="stateful", session_name="look", venv_id=venv)
     ex.execute_code("a = 5\ndel b\nc = 3", state_mode="read_only", session_name="look",
@@ -106,5 +107,14 @@ def test_the_log_keeps_what_a_read_only_copy_changed(env_ex: tuple[Executor, int
     rows = ex._call_log.query("SELECT changed FROM calls WHERE state_mode = 'read_only' "
                               "AND session_name = 'look'")
     assert json.loads(rows[-1]["changed"]) == {"rebound": ["a", "c"], "deleted": ["b"]}
+    ex.execute_code(f"import os; os.chdir({str(tmp_path)!r})", state_mode="stateful",
+                    session_name="look", venv_id=venv)
+    r = ex.execute_code("open('made.txt', 'w').write('x')", state_mode="read_only",
+                        session_name="look", venv_id=venv)
+    if r["isolation"]["files"] == "discarded":
+        rows = ex._call_log.query("SELECT changed FROM calls WHERE state_mode = 'read_only' "
+                                  "AND session_name = 'look'")
+        assert json.loads(rows[-1]["changed"])["written"] == [str(tmp_path / "made.txt")]
+        assert not (tmp_path / "made.txt").exists()
     held = {n["name"] for n in ex.inspect_session(session_name="look", venv_id=venv)["names"]}
-    assert held == {"a", "b"}
+    assert held == {"a", "b", "os"}  # the copies changed none of them

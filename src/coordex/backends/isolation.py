@@ -496,7 +496,36 @@ def _overlay_one(index: int, lower: str, layers: str, layers_fd: int, userns: bo
     except OSError:
         return False  # e.g. a lower fs overlayfs refuses; Landlock then refuses writes
     # Verify rather than trust: the path must now lead to another filesystem.
-    return os.stat(lower).st_dev != info.st_dev
+    if os.stat(lower).st_dev == info.st_dev:
+        return False
+    try:  # a handle on the upper layer, so written() can list it once the code ran
+        _UPPERS.append((lower, os.open(upper, os.O_PATH | os.O_CLOEXEC)))
+    except OSError:
+        pass
+    return True
+
+
+# In a protected copy: each overlaid folder and a handle on its upper layer, which holds
+# exactly what the copy wrote there (and whiteouts for what it deleted).
+_UPPERS: list[tuple[str, int]] = []
+WRITTEN_LIMIT = 200
+
+
+def written(limit: int = WRITTEN_LIMIT) -> list[str]:
+    """The paths in protected folders this copy wrote, created or deleted (all of it
+    discarded), for the call log: what the overlays' upper layers hold. At most
+    ``limit`` paths; a last entry ``"..."`` says there were more."""
+    found: list[str] = []
+    for lower, fd in _UPPERS:
+        top = f"/proc/self/fd/{fd}"
+        for folder, dirs, files in os.walk(top):
+            rel = os.path.relpath(folder, top)
+            names = list(files) + [d for d in dirs if not os.listdir(os.path.join(folder, d))]
+            for name in sorted(names):
+                if len(found) >= limit:
+                    return [*found, "..."]
+                found.append(os.path.normpath(os.path.join(lower, rel, name)))
+    return found
 
 
 def _rebind(fd: int, path: str, *, read_only: bool) -> None:

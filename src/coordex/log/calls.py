@@ -30,10 +30,13 @@ HISTORY_KEYS = ("seq", "at", "language", "venv_id", "session_id", "session_name"
 MAX_LIMIT = 10_000
 
 
-def note_changes(rebound: Any, deleted: Any) -> None:
-    """What the read-only copy about to be recorded on this thread changed."""
-    if rebound or deleted:
+def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
+    """What the read-only copy about to be recorded on this thread changed: names it
+    rebound or deleted, and files it wrote in protected folders (all discarded)."""
+    if rebound or deleted or written:
         _notes.changed = {"rebound": sorted(rebound or ()), "deleted": sorted(deleted or ())}
+        if written:
+            _notes.changed["written"] = list(written)
     else:
         _notes.changed = None
 

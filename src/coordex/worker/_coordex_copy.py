@@ -495,14 +495,19 @@ def _read_exact(fd: int, size: int) -> bytes:
 
 
 def _load_isolation() -> Any:
+    """backends/isolation.py, loaded by path once (it keeps the copy's overlay handles)."""
     import importlib.util
 
+    loaded = sys.modules.get("_coordex_isolation")
+    if loaded is not None:
+        return loaded
     path = os.path.join(os.path.dirname(_HERE), "backends", "isolation.py")
     spec = importlib.util.spec_from_file_location("_coordex_isolation", path)
     if spec is None or spec.loader is None:
         raise ImportError("no module at %r" % path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    sys.modules["_coordex_isolation"] = module
     return module
 
 
@@ -561,6 +566,8 @@ def _values_main(in_fd: int, out_fd: int) -> int:
     # What the copy changed, for the call log: the session itself never sees it.
     outcome["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
     outcome["deleted"] = [k for k in before if k not in namespace]
+    if files == "discarded":
+        outcome["written"] = _load_isolation().written()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

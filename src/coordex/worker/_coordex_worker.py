@@ -504,6 +504,8 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # What the copy changed, for the host's call log; the session never sees it.
         outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
+        if files == "discarded" and _State.isolation is not None:
+            outcome["written"] = _State.isolation.written()
         outcome.update(isolation=isolation, id=msg["id"], type="done")
         _flush_user_streams()
         link.send(outcome)

@@ -521,6 +521,8 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
         # (for a read-only copy: what it would have changed, for the call log).
         outcome["rebound"] = done.get("rebound") or []
         outcome["deleted"] = done.get("deleted") or []
+        if done.get("written"):
+            outcome["written"] = done["written"]
     if mode == "read_only":
         # The copy reports what held before user code runs; without that report (the
         # worker died first) nothing is claimed beyond the names.

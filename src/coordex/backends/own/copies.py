@@ -93,7 +93,8 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
     else:
         outcome = own._outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
                                          mode="read_only", seconds=request.timeout)
-        outcome.update(rebound=cell.get("rebound") or [], deleted=cell.get("deleted") or [])
+        outcome.update(rebound=cell.get("rebound") or [], deleted=cell.get("deleted") or [],
+                       written=cell.get("written") or [])
     outcome["isolation"] = isolation
     return outcome
 
@@ -204,6 +205,10 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         # What the copy changed, for the call log: the session itself never sees it.
         cell["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
         cell["deleted"] = [k for k in before if k not in namespace]
+        if files == "discarded":
+            from .. import isolation as iso
+
+            cell["written"] = iso.written()
         cell.update(type="done", id="copy", isolation=isolation)
         link.send(cell)
         code = 0
