@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -170,10 +170,19 @@ def sweep(sid: int, settle: float = 0.5) -> None:
 
 def _group_runs(pgid: int) -> bool:
     """Whether a non-zombie process is in group ``pgid`` (a /proc scan, ~1 ms)."""
+    return any(group == pgid for _, group, _ in _live_processes())
+
+
+def _live_processes() -> Iterator[tuple[int, int, int]]:
+    """(pid, process group, session) of every non-zombie process, from /proc.
+
+    "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses, so
+    the fields are read after its last ``)``.
+    """
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return False
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -182,9 +191,8 @@ def _group_runs(pgid: int) -> bool:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
-            return True
-    return False
+        if len(fields) > 3 and fields[0] != b"Z":
+            yield int(entry), int(fields[2]), int(fields[3])
 
 
 def sweep_session(sid: int) -> int:
@@ -200,23 +208,7 @@ def sweep_session(sid: int) -> int:
 
 def session_members(sid: int) -> list[int]:
     """Live (non-zombie) processes whose session id is ``sid``, from /proc."""
-    found: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                # "pid (comm) state ppid pgrp session ...": comm may hold spaces/parens.
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) == sid:
-            found.append(int(entry))
-    return found
+    return [pid for pid, _, session in _live_processes() if session == sid]
 
 
 def _group(proc: subprocess.Popen[Any], sig: int) -> bool:
