@@ -173,6 +173,15 @@ def _group_runs(pgid: int) -> bool:
     return any(group == pgid for _, group, _ in _live_processes())
 
 
+def _runs(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _live_processes() -> Iterator[tuple[int, int, int]]:
     """(pid, process group, session) of every non-zombie process, from /proc.
 
@@ -198,12 +207,18 @@ def _live_processes() -> Iterator[tuple[int, int, int]]:
 def sweep_session(sid: int) -> int:
     """SIGKILL every process of session ``sid`` that is not in group ``sid`` (it left
     the group, not the session: ``set -m`` jobs, ``setpgid``). Returns how many."""
-    killed = 0
+    killed: list[int] = []
     for pid in session_members(sid):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-            killed += 1
-    return killed
+            killed.append(pid)
+    # As in sweep(): SIGKILL lands asynchronously; return once none of them runs.
+    count, deadline = len(killed), time.monotonic() + 0.5
+    while killed and time.monotonic() < deadline:
+        killed = [pid for pid in killed if _runs(pid)]
+        if killed:
+            time.sleep(0.001)
+    return count
 
 
 def session_members(sid: int) -> list[int]:
