@@ -1,0 +1,70 @@
+"""A second tenant attacks the server and the other tenant (SPEC sections 8 and 9).
+
+``coordex serve --tokens FILE`` runs as a subprocess; every call goes through the
+official MCP client with a tenant's token, as in ``tests/e2e/test_confinement.py``
+(which holds the attacks already covered there: gc walks, reading files and the tokens
+file, ``/proc/*/environ``, signals, memory hogs, planted environments).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e._procs import child_env, spawn
+from tests.e2e.test_confinement import (
+    ALICE,
+    BOB,
+    MEMORY_LIMIT,
+    SECRET,
+    Server,
+    bob_still_fine,
+    write_tokens,
+)
+from tests.e2e.test_mcp_http import READY
+
+pytestmark = pytest.mark.timeout(180)
+
+# The host's end of the pipe to the server is one of its descriptors; the tenant's code
+# runs in the host's own interpreter, so it can write there. It writes junk with no end.
+FLOOD = """
+import os
+argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+fd = int(argv[argv.index(b'--out') + 1])
+chunk = b'x' * (1 << 20)
+for _ in range(256):
+    os.write(fd, chunk)
+'sent'
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    base = tmp_path_factory.mktemp("attacks")
+    tokens = write_tokens(base, f"alice {ALICE}\nbob {BOB}\n")
+    home = base / "home"
+    env = child_env(home, UV_OFFLINE="1")
+    with spawn("serve", "--port", "0", "--tokens", str(tokens), "--memory-limit",
+               MEMORY_LIMIT, env=env) as running:
+        url = running.wait_for(READY).group(1)
+        srv = Server(running, url, home, tokens)
+        bob = srv.run(BOB, ("execute_code", {"code": f"password = {SECRET!r}",
+                                             "state_mode": "stateful"}),
+                      ("execute_code", {"code": "vault = 42", "state_mode": "stateful",
+                                        "session_name": "vault"}))
+        assert not any(r["is_error"] for r in bob), bob
+        yield srv
+
+
+def test_a_flood_down_the_hosts_pipe_ends_only_that_host(server: Server) -> None:
+    # Before: the server buffered the endless line and rescanned it on every read
+    # (quadratic), so one tenant kept a core of the server busy and its memory growing.
+    started = time.monotonic()
+    flood = server.code(ALICE, FLOOD, timeout=30)
+    took = time.monotonic() - started
+    assert flood["error_type"] == "crashed" and flood["state_lost"] is True, flood
+    assert took < 20, f"the server took {took:.1f} s to end a flooding host"
+    bob_still_fine(server)
+    assert server.code(ALICE, "1 + 1")["result"] == "2"
