@@ -8,6 +8,8 @@ file, ``/proc/*/environ``, signals, memory hogs, planted environments).
 
 from __future__ import annotations
 
+import glob
+import os
 import time
 from collections.abc import Iterator
 
@@ -27,6 +29,8 @@ from tests.e2e.test_mcp_http import READY
 
 pytestmark = pytest.mark.timeout(180)
 
+ATTACKER = "mallory"
+
 # The host's end of the pipe to the server is one of its descriptors; the tenant's code
 # runs in the host's own interpreter, so it can write there. It writes junk with no end.
 FLOOD = """
@@ -43,7 +47,8 @@ for _ in range(256):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     base = tmp_path_factory.mktemp("attacks")
-    tokens = write_tokens(base, f"alice {ALICE}\nbob {BOB}\n")
+    # Names of their own: the cgroups of these hosts are told apart by them.
+    tokens = write_tokens(base, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
     home = base / "home"
     env = child_env(home, UV_OFFLINE="1")
     with spawn("serve", "--port", "0", "--tokens", str(tokens), "--memory-limit",
@@ -66,5 +71,18 @@ def test_a_flood_down_the_hosts_pipe_ends_only_that_host(server: Server) -> None
     took = time.monotonic() - started
     assert flood["error_type"] == "crashed" and flood["state_lost"] is True, flood
     assert took < 20, f"the server took {took:.1f} s to end a flooding host"
+    # The ended host's cgroups are gone (before: its keeper was killed with them in place,
+    # so a tenant could use up the machine's cgroups by getting its host ended).
+    left = [g for g in glob.glob(f"/sys/fs/cgroup/*/coordex/{ATTACKER}-*")
+            if not _processes(g)]
+    assert left == [], f"cgroups of an ended host were left behind: {left}"
     bob_still_fine(server)
     assert server.code(ALICE, "1 + 1")["result"] == "2"
+
+
+def _processes(group: str) -> list[str]:
+    try:
+        with open(os.path.join(group, "cgroup.procs")) as f:
+            return f.read().split()
+    except OSError:
+        return []

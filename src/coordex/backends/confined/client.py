@@ -37,6 +37,7 @@ READY_TIMEOUT = 30.0
 CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its host is ended
 STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
 _STDERR_TAIL = 4000
+KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its cgroups
 # The longest line the owner takes from a host. The tenant's own code can write to the
 # host's end of the pipe, so without a bound one tenant could make the server buffer (and
 # rescan) gigabytes; a reply is far smaller (output is capped at 64 KiB per stream).
@@ -210,8 +211,14 @@ class _Host:
         with contextlib.suppress(OSError):
             os.close(self._lifeline)  # the keeper ends the jail
         self._lifeline = -1
-        with contextlib.suppress(OSError):
-            self.process.kill()
+        # The keeper then removes the host's cgroups and exits; a keeper killed first
+        # leaves them behind for good, and a tenant that gets its host ended again and
+        # again would use up the machine's cgroups. Only a keeper that lingers is killed.
+        try:
+            self.process.wait(KEEPER_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                self.process.kill()
 
     def close(self, grace: float = 2.0) -> str:
         """shutdown line, then the lifeline (the keeper kills the jail), then SIGKILL."""
