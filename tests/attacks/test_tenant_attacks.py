@@ -160,3 +160,66 @@ def test_as_nobody_as_processes_leave_bob_room_to_start_his(nobody_server: Serve
         nobody_server.code(ALICE, "for p in held:\n    p.kill()\n    p.wait()",
                            state_mode="stateful")
     assert bob.get("stdout", "").strip() == "fine", bob
+
+
+def test_the_jail_cannot_be_climbed_out_of(server: Server) -> None:
+    # ptrace, process_vm_readv and /proc/1/root of the jail's init; lifting the tmpfs
+    # that hides the server's root; a chroot walk up (the view itself is the jail).
+    climbed = server.code(ALICE, (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "found = {}\n"
+        "found['ptrace'] = libc.ptrace(16, 1, 0, 0)\n"
+        "buf = ctypes.create_string_buffer(8)\n"
+        "iov = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)\n"
+        "found['vm_readv'] = libc.process_vm_readv(1, iov, 1, iov, 1, 0)\n"
+        "try:\n"
+        "    found['root'] = len(os.listdir('/proc/1/root'))\n"
+        "except OSError:\n"
+        "    found['root'] = -1\n"
+        f"found['umount'] = libc.umount2({str(server.home)!r}.encode(), 2)\n"
+        "os.makedirs('cell', exist_ok=True)\n"
+        "child = os.fork()\n"
+        "if child == 0:  # the walk changes the root of the process: not the host's own\n"
+        "    try:\n"
+        "        os.chroot('cell')\n"
+        "        for _ in range(64):\n"
+        "            os.chdir('..')\n"
+        "        os.chroot('.')\n"
+        f"        os._exit(3 if 'victim' in os.listdir({str(server.home / 'tenants')!r}) else 0)\n"
+        "    except BaseException:\n"
+        "        os._exit(0)\n"
+        "found['chroot'] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])\n"
+        f"found['seen'] = os.listdir({str(server.home)!r}) if os.path.isdir({str(server.home)!r}) "
+        "else []\n"
+        "found"))
+    found = eval(climbed["result"])  # a dict of ints and a list of names, printed by repr
+    assert found["ptrace"] == found["vm_readv"] == found["root"] == found["umount"] == -1, found
+    assert "victim" not in found["seen"] and found["chroot"] == 0, found
+    bob_still_fine(server)
+
+
+@pytest.mark.parametrize(("call_id", "value"), [
+    ("%d", '"a string"'), ("%d", '{"stdout": 5, "images": [{"x": 1}]}'),
+    ("%d", "[" * 100_000 + "]" * 100_000), ("[%d]", "1")])
+def test_replies_forged_down_the_hosts_pipe_reach_only_the_forger(server: Server, call_id: str,
+                                                                  value: str) -> None:
+    forge = (
+        "import os\n"
+        "argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "fd = int(argv[argv.index(b'--out') + 1])\n"
+        "for call in range(1, 400):\n"
+        f"    os.write(fd, b'{{\"type\":\"reply\",\"id\":{call_id},\"value\":' % call"
+        f" + {value!r}.encode()"
+        " + b'}\\n')\n"
+        "'sent'")
+    started = time.monotonic()
+    try:
+        server.code(ALICE, forge, timeout=20)
+    except Exception:  # what the forger's own client makes of its forgery is its own affair
+        pass
+    # Before: a line nested too deep to decode, or an id that cannot be a key, killed the
+    # server's reader without ending the host, and the forger's call waited forever.
+    assert time.monotonic() - started < 15
+    bob_still_fine(server)
+    assert server.code(ALICE, "1 + 1")["result"] == "2"

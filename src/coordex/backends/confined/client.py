@@ -123,7 +123,7 @@ class _Host:
                     if len(buffer) > MAX_LINE:
                         raise wire.ProtocolError(
                             f"the host sent a line longer than {MAX_LINE} bytes")
-        except (wire.ProtocolError, OSError) as exc:
+        except Exception as exc:  # the tenant's code can write anything there: end the host
             self.stderr_tail += f"\n[owner] {exc}".encode()
             self.kill()
         finally:
