@@ -64,6 +64,10 @@ for hostile code. So, by decision:
   ``"discarded"`` mode (overlayfs without ``redirect_dir``; ``mv`` falls back to a
   copy); Landlock ABI 1 refuses every cross-directory rename;
 * discarded writes take memory (tmpfs, at most half of RAM);
+* no file's mode, owner, times or extended attributes can be changed (``chmod``,
+  ``chown``, ``touch`` of an existing file, ``setxattr``), not even in the scratch
+  folder: Landlock has no right for them, so a seccomp filter makes them fail with
+  ``EPERM`` (x86-64, aarch64, riscv64; on other machines the mode is ``"none"``);
 * ``/proc/<pid>/{environ,fd,maps}`` of processes outside the child are unreadable
   (Landlock's ptrace rule), and ``/tmp`` outside the scratch folder is not writable.
 
@@ -82,6 +86,7 @@ without importing coordex.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat
 import struct
@@ -156,6 +161,17 @@ _TRUNCATE_SYSCALLS: dict[str, tuple[int, tuple[int, ...]]] = {
     "x86_64": (0xC000003E, (76, 0x40000000 | 76)),  # native and x32
     "aarch64": (0xC00000B7, (45,)),
 }
+# Syscalls that change a file's mode, owner, times or extended attributes. Landlock has
+# no right for them, so without this filter a read-only call could chmod, chown, touch
+# or setxattr any file its user owns, outside the overlays too: (audit arch, nrs).
+_X86_64_SETATTR = (90, 91, 92, 93, 94, 132, 188, 189, 190, 197, 198, 199, 235, 260, 261, 268,
+                   280, 452, 463, 466)  # chmod .. utimensat, fchmodat2, setxattrat, removexattrat
+_GENERIC_SETATTR = (5, 6, 7, 14, 15, 16, 52, 53, 54, 55, 88, 452, 463, 466)
+_SETATTR_SYSCALLS: dict[str, tuple[int, tuple[int, ...]]] = {
+    "x86_64": (0xC000003E, _X86_64_SETATTR + tuple(0x40000000 | n for n in _X86_64_SETATTR)),
+    "aarch64": (0xC00000B7, _GENERIC_SETATTR),
+    "riscv64": (0xC00000F3, _GENERIC_SETATTR),
+}
 
 
 class _PathBeneath(ctypes.Structure):
@@ -228,7 +244,19 @@ def _landlock_usable(abi: int) -> bool:
 
 def _deny_truncate() -> None:
     """Install a seccomp filter making truncate(2) fail with EPERM (Landlock ABI < 3)."""
-    arch, numbers = _TRUNCATE_SYSCALLS[_MACHINE]
+    _deny_syscalls(*_TRUNCATE_SYSCALLS[_MACHINE])
+
+
+def _deny_setattr() -> None:
+    """Install a seccomp filter making every change of a file's metadata fail with EPERM;
+    OSError where this machine's syscall numbers are not known."""
+    if _MACHINE not in _SETATTR_SYSCALLS:
+        raise OSError(errno.ENOSYS, f"no metadata syscall table for {_MACHINE!r}")
+    _deny_syscalls(*_SETATTR_SYSCALLS[_MACHINE])
+
+
+def _deny_syscalls(arch: int, numbers: Sequence[int]) -> None:
+    """A seccomp filter: ``numbers`` fail with EPERM for ``arch``; all else is allowed."""
     ld_abs, jeq, ret = 0x20, 0x15, 0x06
     allow, eperm = 0x7FFF0000, 0x00050000 | 1
     prog: list[tuple[int, int, int, int]] = [
@@ -285,6 +313,7 @@ def _landlock_restrict(abi: int, writable: Sequence[str]) -> None:
         _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         if abi < 3:
             _deny_truncate()
+        _deny_setattr()
         _check(_syscall(_NR_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
                         ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:

@@ -37,6 +37,11 @@ READY_TIMEOUT = 30.0
 CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its host is ended
 STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
 _STDERR_TAIL = 4000
+KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its cgroups
+# The longest line the owner takes from a host. The tenant's own code can write to the
+# host's end of the pipe, so without a bound one tenant could make the server buffer (and
+# rescan) gigabytes; a reply is far smaller (output is capped at 64 KiB per stream).
+MAX_LINE = 64 << 20
 # The environment a host starts with: nothing of the owner's but these (no tokens).
 # uv's index and offline settings and the proxies pass too: builds run in the host.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE",
@@ -90,7 +95,7 @@ class _Host:
         selector = selectors.DefaultSelector()
         selector.register(self._from_host, selectors.EVENT_READ, "out")
         selector.register(err_fd, selectors.EVENT_READ, "err")
-        buffer = b""
+        buffer = bytearray()
         open_streams = 2
         try:
             while open_streams:
@@ -105,11 +110,20 @@ class _Host:
                     if key.data == "err":
                         self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]
                         continue
+                    # Only the new bytes are searched: a long line costs linear time.
+                    end = chunk.find(b"\n")
+                    if end >= 0:
+                        end += len(buffer)
                     buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
+                    while end >= 0:
+                        line = bytes(buffer[:end])
+                        del buffer[:end + 1]
                         self._dispatch(wire.decode(line, wire.HOST_TO_OWNER))
-        except (wire.ProtocolError, OSError) as exc:
+                        end = buffer.find(b"\n")
+                    if len(buffer) > MAX_LINE:
+                        raise wire.ProtocolError(
+                            f"the host sent a line longer than {MAX_LINE} bytes")
+        except Exception as exc:  # the tenant's code can write anything there: end the host
             self.stderr_tail += f"\n[owner] {exc}".encode()
             self.kill()
         finally:
@@ -197,8 +211,14 @@ class _Host:
         with contextlib.suppress(OSError):
             os.close(self._lifeline)  # the keeper ends the jail
         self._lifeline = -1
-        with contextlib.suppress(OSError):
-            self.process.kill()
+        # The keeper then removes the host's cgroups and exits; a keeper killed first
+        # leaves them behind for good, and a tenant that gets its host ended again and
+        # again would use up the machine's cgroups. Only a keeper that lingers is killed.
+        try:
+            self.process.wait(KEEPER_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                self.process.kill()
 
     def close(self, grace: float = 2.0) -> str:
         """shutdown line, then the lifeline (the keeper kills the jail), then SIGKILL."""

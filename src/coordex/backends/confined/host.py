@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(root, exist_ok=True)
     spec = JailSpec(folder=folder, writable=(root,) if root != folder else (),
                     hidden=tuple(args.hide), readable=tuple(args.readable),
-                    network=not args.no_network)
+                    network=not args.no_network, tmpfs_size=args.memory_limit or None)
     level = _level(args.level, spec)
     # Imported here, once, before the forks: the keeper, init and host share the pages.
     from ... import tools  # noqa: F401

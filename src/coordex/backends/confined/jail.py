@@ -84,6 +84,9 @@ class JailSpec:
             (the Python installation, coordex itself); in ``namespaces+landlock`` every
             folder not hidden stays readable.
         network: False leaves only loopback (a network namespace of its own).
+        tmpfs_size: bytes each private ``/tmp`` and ``/dev/shm`` may hold (None: the
+            kernel's default, half of RAM). Files there are memory, and an rlimit does
+            not count them, so without a bound a host could fill the machine's memory.
     """
 
     folder: str
@@ -91,6 +94,7 @@ class JailSpec:
     hidden: tuple[str, ...] = ()
     readable: tuple[str, ...] = ()
     network: bool = True
+    tmpfs_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,9 @@ def build_view(spec: JailSpec) -> None:
     try:
         for path in ("/tmp", "/dev/shm"):
             if os.path.isdir(path):
-                iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=1777")
+                size = f",size={spec.tmpfs_size}" if spec.tmpfs_size else ""
+                iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV,
+                           "mode=1777" + size)
         inside = [h for h in hidden if any(iso._within(h, k) and h != k for k in keep)]
         # Hidden paths above the tenant's folders are covered first and the folders bound
         # back; hidden paths inside them (a tokens file kept there) are covered after.

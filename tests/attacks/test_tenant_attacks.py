@@ -1,0 +1,274 @@
+"""A second tenant attacks the server and the other tenant (SPEC sections 8 and 9).
+
+``coordex serve --tokens FILE`` runs as a subprocess; every call goes through the
+official MCP client with a tenant's token, as in ``tests/e2e/test_confinement.py``
+(which holds the attacks already covered there: gc walks, reading files and the tokens
+file, ``/proc/*/environ``, signals, memory hogs, planted environments).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._procs import COORDEX, Running, child_env, spawn, stop
+from tests.e2e.test_confinement import (
+    ALICE,
+    BOB,
+    MEMORY_LIMIT,
+    SECRET,
+    Server,
+    _pump_lines,
+    as_nobody,
+    bob_still_fine,
+    write_tokens,
+)
+from tests.e2e.test_mcp_http import READY
+
+pytestmark = pytest.mark.timeout(180)
+
+ATTACKER = "mallory"
+
+# The host's end of the pipe to the server is one of its descriptors; the tenant's code
+# runs in the host's own interpreter, so it can write there. It writes junk with no end.
+FLOOD = """
+import os
+argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+fd = int(argv[argv.index(b'--out') + 1])
+chunk = b'x' * (1 << 20)
+for _ in range(256):
+    os.write(fd, chunk)
+'sent'
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    base = tmp_path_factory.mktemp("attacks")
+    # Names of their own: the cgroups of these hosts are told apart by them.
+    tokens = write_tokens(base, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
+    home = base / "home"
+    env = child_env(home, UV_OFFLINE="1")
+    with spawn("serve", "--port", "0", "--tokens", str(tokens), "--memory-limit",
+               MEMORY_LIMIT, env=env) as running:
+        url = running.wait_for(READY).group(1)
+        srv = Server(running, url, home, tokens)
+        bob = srv.run(BOB, ("execute_code", {"code": f"password = {SECRET!r}",
+                                             "state_mode": "stateful"}),
+                      ("execute_code", {"code": "vault = 42", "state_mode": "stateful",
+                                        "session_name": "vault"}))
+        assert not any(r["is_error"] for r in bob), bob
+        yield srv
+
+
+def test_a_flood_down_the_hosts_pipe_ends_only_that_host(server: Server) -> None:
+    # Before: the server buffered the endless line and rescanned it on every read
+    # (quadratic), so one tenant kept a core of the server busy and its memory growing.
+    started = time.monotonic()
+    flood = server.code(ALICE, FLOOD, timeout=30)
+    took = time.monotonic() - started
+    assert flood["error_type"] == "crashed" and flood["state_lost"] is True, flood
+    assert took < 20, f"the server took {took:.1f} s to end a flooding host"
+    # The ended host's cgroups are gone (before: its keeper was killed with them in place,
+    # so a tenant could use up the machine's cgroups by getting its host ended).
+    left = [g for g in glob.glob(f"/sys/fs/cgroup/*/coordex/{ATTACKER}-*")
+            if not _processes(g)]
+    assert left == [], f"cgroups of an ended host were left behind: {left}"
+    bob_still_fine(server)
+    assert server.code(ALICE, "1 + 1")["result"] == "2"
+
+
+def _processes(group: str) -> list[str]:
+    try:
+        with open(os.path.join(group, "cgroup.procs")) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+# -- as an unprivileged user: no cgroups, so the limits are rlimits ----------------------
+
+
+@pytest.fixture(scope="module")
+def nobody_server() -> Iterator[Server]:
+    if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("unshare")):
+        pytest.skip("switching to nobody needs root, setpriv and unshare (util-linux)")
+    base = Path(tempfile.mkdtemp(prefix="coordex-nobody-"))
+    os.chmod(base, 0o755)
+    home = base / "home"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    tokens = write_tokens(base, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
+    os.chown(tokens, 65534, 65534)
+    argv = as_nobody([*COORDEX, "serve", "--port", "0", "--tokens", str(tokens),
+                      "--memory-limit", MEMORY_LIMIT])
+    process = subprocess.Popen(argv, env=child_env(home), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    running = Running(process)
+    reader = threading.Thread(target=_pump_lines, args=(process, running), daemon=True)
+    reader.start()
+    try:
+        url = running.wait_for(READY).group(1)
+        yield Server(running, url, home, tokens)
+    finally:
+        stop(process)
+        reader.join(timeout=5)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_as_nobody_the_private_tmp_holds_no_more_than_the_memory_limit(
+        nobody_server: Server) -> None:
+    # Files in the private /tmp and /dev/shm are memory that RLIMIT_AS does not count:
+    # before, a host limited to 256M wrote 1G there (up to half of the machine's RAM).
+    filled = nobody_server.code(ALICE, (
+        "for d in /tmp /dev/shm; do\n"
+        "  dd if=/dev/zero of=$d/fill bs=1M count=400 2>/dev/null; du -m $d/fill | cut -f1\n"
+        "  rm -f $d/fill\n"
+        "done"), language="bash")
+    sizes = [int(n) for n in filled["stdout"].split()]
+    assert len(sizes) == 2 and max(sizes) <= 256, filled
+    assert nobody_server.code(BOB, "1 + 1")["result"] == "2"
+
+
+@pytest.mark.xfail(strict=True, reason="without cgroups the process limit is RLIMIT_NPROC, "
+                   "which counts every process of the user, and every tenant runs as the "
+                   "server's user: one tenant's processes leave none for the others (a uid "
+                   "per tenant or a delegated pids cgroup would hold it)")
+def test_as_nobody_as_processes_leave_bob_room_to_start_his(nobody_server: Server) -> None:
+    spawned = nobody_server.code(ALICE, (
+        "import subprocess\n"
+        "held = []\n"
+        "try:\n"
+        "    while len(held) < 2000:\n"
+        "        held.append(subprocess.Popen(['sleep', '30']))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "len(held)"), state_mode="stateful")
+    try:
+        assert int(spawned["result"]) > 100, spawned
+        bob = nobody_server.code(BOB, "echo fine", language="bash")
+    finally:
+        nobody_server.code(ALICE, "for p in held:\n    p.kill()\n    p.wait()",
+                           state_mode="stateful")
+    assert bob.get("stdout", "").strip() == "fine", bob
+
+
+def test_the_jail_cannot_be_climbed_out_of(server: Server) -> None:
+    # ptrace, process_vm_readv and /proc/1/root of the jail's init; lifting the tmpfs
+    # that hides the server's root; a chroot walk up (the view itself is the jail).
+    climbed = server.code(ALICE, (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "found = {}\n"
+        "found['ptrace'] = libc.ptrace(16, 1, 0, 0)\n"
+        "buf = ctypes.create_string_buffer(8)\n"
+        "iov = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)\n"
+        "found['vm_readv'] = libc.process_vm_readv(1, iov, 1, iov, 1, 0)\n"
+        "try:\n"
+        "    found['root'] = len(os.listdir('/proc/1/root'))\n"
+        "except OSError:\n"
+        "    found['root'] = -1\n"
+        f"found['umount'] = libc.umount2({str(server.home)!r}.encode(), 2)\n"
+        "os.makedirs('cell', exist_ok=True)\n"
+        "child = os.fork()\n"
+        "if child == 0:  # the walk changes the root of the process: not the host's own\n"
+        "    try:\n"
+        "        os.chroot('cell')\n"
+        "        for _ in range(64):\n"
+        "            os.chdir('..')\n"
+        "        os.chroot('.')\n"
+        f"        os._exit(3 if 'victim' in os.listdir({str(server.home / 'tenants')!r}) else 0)\n"
+        "    except BaseException:\n"
+        "        os._exit(0)\n"
+        "found['chroot'] = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])\n"
+        f"found['seen'] = os.listdir({str(server.home)!r}) if os.path.isdir({str(server.home)!r}) "
+        "else []\n"
+        "found"))
+    found = eval(climbed["result"])  # a dict of ints and a list of names, printed by repr
+    assert found["ptrace"] == found["vm_readv"] == found["root"] == found["umount"] == -1, found
+    assert "victim" not in found["seen"] and found["chroot"] == 0, found
+    bob_still_fine(server)
+
+
+@pytest.mark.parametrize(("call_id", "value"), [
+    ("%d", '"a string"'), ("%d", '{"stdout": 5, "images": [{"x": 1}]}'),
+    ("%d", "[" * 100_000 + "]" * 100_000), ("[%d]", "1")])
+def test_replies_forged_down_the_hosts_pipe_reach_only_the_forger(server: Server, call_id: str,
+                                                                  value: str) -> None:
+    forge = (
+        "import os\n"
+        "argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "fd = int(argv[argv.index(b'--out') + 1])\n"
+        "for call in range(1, 400):\n"
+        f"    os.write(fd, b'{{\"type\":\"reply\",\"id\":{call_id},\"value\":' % call"
+        f" + {value!r}.encode()"
+        " + b'}\\n')\n"
+        "'sent'")
+    started = time.monotonic()
+    try:
+        server.code(ALICE, forge, timeout=20)
+    except Exception:  # what the forger's own client makes of its forgery is its own affair
+        pass
+    # Before: a line nested too deep to decode, or an id that cannot be a key, killed the
+    # server's reader without ending the host, and the forger's call waited forever.
+    assert time.monotonic() - started < 15
+    bob_still_fine(server)
+    assert server.code(ALICE, "1 + 1")["result"] == "2"
+
+
+def test_no_tenant_can_plant_code_in_the_interpreter_every_host_runs(server: Server) -> None:
+    # Every host imports coordex and the standard library from the server's own Python:
+    # a .pth, a sitecustomize or a bytecode file planted there would run in every tenant.
+    planted = server.code(ALICE, (
+        "import os, site, sys, sysconfig\n"
+        "import coordex\n"
+        "targets = [os.path.join(p, 'zz_planted.pth') for p in site.getsitepackages()]\n"
+        "targets += [os.path.join(sysconfig.get_paths()['stdlib'], 'sitecustomize.py'),\n"
+        "            os.path.join(os.path.dirname(coordex.__file__), '__pycache__', 'x.pyc')]\n"
+        "hits = []\n"
+        "for path in targets:\n"
+        "    try:\n"
+        "        with open(path, 'a') as f:\n"
+        "            f.write('import os\\n')\n"
+        "        hits.append(path)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "hits, len(targets)"))
+    hits, tried = eval(planted["result"])  # a list of paths and a count, printed by repr
+    assert tried >= 3 and hits == [], planted
+
+
+# -- the "landlock" level: no namespaces, every tenant is the server's own user ----------
+
+
+@pytest.mark.xfail(strict=True, reason="in the 'landlock' level (user namespaces blocked) "
+                   "Landlock has no right for chmod/chown/utime/setxattr and does not stop "
+                   "path lookups, so a tenant can change the mode of another tenant's files "
+                   "by their well-known names and lock it out of its own database; a seccomp "
+                   "filter on those calls would also stop the tenant's own environment builds")
+def test_in_the_landlock_level_a_cannot_lock_b_out_of_its_files(tmp_path: Path) -> None:
+    tokens = write_tokens(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
+    home = tmp_path / "home"
+    env = child_env(home, COORDEX_ISOLATION_FORCE="refused")
+    with spawn("serve", "--port", "0", "--tokens", str(tokens), env=env) as running:
+        url = running.wait_for(READY).group(1)
+        assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
+        srv = Server(running, url, home, tokens)
+        srv.code(BOB, "echo mine > notes.txt", language="bash")
+        victim = home / "tenants" / "victim"
+        os.chmod(victim / "notes.txt", 0o644)
+        srv.code(ALICE, f"chmod 000 {victim}/notes.txt {victim}; "
+                 f"touch -d @1 {victim}/notes.txt", language="bash")
+        st = os.stat(victim / "notes.txt")
+        assert (oct(st.st_mode & 0o777), oct(os.stat(victim).st_mode & 0o777)) == (
+            "0o644", "0o755")
+        assert st.st_mtime > 1
