@@ -232,9 +232,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return EXIT_FAILURE
     _terminate_as_interrupt()
+    tenants_cluster = None  # with several tenants the server holds the one connection
     if args.cluster and args.tokens:
-        _say("warning: on the cluster, tenants' sessions run in coordex's actor on each node, "
-             "not yet in a confined host of each tenant there.")
+        from .core.errors import CoordexError
+
+        try:
+            tenants_cluster, lines, refusal = router.join_cluster_for_tenants(args.cluster)
+        except CoordexError as exc:
+            sock.close()
+            _say(f"cannot use --cluster {args.cluster!r}: {exc.error} {exc.suggestion}")
+            return EXIT_FAILURE
+        for line in lines:
+            _say(line)
+        if refusal is not None:
+            sock.close()
+            tenants_cluster.close()
+            _say(f"refusing to start: {refusal}")
+            return EXIT_USAGE
     tenants = []
     try:
         for name, token in named.items():
@@ -247,6 +261,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         for tenant in tenants:
             tenant.executor.close()
+        if tenants_cluster is not None:
+            tenants_cluster.close()
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
         return EXIT_FAILURE
 
@@ -274,6 +290,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for tenant in tenants:
             with contextlib.suppress(Exception):
                 tenant.executor.close()
+        if tenants_cluster is not None:
+            with contextlib.suppress(Exception):
+                tenants_cluster.close()
     return EXIT_OK
 
 

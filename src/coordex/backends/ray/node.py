@@ -384,6 +384,8 @@ class NodeHost:
             with contextlib.suppress(Exception):
                 backend.close()
 
+    close = shutdown  # as a confined host's served object (``--serve node``)
+
     def orphans(self) -> list[int]:
         """Pids on this machine that carry this actor's token (tests and diagnostics)."""
         return _marked_pids(self._token, exclude=os.getpid())

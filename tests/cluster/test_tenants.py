@@ -1,0 +1,162 @@
+"""SPEC 10, last bullet: with several tenants, a tenant's sessions on a node run in a
+confined host of that tenant there; a node that cannot confine is not used for tenants.
+
+``coordex serve --tokens FILE --cluster ADDRESS`` runs as a subprocess against the
+module's local cluster, and the tenants call it through the official MCP client. Every
+node of that cluster runs on this machine, so the test can see, from outside, the files
+and processes each tenant has on a node. A third node starts with confinement forced
+off (``COORDEX_ISOLATION_FORCE=none``, as a node without user namespaces or Landlock
+would be): the server says so at start and never places a tenant's session there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordex import Executor
+from coordex.backends.isolation import force_unavailable
+from tests.cluster.conftest import NODE_ARGS, LocalCluster
+from tests.e2e._procs import Running, child_env, spawn
+from tests.e2e.test_mcp_http import READY, call_with_sdk
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(180)]
+
+ALICE = "alice-token-0123456789abcdef"
+BOB = "bob-token-0123456789abcdef"
+SECRET = "bobs-node-secret-7f3a"
+MARKS = ("987", "986")  # bob's background `sleep N` on a node: what alice tries to kill
+
+
+@dataclass
+class Served:
+    running: Running
+    url: str
+    blocked: str  # the node id that cannot confine
+
+    def code(self, token: str, code: str, **arguments: Any) -> dict[str, Any]:
+        return call_with_sdk(self.url, token, [("execute_code", {"code": code, **arguments})])[0]
+
+    def call(self, token: str, tool: str, **arguments: Any) -> dict[str, Any]:
+        return call_with_sdk(self.url, token, [(tool, arguments)])[0]
+
+
+def _blocked_node(local_cluster: LocalCluster) -> Any:
+    """A node whose processes cannot confine (its raylet, and so its workers, inherit
+    the forced level from this process's environment when it starts)."""
+    previous = force_unavailable("none")
+    try:
+        return local_cluster.cluster.add_node(**NODE_ARGS)
+    finally:
+        force_unavailable(previous)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def served(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Served]:
+    node = _blocked_node(local_cluster)
+    base = tmp_path_factory.mktemp("tenants")
+    tokens = base / "tokens.txt"
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    os.chmod(tokens, 0o600)
+    env = child_env(base / "server", UV_OFFLINE="1")
+    try:
+        with spawn("serve", "--port", "0", "--tokens", str(tokens), "--cluster",
+                   local_cluster.address, "--memory-limit", "512M", env=env) as running:
+            url = running.wait_for(READY, timeout=120).group(1)
+            yield Served(running, url, node.node_id)
+    finally:
+        local_cluster.cluster.remove_node(node, allow_graceful=False)
+
+
+def _node_pids(pattern: str) -> list[int]:
+    """Pids on this machine whose command line matches ``pattern`` (the nodes are here)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if re.fullmatch(pattern, cmdline):
+            found.append(int(entry))
+    return found
+
+
+def _bobs_secret_and_sleeper(served: Served, home: Path, mark: str) -> int:
+    """Bob keeps a file and a background process in his bash session on a node."""
+    bob = served.code(BOB, f"echo {SECRET} > secret.txt; sleep {mark} & pwd",
+                      language="bash", state_mode="stateful", session_name="vault")
+    assert bob.get("is_error") is False, bob
+    assert bob["stdout"].strip() == str(home / "tenants" / "bob"), bob
+    assert (home / "tenants" / "bob" / "secret.txt").read_text().strip() == SECRET
+    deadline = time.monotonic() + 10
+    while not (pids := _node_pids(f"sleep {mark}")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+ATTACK = ("cat {home}/tenants/bob/secret.txt; ls {home}/tenants; kill -9 {pid}; "
+          "echo kill=$?; ls /proc | grep -c '^[0-9]'")
+
+
+def test_a_tenant_cannot_read_or_signal_another_tenants_session_on_a_node(
+        served: Served, local_cluster: LocalCluster) -> None:
+    home = local_cluster.home
+    sleeper = _bobs_secret_and_sleeper(served, home, MARKS[0])
+    stolen = served.code(ALICE, ATTACK.format(home=home, pid=sleeper), language="bash",
+                         state_mode="stateful")
+    assert stolen.get("is_error") is False, stolen
+    assert SECRET not in stolen["stdout"], stolen
+    assert "kill=1" in stolen["stdout"], stolen  # no such process: bob's is out of sight
+    assert "bob" not in stolen["stdout"].split("kill=")[0], stolen
+    assert int(stolen["stdout"].split()[-1]) < 20, stolen  # a pid namespace of its own
+    assert _node_pids(f"sleep {MARKS[0]}") == [sleeper]
+    # Both sessions are on nodes, and never on the node that cannot confine.
+    for token in (ALICE, BOB):
+        records = served.call(token, "list_sessions")["sessions"]
+        nodes = {r.get("node") for r in records if r["language"] == "bash"}
+        assert nodes and None not in nodes and served.blocked not in nodes, records
+    still = served.code(BOB, "cat secret.txt; jobs | wc -l", language="bash",
+                        state_mode="stateful", session_name="vault")
+    assert still["stdout"].split() == [SECRET, "1"], still  # the sleeper is still its job
+
+
+def test_the_same_attack_succeeds_on_the_unconfined_path(
+        served: Served, local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Before confinement on nodes, a session on a node ran in coordex's actor there,
+    as any tenant's did: the attack above read bob's file and killed his process."""
+    home = local_cluster.home
+    sleeper = _bobs_secret_and_sleeper(served, home, MARKS[1])
+    with Executor(root=tmp_path / "alice", timeout=30, cluster=local_cluster.address) as ex:
+        stolen = ex.execute_code(ATTACK.format(home=home, pid=sleeper), language="bash")
+    assert SECRET in stolen["stdout"], stolen
+    assert "kill=0" in stolen["stdout"], stolen
+    assert not _node_pids(f"sleep {MARKS[1]}")
+
+
+def test_the_server_says_which_nodes_cannot_confine_and_uses_only_the_others(
+        served: Served) -> None:
+    line = served.running.wait_for(rf"cluster node {served.blocked[:12]} \(.*\): (.*)").group(1)
+    assert line == "confinement none - not used for tenants' sessions"
+    others = [m for m in served.running.seen if re.search(r"cluster node \w+ .*: confinement "
+                                                          r"namespaces\+landlock$", m.strip())]
+    assert len(others) >= 2, served.running.seen
+    # Many sessions, none on the node that cannot confine.
+    for number in range(1, 4):
+        result = served.code(ALICE, "echo $$", language="bash", state_mode="stateful",
+                             session_id=number)
+        assert result.get("is_error") is False, result
+    nodes = {r.get("node") for r in served.call(ALICE, "list_sessions")["sessions"]
+             if r["language"] == "bash"}
+    assert nodes and served.blocked not in nodes and None not in nodes
