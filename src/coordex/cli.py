@@ -244,6 +244,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return EXIT_FAILURE
         for line in lines:
             _say(line)
+        if not args.no_network:
+            _say("warning: tenants have network, so their code can reach the cluster's Ray "
+                 "ports; unless the cluster uses Ray's token authentication, pass "
+                 "--no-network or firewall the cluster from the tenants.")
         if refusal is not None:
             sock.close()
             tenants_cluster.close()

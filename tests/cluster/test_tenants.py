@@ -160,3 +160,18 @@ def test_the_server_says_which_nodes_cannot_confine_and_uses_only_the_others(
     nodes = {r.get("node") for r in served.call(ALICE, "list_sessions")["sessions"]
              if r["language"] == "bash"}
     assert nodes and served.blocked not in nodes and None not in nodes
+
+
+def test_a_tenants_environment_is_built_and_run_in_its_host_on_a_node(
+        served: Served, local_cluster: LocalCluster) -> None:
+    home = local_cluster.home
+    created = served.call(ALICE, "create_environment", spec="# no requirements\n")
+    assert isinstance(created.get("venv_id"), int), created
+    probe = ("import os, sys\n"
+             f"(os.getcwd(), sys.prefix.startswith(os.getcwd()), "
+             f"os.path.exists({str(home / 'tenants' / 'bob')!r}), len(os.listdir('/proc')) < 60)")
+    kept = served.code(ALICE, probe, venv_id=created["venv_id"], state_mode="stateful")
+    assert kept.get("is_error") is False, kept
+    assert kept["result"] == repr((str(home / "tenants" / "alice"), True, False, True)), kept
+    once = served.code(ALICE, "import os; os.getcwd()", venv_id=created["venv_id"])
+    assert once["result"] == repr(str(home / "tenants" / "alice")), once
