@@ -233,7 +233,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     _terminate_as_interrupt()
     tenants_cluster = None  # with several tenants the server holds the one connection
-    if args.cluster and args.tokens:
+    if args.cluster and (args.tokens or args.confine):  # every confined tenant
         from .core.errors import CoordexError
 
         try:

@@ -144,7 +144,8 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
     in this process (``make_in_process()``), with ``root`` as its data folder.
     """
     hidden = secrets_to_hide(root, getattr(args, "tokens", None))
-    if name and getattr(args, "cluster", None):
+    confined = bool(name or getattr(args, "confine", None))
+    if confined and getattr(args, "cluster", None):
         from .backends.ray.tenant import ray_secrets
 
         hidden += ray_secrets()
@@ -152,7 +153,8 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
         return confined_executor(args, root / "tenants" / name, name=name, hidden=hidden,
                                  lazy=True, nodes=tenant_nodes(args, name))
     if getattr(args, "confine", None):
-        return confined_executor(args, Path(args.confine), name="default", hidden=hidden)
+        return confined_executor(args, Path(args.confine), name="default", hidden=hidden,
+                                 nodes=tenant_nodes(args, "default"))
     return make_in_process()
 
 

@@ -175,3 +175,23 @@ def test_a_tenants_environment_is_built_and_run_in_its_host_on_a_node(
     assert kept["result"] == repr((str(home / "tenants" / "alice"), True, False, True)), kept
     once = served.code(ALICE, "import os; os.getcwd()", venv_id=created["venv_id"])
     assert once["result"] == repr(str(home / "tenants" / "alice")), once
+
+
+def test_a_tenant_host_that_dies_takes_its_processes_on_nodes_with_it(served: Served) -> None:
+    started = served.code(ALICE, "sleep 984 &", language="bash", state_mode="stateful",
+                          session_name="left")
+    assert started.get("is_error") is False, started
+    assert _node_pids("sleep 984")
+    died = served.code(ALICE, "import os; os._exit(1)")
+    assert died["error_type"] == "crashed" and died["state_lost"] is True, died
+    again = served.code(ALICE, "1 + 1")
+    assert again["result"] == "2" and again["state_lost"] is True, again
+    deadline = time.monotonic() + 20
+    while _node_pids("sleep 984") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _node_pids("sleep 984")  # the dead Executor's node sessions ended with it
+    fresh = served.code(ALICE, "echo $((6 * 7))", language="bash", state_mode="stateful",
+                        session_name="left")
+    assert fresh.get("stdout") == "42\n", fresh
+    assert served.code(BOB, "cat secret.txt", language="bash", state_mode="stateful",
+                       session_name="vault")["stdout"] == SECRET + "\n"
