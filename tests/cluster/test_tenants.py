@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -175,6 +176,15 @@ def test_a_tenants_environment_is_built_and_run_in_its_host_on_a_node(
     assert kept["result"] == repr((str(home / "tenants" / "alice"), True, False, True)), kept
     once = served.code(ALICE, "import os; os.getcwd()", venv_id=created["venv_id"])
     assert once["result"] == repr(str(home / "tenants" / "alice")), once
+
+
+def test_the_memory_limit_holds_for_a_tenants_host_on_a_node(served: Served) -> None:
+    hog = served.code(ALICE, f"{sys.executable} -c 'bytearray(900 << 20)'; echo exit=$?",
+                      language="bash", state_mode="stateful", session_name="hog")
+    assert hog.get("is_error") is False, hog
+    assert "exit=0" not in hog["stdout"], hog  # 900 MiB in a host limited to 512M
+    assert served.code(ALICE, "echo $((1 + 1))", language="bash", state_mode="stateful",
+                       session_name="hog")["stdout"] == "2\n"
 
 
 def test_a_tenant_host_that_dies_takes_its_processes_on_nodes_with_it(served: Served) -> None:
