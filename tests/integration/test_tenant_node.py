@@ -22,7 +22,7 @@ from tests.e2e.test_confinement import as_nobody, open_tmp  # noqa: F401 (a fixt
 
 pytestmark = pytest.mark.timeout(120)
 
-SCRIPT = r"""
+SCRIPT_HEAD = r"""
 import json, os, re, sys, time
 from coordex.backends.ray.tenant import TenantNodeHost
 
@@ -49,6 +49,9 @@ def sleepers():
             pass
     return found
 
+"""
+
+SCRIPT = SCRIPT_HEAD + r"""
 home = os.environ["COORDEX_HOME"]
 hosts = {name: TenantNodeHost({"name": name, "memory_limit": 512 << 20})
          for name in ("bob", "alice")}
@@ -87,3 +90,30 @@ def test_as_nobody_a_tenant_on_a_node_cannot_reach_another(open_tmp: Path) -> No
     assert found["level"] == "namespaces+landlock", found
     assert "bobs-secret" not in found["attack"] and "kill=1" in found["attack"], found
     assert found["bob_alive"], found
+
+
+def test_max_calls_bounds_a_tenants_calls_on_a_node(tmp_path: Path) -> None:
+    """SPEC 9's call limit holds in a tenant's host on a node: with ``max_calls`` 1, two
+    one-second calls from two sessions take two seconds."""
+    script = SCRIPT_HEAD + r"""
+import threading
+host = TenantNodeHost({"name": "alice", "memory_limit": 512 << 20, "max_calls": 1})
+try:
+    for sid in ("a", "b"):
+        run(host, "open", {"sid": sid, "language": "bash", "env": None, "capabilities": []})
+    started = time.monotonic()
+    threads = [threading.Thread(target=bash, args=(host, sid, "sleep 1")) for sid in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"seconds": time.monotonic() - started}))
+finally:
+    host.shutdown()
+"""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COORDEX_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    assert 2.0 <= seconds < 10, seconds

@@ -204,7 +204,8 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
         if args.serve == "node":
             from ..ray.node import NodeHost
 
-            executor: Any = NodeHost(**options)
+            # --max-calls bounds the node's session calls, not only the wire's requests.
+            executor: Any = NodeHost(**options, max_calls=max(1, args.max_calls))
         else:
             if args.relay:
                 from ..ray.relay import RelayCluster
