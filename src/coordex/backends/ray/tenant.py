@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,15 @@ def ray_secrets() -> list[str]:
     authentication): hidden from every tenant's host, which could otherwise join the
     cluster and run anything anywhere on it."""
     paths = [os.path.expanduser("~/.ray"), os.environ.get("RAY_AUTH_TOKEN_PATH", "")]
+    # And its folder of sockets and logs (under /tmp, already private in a jail, unless
+    # the cluster was started with --temp-dir elsewhere): where this process joined one.
+    ray = sys.modules.get("ray")
+    try:
+        node = ray._private.worker._global_node if ray is not None else None
+        if node is not None:
+            paths.append(str(node.get_temp_dir_path()))
+    except Exception:
+        pass
     return [p for p in paths if p]
 
 
