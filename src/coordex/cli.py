@@ -570,7 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", metavar="ADDRESS",
                    help="run bash and environment sessions on a Ray cluster: 'auto' (the "
                    "cluster this machine belongs to), 'ray://HOST:PORT', or an address; "
-                   "needs pip install 'coordex[ray]'")
+                   "needs pip install 'coordex[ray]'. With --tokens, each tenant's sessions "
+                   "on a node run in a confined host of that tenant there")
     _add_confinement_options(p, tenants=True)
     p.set_defaults(func=cmd_serve)
 
