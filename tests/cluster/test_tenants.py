@@ -205,3 +205,25 @@ def test_a_tenant_host_that_dies_takes_its_processes_on_nodes_with_it(served: Se
     assert fresh.get("stdout") == "42\n", fresh
     assert served.code(BOB, "cat secret.txt", language="bash", state_mode="stateful",
                        session_name="vault")["stdout"] == SECRET + "\n"
+
+
+def test_closing_a_tenant_ends_its_hosts_on_nodes_at_once(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    from coordex.backends.confined import ConfinedExecutor
+    from coordex.backends.ray.relay import NodeRelay
+
+    nodes = NodeRelay(local_cluster.address, {"name": "carol", "memory_limit": 512 << 20})
+    carol = ConfinedExecutor(tmp_path / "carol", nodes=nodes)
+    try:
+        started = carol.execute_code("sleep 983 &", language="bash", state_mode="stateful")
+        assert started.get("is_error") is False, started
+        assert carol.list_sessions()["sessions"][-1].get("node"), carol.list_sessions()
+        assert _node_pids("sleep 983")
+    finally:
+        began = time.monotonic()
+        carol.close()
+    assert carol.close_step == "shutdown" and time.monotonic() - began < 10
+    deadline = time.monotonic() + 5
+    while _node_pids("sleep 983") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _node_pids("sleep 983")

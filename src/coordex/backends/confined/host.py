@@ -284,6 +284,8 @@ class _Server:
         return self._stop(0)
 
     def _stop(self, code: int) -> int:
+        if self.relay is not None:  # no node_reply can arrive any more: fail fast
+            self.relay.detach()
         with contextlib.suppress(Exception):
             self.executor.close()
         os._exit(code)  # call threads may still be blocked in user code

@@ -150,6 +150,18 @@ class RelayCluster(RayCluster):
             self.answer(number, {"died": f"the server is gone ({exc})"})
         return ref
 
+    def detach(self) -> None:
+        """The owner stops answering (the host is shutting down): every request, and
+        every one still waiting, fails at once; the owner ends the tenant's actors."""
+        def refuse(msg: dict[str, Any]) -> None:
+            raise OSError("the host is shutting down")
+
+        self._send = refuse
+        with self._lock:
+            waiting = list(self._pending)
+        for number in waiting:
+            self.answer(number, {"died": "the host is shutting down"})
+
     def answer(self, number: Any, value: Any) -> None:
         """A ``node_reply`` from the owner."""
         with self._lock:
