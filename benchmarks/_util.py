@@ -7,11 +7,16 @@ import time
 from collections.abc import Callable
 
 
-def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 3) -> float:
+def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 3,
+                   gap: float = 0.0) -> float:
+    """Median wall time of ``fn()``; ``gap`` seconds of idle time before each call (as
+    between a model's calls, which lets work a backend does ahead of a call finish)."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(runs):
+        if gap:
+            time.sleep(gap)
         started = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - started)

@@ -9,7 +9,7 @@ before each executor starts so every process inherits it. "added" is the median 
 the baseline's median. The warm-up calls also start the bash session's launcher server
 (~20 ms, once per session), which the medians leave out.
 
-    python benchmarks/bench_read_only_files.py [runs] [--no-worker]
+    python benchmarks/bench_read_only_files.py [runs] [--no-worker] [--back-to-back]
 
 The worker row builds an empty environment with uv (offline, ~0.1 s) in a temp root.
 """
@@ -28,6 +28,9 @@ from coordex import Executor
 from coordex.backends import isolation
 
 MODES = ("none", "refused", "discarded")
+# Idle time before each call, as between a model's calls: a bash session makes its next
+# protected copy ahead of the call in it (0 with --back-to-back).
+GAP = 0.0 if "--back-to-back" in sys.argv else 0.05
 
 
 def measure(kind: str, mode: str, runs: int, base: Path) -> tuple[float, str]:
@@ -53,7 +56,7 @@ def measure(kind: str, mode: str, runs: int, base: Path) -> tuple[float, str]:
             assert "error" not in result, result
             seen.add(result["isolation"]["files"])
 
-        seconds = median_seconds(call, runs, warmup=5)
+        seconds = median_seconds(call, runs, warmup=5, gap=GAP)
     return seconds, ",".join(sorted(seen))
 
 

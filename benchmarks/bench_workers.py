@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import fmt, median_seconds, table
 
 from coordex.backends.base import RunRequest
-from coordex.backends.workers import WorkerSession, WorkerTemplate
+from coordex.backends.env.workers import WorkerSession, WorkerTemplate
 
 RECORDS = ("records = [{'id': i, 'account': 'acct-%d' % (i % 997), 'amount': i * 0.01}"
            " for i in range(200_000)]\nblob = bytearray(SIZE)")

@@ -41,6 +41,15 @@ def child_pids(pid: int | None = None) -> set[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     return tmp_path / "coordex-home"

@@ -105,9 +105,48 @@ def _only_interrupts(exc: BaseException) -> bool:
 
 def _terminate_as_interrupt() -> None:
     # SIGTERM (from a supervisor or an MCP client shutting us down) should unwind like
-    # Ctrl-C, so `with Executor` closes and every child process is reaped.
+    # Ctrl-C, so `with Executor` closes and every child process is reaped. SIGINT gets
+    # a handler of our own too: asyncio's runner replaces the default one with a handler
+    # that only cancels the main task, which then waits on the transport's read of
+    # stdin for as long as the client keeps it open.
     with contextlib.suppress(ValueError):  # not in the main thread
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _leave_promptly(code: int) -> int:
+    """``code``, once the executors are closed - or exit now if threads would hold it.
+
+    After a signal, threads the server cannot stop may remain: the transport's read of
+    a stdin the client keeps open, a call stuck in C in the agent's own interpreter.
+    Python's exit waits for them (``threading._shutdown``), for good. Every process
+    coordex started is ended by now, so give them a moment, then leave without them
+    (SPEC section 8: out within 5 s of SIGTERM or SIGINT).
+    """
+    import atexit
+    import threading
+    import time
+
+    deadline = time.monotonic() + LEAVE_GRACE
+    waiting = [t for t in threading.enumerate()
+               if t is not threading.current_thread() and not t.daemon]
+    for thread in waiting:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in waiting):
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
+# How long threads left after a signal get to finish before the process leaves them.
+LEAVE_GRACE = 1.0
 
 
 # --- mcp -----------------------------------------------------------------------------------
@@ -143,7 +182,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     try:
         anyio.run(serve_stdio, ex, wire)
     except KeyboardInterrupt:
-        pass
+        ex.close()
+        return _leave_promptly(EXIT_OK)
     finally:
         ex.close()
     return EXIT_OK
@@ -279,6 +319,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # The page: each tenant's token shows that tenant alone.
         _say(f"the page with sessions and call log: http://{shown}:{port}/ui/?token=<token>")
 
+    interrupted = False
     try:
         anyio.run(serve_http, app, sock, ready)
     except SystemExit as exc:  # uvicorn exits on a failed startup (e.g. the lifespan)
@@ -288,6 +329,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # SIGTERM arrives as KeyboardInterrupt, which anyio may wrap in an exception group.
         if not _only_interrupts(exc):
             raise
+        interrupted = True
     finally:
         sock.close()
         # The app's lifespan closes executors on a clean shutdown; closing twice is safe.
@@ -297,7 +339,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if tenants_cluster is not None:
             with contextlib.suppress(Exception):
                 tenants_cluster.close()
-    return EXIT_OK
+    return _leave_promptly(EXIT_OK) if interrupted else EXIT_OK
 
 
 # --- log -----------------------------------------------------------------------------------

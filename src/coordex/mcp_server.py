@@ -276,6 +276,9 @@ def claim_stdio() -> WireFds:
     finally:
         os.close(null)
     os.dup2(2, 1)
+    from .worker._coordex_copy import hold
+
+    hold(read_fd, write_fd)  # read-only copies of Python sessions close the wire
     return WireFds(read_fd, write_fd)
 
 

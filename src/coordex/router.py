@@ -121,6 +121,10 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
         executor_args["max_sessions"] = args.max_sessions
     if getattr(args, "timeout", None) is not None:
         executor_args["timeout"] = args.timeout
+    else:  # an MCP front end (SPEC 8): below clients' common 60 s request timeout
+        from .tools import MCP_DEFAULT_TIMEOUT
+
+        executor_args["timeout"] = MCP_DEFAULT_TIMEOUT
     return ConfinedExecutor(folder, memory_limit=args.memory_limit,
                             network=not args.no_network, max_calls=args.max_calls,
                             hide=[str(p) for p in hidden], name=name or "default",

@@ -11,7 +11,10 @@ decides from the facts a place reports in an outcome:
 - ``state_lost`` is reported once per loss: a loss already reported by an earlier
   result is not repeated;
 - a call that reserved a new session whose process could not start releases the
-  reservation, so a failed start never holds a place under ``max_sessions``.
+  reservation, so a failed start never holds a place under ``max_sessions``;
+- a call whose process died is run once more or reported ``crashed``, by
+  :func:`attempts` and the table of :mod:`coordex.core.faults` (SPEC section 6), from
+  the ``died`` fact its place reported — never by the place itself.
 
 Calls to one session are serialised by its lock; the table's own lock guards only the
 bookkeeping and is never held while code runs.
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .backends.base import Outcome, Session, wait_for
-from .core import messages
+from .core import faults, messages
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError
 from .core.registry import PLAN_KEY, SessionEntry, SessionRegistry
@@ -220,3 +223,42 @@ class SessionTable:
     def _check_open(self) -> None:
         if self.closed:
             raise messages.executor_closed()
+
+
+def attempts(place: Any, mode: messages.Mode, run: Callable[[], Outcome]) -> Outcome:
+    """Run one call through ``run`` (one attempt each) and apply SPEC section 6.
+
+    A place reports a death during an attempt with the facts ``died`` (``"process"``:
+    the session's process, so its state is gone; ``"copy"``: only the fork that ran the
+    call) and ``died_how``. Where the place ``retries`` (Python workers), the call runs
+    once more, on the fresh process the place has put in; a second death, or any death
+    where the place does not retry, is ``crashed`` naming how often it died. The result
+    says ``retried`` and ``state_lost`` where they hold.
+    """
+    tried: list[faults.Attempt] = []
+    hows: list[str] = []
+    while True:
+        outcome = dict(run())
+        died = outcome.pop("died", None)
+        how = outcome.pop("died_how", None)
+        if how:
+            hows.append(str(how))
+        tried.append(faults.Attempt(died=died, replaced=died is None
+                                    and bool(outcome.get("state_lost"))))
+        step = faults.next_step(bool(getattr(place, "retries", False)), tried)
+        if step != "retry":
+            break
+    if faults.retried(tried):
+        outcome["retried"] = True
+    if step == "crashed" and len(tried) > 1:
+        kind = getattr(place, "kind", "worker")
+        words = kind if kind in messages.WORDS else "worker"
+        keep = {k: v for k, v in (outcome.get("error") or {}).items()
+                if k not in ("error", "error_type", "suggestion", "state_lost")}
+        outcome["error"] = messages.crashed(words, mode, "; ".join(dict.fromkeys(hows))
+                                            or "no reason given", attempts=len(tried), **keep)
+    if mode != "stateless" and faults.state_lost(tried):
+        outcome["state_lost"] = True
+        if outcome.get("error"):
+            outcome["error"]["state_lost"] = True
+    return outcome

@@ -501,3 +501,21 @@ def test_a_tenant_holds_a_capped_number_of_mcp_sessions(server: Server) -> None:
             for session in opened:
                 client.delete(server.url, headers={**alice, "mcp-session-id": session,
                                                    "mcp-protocol-version": "2025-06-18"})
+
+
+def test_serve_confine_runs_the_single_tenant_in_a_jail(tmp_path: Path) -> None:
+    folder = tmp_path / "work"
+    env = child_env(tmp_path / "home", COORDEX_TOKEN=SERVER_TOKEN)
+    with spawn("serve", "--port", "0", "--confine", str(folder), "--max-calls", "2",
+               env=env) as running:
+        url = running.wait_for(READY).group(1)
+        assert running.wait_for(r"confinement: (\S+)").group(1) == best_level()
+        seen = call_with_sdk(url, SERVER_TOKEN, [
+            ("execute_code", {"code": "import os; os.getcwd()"}),
+            ("execute_code", {"code": "import os; os.kill(os.getpid(), 9)"}),
+            ("execute_code", {"code": "1 + 1"}),
+        ])
+        assert seen[0]["result"] == repr(str(folder))
+        assert seen[1]["error_type"] == "crashed" and seen[2]["state_lost"] is True
+        assert running.process.poll() is None
+

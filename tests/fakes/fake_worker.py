@@ -1,6 +1,6 @@
 """A misbehaving worker for fault tests, chosen by ``COORDEX_FAKE_WORKER``.
 
-Tests point ``coordex.backends.workers.WORKER_SCRIPT`` here. Behaviours:
+Tests point ``coordex.backends.env.workers.WORKER_SCRIPT`` here. Behaviours:
 
 - ``silent``: never sends the handshake (sleeps);
 - ``garbage``: writes a non-JSON line where the handshake should be;

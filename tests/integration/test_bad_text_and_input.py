@@ -13,7 +13,7 @@ import pytest
 
 from coordex import CallError, Executor
 from coordex.backends.base import RunRequest
-from coordex.backends.workers import WorkerSession
+from coordex.backends.env.workers import WorkerSession
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,6 +40,8 @@ def test_own_interpreter_escapes_a_lone_surrogate_like_a_worker(ex: Executor,
     r = ex.execute_code(code)
     assert r["stdout"] == "caf\\udce9.txt\n", r
     utf8_json(r)
+    ex.execute_code("x = 1", state_mode="stateful")
+    assert ex.execute_code(code, state_mode="read_only", session_id=0)["stdout"] == r["stdout"]
     worker = WorkerSession(sys.executable)
     try:
         assert worker.run(RunRequest(code, timeout=20))["stdout"] == r["stdout"]

@@ -199,3 +199,28 @@ def test_a_hidden_file_inside_the_folder_stays_hidden(tmp_path: Path) -> None:
     with ConfinedExecutor(folder, hide=[folder / "tokens"]) as ex:
         seen = ex.execute_code("cat tokens; ls", language="bash")
         assert "alice-token" not in seen["stdout"]
+
+
+def test_the_process_limit_holds(tmp_path: Path) -> None:
+    with ConfinedExecutor(tmp_path / "t", max_processes=40) as ex:
+        if ex.confinement["processes"] != "cgroup":
+            pytest.skip("no pids cgroup here (the rlimit counts every process of the user)")
+        burst = ex.execute_code("for i in $(seq 80); do sleep 3 & done 2>/dev/null; "
+                                "jobs -r | wc -l", language="bash", state_mode="stateful")
+        started = int(burst["stdout"].split()[-1])
+        assert started < 40, burst
+        assert ex.execute_code("1 + 1")["result"] == "2"
+
+
+def test_confined_mcp_tenants_keep_the_mcp_default_timeout(tmp_path: Path) -> None:
+    import argparse
+
+    from coordex import router
+    from coordex.tools import MCP_DEFAULT_TIMEOUT
+
+    args = argparse.Namespace(timeout=None, max_sessions=None, memory_limit=1 << 30,
+                              no_network=False, max_calls=8)
+    ex = router.confined_executor(args, tmp_path / "t", name="t", hidden=[], lazy=True)
+    assert ex.timeout == MCP_DEFAULT_TIMEOUT
+    args.timeout = 7.0
+    assert router.confined_executor(args, tmp_path / "u", name="u", hidden=[], lazy=True).timeout == 7.0

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import alive
+
 HOST = r"""
 import json, sys, threading, time
 from coordex import Executor
 from coordex.backends.base import RunRequest
-from coordex.backends.workers import WorkerSession, WorkerTemplate
+from coordex.backends.env.workers import WorkerSession, WorkerTemplate
 
 root, report = sys.argv[1], sys.argv[2]
 ex = Executor(root=root, timeout=600)
@@ -56,14 +58,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_every_process_ends_when_the_host_dies(tmp_path: Path, sig: signal.Signals) -> None:
     report = tmp_path / "pids.json"
@@ -81,21 +75,21 @@ def test_every_process_ends_when_the_host_dies(tmp_path: Path, sig: signal.Signa
         time.sleep(0.1)
         pids = json.loads(report.read_text())
         assert len(pids) == 9
-        assert all(_alive(pid) for pid in pids.values()), pids
+        assert all(alive(pid) for pid in pids.values()), pids
         host.send_signal(sig)
         host.wait(10)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(
-                _alive(pid) for name, pid in pids.items() if name != "setsid"):
+                alive(pid) for name, pid in pids.items() if name != "setsid"):
             time.sleep(0.05)
-        left = {name: pid for name, pid in pids.items() if _alive(pid) and name != "setsid"}
+        left = {name: pid for name, pid in pids.items() if alive(pid) and name != "setsid"}
         assert left == {}, f"still running {time.monotonic() - deadline + 5:.1f} s after: {left}"
-        assert _alive(pids["setsid"]), "a process that left with setsid is not ended"
+        assert alive(pids["setsid"]), "a process that left with setsid is not ended"
     finally:
         host.kill()
         host.wait()
         for pid in pids.values():
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -106,9 +100,9 @@ def test_the_keeper_ends_with_the_last_executor(tmp_path: Path) -> None:
     with Executor(root=tmp_path) as ex:
         assert ex.execute_code("echo hi", language="bash", state_mode="stateful")["stdout"]
         keeper = _reap.keeper().pid
-        assert keeper is not None and _alive(keeper)
+        assert keeper is not None and alive(keeper)
     assert _reap.keeper().pid is None
     deadline = time.monotonic() + 5
-    while _alive(keeper) and time.monotonic() < deadline:
+    while alive(keeper) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not _alive(keeper)
+    assert not alive(keeper)

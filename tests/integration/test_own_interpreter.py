@@ -319,18 +319,19 @@ def test_closed_executor_returns_errors(root: Path) -> None:
     assert executor.execute_code("1")["error_type"] == "validation"
 
 
-def test_without_a_safe_fork_read_only_says_objects_were_not_copied(
+def test_without_a_safe_fork_read_only_copies_the_values_into_a_new_process(
         ex: Executor, monkeypatch: pytest.MonkeyPatch) -> None:
-    from coordex.backends import own_interpreter
+    from coordex.backends.own import interpreter as own_interpreter
 
     monkeypatch.setattr(own_interpreter, "FORK_IS_SAFE", False)
     ex.execute_code("rows = [1]\nflag = 1", state_mode="stateful", session_name="a")
     r = ex.execute_code("rows.append(2); flag = 2; len(rows)", state_mode="read_only",
                         session_name="a")
     assert r["result"] == "2"
-    assert r["isolation"] == {"names": True, "objects": False, "files": "none"}
+    assert r["isolation"]["copy"] == "values" and r["isolation"]["objects"] is True
+    assert r["isolation"]["left_out"] == ["functions"]
     after = ex.execute_code("rows, flag", state_mode="stateful", session_name="a")
-    assert after["result"] == "([1, 2], 1)"  # names held; the in-place append reached it
+    assert after["result"] == "([1], 1)"  # neither the name nor the list changed
 
 
 def test_pagers_never_take_over(ex: Executor) -> None:
@@ -353,7 +354,7 @@ def test_a_busy_session_still_reports_isolation_on_read_only(ex: Executor) -> No
                     timeout=0.2)
     r = ex.execute_code("1", state_mode="read_only", session_name="busy")
     assert r["error_type"] == "timeout"
-    assert r["isolation"] == {"names": True, "objects": True, "files": "none"}
+    assert r["isolation"] == {"names": True, "objects": True, "files": "none", "copy": "none"}
 
 
 def test_stateless_errors_do_not_speak_of_a_session(ex: Executor) -> None:

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +89,15 @@ def test_no_runner_thread_is_kept_per_session(ex: Executor) -> None:
     for i in range(8):
         ex.execute_code("x = 1", state_mode="stateful", session_name=f"s{i}")
         ex.execute_code("1")
-    assert runner_threads() <= max(start, 1)
+    # Runners a stuck call of an earlier test left can only end meanwhile.
+    assert runner_threads() <= start
     for i in range(8):
         ex.close_session(session_name=f"s{i}")
-    assert runner_threads() <= max(start, 1)
+    assert runner_threads() <= start
 
 
 def test_a_stuck_runner_ends_with_its_code_and_the_session_works_again(ex: Executor) -> None:
+    before = runner_threads()
     r = ex.execute_code("import time\nx = 'kept'\ntime.sleep(1.5)", state_mode="stateful",
                         session_name="slow", timeout=0.2)
     assert r["error_type"] == "timeout"  # time.sleep ignores the interrupt until it returns
@@ -107,7 +110,7 @@ def test_a_stuck_runner_ends_with_its_code_and_the_session_works_again(ex: Execu
         time.sleep(0.1)
     assert r.get("result") == "'kept'", r
     time.sleep(0.1)
-    assert runner_threads() <= 1
+    assert runner_threads() <= before + 1  # the stuck one ended; one serves the calls
 
 
 def test_a_session_closed_while_its_thread_runs_keeps_the_namespace_for_it(
@@ -144,16 +147,20 @@ def test_a_thread_of_one_session_never_prints_into_another(ex: Executor) -> None
         ex.execute_code("stop.set()", state_mode="stateful", session_name="A")
 
 
-def test_a_thread_prints_into_the_call_that_started_it(ex: Executor) -> None:
+def output_lines(ex: Executor, code: str) -> list[str]:
+    """The sorted stdout lines of a stateless call, checked against what streamed."""
     chunks: list[str] = []
-    r = ex.execute_code(
-        "import threading\n"
-        "def work(n):\n    print('worker', n)\n"
-        "ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]\n"
-        "[t.start() for t in ts]; [t.join() for t in ts]\nprint('main')",
-        on_output=lambda stream, text: chunks.append(text))
-    assert sorted(r["stdout"].splitlines()) == ["main", "worker 0", "worker 1", "worker 2"]
-    assert "".join(chunks) == r["stdout"]
+    r = ex.execute_code(code, on_output=lambda stream, text: chunks.append(text))
+    assert "".join(chunks) == r["stdout"], r
+    return sorted(r["stdout"].splitlines())
+
+
+def test_a_thread_prints_into_the_call_that_started_it(ex: Executor) -> None:
+    assert output_lines(ex, "import threading\n"
+                            "def work(n):\n    print('worker', n)\n"
+                            "ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]\n"
+                            "[t.start() for t in ts]; [t.join() for t in ts]\nprint('main')",
+                        ) == ["main", "worker 0", "worker 1", "worker 2"]
 
 
 def test_a_thread_of_an_ended_stateless_call_goes_nowhere(ex: Executor) -> None:
@@ -201,3 +208,145 @@ def test_coordex_interrupt_is_still_a_timeout_and_cancel(ex: Executor) -> None:
     r = ex.execute_code("import time\ntry:\n    while True:\n        time.sleep(0.001)\n"
                         "except KeyboardInterrupt:\n    print('cleaned')\n    raise", timeout=0.3)
     assert r["error_type"] == "timeout" and r["stdout"] == "cleaned\n"
+
+
+# -- on the caller's thread (own_on_caller_thread=True) ---------------------------------
+
+
+@pytest.fixture
+def inline_ex(root: Path) -> Iterator[Executor]:
+    assert threading.current_thread() is threading.main_thread()
+    executor = Executor(root=root, timeout=30, own_on_caller_thread=True)
+    try:
+        yield executor
+    finally:
+        executor.close()
+
+
+@pytest.mark.parametrize("code", [
+    "while True: pass",
+    "import time\ntime.sleep(30)",
+    "import threading\nthreading.Event().wait()",
+    "import subprocess\nsubprocess.run(['sleep', '30'])",
+    "import select, os\nr, w = os.pipe()\nselect.select([r], [], [])",
+])
+def test_on_the_caller_thread_a_timeout_interrupts_blocking_calls(inline_ex: Executor,
+                                                                   code: str) -> None:
+    inline_ex.execute_code("x = 1", state_mode="stateful")
+    started = time.monotonic()
+    r = inline_ex.execute_code(code, state_mode="stateful", timeout=0.3)
+    assert time.monotonic() - started < 1.5
+    assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+    assert "interrupted" in r["error"]
+    assert inline_ex.execute_code("x", state_mode="stateful")["result"] == "1"
+
+
+def test_on_the_caller_thread_the_code_runs_on_the_main_thread(inline_ex: Executor) -> None:
+    r = inline_ex.execute_code("import threading\nthreading.current_thread().name")
+    assert r["result"] == repr(threading.main_thread().name)
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    r = inline_ex.execute_code("while True: pass", cancel=cancel)
+    assert r["error_type"] == "timeout"
+    r = inline_ex.execute_code("raise KeyboardInterrupt")
+    assert r["error_type"] == "execution" and r["exception"] == "KeyboardInterrupt"
+
+
+def test_on_the_caller_thread_output_and_nested_calls_work(inline_ex: Executor) -> None:
+    # Writes to fds 1/2 reach the call through a reader thread: their order against
+    # print()s is not kept.
+    assert output_lines(inline_ex, "import os, subprocess, threading\nprint('p')\n"
+                                   "os.write(1, b'fd\\n')\nsubprocess.run(['echo', 'child'])\n"
+                                   "t = threading.Thread(target=print, args=('thread',))\n"
+                                   "t.start(); t.join()") == ["child", "fd", "p", "thread"]
+    inline_ex.functions.define(source="def double(a):\n    return a * 2\n")
+    inline_ex.execute_code("y = 5", state_mode="stateful")
+    assert inline_ex.execute_code("functions.double(y)", state_mode="stateful")["result"] == "10"
+    r = inline_ex.execute_code("functions.double.stateful()(3)", state_mode="stateful")
+    assert r["result"] == "6"
+    assert inline_ex.execute_code("y", state_mode="read_only", session_id=0)["result"] == "5"
+
+
+def test_on_the_caller_thread_an_interrupt_never_escapes_into_the_host(
+        inline_ex: Executor) -> None:
+    # Code that ends right at its deadline: the interrupt races the end of the call.
+    for i in range(60):
+        r = inline_ex.execute_code(f"import time\ntime.sleep({0.01 + (i % 6) * 0.001})",
+                                   timeout=0.012)
+        assert r.get("error_type") in (None, "timeout"), r
+    time.sleep(0.05)  # a late signal would land here, in the test, and fail it
+    assert inline_ex.execute_code("1")["result"] == "1"
+
+
+def test_on_the_caller_thread_other_threads_still_use_a_runner(inline_ex: Executor) -> None:
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        box["r"] = inline_ex.execute_code(
+            "import time\nend = time.monotonic() + 4\nwhile time.monotonic() < end:\n"
+            "    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass",
+            state_mode="stateful",
+            session_name="stubborn", timeout=0.2)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive()  # the timeout returned although the code goes on
+    assert box["r"]["error_type"] == "timeout" and "still busy" in box["r"]["suggestion"]
+
+
+def test_a_worker_tells_its_own_keyboard_interrupt_from_a_timeout() -> None:
+    import sys
+
+    from coordex.backends.base import RunRequest
+    from coordex.backends.env.workers import WorkerSession
+
+    worker = WorkerSession(sys.executable)
+    try:
+        r = worker.run(RunRequest("raise KeyboardInterrupt('mine')", timeout=20))
+        assert r["error"]["error_type"] == "execution", r
+        assert r["error"]["exception"] == "KeyboardInterrupt"
+        r = worker.run(RunRequest("import time\ntime.sleep(30)", timeout=0.3))
+        assert r["error"]["error_type"] == "timeout" and r["error"]["state_lost"] is False
+    finally:
+        worker.close()
+
+
+def test_on_the_caller_thread_close_during_a_call_returns_an_error(root: Path) -> None:
+    ex = Executor(root=root, own_on_caller_thread=True)
+    threading.Timer(0.3, ex.close).start()
+    started = time.monotonic()
+    r = ex.execute_code("import time\ntime.sleep(30)", state_mode="stateful")
+    assert time.monotonic() - started < 5
+    assert "error_type" in r, r
+    assert ex.execute_code("1")["error_type"] == "validation"  # closed
+
+
+HOST_BEAT = """
+import json, sys, tempfile, threading, time
+from coordex import Executor
+stop = threading.Event()
+def beat():
+    while not stop.is_set():
+        print("heartbeat", flush=True)
+        time.sleep(0.005)
+with Executor(root=tempfile.mkdtemp(), own_on_caller_thread=sys.argv[1] == "1") as ex:
+    threading.Thread(target=beat, daemon=True).start()
+    time.sleep(0.05)
+    r = ex.execute_code("import time\\ntime.sleep(0.3)\\nprint('mine')")
+    stop.set()
+    sys.stderr.write(json.dumps(r["stdout"]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("here", ["0", "1"])
+def test_a_host_thread_prints_to_the_host_never_into_a_call(here: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HOST_BEAT, here], capture_output=True,
+                          text=True, timeout=60)
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == "mine\n", done.stderr[-500:]
+    # The host's lines written during the call came out after it, on the host's stdout.
+    assert done.stdout.count("heartbeat") > 40

@@ -4,6 +4,9 @@ terminal queries in bash output."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any
 import pytest
 
 from coordex import Executor
-from tests.conftest import child_pids
+from tests.conftest import alive, child_pids
 
 
 @pytest.fixture
@@ -116,16 +119,22 @@ def _calls_in_flight(ex: Executor, calls: dict[str, dict[str, Any]]) -> dict[str
     return results
 
 
-def test_close_ends_calls_in_flight_with_error_dicts(root: Path) -> None:
+def test_close_ends_calls_in_flight_with_error_dicts(root: Path, tmp_path: Path) -> None:
     before = child_pids()
     ex = Executor(root=root, timeout=30)
     slow_py = "import time\nfor i in range(100):\n    time.sleep(0.05)\nprint('done')"
+    # The commands write their pids: once their shell is gone they are no children of
+    # ours, so only /proc can tell whether they still run.
+    slow_sh = "sleep 5 & echo $! > {}; wait; echo done"
     results = _calls_in_flight(ex, {
         "own stateless": {"code": slow_py},
-        "bash stateless": {"code": "sleep 5; echo done", "language": "bash"},
-        "bash stateful": {"code": "sleep 5; echo done", "language": "bash",
+        "bash stateless": {"code": slow_sh.format(tmp_path / "a"), "language": "bash"},
+        "bash stateful": {"code": slow_sh.format(tmp_path / "b"), "language": "bash",
                           "state_mode": "stateful"},
     })
+    for name in ("a", "b"):
+        pid = int((tmp_path / name).read_text())
+        assert not alive(pid), f"the command of a call in flight still runs after close ({name})"
     for name in ("own stateless", "bash stateless", "bash stateful"):
         r = results[name]
         assert isinstance(r, dict), f"{name} raised {r!r}"
@@ -152,3 +161,76 @@ def test_close_ends_environment_calls_in_flight(root: Path) -> None:
         assert isinstance(r, dict) and r.get("error_type") == "crashed", (name, r)
         assert results[name + " after"] < 3, (name, results[name + " after"])
     assert child_pids() - before == set()
+
+
+def test_a_shell_killed_between_calls_is_replaced_never_crashed(ex: Executor) -> None:
+    for _ in range(30):
+        pid = int(ex.execute_code("echo $$", language="bash", state_mode="stateful")["stdout"])
+        os.kill(pid, signal.SIGKILL)  # dead before the next call arrives
+        r = ex.execute_code("echo hi", language="bash", state_mode="stateful")
+        assert r.get("error_type") is None and r["stdout"] == "hi\n", r
+        assert r["state_lost"] is True
+
+
+def test_a_shell_that_dies_during_setup_is_a_crashed_dict(
+        ex: Executor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bash").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "bash").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    for mode in ("stateful", "stateless"):
+        r = ex.execute_code("echo hi", language="bash", state_mode=mode)
+        assert r["error_type"] == "crashed" and r["suggestion"], r
+    monkeypatch.undo()
+    r = ex.execute_code("echo hi", language="bash", state_mode="stateful")
+    assert r["stdout"] == "hi\n", r
+
+
+def test_a_shell_killed_during_a_read_only_call_is_reported_on_that_call(ex: Executor) -> None:
+    pid = int(ex.execute_code("x=1; echo $$", language="bash", state_mode="stateful")["stdout"])
+    threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+    r = ex.execute_code("sleep 1; echo $x", language="bash", state_mode="read_only",
+                        session_id=0)
+    assert r.get("state_lost") is True, r
+    after = ex.execute_code("echo ${x:-gone}", language="bash", state_mode="stateful")
+    assert after["stdout"] == "gone\n" and "state_lost" not in after, after
+
+
+def test_back_to_back_calls_never_find_the_session_busy(ex: Executor) -> None:
+    # A tiny switch interval makes threads change hands between any two bytecodes, so
+    # a busy flag cleared after the caller woke shows within a few hundred calls.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ex.execute_code("n = 0", state_mode="stateful", session_name="quick")
+        for _ in range(1500):
+            r = ex.execute_code("n += 1", state_mode="stateful", session_name="quick")
+            assert "error" not in r, r
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_shell_the_code_kills_is_never_run_again(ex: Executor, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    r = ex.execute_code(f"echo x >> {marks}; kill -9 $$", language="bash",
+                        state_mode="stateful")
+    assert r["error_type"] == "crashed" and r["state_lost"] is True, r
+    assert marks.read_text() == "x\n"  # ran once, not retried
+    r = ex.execute_code("exit 3", language="bash", state_mode="stateful")
+    assert r["exit_code"] == 3 and r["state_lost"] is True, r
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("offline")
+def test_a_worker_killed_during_a_read_only_call_is_reported_on_that_call(
+        ex: Executor) -> None:
+    v = ex.environments.create("")["venv_id"]
+    pid = int(ex.execute_code("import os\nx = 1\nos.getpid()", state_mode="stateful",
+                              venv_id=v)["result"])
+    threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+    r = ex.execute_code("import time\ntime.sleep(1)\nx", state_mode="read_only",
+                        session_id=0, venv_id=v)
+    assert r.get("state_lost") is True, r
+    after = ex.execute_code("'x' in globals()", state_mode="stateful", venv_id=v)
+    assert after["result"] == "False" and "state_lost" not in after, after

@@ -204,7 +204,8 @@ def test_discarded_the_code_sees_its_writes_and_the_disk_keeps_none(
     before = tree.snapshot()
     result = place.run(place.ops(tree))
     seen = lines(result)
-    assert result["isolation"] == {"names": True, "objects": True, "files": "discarded"}
+    assert result["isolation"] == {"names": True, "objects": True, "files": "discarded",
+                                   "copy": "values" if place.language == "bash" else "fork"}
     for op in ("delete", "overwrite", "rename", "create", "mkdir", "deep", "data",
                "data-create", "scratch"):
         assert seen[op] == "ok", (op, result["stdout"])
@@ -248,7 +249,9 @@ def test_tmpdir_is_the_calls_scratch_folder_and_is_removed(
     seen = lines(place.run(place.ops(tree)))
     first, second = seen["tmp"].split()
     assert first == second and Path(first).name.startswith("coordex-ro-")
-    assert not Path(first).exists()
+    # Python copies get the Executor's folder, removed; a bash session's copies share
+    # one made before they are protected (ahead of the call), emptied after each.
+    assert not Path(first).exists() or not any(Path(first).iterdir())
 
 
 # -- nothing leaks out of the call --------------------------------------------------------
@@ -268,9 +271,18 @@ def test_protection_never_leaks_into_the_next_stateful_call(
 
 
 def _namespaces_of_descendants() -> dict[int, str]:
+    """Mount namespaces of this process's descendants, but a bash session's next copy.
+
+    That one (a child of the launcher server, or the bash it became, which has
+    restored the state and reads its code from a pipe) is protected and waits for the
+    next read-only call; it has run no code.
+    """
     found = {}
     for pid in child_pids():
         try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"launcher.py" in cmdline or b"ro <&201" in cmdline:
+                continue
             found[pid] = os.readlink(f"/proc/{pid}/ns/mnt")
         except OSError:
             pass  # exited meanwhile
@@ -323,6 +335,31 @@ def test_bash_copy_has_the_whole_session_state(bash: Place, tree: Tree) -> None:
     assert mode in ("discarded", "refused")
     assert result["stdout"] == (f"a b|1|v|5|y z|2:two 2|{tree.work}/d\nhi x\naliased\n"
                                 f"extglob\npipefail\n0027\nread=1\nmode={mode}\n")
+
+
+def test_bash_ready_copies_see_every_stateful_change(bash: Place, tree: Tree) -> None:
+    """The copy made ahead of a call is used only while it still holds the session."""
+    steps = [("x=1", "echo $x", "1\n"), (None, "echo $x; x=9", "1\n"),
+             (None, "echo $x", "1\n"), ("x=2; f() { echo f$x; }", "f", "f2\n"),
+             ("mkdir -p sub; cd sub", "echo ${PWD##*/}", "sub\n"),
+             (None, "echo ${PWD##*/}", "sub\n"), ("umask 077", "umask", "0077\n"),
+             ("ulimit -n 512", "ulimit -n", "512\n"), (None, "ulimit -n", "512\n"),
+             ("set -e", "false; echo not-reached", ""),
+             ("set +e", "echo 'bad syntax (' ; echo after", None)]
+    for stateful, look, expected in steps:
+        if stateful is not None:
+            assert "error" not in bash.run(stateful, "stateful")
+        result = bash.run(look)
+        assert "error" not in result, result
+        assert result["isolation"]["files"] in ("discarded", "refused")
+        if expected is not None:
+            assert result["stdout"] == expected, (stateful, look, result)
+    assert "error" not in bash.run("y=1", "stateful")
+    code = "echo\nnosuchcommand_x"
+    waiting, ready = bash.run(code), bash.run(code)  # dumped afresh; then made ahead
+    assert waiting["stderr"] == ready["stderr"] == (
+        "bash: line 3: nosuchcommand_x: command not found\n"), (waiting, ready)
+    assert waiting["exit_code"] == ready["exit_code"] == 127
 
 
 def test_bash_copy_exit_status_output_and_traces(bash: Place) -> None:

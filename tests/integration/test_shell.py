@@ -296,7 +296,7 @@ def test_read_only_sees_the_session_and_changes_nothing(session: ShellSession,
     )))
     assert out["stdout"] == f"orig {tmp_path}\nf-orig\na-orig\ndone\n"
     assert out["exit_code"] == 7
-    assert out["isolation"] == {"names": True, "objects": True, "files": "none"}
+    assert out["isolation"] == {"names": True, "objects": True, "files": "none", "copy": "fork"}
     after = ok(session.run(req(
         'echo "$v $PWD ${NEWVAR-unset}"; f; a; type b >/dev/null 2>&1 || echo no-b; '
         "shopt -q extglob || echo no-ext; [[ -o noclobber ]] || echo no-noclob"

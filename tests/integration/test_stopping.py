@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from coordex.backends import _reap, workers
+from coordex.backends import _reap
 from coordex.backends.base import RunRequest
-from coordex.backends.launcher import LauncherServer
+from coordex.backends.env import workers
+from coordex.backends.env.workers import WorkerSession
 from coordex.backends.shell import ShellSession
-from coordex.backends.workers import WorkerSession
-from tests.conftest import child_pids
+from coordex.backends.shell.launcher import LauncherServer
+from tests.conftest import alive, child_pids
 
 FAKE_WORKER = Path(__file__).resolve().parent.parent / "fakes" / "fake_worker.py"
 
@@ -81,3 +82,18 @@ def test_stop_reports_a_process_already_gone() -> None:
     proc.wait()
     assert _reap.stop(proc, "true") == "exited"
     assert _reap.stop(proc, "true") == "exited"  # idempotent
+
+
+def test_closing_a_session_ends_jobs_that_left_its_group() -> None:
+    before = child_pids()
+    shell = ShellSession()
+    r = shell.run(req("set -m; nohup sleep 60 >/dev/null 2>&1 & echo $!"))
+    job = int(r["stdout"])
+    assert os.getpgid(job) != shell.pid  # job control put it in a group of its own
+    shell.close()
+    try:
+        assert not alive(job)  # (an orphan is no child of ours: ask /proc about it)
+    finally:
+        if alive(job):
+            os.kill(job, 9)
+    assert child_pids() - before == set()

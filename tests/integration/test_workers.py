@@ -1,6 +1,6 @@
 """Real worker processes: semantics, state, read-only forks, faults, capabilities.
 
-Every test drives ``coordex.backends.workers`` against real interpreters: the venv's
+Every test drives ``coordex.backends.env.workers`` against real interpreters: the venv's
 own Python, and (for the stdlib-only guarantee) a bare ``python -m venv --without-pip``
 where coordex is not importable. Each session is closed in ``finally`` and the tests
 check that no child process survives.
@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from coordex.backends import workers
+from coordex import sessions
 from coordex.backends.base import INTERRUPT_GRACE, RunRequest
-from coordex.backends.workers import WorkerSession, WorkerStartError, WorkerTemplate
+from coordex.backends.env import workers
+from coordex.backends.env.workers import WorkerSession, WorkerStartError, WorkerTemplate
 from tests.conftest import child_pids
 
 pytestmark = pytest.mark.timeout(90)
@@ -177,7 +178,7 @@ def test_read_only_sees_everything_and_changes_nothing(session: WorkerSession,
         "records.append('junk'); records[0]['n'] = -1; x = 2; del lock\n"
         "(acquired, first, line, len(records), x)"))
     assert r["result"] == "(True, 0, 'line1\\n', 1001, 2)"
-    assert r["isolation"] == {"names": True, "objects": True, "files": "none"}
+    assert r["isolation"] == {"names": True, "objects": True, "files": "none", "copy": "fork"}
     after = session.run(req(
         "(lock.locked(), next(gen), len(records), records[0]['n'], x, 'acquired' in dir())"))
     assert after["result"] == "(False, 0, 1000, 0, 1, False)"
@@ -267,23 +268,43 @@ def test_worker_found_dead_is_replaced(session: WorkerSession) -> None:
     assert "state_lost" not in r
 
 
+class _WorkerPlace:
+    """What the session owner knows of an environment place: it retries after a death."""
+
+    kind = "worker"
+    retries = True
+
+
+def owned(run: Any, mode: Any = "stateful") -> dict[str, Any]:
+    """One call as the session owner makes it: SPEC 6's retry applied to the attempts."""
+    return sessions.attempts(_WorkerPlace(), mode, run)
+
+
+def test_a_death_during_a_call_is_reported_as_a_fact(session: WorkerSession) -> None:
+    session.run(req("x = 1"))
+    r = session.run(req("import os; os.kill(os.getpid(), 9)"))
+    assert r["died"] == "process" and "SIGKILL" in r["died_how"]
+    assert r["error"]["error_type"] == "crashed" and r["state_lost"] is True
+    assert "retried" not in r  # one attempt: the owner decides on another
+
+
 def test_death_during_a_call_is_retried_once(session: WorkerSession, tmp_path: Path) -> None:
     flag = tmp_path / "died-once"
     session.run(req("x = 1"))
-    r = session.run(req(
+    r = owned(lambda: session.run(req(
         f"import os, signal\nif not os.path.exists({str(flag)!r}):\n"
         f"    open({str(flag)!r}, 'w').close()\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "'second try'"))
+        "'second try'")))
     assert r["result"] == "'second try'"
     assert r["retried"] is True and r["state_lost"] is True
     assert session.run(req("'x' in dir()"))["result"] == "False"
 
 
 def test_death_twice_is_crashed_and_the_next_call_works(session: WorkerSession) -> None:
-    r = session.run(req("import os; os.kill(os.getpid(), 9)"))
+    r = owned(lambda: session.run(req("import os; os.kill(os.getpid(), 9)")))
     err = r["error"]
     assert err["error_type"] == "crashed" and err["state_lost"] is True
-    assert "SIGKILL" in err["error"] and err["suggestion"]
+    assert "SIGKILL" in err["error"] and "2 times" in err["error"] and err["suggestion"]
     assert r["retried"] is True
     r = session.run(req("'fresh'"))
     assert r["result"] == "'fresh'" and "state_lost" not in r

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordex.log.rebuild import lives, lost_calls, rebuild_hint, replay_failed, unfinished_rebuild
+from coordex.core.messages import rebuild_hint
+from coordex.log.rebuild import lives, lost_calls, replay_failed, unfinished_rebuild
 from coordex.log.stats import summarize
 from coordex.log.store import CODE_CAP_BYTES, cap_code
 

@@ -140,7 +140,7 @@ def test_unknown_fields_are_refused() -> None:
 
 
 def test_the_launcher_wire_is_documented_with_its_version() -> None:
-    from coordex.backends import launcher
+    from coordex.backends.shell import launcher
 
     text = DOC.read_text()
     version = launcher.HELLO.decode().split()[-1]
@@ -152,12 +152,12 @@ def test_the_launcher_wire_is_documented_with_its_version() -> None:
 
 
 def test_the_bash_record_wire_is_documented_with_its_version() -> None:
-    from coordex.backends import shell
+    from coordex.backends.shell import wire
 
     text = DOC.read_text()
-    assert f"Record wire version: **{shell.RECORD_WIRE_VERSION}**" in text
+    assert f"Record wire version: **{wire.RECORD_WIRE_VERSION}**" in text
     assert "`FLAGS` is `$-:${#BASHOPTS}`" in text
-    assert shell._FLAGS == "$-:${#BASHOPTS}"
+    assert wire.FLAGS == "$-:${#BASHOPTS}"
     for record in ("`TOKEN r N STATUS FLAGS`", "`TOKEN s N STATUS FLAGS`"):
         assert record in text
 

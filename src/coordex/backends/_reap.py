@@ -17,8 +17,9 @@ process and tells the *keeper* its session; :func:`stop` ends it, always the sam
 Each step waits up to its own time for the leader to end (a pidfd, so no polling
 sleeps); the step that ended it is returned and logged (debug; warning from
 ``terminate`` on, since a process that needs TERM ignored the gentler steps). Then the
-rest of the session - background jobs, processes that changed their group - gets
-SIGKILL and the leader is reaped.
+rest of its process group (background jobs) gets SIGKILL - and, when a kept session
+closes, every other process of its session too (jobs that moved to a group of their
+own) - and the leader is reaped.
 
 The keeper (``_keeper.py``, run by path with this interpreter, standard library only)
 is one small process per host that holds the read end of a pipe and a list of the
@@ -60,12 +61,15 @@ class Steps:
     interrupt: bool = True  # an interactive bash ignores SIGINT as a way to leave
     terminate: bool = True  # ...and SIGTERM
     seconds: float | None = None  # None: STEP_SECONDS
-    # Also look for members that left the group but not the session (a /proc scan,
-    # ~1 ms): kept sessions, where ``set -m`` jobs live; not per stateless call.
-    whole_session: bool = True
+    # Also look for members that left the group but not the session (``set -m`` jobs,
+    # ``setpgid``): a scan of /proc, 1-7 ms on a busy machine, so only where a kept
+    # session closes, not for every short-lived process.
+    whole_session: bool = False
 
 
 DEFAULT_STEPS = Steps()
+# A kept session (a worker, a shell) closing: everything it left in its session ends.
+SESSION_STEPS = Steps(whole_session=True)
 
 
 def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
@@ -74,6 +78,23 @@ def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     proc: subprocess.Popen[Any] = subprocess.Popen(list(argv), **popen)
     keeper().watch(proc.pid)
     return proc
+
+
+def run(argv: Sequence[str], what: str, *, timeout: float, check: bool = False,
+        **popen: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` (text, output captured) through :func:`spawn` and :func:`stop`.
+
+    Past ``timeout`` the process is stopped by the policy and ``TimeoutExpired`` raised,
+    as ``subprocess.run`` does; ``check`` raises ``CalledProcessError`` on failure.
+    """
+    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop(proc, what)  # past the timeout: stopped; else reaped already, forgotten
+    if check and proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, list(argv), out, err)
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
 def stop(proc: subprocess.Popen[Any], what: str, *,

@@ -114,7 +114,17 @@ class Session(Protocol):
 @runtime_checkable
 class Place(Protocol):
     """Where code of one (language, environment) runs: it opens sessions and serves
-    stateless calls. The Executor holds one per (language, venv_id) it has used."""
+    stateless calls. The Executor holds one per (language, venv_id) it has used.
+
+    ``kind`` names the place in messages (:data:`coordex.core.messages.WORDS`);
+    ``retries`` says whether a call whose process died may run once more (SPEC 6:
+    Python workers yes, shells and the own interpreter no). An outcome reports such a
+    death with the fact ``died`` (``"process"``: the session's own process, its state
+    lost; ``"copy"``: only the fork running the call) and ``died_how``.
+    """
+
+    kind: str
+    retries: bool
 
     def open_session(self) -> Session:
         """Start a new kept session (raises ``CoordexError`` when it cannot start)."""

@@ -45,14 +45,17 @@ for hostile code. So, by decision:
   a URL or querying a database is a legitimate look), and so does talking to local
   daemons over pathname unix sockets (a daemon may write on the code's behalf, e.g.
   through the docker socket);
-* host capabilities called from Python code run in the agent's process, unprotected;
+* host capabilities called from Python code run in the agent's process, unprotected
+  (they are the agent's actions: a read-only copy calls back to run them there);
 * processes the call leaves running keep the protected view until they exit: the bash
   copy's process group is ended with the call, but a fork child's background processes
   (own interpreter, environment worker) are not (a worker's end with its session);
 * signals and abstract unix sockets are scoped to the child's own processes only where
   Landlock ABI >= 6; below that the code may signal any process its uid may signal;
-* writes through file descriptors or shared memory maps (``numpy.memmap(mode="r+")``)
-  opened before the fork are not intercepted;
+* this module does not intercept writes through file descriptors or shared memory maps
+  opened before the fork; the Python backends' copies handle those themselves
+  (``worker/_coordex_copy.py``: reopened through the overlay or read-only, maps made
+  private), and a bash copy gets fds 0-2 only;
 * in ``"refused"`` mode root keeps its host capabilities apart from writing files
   (it may still e.g. reboot or reconfigure the network); in ``"discarded"`` mode the
   capabilities exist only inside the child's user namespace, except where root had to

@@ -10,6 +10,7 @@ the suggestion names the change, so a model can correct its next call from it al
 from __future__ import annotations
 
 import difflib
+import errno
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -59,3 +60,42 @@ def nearest(word: str, candidates: Iterable[str]) -> str | None:
 def quoted_list(items: Iterable[str], empty: str = "none") -> str:
     values = [repr(i) for i in items]
     return ", ".join(values) if values else empty
+
+
+# Below this many free bytes a failing write is taken for a full disk, whatever SQLite
+# says ("disk I/O error", "unable to open database file" when it cannot make its -shm).
+DISK_FULL_BYTES = 1 << 20
+
+
+def storage_error(exc: BaseException, path: object, what: str,
+                  free_bytes: int | None = None) -> CoordexError:
+    """A failure of coordex's own storage (SPEC 6) worded so a model can act on it:
+    what to free or fix, from the OS error number, the free space on the disk (when the
+    caller could measure it) or the SQLite message."""
+    text = str(exc)
+    lowered = text.lower()
+    number = getattr(exc, "errno", None)
+    if number in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in lowered \
+            or "no space" in lowered or (free_bytes is not None
+                                         and free_bytes < DISK_FULL_BYTES):
+        problem = "the disk that holds it is full"
+        fix = (f"Free space on the disk that holds {path} (environments.remove_unused() "
+               "deletes built environments nothing refers to), then run the call again.")
+    elif number in (errno.EACCES, errno.EPERM, errno.EROFS) or "readonly" in lowered \
+            or "read-only" in lowered or "unable to open" in lowered \
+            or "permission" in lowered:
+        problem = "it cannot be written"
+        fix = (f"Make {path} and its folder writable (or give the Executor another root=), "
+               "then run the call again.")
+    elif "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
+        problem = "the file is damaged"
+        fix = (f"Move {path} aside (coordex then starts a new, empty one) or restore it "
+               "from a backup, then run the call again.")
+    else:
+        problem = "it failed"
+        fix = f"Check the disk and the permissions of {path}, then run the call again."
+    return CoordexError(
+        "environment", f"coordex could not use its {what} at {path}: {problem} "
+        f"({type(exc).__name__}: {text}).", fix + " Nothing was changed by this call.",
+        log=text)
+

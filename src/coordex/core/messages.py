@@ -44,6 +44,41 @@ REBUILD_HINT = ("To bring the lost state back, call rebuild_session with the sam
                 "again).")
 
 
+def session_arguments(session: dict[str, Any]) -> str:
+    """``language=..., session_name=...`` for a session record, as a call would pass them."""
+    parts = [f"language={session.get('language') or 'python'!r}"]
+    if session.get("session_name") is not None:
+        parts.append(f"session_name={session['session_name']!r}")
+    elif session.get("session_id") is not None:
+        parts.append(f"session_id={session['session_id']}")
+    if session.get("venv_id") is not None:
+        parts.append(f"venv_id={session['venv_id']}")
+    return ", ".join(parts)
+
+
+def rebuild_hint(session: dict[str, Any] | None) -> str:
+    """:data:`REBUILD_HINT` with the session's own coordinates filled in."""
+    where = session_arguments(session) if session else "language=..., session_name=..."
+    return (f"To bring the lost state back, call rebuild_session({where}): it replays the "
+            "stateful calls that built it (their code runs again).")
+
+
+def add_rebuild_hint(result: dict[str, Any], session: dict[str, Any] | None) -> None:
+    """Make a ``crashed`` or ``state_lost`` result's suggestion name the exact rebuild
+    call (the places' generic hint, if present, is replaced by it)."""
+    if session is None or (session.get("session_id") is None
+                           and session.get("session_name") is None):
+        return  # a stateless call keeps no state to get back
+    hint = rebuild_hint(session)
+    current = result.get("suggestion")
+    if not current:
+        result["suggestion"] = "The session's earlier state is gone. " + hint
+    elif REBUILD_HINT in current:
+        result["suggestion"] = current.replace(REBUILD_HINT, hint)
+    elif "rebuild_session" not in current:
+        result["suggestion"] = f"{current.rstrip()} {hint}"
+
+
 def with_rebuild_hint(suggestion: str) -> str:
     """``suggestion`` followed by the rebuild hint, once."""
     if "rebuild_session" in suggestion:

@@ -34,6 +34,7 @@ here (:func:`hash_inputs`) and hashed into the folder name by
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -129,8 +130,8 @@ def uv_binary() -> str:
 
 @functools.lru_cache(maxsize=1)
 def uv_version() -> str:
-    done = subprocess.run([uv_binary(), "--version"], capture_output=True, text=True,
-                          timeout=30, stdin=subprocess.DEVNULL, check=False)
+    done = _reap.run([uv_binary(), "--version"], "uv --version", timeout=30,
+                     stdin=subprocess.DEVNULL)
     return (done.stdout.strip() or done.stderr.strip() or "uv unknown").splitlines()[0]
 
 
@@ -169,8 +170,8 @@ _PROBE = (
 
 @functools.lru_cache(maxsize=32)
 def _probe(executable: str) -> Interpreter:
-    done = subprocess.run([executable, "-I", "-c", _PROBE], capture_output=True, text=True,
-                          timeout=30, stdin=subprocess.DEVNULL, check=True)
+    done = _reap.run([executable, "-I", "-c", _PROBE], "interpreter probe", timeout=30,
+                     stdin=subprocess.DEVNULL, check=True)
     facts = json.loads(done.stdout)
     return Interpreter(executable=executable, **facts)
 
@@ -188,8 +189,7 @@ def find_interpreter(requires_python: str | None) -> Interpreter:
     command = [uv_binary(), "python", "find", "--no-project", *_UV_COMMON,
                "--no-python-downloads", requires_python]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL, check=False)
+        done = _reap.run(command, "uv python find", timeout=60, stdin=subprocess.DEVNULL)
         found = done.stdout.strip().splitlines()
         if done.returncode == 0 and found:
             return _probe(found[-1])
@@ -267,6 +267,9 @@ class EnvironmentBuilder:
             try:
                 self._build(spec, spec_hash, interpreter, deadline, on_progress, label)
             except OSError as exc:  # disk full, permissions, a vanished uv binary
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise _disk_full(label, self.envs_dir,
+                                     _tail_of(self.log_path(spec_hash)) or str(exc)) from exc
                 raise CoordexError(
                     "environment", f"Could not build {label}: {type(exc).__name__}: {exc}.",
                     f"Check that {self.envs_dir} is writable and has free space, then build "
@@ -400,7 +403,7 @@ class EnvironmentBuilder:
         # keeper to stop watching it.
         _reap.stop(process, "uv build")
         if returncode != 0:
-            raise _uv_failed(label, spec, log.tail(), returncode)
+            raise _uv_failed(label, spec, log.tail(), returncode, self.envs_dir)
 
     @staticmethod
     def _wait(process: subprocess.Popen[bytes], reader: threading.Thread,
@@ -471,10 +474,10 @@ class EnvironmentBuilder:
 
     def _freeze(self, uv: str, python: Path, deadline: float) -> list[str]:
         try:
-            done = subprocess.run(
-                [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)],
-                capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
-                cwd=str(self.envs_dir), timeout=max(1.0, deadline - time.monotonic()))
+            done = _reap.run(
+                [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)], "uv pip freeze",
+                stdin=subprocess.DEVNULL, cwd=str(self.envs_dir),
+                timeout=max(1.0, deadline - time.monotonic()))
         except (OSError, subprocess.SubprocessError):
             return []
         return [line for line in done.stdout.splitlines() if line.strip()]
@@ -528,8 +531,11 @@ class _BuildLog:
         with self._lock:
             self._tail.append(text)
             if not self._file.closed:
-                self._file.write(text + "\n")
-                self._file.flush()
+                try:
+                    self._file.write(text + "\n")
+                    self._file.flush()
+                except OSError:  # a full disk: keep the tail, so uv's own reason is seen
+                    pass
         _emit(self._on_progress, text)
 
     def pump(self, stream: Any) -> None:
@@ -572,7 +578,23 @@ def _display(arg: str) -> str:
     return arg if arg and all(c.isalnum() or c in "-_=./:@+" for c in arg) else repr(arg)
 
 
-def _uv_failed(label: str, spec: EnvironmentSpec, tail: str, returncode: int) -> CoordexError:
+# How uv (Rust's io::Error) and Python word a full disk or quota.
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122")
+
+
+def _disk_full(label: str, envs_dir: Path, tail: str) -> CoordexError:
+    return CoordexError(
+        "environment", f"Could not build {label}: the disk that holds {envs_dir} (or uv's "
+        "cache) is full.",
+        "Free space on that disk (environments.remove_unused() deletes built environments "
+        "nothing refers to; 'uv cache clean' empties uv's cache), then run the call again. "
+        "The spec itself is fine.", log=tail)
+
+
+def _uv_failed(label: str, spec: EnvironmentSpec, tail: str, returncode: int,
+               envs_dir: Path) -> CoordexError:
+    if any(marker in tail.lower() for marker in _NO_SPACE):
+        return _disk_full(label, envs_dir, tail)
     lines = tail.splitlines()
     # uv's resolver explanation starts at its first "error:" line (older uv: "\u00d7" in
     # colour-free mode); "cause:" and "hint:" lines follow.

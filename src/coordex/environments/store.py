@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import storage_error
+from ..diskspace import free_bytes
+
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 
@@ -69,7 +72,10 @@ class EnvironmentStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, path, "environment registry", free_bytes(path)) from exc
         with self._connect() as db:
             # WAL persists in the file; setting it again is a no-op.
             db.execute("PRAGMA journal_mode=WAL")
@@ -78,12 +84,18 @@ class EnvironmentStore:
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        """A connection; a full disk or a read-only or damaged file becomes the
+        ``environment`` error that says what to free or fix (SPEC 6)."""
         try:
-            db.execute("PRAGMA synchronous=NORMAL")  # durable enough in WAL, far fewer fsyncs
-            yield db
-        finally:
-            db.close()
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            try:
+                db.execute("PRAGMA synchronous=NORMAL")  # durable enough in WAL, fewer fsyncs
+                yield db
+            finally:
+                db.close()
+        except (sqlite3.Error, OSError) as exc:
+            raise storage_error(exc, self.path, "environment registry",
+                                free_bytes(self.path)) from exc
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

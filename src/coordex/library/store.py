@@ -22,10 +22,14 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..core.errors import storage_error
+from ..diskspace import free_bytes
+from .errors import CallError
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -75,7 +79,10 @@ class LibraryStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _storage_failed(exc, self.path) from exc
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
@@ -94,13 +101,22 @@ class LibraryStore:
             self._lock = threading.Lock()
             self._conn = None
         with self._lock:
-            if self._conn is None:
-                conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S,
-                                       isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                self._conn, self._pid = conn, os.getpid()
-            yield self._conn
+            try:
+                if self._conn is None:
+                    conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S,
+                                           isolation_level=None, check_same_thread=False)
+                    self._conn, self._pid = conn, os.getpid()
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                yield self._conn
+            except (sqlite3.Error, OSError) as exc:
+                # A full disk, a read-only or damaged file (SPEC 6): the next call starts
+                # on a fresh connection, so the library works again once that is fixed.
+                if self._conn is not None:
+                    with suppress(sqlite3.Error):
+                        self._conn.close()
+                self._conn = None
+                raise _storage_failed(exc, self.path) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -163,6 +179,11 @@ class LibraryStore:
                 "(SELECT MAX(version) FROM functions WHERE name = f.name) ORDER BY name"
             ).fetchall()
         return [_record(r) for r in rows]
+
+
+def _storage_failed(exc: BaseException, path: Path) -> CallError:
+    record = storage_error(exc, path, "function library", free_bytes(path)).to_dict()
+    return CallError.from_record(record)
 
 
 def _one(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> FunctionRecord | None:

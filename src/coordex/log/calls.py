@@ -3,7 +3,7 @@
 :func:`record_call` runs at the end of every call the Executor makes (``execute_code``
 and stored-function calls alike): it turns the result dict into a row for
 :class:`~coordex.log.store.CallLog` and, where the result says state was lost, ends its
-suggestion with how to get it back (:func:`~coordex.log.rebuild.rebuild_hint`). It
+suggestion with how to get it back (:func:`coordex.core.messages.rebuild_hint`). It
 never raises: a log that fails costs the row, not the call.
 
 Two facts do not travel in the result dict and are handed over through a thread-local
@@ -17,10 +17,9 @@ import threading
 import time
 from typing import Any
 
+from ..core import messages
 from ..core.coordinates import LANGUAGES, Coordinate
 from ..core.errors import CoordexError, validation
-from ..core.messages import REBUILD_HINT
-from .rebuild import rebuild_hint
 from .store import CallLog, LogReader, decode_row, rows_where
 
 _notes = threading.local()
@@ -59,7 +58,7 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
         error_type = result.get("error_type")
         state_lost = result.get("state_lost")
         if state_lost or error_type == "crashed":
-            _add_hint(result, session)
+            messages.add_rebuild_hint(result, session)
         changed = getattr(_notes, "changed", None)
         if changed is not None:
             _notes.changed = None
@@ -85,19 +84,6 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
     except Exception:  # the log never costs the call
         pass
     return result
-
-
-def _add_hint(result: dict[str, Any], session: dict[str, Any] | None) -> None:
-    if session is None or (session.get("session_id") is None and session.get("session_name") is None):
-        return  # a stateless call keeps no state to get back
-    hint = rebuild_hint(session)
-    current = result.get("suggestion")
-    if not current:
-        result["suggestion"] = "The session's earlier state is gone. " + hint
-    elif REBUILD_HINT in current:  # the places' generic wording: name the exact call
-        result["suggestion"] = current.replace(REBUILD_HINT, hint)
-    elif "rebuild_session" not in current:
-        result["suggestion"] = f"{current.rstrip()} {hint}"
 
 
 def log_off_error(what: str) -> CoordexError:

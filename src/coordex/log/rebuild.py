@@ -105,21 +105,3 @@ def replay_failed(original: Row, result: dict[str, Any]) -> bool:
     return original.get("exit_code") == 0 and result.get("exit_code") not in (0, None)
 
 
-def session_arguments(session: dict[str, Any]) -> str:
-    """``language=..., session_name=...`` for a session record, as a call would pass them."""
-    parts = [f"language={session.get('language') or 'python'!r}"]
-    if session.get("session_name") is not None:
-        parts.append(f"session_name={session['session_name']!r}")
-    elif session.get("session_id") is not None:
-        parts.append(f"session_id={session['session_id']}")
-    if session.get("venv_id") is not None:
-        parts.append(f"venv_id={session['venv_id']}")
-    return ", ".join(parts)
-
-
-def rebuild_hint(session: dict[str, Any] | None) -> str:
-    """The sentence every ``crashed`` or ``state_lost`` result's suggestion ends with:
-    :data:`coordex.core.messages.REBUILD_HINT` with the session's own coordinates."""
-    where = session_arguments(session) if session else "language=..., session_name=..."
-    return (f"To bring the lost state back, call rebuild_session({where}): it replays the "
-            "stateful calls that built it (their code runs again).")

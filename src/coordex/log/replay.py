@@ -16,8 +16,9 @@ from typing import Any
 from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, make_error
+from ..core.messages import session_arguments
 from .calls import note_replay, read
-from .rebuild import lost_calls, replay_failed, session_arguments, unfinished_rebuild
+from .rebuild import lost_calls, replay_failed, unfinished_rebuild
 from .store import CallLog, decode_row, rows_where
 
 _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, state_mode, "

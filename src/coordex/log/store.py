@@ -43,6 +43,8 @@ CODE_CAP_BYTES = 64 * 1024
 # A bound on rows waiting for the writer, so a stuck disk cannot grow memory without end.
 MAX_PENDING = 50_000
 _BUSY_TIMEOUT_MS = 5_000
+# Writes close() tries before it gives the last rows up (each waits the busy timeout).
+_CLOSE_ATTEMPTS = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -101,6 +103,12 @@ def cap_code(code: str) -> tuple[str, bool]:
     if len(raw) <= CODE_CAP_BYTES:
         return code, False
     return raw[:CODE_CAP_BYTES].decode("utf-8", "ignore"), True
+
+
+def _busy(exc: BaseException) -> bool:
+    """A lock held by another connection (worth retrying), not a broken file."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
 class CallLog:
@@ -169,9 +177,14 @@ class CallLog:
                     conn.execute("DELETE FROM calls WHERE seq <= ?", (high - self.max_rows,))
             self.problem = None
         except (sqlite3.Error, OSError, ValueError) as exc:
-            self.dropped += len(batch)
             self.problem = f"{type(exc).__name__}: {exc}"
             self._drop_connection()
+            if _busy(exc):
+                # Another process held the file past the busy timeout: the rows wait for
+                # the next batch (the queue stays bounded) instead of being lost.
+                self._pending.extendleft(reversed(batch))
+                return
+            self.dropped += len(batch)
 
     def _encode(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         (at, kind, language, venv_id, session_id, session_name, state_mode, code,
@@ -199,8 +212,14 @@ class CallLog:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
-        self.flush()
+        for _ in range(_CLOSE_ATTEMPTS):  # another process may hold the file a while
+            self.flush()
+            if not self._pending or self.forked:
+                break
+            time.sleep(0.1)
         with self._db_lock:
+            self.dropped += len(self._pending)
+            self._pending.clear()
             self._drop_connection()
 
     # -- connection -------------------------------------------------------------------

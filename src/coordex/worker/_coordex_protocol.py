@@ -45,6 +45,7 @@ MESSAGES: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
     "capability_result": (HOST_TO_WORKER, ("id",), ("value", "error")),
     "done": (WORKER_TO_HOST, ("id", "result", "error", "interrupted", "images"),
              ("rebound", "deleted", "isolation", "child_died", "result_truncated")),
+    "copy_ready": (WORKER_TO_HOST, ("isolation",), ()),
     "inspect": (HOST_TO_WORKER, ("id",), ()),
     "inspect_result": (WORKER_TO_HOST, ("id", "names"), ("capabilities",)),
     "shutdown": (HOST_TO_WORKER, (), ()),

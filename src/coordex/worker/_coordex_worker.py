@@ -14,14 +14,18 @@ Run modes:
   ``os._exit``; this process, and so the session, never sees what it changed. When the
   ``run`` names a scratch folder, the child first protects the disk with coordex's
   ``backends/isolation.py``, which this worker loads by path (it is standard-library
-  only and 3.8-compatible too): one copy of that logic for every backend.
+  only and 3.8-compatible too): one copy of that logic for every backend. The child
+  closes the protocol pipes, seals the session's descriptors and shared maps and
+  talks to this process over a link of its own (``_coordex_copy``); where a loaded
+  library does not survive ``fork()``, the copy is a fresh interpreter given the
+  session's values instead. Either way this process sends the one ``done``.
 - ``stateless`` forks too, but the child starts from a fresh namespace. A worker that
   only ever serves stateless runs is a clean *template* (a fork server); it keeps a few
   *standby* children forked and warmed up between calls, so a call only hands one the
   code (see :func:`fill_standbys`).
 
-A fork child sends its ``done`` to the host itself when the line fits one atomic pipe
-write, so the answer does not wait for this process to wake up and relay it.
+A stateless fork child sends its ``done`` to the host itself when the line fits one
+atomic pipe write, so the answer does not wait for this process to wake up and relay it.
 
 SIGINT raises KeyboardInterrupt in the cell (the engine reports it, the state stays);
 while a fork child runs, SIGINT is forwarded to it and SIGUSR1 kills it. Between cells
@@ -40,6 +44,7 @@ from typing import Any, Dict, List, Optional, Tuple
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 try:
+    import _coordex_copy as copier
     import _coordex_engine as engine
     import _coordex_protocol as wire
 finally:
@@ -73,6 +78,7 @@ class _State:
     standbys: List[Tuple[int, int, int]] = []  # (pid, run pipe, result pipe), oldest first
     isolation: Any = None  # backends/isolation.py once loaded (see load_isolation)
     isolation_error = ""  # why it could not be loaded
+    copy_link: Optional[copier.Link] = None  # in a read-only copy: the link to this worker
 
 
 class Channel:
@@ -122,12 +128,14 @@ class Capability:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         name = self.__name__
-        channel = _State.channel
+        channel = _State.copy_link or _State.channel
         if channel is None or not (_State.in_user_code or _State.in_fork_child):
             raise CapabilityError("capability %r can only be called while a call runs "
                                   "(not from a thread left running after it)" % name)
         wire_args = wire.to_wire(list(args), "capability %r argument" % name)
         wire_kwargs = wire.to_wire(kwargs, "capability %r keyword argument" % name)
+        # From a read-only copy the call goes to this worker over the copy's link and
+        # on to the host from there: the copy holds no protocol pipe of its own.
         reply = channel.call_capability(name, wire_args, wire_kwargs)
         error = reply.get("error")
         if error is not None:
@@ -343,8 +351,6 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Optional[Dict[
             pass  # the standby died; reported below as a child that did not answer
         os.close(standby[1])
     else:
-        if msg["mode"] == "read_only" and msg.get("scratch"):
-            load_isolation()
         read_fd, write_fd = os.pipe()
         pid = _fork()
         if pid == 0:
@@ -375,8 +381,15 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Optional[Dict[
         outcome = json.loads(raw.decode("ascii"))  # type: Dict[str, Any]
         return outcome
     # The child died before it could report (os._exit, a signal, SIGUSR1 from the host).
+    return _child_died(pid)
+
+
+def _child_died(pid: int) -> Dict[str, Any]:
+    """Reap fork child ``pid``, which ended without reporting; the outcome saying how."""
     try:
         status = os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        status = 0
     finally:
         _State.fork_child = 0
     died: Dict[str, Optional[int]] = {"code": None, "signal": None}
@@ -384,11 +397,122 @@ def run_forked(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Optional[Dict[
         died["signal"] = os.WTERMSIG(status)
     elif os.WIFEXITED(status):
         died["code"] = os.WEXITSTATUS(status)
-    outcome = {"result": None, "error": None, "interrupted": False, "images": [],
-               "child_died": died}
-    if msg["mode"] == "read_only":
-        outcome["isolation"] = {"names": True, "objects": True, "files": "none"}
+    return {"result": None, "error": None, "interrupted": False, "images": [],
+            "child_died": died}
+
+
+def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
+    """Run the cell in a copy of this process; the session is never touched.
+
+    The copy is a fork child (see :func:`_copy_child_main`) or, when a loaded library
+    does not survive ``fork()``, a fresh interpreter given the session's values
+    (``_coordex_copy``). Either way it holds no protocol pipe: it talks to this
+    process over its own link, and this process relays its capability calls to the
+    host and sends the host the one ``done``.
+    """
+    if msg.get("scratch"):
+        load_isolation()
+    unsafe = copier.fork_unsafe_runtimes()
+    kind = "values" if unsafe else "fork"
+    if unsafe:
+        skip = [name for name, stub in _State.capabilities.items()
+                if namespace.get(name) is stub]
+        values, left_out = copier.pack_values(namespace, skip)
+        payload = {"values": values, "left_out": left_out, "code": msg["code"],
+                   "output_limit": msg["output_limit"], "protect": msg.get("protect"),
+                   "scratch": msg.get("scratch"), "capabilities": skip,
+                   "sys_path": list(sys.path)}
+        _flush_user_streams()
+        proc, read_fd, write_fd = copier.start_values_copy(sys.executable, payload, 1, 2,
+                                                           cwd=os.getcwd())
+        pid = proc.pid
+    else:
+        read_fd, child_w = os.pipe()
+        child_r, write_fd = os.pipe()
+        pid = _fork()
+        if pid == 0:
+            os.close(read_fd)
+            os.close(write_fd)
+            _copy_child_main(msg, namespace, child_w, child_r)  # never returns
+        os.close(child_w)
+        os.close(child_r)
+    _State.fork_child = pid
+    try:
+        done, reported = _relay_copy(read_fd, write_fd)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    isolation = reported or {"names": True, "objects": True, "files": "none", "copy": kind}
+    if done is not None:
+        _State.unreaped.append(pid)
+        _State.fork_child = 0
+        done.setdefault("isolation", isolation)
+        return done
+    outcome = _child_died(pid)
+    outcome["isolation"] = isolation
     return outcome
+
+
+def _relay_copy(read_fd: int, write_fd: int) -> Tuple[Optional[Dict[str, Any]],
+                                                       Optional[Dict[str, Any]]]:
+    """Serve a copy's link until its ``done``: (done or None, the isolation it reported)."""
+    reader = copier.LinkReader()
+    done = isolation = None
+    while done is None:
+        try:
+            data = os.read(read_fd, 1 << 16)
+        except InterruptedError:
+            continue
+        if not data:
+            break
+        for incoming in reader.feed(data):
+            kind = incoming["type"]
+            if kind == "copy_ready":
+                isolation = incoming["isolation"]
+            elif kind == "capability_call" and _State.channel is not None:
+                reply = _State.channel.call_capability(
+                    incoming["name"], incoming["args"], incoming["kwargs"])
+                try:
+                    copier.write_all(write_fd, wire.encode(dict(reply, id=incoming["id"])))
+                except OSError:
+                    pass  # the copy died; its end of file comes next
+            elif kind == "done":
+                done = incoming
+    return done, isolation
+
+
+def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int,
+                     in_fd: int) -> None:
+    """The read-only fork child: seal, protect, report, run, report. Never returns."""
+    status = 70
+    try:
+        _prepare_child()
+        channel = _State.channel
+        if channel is not None:  # no channel back into the session or the host
+            for fd in (channel.reader.fd, channel.out_fd):
+                os.close(fd)
+            _State.channel = None
+        link = _State.copy_link = copier.Link(out_fd, in_fd)
+        copier.interrupt_on_sigint()
+        files = protect(msg.get("protect") or [], msg.get("scratch"))
+        copier.seal_descriptors((0, 1, 2, out_fd, in_fd), discarded=files == "discarded")
+        private = copier.privatize_shared_mappings()
+        isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
+        link.send(wire.message("copy_ready", isolation=isolation))
+        before = namespace.copy()
+        outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # What the copy changed, for the host's call log; the session never sees it.
+        outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
+        outcome.update(isolation=isolation, id=msg["id"], type="done")
+        _flush_user_streams()
+        link.send(outcome)
+        os.close(out_fd)
+        status = 0
+    except BaseException:
+        pass
+    finally:
+        os._exit(status)
 
 
 def fill_standbys(channel: Channel) -> None:
@@ -510,27 +634,10 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
         if not _State.in_fork_child:
             _prepare_child()
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if msg["mode"] == "stateless":
-            if "capabilities" not in msg:  # forked on demand, not a prepared standby
-                namespace = fresh_namespace()
-            files = None
-        else:
-            files = protect(msg.get("protect") or [], msg.get("scratch"))
-        outcome = None
-        before = namespace.copy() if files is not None else None
-        try:
-            outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
-        except KeyboardInterrupt:
-            pass
+        if "capabilities" not in msg:  # forked on demand, not a prepared standby
+            namespace = fresh_namespace()
+        outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if outcome is None:
-            outcome = {"result": None, "interrupted": True, "images": [],
-                       "error": {"exception": "KeyboardInterrupt", "message": "",
-                                 "traceback": "KeyboardInterrupt\n"}}
-        if files is not None:
-            outcome["isolation"] = {"names": True, "objects": True, "files": files}
-        if before is not None:  # what the copy changed, for the host's call log
-            outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
         _flush_user_streams()
         outcome["id"] = msg["id"]
         outcome["type"] = "done"
@@ -578,6 +685,8 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
             elif kind == "run":
                 if msg["mode"] == "stateful":
                     outcome = run_stateful(msg, namespace)  # type: Optional[Dict[str, Any]]
+                elif msg["mode"] == "read_only":
+                    outcome = run_read_only(msg, namespace)
                 else:
                     outcome = run_forked(msg, namespace)
                 if outcome is not None:  # else the fork child has sent `done` itself

@@ -302,7 +302,7 @@ class ConfinedExecutor:
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
         self.network = bool(network)
         self.max_calls = int(max_calls)
-        self._timeout = executor_args.get("timeout", 60.0)
+        self.timeout = float(executor_args.get("timeout", 60.0))  # the host's default
         self._argv = [sys.executable, "-I", "-m", "coordex.backends.confined.host",
                       "--folder", str(self.folder), "--root", str(self.root),
                       "--memory-limit", str(self.memory_limit),
@@ -352,8 +352,8 @@ class ConfinedExecutor:
         """What holds for the running host: level, memory, processes, network."""
         host = self._host
         ready = host.ready if host is not None and host.ready else {}
-        return {k: ready.get(k) for k in ("confinement", "memory", "processes", "network")} | {
-            "level": ready.get("confinement")}
+        return {"level": ready.get("confinement"), "memory": ready.get("memory"),
+                "processes": ready.get("processes"), "network": ready.get("network")}
 
     @property
     def pid(self) -> int | None:
@@ -438,8 +438,8 @@ class ConfinedExecutor:
         # Without an environment nothing is built, so the call's own timeout bounds it;
         # past that and a grace the host is stuck and is ended (state lost).
         deadline = None
-        if venv_id is None and isinstance(timeout or self._timeout, (int, float)):
-            deadline = float(timeout or self._timeout) + STUCK_GRACE
+        if venv_id is None and isinstance(timeout or self.timeout, (int, float)):
+            deadline = float(timeout or self.timeout) + STUCK_GRACE
         result: dict[str, Any] = self._call("execute_code", args, on_output, cancel, deadline)
         return result
 

@@ -219,6 +219,9 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     if error:
         ready["error"] = error
     out.send(wire.message("ready", **ready))
+    from ...worker._coordex_copy import hold
+
+    hold(args.fd_in, args.fd_out)  # read-only copies of its Python sessions close the wire
     return _Server(executor, args.fd_in, out, max(1, args.max_calls), relay).serve()
 
 

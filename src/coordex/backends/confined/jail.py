@@ -6,13 +6,16 @@ the Executor. Three processes make one host::
     keeper (outside)  --fork-->  init (pid 1 inside)  --fork-->  host (runs the Executor)
 
 ``namespaces+landlock`` (user namespaces work):
-    the keeper joins the host's cgroups (:func:`apply_limits`), unshares a user, mount
+    the keeper makes and joins the host's cgroups (:func:`make_limits`,
+    :func:`join_cgroups`; rlimits where no cgroup can be had), unshares a user, mount
     and pid namespace (and a network namespace with ``network=False``), and rebuilds the
     file view (:func:`build_view`): a private ``/tmp`` and ``/dev/shm``, an empty tmpfs
     over every hidden folder (the server's root with every tenant in it), an empty file
-    over every hidden file (the tokens file), then the tenant's own folders bound back
-    in. The init process mounts a ``/proc`` of the new pid namespace (no process outside
-    is visible, so none can be signalled, traced or read) and brings loopback up in an
+    over every hidden file (the tokens file), the tenant's own folders bound back in.
+    The init process seals that view in a mount namespace of its own
+    (:func:`seal_view`: everything read-only but the tenant's folders, ``/tmp`` and
+    ``/dev/shm``), mounts a ``/proc`` of the new pid namespace (no process outside is
+    visible, so none can be signalled, traced or read) and brings loopback up in an
     empty network namespace. The host then restricts itself with Landlock
     (:func:`restrict`): writes only beneath its folders, ``/tmp``, ``/dev/shm`` and a
     few devices; signals and abstract unix sockets scoped to its own processes (ABI 6);

@@ -3,9 +3,9 @@
 :class:`NodeHost` runs inside a Ray worker process on a cluster node (:mod:`.place`
 wraps it with ``ray.remote``; nothing here imports Ray at module level, so the class
 loads where Ray is missing). It holds the very backends the Executor holds on the
-server - :class:`~coordex.backends.shell.ShellSession`,
-:class:`~coordex.backends.workers.WorkerSession` and
-:class:`~coordex.backends.workers.WorkerTemplate` - so a session on a node keeps every
+server - :class:`~coordex.backends.shell.session.ShellSession`,
+:class:`~coordex.backends.env.workers.WorkerSession` and
+:class:`~coordex.backends.env.workers.WorkerTemplate` - so a session on a node keeps every
 promise it keeps at home: read-only copies fork the worker (or subshell the shell) on
 this node, never the actor; timeouts interrupt and escalate here.
 
@@ -314,7 +314,7 @@ class NodeHost:
 
             session: Any = ShellSession(env=_activated(folder))
         else:
-            from ..workers import WorkerSession
+            from ..env.workers import WorkerSession
 
             assert folder is not None and env is not None
             session = WorkerSession(self._pythons[env["spec_hash"]], env=_activated(folder),
@@ -331,7 +331,7 @@ class NodeHost:
 
             return run_stateless(request, env=_activated(folder))
         assert env is not None and folder is not None
-        from ..workers import WorkerTemplate
+        from ..env.workers import WorkerTemplate
 
         with self._lock:
             template = self._templates.get(env["spec_hash"])

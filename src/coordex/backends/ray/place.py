@@ -429,6 +429,9 @@ class RayPlace:
                  progress: ProgressCallback | None) -> None:
         self.cluster = cluster
         self.language = language
+        # Python on a node is retried once after a death, bash never (SPEC 6).
+        self.kind = "cluster"
+        self.retries = language == "python"
         self.env = env
         self.progress = progress
         self.resources = dict(env.resources) if env is not None else {}

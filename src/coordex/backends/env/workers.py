@@ -9,9 +9,10 @@ How it works:
   message, stream output, answer capability calls, enforce the timeout by SIGINT then
   escalation) and stop (shutdown -> SIGINT -> SIGTERM -> SIGKILL of its process group,
   always reaped). It applies no fault policy.
-- :class:`WorkerSession` holds one process for a stateful session and applies SPEC
-  section 6: a process found dead is replaced (``state_lost``); one that dies during a
-  call is replaced and the call retried once (``retried``), then ``crashed``.
+- :class:`WorkerSession` holds one process for a stateful session: a process found dead
+  is replaced (``state_lost``); one that dies during a call is replaced and the attempt
+  reported with the fact ``died``. Whether the call is retried (SPEC section 6: once)
+  is decided by the session owner from that fact (:mod:`coordex.core.faults`).
 - :class:`WorkerTemplate` keeps clean workers that never run code themselves: each
   stateless call runs in a fresh fork child of one, taken from a few the worker keeps
   forked and warmed up (under a millisecond, against ten or more for an interpreter
@@ -38,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ..core import messages
-from ..core.errors import CoordexError, make_error
-from ..core.results import OutputBuffer
-from ..protocol import (
+from ...core import messages
+from ...core.errors import CoordexError, make_error
+from ...core.results import OutputBuffer
+from ...protocol import (
     PROTOCOL_VERSION,
     WORKER_TO_HOST,
     LineReader,
@@ -52,10 +53,11 @@ from ..protocol import (
     message,
     to_wire,
 )
-from . import _reap
-from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
+from ...worker import _coordex_copy as copier
+from .. import _reap
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
 
-WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "_coordex_worker.py"
+WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
 CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
@@ -63,6 +65,8 @@ INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _PIPE_SIZE = 1 << 20
 RunMode = Literal["stateful", "read_only", "stateless"]
+# A read-only run whose copy never reported: no code of it ran against the session.
+_NO_COPY_CLAIM = {"names": True, "objects": True, "files": "none", "copy": "fork"}
 # After a timeout's interrupt was ignored: straight to SIGKILL.
 _KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 _CANCEL_POLL = 0.05  # with a cancel event, the wait for a reply wakes this often to look
@@ -211,6 +215,8 @@ class _WorkerProcess:
                 os.close(fd)
         for fd in (self._out_r, self._err_r):
             os.set_blocking(fd, False)
+        # A read-only copy of a Python session in this process must not reach them.
+        copier.hold(self._to_worker, self._from_worker, self._out_r, self._err_r)
         self._eof: set[int] = set()
         self._reader = LineReader(self._from_worker)
         # poll() rather than selectors: this sits on every call's path, and the
@@ -480,7 +486,8 @@ class _WorkerProcess:
                 self.send(message("shutdown"))
             return not busy  # a running cell will not read it; go straight on
 
-        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask)  # once only
+        self.close_step = _reap.stop(self._proc, "Python worker", ask=ask,
+                                     steps=_reap.SESSION_STEPS)
         with self._state_lock:
             if not self._busy:
                 self._release_fds()
@@ -489,6 +496,7 @@ class _WorkerProcess:
         if getattr(self, "_fds_released", False):
             return
         self._fds_released = True
+        copier.release(self._to_worker, self._from_worker, self._out_r, self._err_r)
         for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -514,8 +522,9 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
         outcome["rebound"] = done.get("rebound") or []
         outcome["deleted"] = done.get("deleted") or []
     if mode == "read_only":
-        outcome["isolation"] = done.get("isolation") or {"names": True, "objects": True,
-                                                         "files": "none"}
+        # The copy reports what held before user code runs; without that report (the
+        # worker died first) nothing is claimed beyond the names.
+        outcome["isolation"] = done.get("isolation") or dict(_NO_COPY_CLAIM)
     failed = bool(done.get("error")) or bool(done.get("child_died")) or not done
     if reply.interrupted and failed:
         outcome["error"] = _timeout_error(reply, request, mode)
@@ -560,11 +569,6 @@ def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dic
     return make_error("execution", error_text, suggestion,
                       traceback=str(error.get("traceback") or ""), stdout=reply.stdout,
                       stderr=reply.stderr, exception=exception)
-
-
-def _crashed(reply: _Reply, mode: RunMode, attempts: int) -> dict[str, Any]:
-    how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
-    return messages.crashed("worker", mode, how, attempts=attempts)
 
 
 def _fork_child_died(reply: _Reply) -> bool:
@@ -693,6 +697,10 @@ class WorkerSession:
                 self._proc = self._start()
 
     def _call(self, request: RunRequest, mode: RunMode) -> Outcome:
+        """One attempt at a call. A death during it is reported as a fact (``died``:
+        ``"process"`` or ``"copy"``) with a one-attempt ``crashed`` error; whether the
+        call runs once more is the session owner's decision (:mod:`coordex.core.faults`).
+        """
         with self._lock:
             if self._closed:
                 outcome = empty_outcome()
@@ -704,51 +712,45 @@ class WorkerSession:
             if isinstance(proc, dict):
                 return {**empty_outcome(), "error": proc, "state_lost": True}
             reply = _run_once(proc, request, mode, self._capabilities)
-            retried = False
             if self._closed:
-                reply.notes.append("the session was closed during the call")
-            elif reply.died or _fork_child_died(reply):
-                retried = True
-                if reply.died:
-                    lost = True
-                    proc, _ = self._ensure()
-                    if isinstance(proc, dict):
-                        return {**empty_outcome(), "error": proc, "state_lost": True,
-                                "retried": True}
-                notes = reply.notes
-                reply = _run_once(proc, request, mode, self._capabilities)
-                reply.notes[:0] = notes
-                if reply.died or _fork_child_died(reply):
-                    lost = lost or reply.died
+                if reply.died or not reply.message or reply.message.get("error"):
                     outcome = empty_outcome()
-                    outcome.update(stdout=reply.stdout, stderr=reply.stderr,
-                                   truncated=reply.truncated, retried=True)
-                    outcome["error"] = _crashed(reply, mode, 2)
-                    if mode == "read_only":
-                        outcome["isolation"] = {"names": True, "objects": True,
-                                                "files": "none"}
-                    if reply.died:
-                        self._replace_quietly()
-                    if lost:
-                        outcome["state_lost"] = True
-                        outcome["error"]["state_lost"] = True
+                    outcome["error"] = make_error(
+                        "crashed", "The session was closed while the code ran.",
+                        "Open a new session with a stateful call.", state_lost=True)
                     return outcome
-            if self._closed and (reply.died or not reply.message
-                                 or reply.message.get("error")):
-                outcome = empty_outcome()
-                outcome["error"] = make_error(
-                    "crashed", "The session was closed while the code ran.",
-                    "Open a new session with a stateful call.", state_lost=True)
+            elif reply.died or _fork_child_died(reply):
+                outcome = _died(reply, mode)
+                if reply.died:
+                    self._replace_quietly()  # the next attempt runs on a fresh process
+                    lost = True
+                if lost:
+                    outcome["state_lost"] = True
+                    outcome["error"]["state_lost"] = True
                 return outcome
             outcome = _outcome(reply, request, mode)
-            if reply.worker_killed:
+            if reply.worker_killed or (mode == "read_only" and not proc.alive()):
+                # (A worker that died while its read-only fork ran: the fork's result
+                # stands, and the loss is this call's news, not the next call's.)
                 lost = True
                 self._replace_quietly()
             if lost:
                 outcome["state_lost"] = True
-            if retried:
-                outcome["retried"] = True
             return outcome
+
+
+def _died(reply: _Reply, mode: RunMode) -> Outcome:
+    """The outcome of an attempt during which the worker (or its fork child) died."""
+    outcome = empty_outcome()
+    outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated)
+    how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
+    outcome["error"] = messages.crashed("worker", mode, how)
+    outcome["died"] = "process" if reply.died else "copy"
+    outcome["died_how"] = how
+    if mode == "read_only":
+        # What the copy reported before it died, else nothing is claimed.
+        outcome["isolation"] = (reply.message or {}).get("isolation") or dict(_NO_COPY_CLAIM)
+    return outcome
 
 
 class WorkerTemplate:
@@ -806,33 +808,24 @@ class WorkerTemplate:
             return {**empty_outcome(), "error": make_error(
                 "crashed", "This environment's stateless runner has been closed.",
                 "Create a new executor.", state_lost=True)}
-        notes: list[str] = []
-        for attempt in (1, 2):
-            try:
-                proc = self._checkout()
-            except CoordexError as exc:
-                return {**empty_outcome(), "error": exc.to_dict()}
-            reply = _run_once(proc, request, "stateless", self._capabilities)
-            healthy = not (reply.died or reply.worker_killed)
-            self._checkin(proc, healthy)
-            if self._closed:  # close() stopped the template under the call
-                return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
-                        "error": make_error(
-                            "crashed", "The Executor was closed while this code ran; its "
-                            "process was stopped.", "Create a new Executor and run the code "
-                            "again.", state_lost=False)}
-            if not (reply.died or _fork_child_died(reply)):
-                outcome = _outcome(reply, request, "stateless")
-                if attempt == 2:
-                    outcome["retried"] = True
-                return outcome
-            notes.extend(reply.notes)
-        reply.notes = notes
-        outcome = empty_outcome()
-        outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated,
-                       retried=True)
-        outcome["error"] = _crashed(reply, "stateless", 2)
-        return outcome
+        try:
+            proc = self._checkout()
+        except CoordexError as exc:
+            return {**empty_outcome(), "error": exc.to_dict()}
+        reply = _run_once(proc, request, "stateless", self._capabilities)
+        healthy = not (reply.died or reply.worker_killed)
+        self._checkin(proc, healthy)
+        if self._closed:  # close() stopped the template under the call
+            return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
+                    "error": make_error(
+                        "crashed", "The Executor was closed while this code ran; its "
+                        "process was stopped.", "Create a new Executor and run the code "
+                        "again.", state_lost=False)}
+        if reply.died or _fork_child_died(reply):
+            outcome = _died(reply, "stateless")
+            outcome["died"] = "copy"  # a stateless call has no session state to lose
+            return outcome
+        return _outcome(reply, request, "stateless")
 
     def close(self) -> None:
         """End every template process (idle or busy); idempotent."""

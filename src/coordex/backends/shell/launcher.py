@@ -46,6 +46,7 @@ HEADER = struct.Struct("!cii")
 # How long the server may take to start and answer its handshake.
 START_TIMEOUT = 15.0
 _LIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
+LIMITS = _LIMITS  # the resource limits a child takes from the session shell
 
 
 class LauncherError(RuntimeError):
@@ -69,7 +70,7 @@ class LauncherServer:
         # Here: the server side (this file run as a script) needs neither.
         import subprocess
 
-        from . import _reap
+        from .. import _reap
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -85,6 +86,7 @@ class LauncherServer:
         finally:
             theirs.close()
         self._sock = ours
+        _hold(ours.fileno())
         self._buffer = b""
         self._sock.settimeout(START_TIMEOUT)
         try:
@@ -140,6 +142,8 @@ class LauncherServer:
         """
         try:
             kind, pid, value = self._read_blocking()
+            while kind == b"X":  # a child called off before its pid was asked for
+                kind, pid, value = self._read_blocking()
         except OSError as exc:
             raise LauncherError(f"the launcher server is gone: {exc}") from exc
         if kind != b"P":
@@ -179,7 +183,9 @@ class LauncherServer:
         Closing the socket is how it is asked to leave: it kills a child still running,
         then exits.
         """
-        from . import _reap
+        from .. import _reap
+
+        _release(self._sock.fileno())
 
         def hang_up() -> bool:
             try:
@@ -206,6 +212,19 @@ class LauncherServer:
             if not data:
                 raise LauncherError("the launcher server is gone")
             self._buffer += data
+
+
+def _hold(fd: int) -> None:
+    """Note the socket as coordex's, so read-only copies of Python sessions close it."""
+    from ...worker import _coordex_copy
+
+    _coordex_copy.hold(fd)
+
+
+def _release(fd: int) -> None:
+    from ...worker import _coordex_copy
+
+    _coordex_copy.release(fd)
 
 
 # -- the server side (runs as a script: standard library and isolation.py only) ---------
@@ -288,9 +307,14 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
         os.execve(argv[0], argv, env)
     except BaseException as exc:  # the child must never return
         try:
-            os.write(2, f"coordex: could not start the read-only copy: {exc}\n".encode())
+            os.write(2, f"{START_FAILED}{exc}\n".encode())
         finally:
             os._exit(127)
+
+
+# What a child that failed before the code ran writes to its stderr (then exits 127):
+# the shell tells such an end from a command's own exit status 127 by it.
+START_FAILED = "coordex: could not start the read-only copy: "
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
@@ -423,7 +447,8 @@ def serve(sock: socket.socket, isolation: Any) -> None:
 
 
 def _main() -> None:
-    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    # isolation.py sits one folder up, in backends/.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import isolation
 
     isolation.landlock_abi()  # libc loaded and the ABI asked once here, not per child

@@ -60,8 +60,10 @@ from __future__ import annotations
 
 import array
 import codecs
+import contextlib
 import fcntl
 import os
+import resource
 import secrets
 import select
 import shutil
@@ -73,21 +75,34 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ..core import messages
-from ..core.errors import make_error
-from ..core.results import OutputBuffer
-from ..core.terminal import QueryFilter
-from . import _reap, isolation, launcher
-from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
+from ...core import messages
+from ...core.errors import CoordexError, make_error, storage_error
+from ...core.results import OutputBuffer
+from ...core.terminal import QueryFilter
+from ...diskspace import free_bytes
+from ...worker import _coordex_copy as copier
+from .. import _reap, isolation
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
+from . import launcher
+from .wire import DUMP as _DUMP
+from .wire import PRIVATE_PREFIX, VOLATILE_VARIABLES
+from .wire import SYNC_ALIASES as _SYNC_ALIASES
+from .wire import ShellProtocol as _Protocol
+from .wire import parse_dump as _parse_dump
+from .wire import parse_flags as _parse_flags
+from .wire import quote_code as _quote_code
+from .wire import shell_quote as _shell_quote
+from .wire import sync_line as _sync_line
 
 __all__ = ["ShellPlace", "ShellSession", "run_stateless"]
 
-# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL.
-_SHELL_STEPS = _reap.Steps(interrupt=False)
-# A stateless shell's session ends with it: no scan for members that left its group.
-_STATELESS_STEPS = _reap.Steps(interrupt=False, whole_session=False)
+# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL;
+# a kept session's shell also takes the members that left its group (``set -m`` jobs).
+_SHELL_STEPS = _reap.Steps(interrupt=False, whole_session=True)
+_STATELESS_STEPS = _reap.Steps(interrupt=False)
 # Past a timeout's grace the shell has had its interrupt: straight to SIGKILL.
 _KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 # Starting bash and inspecting it are ours, not the user's: generous fixed limits.
@@ -103,33 +118,6 @@ READ_CHUNK = 65536
 BASH_ARGV = ("bash", "--norc", "--noprofile", "--noediting", "-i", "+m")
 # Pagers never take over and programs do not draw for a terminal that is not there.
 FIXED_ENV = {**PAGER_ENV, "TERM": "dumb"}
-# Bash's own ever-changing variables, and ones reported elsewhere (PWD is ``cwd``).
-VOLATILE_VARIABLES = frozenset({
-    "_", "BASHPID", "BASH_SUBSHELL", "RANDOM", "SRANDOM", "SECONDS", "LINENO",
-    "EPOCHSECONDS", "EPOCHREALTIME", "BASH_COMMAND", "PIPESTATUS", "BASH_LINENO",
-    "BASH_SOURCE", "FUNCNAME", "BASH_ARGC", "BASH_ARGV", "BASH_ARGV0", "HISTCMD",
-    "BASH_ALIASES", "BASH_CMDS", "BASH_REMATCH", "PWD", "OLDPWD", "DIRSTACK", "COLUMNS",
-    "LINES", "BASHOPTS", "SHELLOPTS", "PS1",
-})
-PRIVATE_PREFIX = "__coordex_"
-
-# Prints the session's state as NUL-separated records: ``c PWD``, ``v NAME VALUE``,
-# ``a NAME DECLARE-P-TEXT`` (arrays), ``f NAME``, ``l NAME VALUE``. It runs in a subshell
-# and resets IFS/noglob/nounset there, so a user's settings cannot skew it.
-_DUMP = r"""(
-\builtin set +euf; IFS=$' \t\n'
-\builtin printf 'c\0%s\0' "$PWD"
-for __coordex_n in $(\builtin compgen -v); do
-  case ${!__coordex_n@a} in
-    *[aA]*) \builtin printf 'a\0%s\0%s\0' "$__coordex_n" "$(\builtin declare -p "$__coordex_n")" ;;
-    *) \builtin printf 'v\0%s\0%s\0' "$__coordex_n" "${!__coordex_n}" ;;
-  esac
-done
-for __coordex_n in $(\builtin compgen -A function); do \builtin printf 'f\0%s\0' "$__coordex_n"; done
-for __coordex_n in $(\builtin compgen -a); do
-  \builtin printf 'l\0%s\0%s\0' "$__coordex_n" "${BASH_ALIASES[$__coordex_n]}"
-done
-)"""
 
 
 # How long a call watches its pipes without sleeping before it blocks in poll(). A
@@ -142,94 +130,6 @@ SPIN_SECONDS = 0.0003
 HANDOVER_POLL = 0.002
 
 _utf8_decoder = codecs.getincrementaldecoder("utf-8")
-
-
-def _quote_code(code: str) -> bytes:
-    """``code`` as one ``$'...'`` word on one line (NUL bytes dropped).
-
-    Only ``\\``, ``'``, newline and ``!`` (history expansion, were a user to turn it
-    back on) are escaped; every other byte, binary ones included, stands for itself.
-    """
-    data = code.encode("utf-8", "surrogateescape")
-    if b"\0" in data:
-        data = data.replace(b"\0", b"")
-    data = (data.replace(b"\\", b"\\\\").replace(b"'", b"\\'").replace(b"\n", b"\\n")
-            .replace(b"!", b"\\041"))
-    return b"$'" + data + b"'"
-
-
-# The version of the trigger-line / record texts below (docs/protocol.md, "The bash
-# record wire"); both ends live in this module, so it changes with them.
-RECORD_WIRE_VERSION = 1
-
-# What a record says after the status: ``$-``, then the length of BASHOPTS.
-# PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
-# (bash 5.2 keeps echo_input_at_read - set -v - and expand_aliases there), so what the
-# code did to those two the next trigger line repeats at the top level: set -v from
-# ``$-``; expand_aliases when the shopt options changed at all (their length is a
-# cheap tell; matching BASHOPTS against a pattern costs a call ~4 us).
-_FLAGS = "$-:${#BASHOPTS}"
-# Makes the parser's expand_aliases what ``shopt`` says it is, at the top level.
-_SYNC_ALIASES = ("case :$BASHOPTS: in *:expand_aliases:*) \\builtin shopt -s expand_aliases ;; "
-                 "*) \\builtin shopt -u expand_aliases ;; esac")
-
-
-@dataclass(frozen=True)
-class _Protocol:
-    """The fixed texts one shell is driven with; see the module docstring.
-
-    ``runner`` is the body of the runner file; ``setup`` the first line bash reads;
-    ``trigger`` the head of every call's line (``%d`` takes the call number, the code
-    follows as a ``$'...'`` word).
-    """
-
-    runner: bytes
-    setup: bytes
-    trigger: bytes
-
-    @classmethod
-    def build(cls, token: str, stderr_fd: int, runner_fd: int) -> _Protocol:
-        p = PRIVATE_PREFIX
-        # Sourced, not eval'd in PROMPT_COMMAND directly: only while a file is sourced
-        # does bash clean finished foreground jobs out of its job table (else `jobs`
-        # and %1 see them), and `return` ends the code as it did in a sourced script.
-        # Our fds are closed for the code (its children see 0, 1 and 2 only) and come
-        # back after it, whatever it did to those numbers. The eval's redirections
-        # come after its trace and its line's set -v echo: those go to the status pipe.
-        runner = (f"\\builtin eval \"${p}code\" </dev/null 2>&{stderr_fd}- "
-                  f"{runner_fd}<&-\n")
-        prompt_command = (
-            f"\\builtin unset PROMPT_COMMAND; \\builtin . /dev/fd/{runner_fd}; "
-            f"PS1=\"\\n${p}record${p}call $? {_FLAGS}\\n\"")
-        setup = (f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
-                 f"\\builtin shopt -s expand_aliases; {p}run={_shell_quote(prompt_command)}; "
-                 f"{p}record='{token} r '; {p}call=0; ").encode() + _sync_line(token, 0)
-        trigger = f"PROMPT_COMMAND=${p}run {p}call=%d {p}code=".encode()
-        return cls(runner.encode(), setup, trigger)
-
-
-def _sync_line(token: str, number: int) -> bytes:
-    """The line that reports ``TOKEN s NUMBER STATUS FLAGS`` once bash reads commands.
-
-    It also makes the parser's set -v and expand_aliases agree with the options again
-    (an interrupt can land after the runner restored them).
-    """
-    return (f"PS1=\"\\n{token} s {number} $? {_FLAGS}\\n\"; \\builtin unset PROMPT_COMMAND; "
-            f"case $- in *v*) \\builtin set -v ;; *) \\builtin set +v ;; esac; {_SYNC_ALIASES}\n"
-            ).encode()
-
-
-def _parse_flags(field: bytes) -> tuple[bool, int]:
-    """(set -v, length of BASHOPTS) from a record's flags field."""
-    dash, _, options = field.partition(b":")
-    try:
-        return b"v" in dash, int(options)
-    except ValueError:
-        return b"v" in dash, -1
-
-
-def _shell_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 # -- the protected read-only copy ------------------------------------------------------
@@ -251,36 +151,122 @@ _NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
 # sourced file, where bash keeps it) silently abandons the rest of its command list. Code too long for one
 # argument (Linux: 128 KiB) is read from a file and eval'd instead (traces "++ cmd").
 _STATE_FD = PRIVATE_FD_FLOOR
-_SOURCE_STATE = f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :\n"
+# Then an EXIT trap writes the copy's exit status to a pipe at _END_FD: the call is over
+# at that moment, before the process has exited (tearing its namespaces down takes
+# milliseconds). The code runs with _END_FD closed (its children see 0-2 only), inside
+# `eval ... 202>&-` or after `exec 202>&-`; an `exit` in the code, an EXIT trap of its
+# own or a signal leave the end to the launcher's report.
+_END_FD = PRIVATE_FD_FLOOR + 2
+_SOURCE_STATE = (f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :; \\builtin trap "
+                 f"'{{ \\builtin printf \"%d\\n\" \"$?\" >&{_END_FD}; }} 2>/dev/null' EXIT\n")
+_HIDE_END = f" {_END_FD}>&-"
 _READ_CODE = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <%s; }} 2>/dev/null || :\n"
               f'\\builtin eval "')
 _INLINE_CODE_LIMIT = 120_000
 _OPTIONS_FUNCTION = f"{PRIVATE_PREFIX}options"
+# A *ready* copy has restored the state already and reads its code from a pipe at
+# _CODE_FD; eval keeps errors reading "bash: line N: ..." (traces would read "++ cmd",
+# so a session tracing itself with set -x/-v never gets a ready copy).
+_CODE_FD = PRIVATE_FD_FLOOR + 1
+# One line, the script's second, as the code is in a waiting copy's: errors read
+# "bash: line N:" with the same N in both.
+_RUN_PIPED = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <&{_CODE_FD}; }} "
+              f"2>/dev/null || :; \\builtin exec {_CODE_FD}<&-; "
+              f'\\builtin eval "\\builtin unset {PRIVATE_PREFIX}ro; ${PRIVATE_PREFIX}ro"'
+              + _HIDE_END)
 
 
 class _ProtectedCopy:
-    """One protected read-only copy of a session's shell: its private files and group.
+    """One protected read-only copy of a session's shell: a launcher child and its group.
 
-    :meth:`run` asks the session's :class:`~.launcher.LauncherServer` for a child that
-    protects itself and waits, and meanwhile has a subshell of the session
-    (:meth:`dump_command`) write the session's state to the private folder (not the
-    call's scratch, which the code may write) and print the trace flags; the flags are
-    the child's go: it execs a fresh bash that restores the state and runs the code, in
-    its own process group. The launcher writes the mode that held to ``mode_file``.
+    :meth:`launch` asks the session's :class:`~.launcher.LauncherServer` for a child that
+    protects itself. The session launches the next copy as soon as a call ends, so a
+    call finds one protected while the session was idle, in one of two states:
+
+    - *waiting* (``ready=False``): :meth:`run` has a subshell of the session
+      (:meth:`dump_command`) write the session's state to the session's private folder
+      (not the scratch folder, which the code may write) and print the trace flags;
+      the flags and the code are the child's go: it execs a fresh bash that restores
+      the state and runs the code.
+    - *ready* (``ready=True``, when the state file already holds the session's state:
+      no stateful call since the last dump, and no trace flags): the child has exec'd
+      bash at once, which restored that state and waits for the code on a pipe, so a
+      call only hands it the code.
+
+    Either way the code runs in the copy's own process group. The launcher writes the
+    mode that held to the mode file. A launched copy is used only while the session
+    still has the cwd, umask and limits it was protected for (:meth:`fits`).
     """
 
-    def __init__(self, request: RunRequest, bash: str) -> None:
-        assert request.scratch is not None
-        self.request = request
+    def __init__(self, bash: str, work_paths: tuple[str, ...], folder: str,
+                 ready: bool = False) -> None:
         self.bash = bash
-        self.folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
-        self.state_file = os.path.join(self.folder, "state")
-        self.mode_file = os.path.join(self.folder, "mode")
-        self.code_file = os.path.join(self.folder, "code")
-        with open(self.state_file, "w"):
-            pass  # the child opens it before the dump fills it
-        self.pid: int | None = None  # the copy's pid and process group, while it runs
+        self.work_paths = work_paths
+        self.ready = ready
+        self.folder = folder  # the session's private folder, kept across copies
+        self.scratch = os.path.join(folder, "coordex-ro-scratch")  # the copy's TMPDIR
+        self.state_file = os.path.join(folder, "state")
+        self.mode_file = os.path.join(folder, "mode")
+        self.code_file = os.path.join(folder, "code")
+        self.pid: int | None = None  # the copy's pid and process group, once known
+        self.launched = False  # a protected bash ran the code (the state went by value)
         self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
+        self._fds: tuple[int, int, int, int] | None = None  # out, err, go/code, end (ours)
+        self._fingerprint: tuple[Any, ...] | None = None
+        self.flags: str | None = None  # the trace flags the dump printed (it ran)
+
+    @staticmethod
+    def make_folder() -> str:
+        """A session's private folder: the state, mode and code files, the scratch."""
+        folder = tempfile.mkdtemp(prefix="coordex-bash-ro-")
+        with open(os.path.join(folder, "state"), "w"):
+            pass  # a child opens it before the dump fills it
+        os.mkdir(os.path.join(folder, "coordex-ro-scratch"), 0o700)
+        return folder
+
+    def launch(self, server: launcher.LauncherServer, shell: _Shell) -> None:
+        """Have the server fork the child, which protects itself; no wait here.
+
+        Raises :class:`~.launcher.LauncherError` when the server is gone.
+        """
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
+        state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
+        end_r, end_w = os.pipe()
+        script, fds, keep = _SOURCE_STATE, [out_w, err_w, go_r, state_fd], [_STATE_FD]
+        if self.ready:
+            code_r, code_w = os.pipe()
+            script += _RUN_PIPED
+            fds.append(code_r)
+            keep.append(_CODE_FD)
+        fds.append(end_w)
+        keep.append(_END_FD)
+        argv = [self.bash, "--norc", "--noprofile", "-c", script, "bash"]
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.mode_file)  # the mode is this child's to report
+            server.start(argv, fds, session_pid=shell.pid, work_paths=self.work_paths,
+                         scratch=self.scratch, allow="discarded", report_path=self.mode_file,
+                         splice=(4, len(script)), keep=keep)
+        except BaseException:
+            for fd in (out_r, err_r, go_w, end_r, *((code_w,) if self.ready else ())):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (*fds,):
+                os.close(fd)
+        if self.ready:
+            _write_all(go_w, b"g")  # exec bash now: it restores the state and waits
+            os.close(go_w)
+            go_w = code_w
+        self._fds = (out_r, err_r, go_w, end_r)
+        self._fingerprint = _fingerprint(shell.pid, self.work_paths)
+
+    def fits(self, shell: _Shell, work_paths: tuple[str, ...]) -> bool:
+        """Whether this waiting copy was protected for the session as it is now."""
+        return self._fds is not None and self._fingerprint == _fingerprint(shell.pid,
+                                                                            work_paths)
 
     def dump_command(self) -> str:
         """The bash text, run by the session's driver line, that writes the state.
@@ -312,59 +298,65 @@ class _ProtectedCopy:
             f"\\builtin printf %s {q(chr(10) + restore_tail)}; }} >> {state} 2>/dev/null )"
         )
 
-    def argv(self) -> tuple[list[str], int]:
-        """The copy's command line, and where in its script the trace flags go."""
-        code = self.request.code.replace("\0", "")
-        if len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT:
-            head, tail = _SOURCE_STATE, code
-        else:
-            with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
-                f.write(code)
-            head = _SOURCE_STATE + _READ_CODE % _shell_quote(self.code_file)
-            tail = f'${PRIVATE_PREFIX}ro"'
-        return [self.bash, "--norc", "--noprofile", "-c", head + tail, "bash"], len(head)
+    def go_text(self, code: str, flags: str) -> str:
+        """What the child splices into its script: the trace flags, then the code.
 
-    def run(self, server: launcher.LauncherServer, shell: _Shell, deadline: float,
-            ) -> tuple[_Stream, _Stream, _Ending]:
-        """Start the copy and watch it until it ends (or the deadline passes).
+        Untraced code runs in an ``eval`` with the end pipe closed. Traced code (set
+        -x/-v) stands in the script itself, so its traces read "+ cmd" as in the session,
+        after the end pipe is closed. Code too long for one argument is written to
+        ``code_file`` and read from there.
+        """
+        code = code.replace("\0", "")
+        inline = len(code.encode("utf-8", "surrogateescape")) < _INLINE_CODE_LIMIT
+        if inline and not flags:
+            quoted = _quote_code(code).decode("utf-8", "surrogateescape")
+            return f"\\builtin eval {quoted}{_HIDE_END}"
+        if inline:
+            return f"\\builtin exec{_HIDE_END}; {flags}{code}"
+        with open(self.code_file, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(code)
+        hide = f"\\builtin exec{_HIDE_END}; " if flags else ""
+        tail = _HIDE_END if not flags else ""
+        return (hide + _READ_CODE % _shell_quote(self.code_file) + flags
+                + f'${PRIVATE_PREFIX}ro"' + tail)
+
+    def run(self, server: launcher.LauncherServer, shell: _Shell, request: RunRequest,
+            deadline: float) -> tuple[_Stream, _Stream, _Ending]:
+        """Run ``request.code`` in this (launched) copy and watch it until it ends.
 
         A timeout interrupts the copy's group, kills it if it ignores the interrupt, and
         whatever the copy left running is killed when it ends. Raises
         :class:`~.launcher.LauncherError` if the server died before the code ran.
         """
-        request = self.request
-        assert request.scratch is not None
-        argv, offset = self.argv()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        go_r, go_w = os.pipe()
-        state_fd = os.open(self.state_file, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            server.start(argv, (out_w, err_w, go_r, state_fd), session_pid=shell.pid,
-                         work_paths=request.protect_paths, scratch=request.scratch,
-                         allow="discarded", report_path=self.mode_file, splice=(4, offset),
-                         keep=(_STATE_FD,))
-        except BaseException:
-            for fd in (out_r, err_r, go_w):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (out_w, err_w, go_r, state_fd):
-                os.close(fd)
+        assert self._fds is not None
+        out_r, err_r, go_w, end_r = self._fds
+        self._fds = None
         pid = None
         try:
-            # The child protects itself while the session writes its state (which takes
-            # less time: no spinning, the CPU is theirs).
+            if self.ready:  # bash has restored the state: hand it the code
+                pid = self.pid = server.started()
+                self.launched = True
+                _write_all(go_w, request.code.replace("\0", "").encode(
+                    "utf-8", "surrogateescape"))
+                os.close(go_w)
+                go_w = -1
+                return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
+            # A copy launched just now protects itself while the session writes its
+            # state (which takes less time: no spinning, the CPU is theirs).
             dump = RunRequest(code="", timeout=max(deadline - time.monotonic(), 0.0),
                               output_limit=1 << 20)
             flags, _err, ending = shell.run(self.dump_command(), dump, spin=False)
+            self.flags = flags.getvalue()
             pid = self.pid = server.started()
             if ending.timed_out or not ending.survived:
+                self.flags = None
                 return _Stream("stdout", request), _Stream("stderr", request), ending
-            os.write(go_w, b"g" + flags.getvalue().encode())
+            go = self.go_text(request.code, self.flags)
+            self.launched = True
+            _write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
-            return self._watch(server, pid, out_r, err_r, deadline)
+            return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
         finally:
             if go_w >= 0:
                 os.close(go_w)  # called off: the child exits without running anything
@@ -372,18 +364,34 @@ class _ProtectedCopy:
                 _signal_group(pid, signal.SIGKILL)  # its background jobs, its namespaces
                 self.pid = None
                 server.release(pid)  # only now may its pid (and group id) be reused
-            os.close(out_r)
-            os.close(err_r)
+            for fd in (out_r, err_r, end_r):
+                os.close(fd)
 
-    def _watch(self, server: launcher.LauncherServer, pid: int, out_r: int, err_r: int,
-               deadline: float) -> tuple[_Stream, _Stream, _Ending]:
-        out, err = _Stream("stdout", self.request), _Stream("stderr", self.request)
+    def discard(self, server: launcher.LauncherServer | None) -> None:
+        """Call off a copy that never ran: it exits; its files are removed."""
+        if self._fds is not None:
+            fds, self._fds = self._fds, None
+            for fd in fds:
+                os.close(fd)  # end of file on the go pipe: the child exits quietly
+            if server is not None:
+                try:
+                    pid = server.started()
+                except launcher.LauncherError:
+                    return
+                _signal_group(pid, signal.SIGKILL)  # a ready copy's bash runs already
+                server.release(pid)
+
+    def _watch(self, server: launcher.LauncherServer, pid: int, fds: tuple[int, int, int],
+               deadline: float, request: RunRequest) -> tuple[_Stream, _Stream, _Ending]:
+        out_r, err_r, end_r = fds
+        out, err = _Stream("stdout", request), _Stream("stderr", request)
         streams = {out_r: out, err_r: err}
         poller = select.poll()
-        for fd in (out_r, err_r):
+        for fd in fds:
             os.set_blocking(fd, False)
             poller.register(fd, select.POLLIN)
         poller.register(server.fileno(), select.POLLIN)
+        record = b""
         ending = _Ending()
         killed = False
         now = time.monotonic()
@@ -403,6 +411,17 @@ class _ProtectedCopy:
                 if fd in streams:
                     if not _read_available(fd, streams[fd]):
                         poller.unregister(fd)
+                    continue
+                if fd == end_r:
+                    try:
+                        data = os.read(end_r, 64)
+                    except BlockingIOError:
+                        continue
+                    record += data
+                    if record.endswith(b"\n") and record[:-1].isdigit():
+                        ending.exit_code = int(record[:-1])
+                    elif not data or len(record) > 16:
+                        poller.unregister(end_r)  # no record (or a garbled one) comes
                     continue
                 try:
                     events = server.read_events()
@@ -435,15 +454,53 @@ class _ProtectedCopy:
             return "none"
         return mode if mode in ("discarded", "refused") else "none"
 
-    def forget_mode(self) -> None:
-        """Drop the mode a child reported: the code runs elsewhere, unprotected."""
+    def clear_scratch(self) -> None:
+        """Empty the scratch folder for the next copy (it is usually empty already)."""
         try:
-            os.unlink(self.mode_file)
+            names = os.listdir(self.scratch)
         except OSError:
-            pass
+            names = []
+            with contextlib.suppress(OSError):
+                os.mkdir(self.scratch, 0o700)
+        for name in names:
+            path = os.path.join(self.scratch, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+
+def _fingerprint(shell_pid: int, work_paths: tuple[str, ...]) -> tuple[Any, ...]:
+    """What a waiting copy took from the session shell: cwd, umask, limits (and paths)."""
+    try:
+        cwd = os.readlink(f"/proc/{shell_pid}/cwd")
+        with open(f"/proc/{shell_pid}/status") as f:
+            umask = next((line for line in f if line.startswith("Umask:")), "")
+    except OSError:
+        return (None,)  # never equal to a fingerprint taken from a live shell
+    limits: list[Any] = []
+    for number in launcher.LIMITS:
+        try:
+            limits.append(resource.prlimit(shell_pid, number))
+        except (OSError, ValueError):
+            limits.append(None)
+    return (shell_pid, cwd, umask, tuple(limits), work_paths)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+@dataclass
+class _CopySlot:
+    """What one protected read-only call learnt from the copy that ran it."""
+
+    files: str = "none"
+    launched: bool = False
+    failure: str | None = None
 
 
 def _read_available(fd: int, stream: _Stream) -> bool:
@@ -481,14 +538,16 @@ class _Stream:
         # reads is held back until its remaining bytes arrive.
         self._decoder: codecs.IncrementalDecoder | None = None
         # Terminal queries (``ESC [ 6 n``...) never reach a client terminal to answer.
-        self._queries = QueryFilter()
+        self._queries: QueryFilter | None = None
 
     def feed(self, data: bytes, final: bool = False) -> None:
         if self._decoder is None:
             if not data:
                 return
             self._decoder = _utf8_decoder(errors="replace")
+            self._queries = QueryFilter()
             self.buffer = OutputBuffer(self.request.output_limit)
+        assert self._queries is not None
         text = self._queries.feed(self._decoder.decode(data, final), final)
         if text:
             assert self.buffer is not None
@@ -512,6 +571,7 @@ class _Ending:
     aborted: bool = False  # the code did not finish: the status is the sync line's
     survived: bool = True
     returncode: int | None = None  # bash's own exit status when it ended during the call
+    started: bool = False  # bash read and parsed the line (its "go" record came)
 
 
 _STDOUT, _STDERR, _STATUS, _STDIN, _PIDFD = range(5)
@@ -553,6 +613,7 @@ class _Shell:
         for fd in (self._stdin, self._stdout, self._stderr, self._status_r):
             os.set_blocking(fd, False)
         self._status_buf = b""
+        self.says_go = False  # this bash prints PS0 (the "go" record); before 4.4, none
         self._number = 0  # the last call or sync line handed to bash
         # set -v as the code left it, and as bash's top level has it (PROMPT_COMMAND
         # restores the latter after every call); the length of BASHOPTS last reported,
@@ -581,7 +642,12 @@ class _Shell:
             self._kinds[self._pidfd] = _PIDFD
         except (AttributeError, OSError):
             self._pidfd = None
+        copier.hold(*self._held())  # closed in read-only copies of Python sessions
         self._start()
+
+    def _held(self) -> list[int]:
+        return [fd for fd in (self._stdin, self._stdout, self._stderr, self._status_r,
+                              self._pidfd) if fd is not None]
 
     def _start(self) -> None:
         # History off (and no file to write it to), aliases on, the runner stored. What
@@ -617,6 +683,8 @@ class _Shell:
             line = (b"\\builtin set -v; " if self._verbose else b"\\builtin set +v; ") + line
         out, err = _Stream("stdout", request), _Stream("stderr", request)
         ending = self.exchange(line, self._number, request, streams=(out, err), spin=spin)
+        if not ending.survived and not self.says_go:
+            ending.started = True  # a bash without PS0 cannot tell: assume it started
         return out, err, ending
 
     def exchange(self, line: bytes, number: int, request: RunRequest, *,
@@ -671,7 +739,9 @@ class _Shell:
                     what = self._kinds[fd]
                     if what == _STATUS:
                         for rkind, rnumber, status, flags in self._read_status():
-                            if rkind == kind and rnumber == number:
+                            if rkind == b"g":
+                                ending.started = self.says_go = True
+                            elif rkind == kind and rnumber == number:
                                 ending.exit_code = status
                                 self._note_flags(flags, top_level=kind == b"s")
                                 finished = finished or sync_number < 0
@@ -835,6 +905,7 @@ class _Shell:
         if self._released:
             return
         self._released = True
+        copier.release(*self._held())
         for fd in (self._stderr, self._status_r, self._pidfd):
             if fd is not None:
                 os.close(fd)
@@ -938,13 +1009,16 @@ def _closed_outcome() -> Outcome:
             "state_lost": True}
 
 
+def _start_failed_text(exc: BaseException) -> tuple[str, str]:
+    return (f"Could not start bash: {exc}.",
+            "Check that bash is installed, runs, and the working folder exists; the "
+            "session's previous state is lost.")
+
+
 def _start_failed(exc: BaseException) -> Outcome:
     return {"stdout": "", "stderr": "", "truncated": False, "result": None,
             "exit_code": None, "images": [],
-            "error": make_error("crashed", f"Could not start bash: {exc}.",
-                                "Check that bash is installed and the working folder "
-                                "exists; the session's previous state is lost.",
-                                state_lost=True),
+            "error": make_error("crashed", *_start_failed_text(exc), state_lost=True),
             "state_lost": True}
 
 
@@ -973,10 +1047,26 @@ class ShellSession:
         self._closed = False
         self._loss_reported = False
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
+        self._standby: _ProtectedCopy | None = None  # the next one, protected and waiting
+        self._ro_folder: str | None = None  # the copies' state file, mode file, scratch
+        # The state file holds the session as of stateful call _dumped (-1: never), with
+        # the trace flags it had; _state_version counts the calls that may change it.
+        self._state_version = 0
+        self._dumped = -1
+        self._dump_flags = ""
         self._launcher: launcher.LauncherServer | None = None  # started on first use
         self._bash = shutil.which("bash", path=self._env.get("PATH")) or "/bin/bash"
-        self._shell = _Shell(self._env, cwd)
-        self._baseline = self._dump(self._shell)
+        try:
+            self._shell = _Shell(self._env, cwd)
+            self._baseline = self._dump(self._shell)
+        except (OSError, RuntimeError) as exc:
+            # A bash that cannot start, or starts and dies during setup: a crashed error
+            # the executor returns as a dict (a RuntimeError escaped the call before).
+            shell = getattr(self, "_shell", None)
+            if shell is not None:
+                shell.terminate()
+                shell.release()
+            raise CoordexError("crashed", *_start_failed_text(exc), state_lost=True) from exc
 
     @property
     def pid(self) -> int:
@@ -990,30 +1080,29 @@ class ShellSession:
 
     def run(self, request: RunRequest) -> Outcome:
         """Run ``request.code`` in the kept shell; what it changes stays."""
+        self._state_version += 1  # a read-only copy's saved state may be stale now
         return self._call(request.code, request)
 
     def run_read_only(self, request: RunRequest) -> Outcome:
         """Run ``request.code`` against a throwaway copy of the session.
 
         With ``request.scratch`` set and protection available here, the copy runs under
-        :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported;
+        :mod:`.isolation` and ``isolation.files`` is the mode its launcher reported
+        (its TMPDIR is a scratch folder of its own, made before it was protected);
         otherwise a plain subshell runs it and ``files`` is ``"none"``.
         """
-        copy = None
+        slot = None
         if request.scratch is not None and isolation.best_mode() != "none":
-            copy = _ProtectedCopy(request, self._bash)
-        try:
-            if copy is None:
-                outcome = self._call(self.read_only_command(request.code, request.scratch),
-                                     request)
-                files = "none"
-            else:
-                outcome = self._call(request.code, request, copy)
-                files = copy.files()
-        finally:
-            if copy is not None:
-                copy.remove()
-        outcome["isolation"] = {"names": True, "objects": True, "files": files}
+            slot = _CopySlot()
+            outcome = self._call(request.code, request, slot)
+        else:
+            outcome = self._call(self.read_only_command(request.code, request.scratch),
+                                 request)
+        # The protected copy is a fresh bash given the session's state by value (its
+        # variables, functions, aliases, options, cwd); the plain one a forked subshell.
+        files = slot.files if slot is not None else "none"
+        kind = "values" if slot is not None and slot.launched and files != "none" else "fork"
+        outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
         return outcome
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:
@@ -1072,6 +1161,12 @@ class ShellSession:
             self._shell.terminate()
             self._shell.release()
             shell.release()
+            if self._standby is not None:
+                self._standby.discard(None)  # its child ends with the launcher server
+                self._standby = None
+            if self._ro_folder is not None:
+                shutil.rmtree(self._ro_folder, ignore_errors=True)
+                self._ro_folder = None
             if self._launcher is not None:
                 self._launcher.close()
                 self._launcher = None
@@ -1085,7 +1180,7 @@ class ShellSession:
     # -- internals ---------------------------------------------------------------------
 
     def _call(self, code: str, request: RunRequest,
-              copy: _ProtectedCopy | None = None) -> Outcome:
+              copy: _CopySlot | None = None) -> Outcome:
         with self._lock:
             if self._closed:
                 return _closed_outcome()
@@ -1094,13 +1189,32 @@ class ShellSession:
                 return lost
             if copy is None:
                 out, err, ending = self._shell.run(code, request)
+                if not (ending.survived or ending.started or self._closed):
+                    # Dead before it read the call (killed just before it arrived): the
+                    # code never ran, so this is a shell found dead - replace, run there.
+                    lost = self._ensure_shell()
+                    if isinstance(lost, dict):
+                        return lost
+                    lost = True
+                    out, err, ending = self._shell.run(code, request)
             else:
-                self._copy = copy
-                try:
-                    out, err, ending = self._run_copy(copy, request)
-                finally:
-                    self._copy = None
+                out, err, ending = self._run_copy(copy, request)
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
+            if copy is not None and ending.exit_code == 127 \
+                    and outcome["stderr"].startswith(launcher.START_FAILED):
+                # The copy never ran the code (its scratch folder full, say): not a
+                # command's exit status 127.
+                reason = outcome["stderr"][len(launcher.START_FAILED):].strip()
+                folder = os.path.dirname(request.scratch or tempfile.gettempdir())
+                outcome["exit_code"] = None
+                outcome["error"] = storage_error(
+                    OSError(reason), folder, "temporary folder (TMPDIR)",
+                    free_bytes(Path(folder))).to_dict()
+                # The state it saved may be cut short too: the next copy dumps it again.
+                self._dumped = -1
+                if self._standby is not None:
+                    self._standby.discard(self._launcher)
+                    self._standby = None
             if copy is not None and copy.failure is not None:
                 outcome["exit_code"] = None
                 outcome["error"] = make_error(
@@ -1114,6 +1228,11 @@ class ShellSession:
                 closed = _closed_outcome()
                 outcome.update(error=closed["error"], state_lost=True)
                 return outcome
+            if ending.survived and not self._shell.alive():
+                # The session's shell died while a read-only copy ran elsewhere: the
+                # copy's result stands, and the loss is this call's news, not the next's.
+                ending.survived = False
+                lost = True
             if not ending.survived:
                 # Already told to the caller in this outcome: the next call's fresh shell
                 # is not news.
@@ -1122,22 +1241,51 @@ class ShellSession:
                 outcome["state_lost"] = True
             return outcome
 
-    def _run_copy(self, copy: _ProtectedCopy, request: RunRequest,
+    def _run_copy(self, slot: _CopySlot, request: RunRequest,
                   ) -> tuple[_Stream, _Stream, _Ending]:
         """A protected read-only call, through the session's launcher server.
 
-        Where the server cannot be started (or died before the code ran), the plain
-        subshell runs the code and the copy reports ``files: "none"``.
+        It takes the waiting copy when that one still fits the session (else launches
+        one now) and, once the call is over, launches the next one, which protects
+        itself while the session is idle. Where the server cannot be started (or died
+        before the code ran), the plain subshell runs the code (``files: "none"``).
         """
         deadline = time.monotonic() + request.timeout
         server = self._launcher_server()
+        copy, self._standby = self._standby, None
+        current = self._dumped == self._state_version
+        if copy is not None and (server is None or (copy.ready and not current)
+                                 or not copy.fits(self._shell, request.protect_paths)):
+            copy.discard(server)
+            copy = None
         if server is not None:
             try:
-                return copy.run(server, self._shell, deadline)
+                if self._ro_folder is None:
+                    self._ro_folder = _ProtectedCopy.make_folder()
+                if copy is None:
+                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder)
+                    copy.launch(server, self._shell)
+                self._copy = copy
+                try:
+                    streams = copy.run(server, self._shell, request, deadline)
+                finally:
+                    self._copy = None
+                slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
+                    copy.files()
+                if copy.flags is not None:  # it dumped: the state file is current now
+                    self._dumped, self._dump_flags = self._state_version, copy.flags
+                copy.clear_scratch()
+                if not self._closed and self._shell.alive():
+                    ready = self._dumped == self._state_version and not self._dump_flags
+                    self._standby = _ProtectedCopy(self._bash, request.protect_paths,
+                                                   self._ro_folder, ready=ready)
+                    self._standby.launch(server, self._shell)
+                return streams
             except launcher.LauncherError:
                 self._launcher = None  # the next call starts a new one
                 server.close()
-                copy.forget_mode()  # the subshell below is not protected
+                self._standby = None
+                slot.files = "none"  # the code did not run; the subshell below is not protected
         return self._shell.run(self.read_only_command(request.code, request.scratch), request)
 
     def _launcher_server(self) -> launcher.LauncherServer | None:
@@ -1176,33 +1324,6 @@ class ShellSession:
         return _parse_dump(out.getvalue())
 
 
-def _parse_dump(text: str) -> dict[str, Any]:
-    fields = text.split("\0")
-    state: dict[str, Any] = {"cwd": "", "variables": {}, "functions": [], "aliases": {}}
-    i = 0
-    while i < len(fields) - 1:
-        kind = fields[i]
-        if kind == "c":
-            state["cwd"] = fields[i + 1]
-            i += 2
-        elif kind == "f":
-            state["functions"].append(fields[i + 1])
-            i += 2
-        elif kind in ("v", "a", "l") and i + 2 < len(fields):
-            name, value = fields[i + 1], fields[i + 2]
-            if kind == "l":
-                state["aliases"][name] = value
-            elif name not in VOLATILE_VARIABLES and not name.startswith(PRIVATE_PREFIX):
-                if kind == "a":  # `declare -a x=(...)`: keep the value text after `=`
-                    value = value.split("=", 1)[1] if "=" in value else ""
-                state["variables"][name] = value
-            i += 3
-        else:
-            i += 1
-    state["functions"] = [f for f in state["functions"] if not f.startswith(PRIVATE_PREFIX)]
-    return state
-
-
 class ShellPlace:
     """Bash of one environment: opens kept sessions and runs stateless calls.
 
@@ -1210,6 +1331,9 @@ class ShellPlace:
     shells of calls still running are tracked so that :meth:`close` ends them (and
     their commands) at once, and those calls return a ``crashed`` error dict.
     """
+
+    kind = "shell"
+    retries = False  # shell commands are rarely safe to run twice (SPEC 6)
 
     def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
         self._env = env

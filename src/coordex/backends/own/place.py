@@ -1,20 +1,8 @@
-"""The three local places behind the :class:`~.base.Place` protocol.
+"""Python in the agent's own interpreter, behind the :class:`~..base.Place` protocol.
 
-A place is where code of one (language, environment) runs. The Executor asks
-:func:`local_place` for one per (language, venv_id) it uses and then speaks only the
-protocol: ``open_session()`` for a stateful session, ``run_stateless(request)`` for a
-one-off, ``close()`` at the end. Each session speaks :class:`~.base.Session`.
-
-- :class:`OwnPlace` — Python in the agent's own interpreter: sessions are namespaces in
-  this process; read-only forks it.
-- :class:`EnvironmentPlace` — Python in a built environment: a worker process per
-  session, a fork-server template for stateless calls.
-- :class:`~.shell.ShellPlace` (in :mod:`.shell`) — bash, with or without an environment
-  activated: a kept shell per session, a fresh shell per stateless call.
-
-What a place needs from the Executor (the environment's interpreter, built on first use;
-the globals every session sees; the capability bridge) comes in as callables, so this
-module knows nothing of the Executor.
+Sessions are namespaces in this process (:mod:`.interpreter`); read-only calls run
+against a copy of one (:mod:`.copies`). What the place needs from the Executor (the
+globals every session sees) comes in as a callable, so it knows nothing of the Executor.
 """
 
 from __future__ import annotations
@@ -22,19 +10,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from . import isolation
-from .base import Outcome, RunRequest
-from .own_interpreter import NamespaceSession, OwnInterpreter
+from .. import isolation
+from ..base import Outcome, RunRequest
+from .interpreter import NamespaceSession, OwnInterpreter
 
 _INSPECT_REPR_LIMIT = 200
 
 GlobalsProvider = Callable[[], Mapping[str, Any]]
-
-
-# ----------------------------------------------------------------------------- own
 
 
 class OwnSession:
@@ -60,7 +44,7 @@ class OwnSession:
         return self._place.run_read_only(self._require(), request)
 
     def inspect(self) -> dict[str, Any]:
-        from ..worker._coordex_engine import safe_repr
+        from ...worker._coordex_engine import safe_repr
 
         session = self._require()
         names = []
@@ -105,11 +89,30 @@ class OwnSession:
         return self._place.own._run_on(session.runner, session, session.namespace, request)
 
 
+class _Capabilities:
+    """The capabilities a read-only copy may call: the session globals but ``functions``."""
+
+    def __init__(self, session_globals: GlobalsProvider) -> None:
+        self._globals = session_globals
+
+    def names(self) -> list[str]:
+        return sorted(n for n in self._globals() if n != "functions")
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        found = {n: f for n, f in self._globals().items() if n != "functions"}
+        if name not in found:
+            raise LookupError(f"no capability named {name!r}; registered: {sorted(found)}")
+        return found[name](*args, **kwargs)
+
+
 class OwnPlace:
     """Python in the agent's own interpreter: one :class:`OwnInterpreter` per Executor."""
 
-    def __init__(self, session_globals: GlobalsProvider) -> None:
-        self.own = OwnInterpreter()
+    kind = "own"
+    retries = False  # nothing here can die and be replaced: it is the agent's process
+
+    def __init__(self, session_globals: GlobalsProvider, inline: bool = False) -> None:
+        self.own = OwnInterpreter(inline=inline)
         self._globals = session_globals
         self._sessions: list[OwnSession] = []
         self._lock = threading.Lock()
@@ -132,7 +135,8 @@ class OwnPlace:
         def protect() -> str:  # in the fork child, after it entered the session's cwd
             return "none" if scratch is None else str(isolation.protect(paths, scratch))
 
-        return self.own.run_read_only(session, request, protect)
+        # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
+        return self.own.run_read_only(session, request, protect, _Capabilities(self._globals))
 
     def capabilities_changed(self) -> None:
         with self._lock:
@@ -159,67 +163,5 @@ class OwnPlace:
         self.own.close()
 
 
-# ----------------------------------------------------------------------------- environment
 
-
-class EnvironmentPlace:
-    """Python in one built environment: a worker per session, a template for stateless.
-
-    ``python`` returns the environment's interpreter, building the environment on first
-    use (a build is not counted against a call's timeout); ``env`` its process
-    environment (``VIRTUAL_ENV`` and ``PATH`` set).
-    """
-
-    def __init__(self, python: Callable[[], str | Path], env: Callable[[], dict[str, str]],
-                 capabilities: Any) -> None:
-        self._python = python
-        self._env = env
-        self._capabilities = capabilities
-        self._lock = threading.Lock()
-        self._template: Any = None
-        self._closed = False
-
-    def open_session(self) -> Any:
-        from .workers import WorkerSession
-
-        return WorkerSession(self._python(), env=self._env(), capabilities=self._capabilities)
-
-    def run_stateless(self, request: RunRequest) -> Outcome:
-        return dict(self._stateless_template().run_stateless(request))
-
-    def _stateless_template(self) -> Any:
-        from .workers import WorkerTemplate
-
-        with self._lock:
-            if self._template is not None:
-                return self._template
-        python = self._python()
-        template = WorkerTemplate(python, env=self._env(), capabilities=self._capabilities)
-        with self._lock:
-            if self._template is None and not self._closed:
-                self._template = template
-                return template
-            existing = self._template
-        template.close()
-        if existing is None:
-            raise place_closed()
-        return existing
-
-    def capabilities_changed(self) -> None:
-        """Workers ask for capability names on every call: nothing to do."""
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            template, self._template = self._template, None
-        if template is not None:
-            template.close()
-
-
-def place_closed() -> Exception:
-    from ..core import messages
-
-    return messages.executor_closed()
-
-
-__all__ = ["EnvironmentPlace", "OwnPlace", "OwnSession"]
+__all__ = ["OwnPlace", "OwnSession"]

@@ -7,45 +7,58 @@ How it works:
   (``worker/_coordex_engine.py``) so results, errors and figures look the same as in an
   environment worker.
 - Code runs on a runner thread, never on the caller's thread, so a timeout can always
-  return: the caller waits with a deadline, then raises ``KeyboardInterrupt`` in the
-  runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores it keeps the
-  session busy; later calls to that session return ``timeout`` at once until it ends.
-  The price is one thread hand-off per call: ~50 us on a small VM, ~75 us for a
-  trivial cell once the runner works on a CPU whose caches do not hold the session.
-  Pinning the runner to the caller's CPU while it wakes saved ~30 us on an empty cell
-  but cost more on real ones (the runner, unpinned before user code runs so that
-  its threads and children never inherit a one-CPU mask, then migrates).
+  return: the caller waits with a deadline, then raises :class:`engine.Interrupt` (a
+  ``KeyboardInterrupt``; the code's own ``raise KeyboardInterrupt`` is an ordinary
+  error) in the runner (``PyThreadState_SetAsyncExc``). Code stuck in C that ignores
+  it keeps the session busy; later calls to that session return ``timeout`` at once
+  until it ends. Runners belong to the interpreter, not to sessions: one serves every
+  call, a stuck one is retired and ends with its code, so no thread is kept per
+  session and nothing keeps a namespace alive once its call returned (a closed
+  session's namespace, and a stateless call's, are emptied unless threads they
+  started still run). The price is one thread hand-off per call, two wake-ups across
+  CPUs: ~45-75 us on a small VM.
+- ``OwnInterpreter(inline=True)`` (``Executor(own_on_caller_thread=True)``) runs code
+  called from the main thread on that thread instead: a watchdog thread that wakes
+  only at the deadline signals it (the handler raises the interrupt; blocking calls
+  return with EINTR first). That saves the hand-off (~30 us), but a timeout then
+  returns only when code blocked in C that retries on signals (``os.system``) or code
+  that catches every interrupt lets go, so it is not the default.
 - Output: ``sys.stdout``/``sys.stderr`` are wrapped for the duration of each call by
-  proxies that route writes to the capture of the call running on the current thread
-  (streamed to ``on_output``); file descriptors 1/2 (child processes, C code) point at
-  pipes whose reader thread streams them to the same capture, and fd 0 is
-  ``/dev/null`` so nothing waits on input. Because descriptors are process-wide,
-  own-interpreter calls run one at a time (``OWN_LOCK``); worker and shell sessions
-  still run in parallel with them.
-- ``read_only`` forks this process: the child runs the code against a copy-on-write
-  image of the session and reports over pipes, so not even in-place mutation reaches
-  the session. Only the forking thread exists in the child; a lock another thread held
-  at fork time stays held there, so code touching such an object can deadlock — the
-  child is then killed at the timeout and the session is untouched either way. Where
-  ``fork`` is missing or unsafe (macOS) the copy is shallow and the result says
-  ``objects: false``.
+  proxies that route each write to the call it belongs to: the call running on the
+  writing thread, or for a thread the code started (``threading.Thread.start``
+  records the call) that call while it runs, then the session's next call; a thread
+  of an ended call whose session runs nothing now writes nowhere, and never into
+  another session's call; a host thread's prints wait and reach the host's stream
+  once the call ended. Lone surrogates are escaped (``\\udce9``) as in every place.
+  File descriptors 1/2 (child processes, C code) point at pipes whose reader thread
+  streams them to the running call, and fd 0 is ``/dev/null`` so nothing waits on
+  input. Because descriptors are process-wide, own-interpreter calls run one at a
+  time (``OWN_LOCK``); worker and shell sessions still run in parallel with them.
+- ``read_only`` runs against a copy (``copies``): a fork of this process made on the
+  interpreter's runner thread, or, when a loaded library does not survive ``fork()``
+  (polars, duckdb, grpc, torch) or ``fork`` is missing or unsafe (macOS), the session's
+  values pickled into a fresh interpreter. Only the forking thread exists in a fork
+  child; a lock another thread held at fork time stays held there, so code touching
+  such an object can deadlock — the child is then killed at the timeout and the session
+  is untouched either way.
 
 What still leaks between own-interpreter sessions (they share one process):
-``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, threads
-started by user code, signal handlers, and ``os._exit`` ends the agent itself.
+``sys.modules`` and anything a module holds, monkeypatches, ``sys.path``, what
+threads started by user code do besides printing (and what processes they start write
+to fds 1/2 lands in whichever call runs then), signal handlers, and ``os._exit`` ends
+the agent itself.
 """
 
 from __future__ import annotations
 
+import _signal as _csignal
 import _thread
 import array
 import builtins
 import contextlib
 import ctypes
 import fcntl
-import gc
 import io
-import json
 import os
 import selectors
 import signal
@@ -58,11 +71,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import messages
-from ..core.errors import ERROR_TYPES, make_error
-from ..core.results import OutputBuffer
-from ..worker import _coordex_engine as engine
-from .base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
+from ...core import messages
+from ...core.errors import ERROR_TYPES, make_error
+from ...core.results import OutputBuffer
+from ...worker import _coordex_copy as copier
+from ...worker import _coordex_engine as engine
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
 
 # fork() copies only the calling thread. On Linux and the BSDs the C library and CPython
 # cope with that; on macOS system frameworks may abort in a child of a threaded process,
@@ -99,7 +113,13 @@ class _Call:
         self.threads: list[weakref.ref[threading.Thread]] = []
 
     def threads_alive(self) -> bool:
-        return any((t := ref()) is not None and t.is_alive() for ref in self.threads)
+        return _any_alive(self.threads)
+
+
+def _any_alive(refs: list[weakref.ref[threading.Thread]]) -> bool:
+    alive = [ref for ref in refs if (t := ref()) is not None and t.is_alive()]
+    refs[:] = alive  # ended threads are forgotten, so the list stays short
+    return bool(alive)
 
 
 def _current_call() -> _Call | None:
@@ -134,9 +154,11 @@ def _start_with_origin(self: threading.Thread) -> None:
     call = _current_call()
     if call is not None:
         self._coordex_call = call  # type: ignore[attr-defined]
-        call.threads.append(weakref.ref(self))
+        ref = weakref.ref(self)
+        call.threads.append(ref)
         if call.session is not None:
-            call.session.threads.add(self)
+            _any_alive(call.session.threads)
+            call.session.threads.append(ref)
     _THREAD_START(self)
 
 
@@ -160,6 +182,8 @@ class _RoutedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         call = _target_call()
         if call is None:
+            if _HOST_HELD.routing:  # fds 1/2 are the call's pipes now: later, not into it
+                return _HOST_HELD.hold(self, text)
             return int(self.original.write(text) or 0)
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
@@ -167,7 +191,7 @@ class _RoutedStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        if _target_call() is None:
+        if _target_call() is None and not _HOST_HELD.routing:
             with contextlib.suppress(Exception):
                 self.original.flush()
 
@@ -240,12 +264,49 @@ def _routed_streams() -> Iterator[None]:
         if original is not proxy:
             proxy.original = original
     sys.stdout, sys.stderr, sys.stdin = proxies
+    _HOST_HELD.routing = True
     try:
         yield
     finally:
+        _HOST_HELD.routing = False
         sys.stdout, sys.stderr, sys.stdin = saved
+        _HOST_HELD.release()  # the host's fds are its own again
 
 
+class _HostHeld:
+    """What host threads (no call's) print while a call runs, written out after it.
+
+    During a call fds 1/2 are the call's pipes, so a host stream that writes to them
+    would put a host thread's lines into the call's output; they wait here instead
+    (at most ``limit`` characters; the rest is dropped) and go to the host's own
+    stream once the call ended.
+    """
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self.routing = False
+        self._lock = threading.Lock()
+        self._held: list[tuple[_RoutedStream, str]] = []
+        self._size = 0
+        self._limit = limit
+
+    def hold(self, stream: _RoutedStream, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            if self._size + len(text) <= self._limit:
+                self._held.append((stream, text))
+                self._size += len(text)
+        return len(text)
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held, self._size = self._held, [], 0
+        for stream, text in held:
+            with contextlib.suppress(Exception):
+                stream.original.write(text)
+
+
+_HOST_HELD = _HostHeld()
 _STDOUT = _RoutedStream("stdout", sys.stdout)
 _STDERR = _RoutedStream("stderr", sys.stderr)
 _STDIN = _RoutedStdin(sys.stdin)
@@ -277,6 +338,11 @@ class _FdPump:
         self._closed = False
         self._thread = threading.Thread(target=self._pump, name="coordex-fd-pump", daemon=True)
         self._thread.start()
+        copier.hold(*self._held())
+
+    def _held(self) -> list[int]:
+        return [*(fd for pair in self._pipes.values() for fd in pair), self._devnull,
+                self._wake_r, self._wake_w]
 
     def start(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
         _flush_real_streams()
@@ -334,6 +400,7 @@ class _FdPump:
         if self._closed:
             return
         self._closed = True
+        copier.release(*self._held())
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2)
         for r, w in self._pipes.values():
@@ -352,9 +419,11 @@ def _pending(fd: int) -> int:
 
 def _flush_real_streams() -> None:
     for stream in (sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
-            if stream is not None:
+        if stream is not None:
+            try:
                 stream.flush()
+            except Exception:  # a closed or broken host stream: nothing to flush
+                pass
 
 
 # --------------------------------------------------------------------------- runner thread
@@ -390,6 +459,7 @@ class _Runner:
         self._lock = _thread.allocate_lock()
         self._job: Callable[[], None] | None = None
         self._in_job = False
+        self._sent = False
         self.busy = False
         self.retired = False
         self._thread = threading.Thread(target=self._loop, name="coordex-runner", daemon=True)
@@ -428,7 +498,9 @@ class _Runner:
             try:
                 with self._lock:
                     self._in_job = False
-                _raise_in(self.ident, None)
+                if self._sent:  # withdraw an interrupt that has not landed yet
+                    _raise_in(self.ident, None)
+                    self._sent = False
                 if self.busy:
                     self.busy = False
                     self.done.release()
@@ -440,6 +512,7 @@ class _Runner:
         """Raise :class:`engine.Interrupt` in the job, if it is still running."""
         with self._lock:
             if self._in_job:
+                self._sent = True
                 _raise_in(self.ident, engine.Interrupt)
 
     def close(self) -> None:
@@ -448,6 +521,136 @@ class _Runner:
         if not self.busy:
             with contextlib.suppress(RuntimeError):
                 self._go.release()
+
+
+# --------------------------------------------------------------------------- on the caller's thread
+
+# The signal that stops code running on the main thread (a real-time one: hosts rarely
+# use them). Its handler raises only while an interrupt is pending for the inline call.
+_INTERRUPT_SIGNAL = getattr(signal, "SIGRTMIN", signal.SIGUSR2) + 3
+_MAIN_IDENT = threading.main_thread().ident
+
+
+class _Watchdog:
+    """Stops a call that runs on the main thread (the caller's) at its deadline.
+
+    A daemon thread that sleeps until the deadline it was last given; arming a call
+    only writes the deadline (it wakes the thread only when the new deadline is earlier
+    than the one it sleeps towards), so a call costs no thread wake-up at all. At the
+    deadline (or when ``cancel`` is set) it marks an interrupt pending and sends
+    ``_INTERRUPT_SIGNAL`` to the main thread: the handler raises :class:`engine.Interrupt`
+    at the next bytecode, and a blocking system call (sleep, read, wait, a lock) returns
+    with EINTR first. It sends it again every ``INTERRUPT_GRACE`` while the code runs.
+    Code blocked in C that retries on signals (``os.system``, a long BLAS call) ends its
+    call only when that C call returns: the price of running on the caller's thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = _thread.allocate_lock()
+        self._wake.acquire()
+        self._deadline = float("inf")  # of the armed call; inf: none
+        self._scheduled = float("inf")  # when the thread looks next
+        self._cancel: threading.Event | None = None
+        self.pending = False
+        self.fired = False
+        self.closed = False
+        self._thread = threading.Thread(target=self._loop, name="coordex-watchdog",
+                                        daemon=True)
+        _THREAD_START(self._thread)
+
+    def arm(self, deadline: float, cancel: threading.Event | None) -> None:
+        with self._lock:
+            self._deadline, self._cancel = deadline, cancel
+            self.pending = self.fired = False
+            wake = deadline < self._scheduled or cancel is not None
+        if wake:
+            self._poke()
+
+    def disarm(self) -> bool:
+        """End the armed call; True if it was interrupted."""
+        with self._lock:
+            self._deadline, self._cancel = float("inf"), None
+            self.pending = False
+            return self.fired
+
+    def interrupt(self) -> None:
+        """Interrupt the armed call now (the executor is closing)."""
+        with self._lock:
+            if self._deadline < float("inf"):
+                self._deadline = time.monotonic()
+        self._poke()
+
+    def take_pending(self) -> bool:
+        """Called by the signal handler: whether to raise now. Lock-free: the handler
+        may run on the main thread while that thread holds ``_lock`` (in arm/disarm)."""
+        pending, self.pending = self.pending, False
+        return pending
+
+    def _poke(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._wake.release()
+
+    def _loop(self) -> None:
+        idle = 60.0
+        while not self.closed:
+            with self._lock:
+                now = time.monotonic()
+                cancelled = self._cancel is not None and self._cancel.is_set()
+                if self._deadline <= now or (cancelled and self._deadline < float("inf")):
+                    self.pending = self.fired = True
+                    with contextlib.suppress(OSError, ValueError):
+                        signal.pthread_kill(_MAIN_IDENT or 0, _INTERRUPT_SIGNAL)
+                    self._deadline = now + INTERRUPT_GRACE
+                if self._deadline < float("inf"):
+                    idle = max(1.0, self._deadline - now)
+                    self._scheduled = self._deadline
+                    if self._cancel is not None:
+                        self._scheduled = min(self._scheduled, now + 0.05)
+                else:
+                    # Between calls: look again about one timeout on, so a call armed
+                    # with a similar deadline needs no wake-up.
+                    self._scheduled = now + idle
+                wait = self._scheduled - now
+            self._wake.acquire(True, max(0.0, wait))
+
+    def close(self) -> None:
+        self.closed = True
+        self._poke()
+
+
+_WATCHDOG: _Watchdog | None = None
+
+
+class _OnCaller:
+    """``NamespaceSession.runner`` while the session's code runs on the caller's thread."""
+
+    busy = True
+
+
+_ON_CALLER = _OnCaller()
+
+
+def _on_interrupt_signal(signum: int, frame: Any) -> None:
+    if _WATCHDOG is not None and _WATCHDOG.take_pending():
+        raise engine.Interrupt
+
+
+def _inline_ready() -> _Watchdog | None:
+    """The watchdog, if code may run on this thread now: the main thread, with our
+    handler in place (installed on first use; never over a handler the host set)."""
+    global _WATCHDOG
+    if threading.get_ident() != _MAIN_IDENT:
+        return None
+    # The C module's getsignal: signal.getsignal converts to an enum (~4 us a call).
+    handler = _csignal.getsignal(_INTERRUPT_SIGNAL)
+    if handler is not _on_interrupt_signal:
+        if handler not in (_csignal.SIG_DFL, None):
+            return None
+        _csignal.signal(_INTERRUPT_SIGNAL, _on_interrupt_signal)
+    if _WATCHDOG is None or _WATCHDOG.closed:
+        _WATCHDOG = _Watchdog()
+    return _WATCHDOG
 
 
 # --------------------------------------------------------------------------- sessions
@@ -466,10 +669,10 @@ class NamespaceSession:
     namespace: dict[str, Any]
     cwd: str
     environ: dict[Any, Any]
-    runner: _Runner | None = None
+    runner: _Runner | _OnCaller | None = None
     injected: set[str] = field(default_factory=set)
     current: _Call | None = None
-    threads: weakref.WeakSet[threading.Thread] = field(default_factory=weakref.WeakSet)
+    threads: list[weakref.ref[threading.Thread]] = field(default_factory=list)
     owns_namespace: bool = True
 
     @property
@@ -477,7 +680,7 @@ class NamespaceSession:
         return self.runner is not None and self.runner.busy
 
     def threads_alive(self) -> bool:
-        return any(t.is_alive() for t in list(self.threads))
+        return _any_alive(self.threads)
 
     def close(self) -> None:
         """Let go of what the session holds: its namespace is emptied at once (functions
@@ -504,12 +707,12 @@ def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
     try:
         yield
     finally:
+        cwd, env = _getcwd(), environ_snapshot()
         if session is not None:
-            session.cwd = _getcwd()
-            session.environ = environ_snapshot()
-        if _getcwd() != host_cwd:
+            session.cwd, session.environ = cwd, env
+        if cwd != host_cwd:
             _chdir(host_cwd)
-        if environ_snapshot() != host_env:
+        if env != host_env:
             _apply_environ(host_env)
 
 
@@ -556,7 +759,7 @@ def _chdir(path: str) -> None:
 class OwnInterpreter:
     """Runs Python cells in this process. One instance per Executor."""
 
-    def __init__(self) -> None:
+    def __init__(self, inline: bool = False) -> None:
         # Sessions run with PAGER_ENV. Where the host leaves these unset they are set in
         # the host too, so entering a session costs no environment change per call.
         for key, value in PAGER_ENV.items():
@@ -565,14 +768,16 @@ class OwnInterpreter:
         self._fds = _FdPump()
         self._closed = False
         self._runner: _Runner | None = None
-        self._active_runner: _Runner | None = None  # the runner of the call now running
+        # What runs the call now running (close() interrupts it).
+        self._active_runner: _Runner | _Watchdog | None = None
+        self.inline = inline
+        encode_key = getattr(os.environ, "encodekey", lambda k: k)
+        encode_value = getattr(os.environ, "encodevalue", lambda v: v)
+        self._pager_environ = {encode_key(k): encode_value(v) for k, v in PAGER_ENV.items()}
 
     def new_session(self, namespace: dict[str, Any] | None = None) -> NamespaceSession:
         environ = environ_snapshot()
-        encode_key = getattr(os.environ, "encodekey", lambda k: k)
-        encode_value = getattr(os.environ, "encodevalue", lambda v: v)
-        for key, value in PAGER_ENV.items():
-            environ[encode_key(key)] = encode_value(value)
+        environ.update(self._pager_environ)
         return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
                                 _getcwd(), environ, owns_namespace=namespace is None)
 
@@ -634,6 +839,9 @@ class OwnInterpreter:
         call = _Call(sink_out, sink_err, session)
         if getattr(_local, "in_call", False):
             return self._run_inline(call, namespace, request, out, err, mode)
+        watchdog = _inline_ready() if self.inline else None
+        if watchdog is not None:
+            return self._run_here(watchdog, call, namespace, request, out, err, mode)
         box: dict[str, Any] = {}
 
         def job() -> None:
@@ -688,6 +896,57 @@ class OwnInterpreter:
                                   seconds=request.timeout,
                                   mode=mode)
 
+    def _run_here(self, watchdog: _Watchdog, call: _Call, namespace: dict[str, Any],
+                  request: RunRequest, out: OutputBuffer, err: OutputBuffer,
+                  mode: str) -> Outcome:
+        """Run on the caller's (main) thread; the watchdog stops it at the deadline."""
+        session = call.session
+        deadline = time.monotonic() + request.timeout
+        if not OWN_LOCK.acquire(timeout=request.timeout):
+            return _own_busy(out, err)
+        cell: dict[str, Any] | None = None
+        try:
+            if self._closed:
+                return _closed_own(out, err)
+            self._active_runner = watchdog
+            if session is not None:
+                session.runner, session.current = _ON_CALLER, call
+            with _session_process_state(session), _routed_streams():
+                self._fds.start(call.out, call.err)
+                _local.call, _local.in_call = call, True
+                try:
+                    try:
+                        watchdog.arm(deadline, request.cancel)
+                        cell = engine.run_cell(request.code, namespace, request.output_limit)
+                    except engine.Interrupt:  # landed after the cell's own handler
+                        pass
+                finally:
+                    while True:  # an interrupt may land until the watchdog is disarmed
+                        try:
+                            watchdog.disarm()
+                            break
+                        except engine.Interrupt:
+                            continue
+                    _local.call = None
+                    _local.in_call = False
+                    self._fds.stop()
+                    call.open = False
+        finally:
+            self._active_runner = None
+            if session is not None:
+                session.runner = None
+                if session.current is call:
+                    session.current = None
+            if self._closed:  # close() left the fd pump to the call that was using it
+                self._fds.close()
+            OWN_LOCK.release()
+        if self._closed:
+            return _closed_own(out, err)
+        if cell is None:
+            cell = {"result": None, "error": None, "interrupted": True, "images": []}
+        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"],
+                                  seconds=request.timeout, mode=mode)
+
     @staticmethod
     def _run_inline(call: _Call, namespace: dict[str, Any], request: RunRequest,
                     out: OutputBuffer, err: OutputBuffer, mode: str) -> Outcome:
@@ -710,88 +969,46 @@ class OwnInterpreter:
     # -- read-only ---------------------------------------------------------------------
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
-                      protect: Callable[[], str] | None = None) -> Outcome:
-        """Run against a copy of the session: a fork where possible, else a shallow copy."""
+                      protect: Callable[[], str] | None = None,
+                      capabilities: Any = None) -> Outcome:
+        """Run against a copy of the session: a fork, or its values in a new process.
+
+        See ``copies``. Where ``fork`` is missing or unsafe, the copy always goes by
+        value. ``capabilities`` (``names()``, ``call(name, args, kwargs)``): what the
+        copy may call; they run here, in the agent's process, never in the copy.
+        """
         if session.stuck:
             return _still_busy()
-        if FORK_IS_SAFE:
-            return self._run_forked(session, request, protect)
-        copy = NamespaceSession(dict(session.namespace), session.cwd, session.environ.copy())
-        copy.owns_namespace = False
-        outcome = self._run_on(None, copy, copy.namespace, request, mode="read_only")
-        outcome["isolation"] = {"names": True, "objects": False, "files": "none"}
-        return outcome
+        from .copies import run_copy
 
-    def _run_forked(self, session: NamespaceSession, request: RunRequest,
-                    protect: Callable[[], str] | None) -> Outcome:
-        out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
-        pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
-        nested = getattr(_local, "in_call", False)
-        with contextlib.nullcontext() if nested else OWN_LOCK:
-            _flush_real_streams()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the child, reported through pipes
-                _forked_child(session, request, pipes, protect)
-        for _, w in pipes.values():
-            os.close(w)
-        readers = {pipes["stdout"][0]: "stdout", pipes["stderr"][0]: "stderr",
-                   pipes["result"][0]: "result"}
-        chunks: list[bytes] = []
-        decoders = {"stdout": _decoder(), "stderr": _decoder()}
-        sel = selectors.DefaultSelector()
-        for fd, name in readers.items():
-            sel.register(fd, selectors.EVENT_READ, name)
-        deadline = time.monotonic() + request.timeout
-        interrupted_at: float | None = None
-        status = None
-        try:
-            while sel.get_map():
-                now = time.monotonic()
-                if interrupted_at is None and (now >= deadline or _cancelled(request)):
-                    _signal(pid, signal.SIGINT)
-                    interrupted_at = now
-                if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
-                    _signal(pid, signal.SIGKILL)
-                    break
-                wait = (deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE)
-                if request.cancel is not None:
-                    wait = min(wait, now + 0.05)
-                for key, _ in sel.select(max(0.0, wait - now)):
-                    data = os.read(key.fd, 65536)
-                    if not data:
-                        sel.unregister(key.fd)
-                        continue
-                    if key.data == "result":
-                        chunks.append(data)
-                        continue
-                    text = decoders[key.data].decode(data)
-                    (out if key.data == "stdout" else err).write(text)
-                    emit(request, key.data, text)
-        finally:
-            sel.close()
-            for fd in readers:
-                os.close(fd)
-            status = _reap_soon(pid)
-        isolation = {"names": True, "objects": True, "files": "none"}
-        try:
-            cell = json.loads(b"".join(chunks).decode("utf-8"))
-            isolation["files"] = cell.pop("files", "none")
-            changed = {"rebound": cell.pop("rebound", []), "deleted": cell.pop("deleted", [])}
-        except ValueError:
-            cell, changed = None, {}
-        if cell is None or (interrupted_at is not None and cell.get("interrupted") is not True):
-            if interrupted_at is not None:
-                outcome = _timed_out(out, err, stuck=False, mode="read_only",
-                                     seconds=request.timeout)
-            else:
-                outcome = _crashed_copy(out, err, status)
-        else:
-            outcome = _outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
-                                         seconds=request.timeout,
-                                         mode="read_only")
-        outcome["isolation"] = isolation
-        outcome.update(changed)
-        return outcome
+        return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE,
+                        fork_on=self._fork_on_runner)
+
+    def _fork_on_runner(self, fork: Callable[[], int]) -> int:
+        """Call ``fork`` on the runner thread, where session code made its objects.
+
+        A fork child is a copy of the forking thread alone; forking on the runner makes
+        the copy's thread the one that built the session's objects, which sqlite3 (and
+        any other check of the creating thread) insists on. From code already running
+        here (a nested call) the runner is this thread.
+        """
+        if getattr(_local, "in_call", False):
+            return fork()
+        box: dict[str, Any] = {}
+
+        def job() -> None:
+            try:
+                box["pid"] = fork()
+            except BaseException as exc:
+                box["error"] = exc
+
+        with OWN_LOCK:
+            runner = self._take_runner()
+            runner.submit(job)
+            runner.done.acquire()
+        if "error" in box:
+            raise box["error"]
+        return int(box["pid"])
 
     def close(self) -> None:
         """Interrupt a call still running and end the runners; never raises.
@@ -814,61 +1031,6 @@ class OwnInterpreter:
                     self._fds.close()
             finally:
                 OWN_LOCK.release()
-
-
-def _forked_child(session: NamespaceSession, request: RunRequest,
-                  pipes: dict[str, tuple[int, int]], protect: Callable[[], str] | None) -> None:
-    """The read-only child: never returns; reports through pipes and ``os._exit``."""
-    code = 0
-    try:
-        for r, _ in pipes.values():
-            os.close(r)
-        # Freeze what the session holds: a collection in the copy would walk (and so
-        # copy page by page) every object the session owns.
-        gc.freeze()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(pipes["stdout"][1], 1)
-        os.dup2(pipes["stderr"][1], 2)
-        # Only fds 1 and 2 may hold the output pipes, so closing them before exit is
-        # seen by the parent as end-of-file at once.
-        os.close(pipes["stdout"][1])
-        os.close(pipes["stderr"][1])
-        os.close(devnull)
-        out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
-        err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                               errors="replace", write_through=True)
-        sys.stdout, sys.stderr, sys.stdin = out, err, _EmptyStdin()
-        _local.stdout = _local.stderr = None
-        _chdir(session.cwd)
-        _apply_environ(session.environ)
-        files = protect() if protect is not None else "none"
-        before = dict(session.namespace)
-        cell = engine.run_cell(request.code, session.namespace, request.output_limit)
-        cell["files"] = files
-        # What the copy changed, for the call log: the session itself never sees it.
-        after = session.namespace
-        cell["rebound"] = [k for k, v in after.items() if k not in before or before[k] is not v]
-        cell["deleted"] = [k for k in before if k not in after]
-        payload = json.dumps(cell).encode("utf-8")
-        fd = pipes["result"][1]
-        while payload:
-            written = os.write(fd, payload)
-            payload = payload[written:]
-    except BaseException:
-        code = 70
-    finally:
-        # Close the pipes before exiting: tearing down a large copy-on-write image takes
-        # milliseconds, and the parent returns as soon as it sees end-of-file.
-        for target in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                target.flush()
-        for fd in (1, 2, pipes["result"][1]):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        os._exit(code)
 
 
 def _cancelled(request: RunRequest) -> bool:

@@ -1,0 +1,340 @@
+"""Read-only copies of own-interpreter sessions: a fork, or the values in a new process.
+
+How it works:
+
+- Where it can, the copy is a ``fork()`` of the agent's process, made on the
+  interpreter's runner thread, where session code runs: the child is that thread's
+  copy, so objects bound to the thread that made them (a ``sqlite3`` connection,
+  ``threading.local`` data) work in the copy.
+  Before user code runs the child closes the descriptors coordex holds (pipes to shells
+  and workers, launcher sockets, the output pump), protects the disk, reopens the
+  session's writable file descriptors through the protected view or read-only, and
+  makes shared memory maps private (``worker/_coordex_copy.py``, the same code the
+  environment worker runs).
+- Where the agent's process has loaded a library that does not survive ``fork()``
+  (polars, duckdb, grpc, torch), the session's values are pickled into a fresh
+  interpreter of the same ``sys.executable`` instead (``isolation["copy"] = "values"``;
+  names that could not travel are in ``left_out``).
+- Either copy reports over its *link* (``docs/protocol.md``, ``copy_ready``): what held
+  first, then capability calls, which run here in the agent's process (they are the
+  agent's actions, not the session's state), then ``done``. Output arrives on two pipes
+  and is streamed as it comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import os
+import selectors
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ...core.results import OutputBuffer
+from ...worker import _coordex_copy as copier
+from ...worker import _coordex_engine as engine
+from ...worker import _coordex_protocol as wire
+from ..base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+from . import interpreter as own
+
+
+class CapabilityHost(Protocol):
+    def names(self) -> list[str]: ...
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
+
+
+def run_copy(session: own.NamespaceSession, request: RunRequest,
+             protect: Callable[[], str] | None,
+             capabilities: CapabilityHost | None, fork: bool = True,
+             fork_on: Callable[[Callable[[], int]], int] | None = None) -> Outcome:
+    """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``.
+
+    ``fork=False`` (no safe ``fork`` here) always copies by value. ``fork_on(fork)``
+    calls ``fork`` on the thread the session's code runs on (default: this one).
+    """
+    names = [n for n in (capabilities.names() if capabilities else [])
+             if n in session.injected]
+    unsafe = copier.fork_unsafe_runtimes() if fork else ["fork"]
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    if unsafe:
+        start = _start_values(session, request, names, out_w, err_w)
+        kind = "values"
+    else:
+        start = _start_fork(session, request, protect, names, out_w, err_w, (out_r, err_r),
+                            fork_on or _fork_here)
+        kind = "fork"
+    os.close(out_w)
+    os.close(err_w)
+    if isinstance(start, str):  # the copy could not be started
+        os.close(out_r)
+        os.close(err_r)
+        return _not_started(start, kind)
+    pid, link_r, link_w, proc, left_out = start
+    watched = _watch(pid, out_r, err_r, link_r, link_w, request, capabilities)
+    cell, reported, interrupted, out, err = watched
+    status = _reap(pid, proc, wait=cell is None)
+    isolation = reported or {"names": True, "objects": True, "files": "none", "copy": kind}
+    if kind == "values":
+        isolation.setdefault("left_out", left_out)
+    if cell is None or (interrupted and cell.get("interrupted") is not True):
+        if interrupted:
+            outcome = own._timed_out(out, err, stuck=False, mode="read_only",
+                                     seconds=request.timeout)
+        else:
+            outcome = own._crashed_copy(out, err, status)
+    else:
+        outcome = own._outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
+                                         mode="read_only", seconds=request.timeout)
+        outcome.update(rebound=cell.get("rebound") or [], deleted=cell.get("deleted") or [])
+    outcome["isolation"] = isolation
+    return outcome
+
+
+# -- starting a copy ------------------------------------------------------------------
+
+
+def _start_fork(session: own.NamespaceSession, request: RunRequest,
+                protect: Callable[[], str] | None, capability_names: list[str],
+                out_w: int, err_w: int, parent_ends: tuple[int, ...],
+                fork_on: Callable[[Callable[[], int]], int],
+                ) -> tuple[int, int, int, None, list[str]] | str:
+    link_r, child_w = os.pipe()
+    child_r, link_w = os.pipe()
+    keep = (out_w, err_w, child_w, child_r)
+    parent_ends = (*parent_ends, link_r, link_w)
+
+    def fork() -> int:
+        own._flush_real_streams()
+        with warnings.catch_warnings():
+            # 3.12+ warns that fork() in a threaded process may deadlock; the copy's
+            # known risk (another thread's lock held at fork time) ends at its timeout.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child, reported through its link
+            for fd in parent_ends:
+                os.close(fd)
+            _child(session, request, protect, capability_names, keep)
+        return pid
+
+    try:
+        pid = fork_on(fork)
+    except OSError as exc:
+        for fd in (link_r, child_w, child_r, link_w):
+            os.close(fd)
+        return f"fork() failed: {exc}"
+    os.close(child_w)
+    os.close(child_r)
+    return pid, link_r, link_w, None, []
+
+
+def _fork_here(fork: Callable[[], int]) -> int:
+    nested = getattr(own._local, "in_call", False)
+    with contextlib.nullcontext() if nested else own.OWN_LOCK:
+        return fork()
+
+
+def _start_values(session: own.NamespaceSession, request: RunRequest,
+                  capability_names: list[str], out_w: int, err_w: int,
+                  ) -> tuple[int, int, int, Any, list[str]] | str:
+    skip = set(session.injected)
+    values, left_out = copier.pack_values(session.namespace, skip)
+    left_out = sorted(set(left_out) | ({"functions"} & skip))
+    decode_key = getattr(os.environ, "decodekey", lambda k: k)
+    decode_value = getattr(os.environ, "decodevalue", lambda v: v)
+    env = {decode_key(k): decode_value(v) for k, v in session.environ.items()}
+    payload = {"values": values, "left_out": left_out, "code": request.code,
+               "output_limit": request.output_limit, "protect": list(request.protect_paths),
+               "scratch": request.scratch, "capabilities": capability_names,
+               "sys_path": list(sys.path)}
+    try:
+        proc, link_r, link_w = copier.start_values_copy(sys.executable, payload, out_w, err_w,
+                                                        env=env, cwd=session.cwd)
+    except OSError as exc:
+        return f"could not start {sys.executable!r}: {exc}"
+    return proc.pid, link_r, link_w, proc, left_out
+
+
+def _child(session: own.NamespaceSession, request: RunRequest,
+           protect: Callable[[], str] | None, capability_names: list[str],
+           keep: tuple[int, int, int, int]) -> None:
+    """The read-only fork child: never returns; reports over its link and ``os._exit``."""
+    out_w, err_w, link_w, link_r = keep
+    code = 70
+    try:
+        copier.close_held(keep)
+        # Freeze what the session holds: a collection in the copy would walk (and so
+        # copy page by page) every object the session owns.
+        gc.freeze()
+        copier.interrupt_on_sigint()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        # Only fds 1 and 2 may hold the output pipes, so closing them before exit is
+        # seen by the parent as end-of-file at once.
+        for fd in (out_w, err_w, devnull):
+            os.close(fd)
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                      errors="backslashreplace", write_through=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                      errors="backslashreplace", write_through=True)
+        sys.stdin = own._EmptyStdin()
+        own._local.call = None
+        own._chdir(session.cwd)
+        own._apply_environ(session.environ)
+        files = protect() if protect is not None else "none"
+        copier.seal_descriptors((0, 1, 2, link_w, link_r), discarded=files == "discarded")
+        private = copier.privatize_shared_mappings()
+        link = copier.Link(link_w, link_r)
+        namespace = session.namespace
+        for name in capability_names:
+            namespace[name] = copier.CapabilityStub(name, link)
+        isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
+        link.send(wire.message("copy_ready", isolation=isolation))
+        before = dict(namespace)
+        cell = engine.run_cell(request.code, namespace, request.output_limit)
+        # What the copy changed, for the call log: the session itself never sees it.
+        cell["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
+        cell["deleted"] = [k for k in before if k not in namespace]
+        cell.update(type="done", id="copy", isolation=isolation)
+        link.send(cell)
+        code = 0
+    except BaseException:
+        code = 70
+    finally:
+        # Close the pipes before exiting: tearing down a large copy-on-write image takes
+        # milliseconds, and the parent returns as soon as it sees end-of-file.
+        for target in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                target.flush()
+        for fd in (1, 2, link_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        os._exit(code)
+
+
+# -- watching a copy --------------------------------------------------------------------
+
+
+def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int, request: RunRequest,
+           capabilities: CapabilityHost | None,
+           ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool, OutputBuffer,
+                      OutputBuffer]:
+    """Stream the copy's output and serve its link until all three pipes end.
+
+    Returns (its ``done`` or None, the isolation it reported or None, whether it was
+    interrupted, stdout, stderr). Past the deadline (or on cancel) the copy gets SIGINT,
+    then SIGKILL after the grace period.
+    """
+    out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
+    decoders = {"stdout": own._decoder(), "stderr": own._decoder()}
+    link = copier.LinkReader()
+    cell: dict[str, Any] | None = None
+    reported: dict[str, Any] | None = None
+    sel = selectors.DefaultSelector()
+    for fd, name in ((out_r, "stdout"), (err_r, "stderr"), (link_r, "link")):
+        sel.register(fd, selectors.EVENT_READ, name)
+    deadline = time.monotonic() + request.timeout
+    interrupted_at: float | None = None
+    call = capabilities.call if capabilities is not None else _no_capabilities
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if interrupted_at is None and (now >= deadline or own._cancelled(request)):
+                own._signal(pid, signal.SIGINT)
+                interrupted_at = now
+            if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
+                own._signal(pid, signal.SIGKILL)
+                break
+            wait = deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE
+            if request.cancel is not None:
+                wait = min(wait, now + 0.05)
+            for key, _ in sel.select(max(0.0, wait - now)):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                if key.data != "link":
+                    text = decoders[key.data].decode(data)
+                    (out if key.data == "stdout" else err).write(text)
+                    emit(request, key.data, text)
+                    continue
+                for msg in link.feed(data):
+                    if msg["type"] == "copy_ready":
+                        reported = dict(msg["isolation"])
+                    elif msg["type"] == "capability_call":
+                        reply = copier.answer_capability(msg, call)
+                        with contextlib.suppress(OSError):
+                            copier.write_all(link_w, wire.encode(reply))
+                    elif msg["type"] == "done":
+                        cell = msg
+    finally:
+        sel.close()
+        for fd in (out_r, err_r, link_r, link_w):
+            os.close(fd)
+    for name, decoder in decoders.items():
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            (out if name == "stdout" else err).write(tail)
+    return cell, reported, interrupted_at is not None, out, err
+
+
+def _no_capabilities(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    raise LookupError(f"no host capability named {name!r}")
+
+
+# Copies that answered and were still tearing their memory down (a large image takes
+# milliseconds): reaped by the next copy, so no call waits for the kernel.
+_unreaped: list[int] = []
+
+
+def _reap(pid: int, proc: Any, wait: bool) -> int | None:
+    """The copy's exit status when ``wait`` (it ended without answering), else None.
+
+    A copy that answered is reaped now if it has exited, or by a later call.
+    """
+    for old in list(_unreaped):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(old, os.WNOHANG)[0] == 0:
+                continue
+        _unreaped.remove(old)
+    if proc is not None:
+        try:
+            proc.wait(0.05 if not wait else INTERRUPT_GRACE)
+        except Exception:
+            threading.Thread(target=proc.wait, daemon=True).start()
+            return None
+        code = proc.returncode
+        return code << 8 if code >= 0 else -code
+    if wait:
+        return own._reap_soon(pid)
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if not done:
+        _unreaped.append(pid)
+    return None
+
+
+def _not_started(reason: str, kind: str) -> Outcome:
+    from ...core.errors import make_error
+
+    return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
+            "images": [], "isolation": {"names": True, "objects": True, "files": "none",
+                                        "copy": kind},
+            "error": make_error(
+                "crashed", f"The read-only copy could not be made: {reason}.",
+                "The session itself is unchanged. Free processes or memory and run the "
+                "call again.", state_lost=False)}
+
+
+__all__ = ["run_copy"]

@@ -1,0 +1,165 @@
+"""The text protocol a kept bash is driven with: pure, no processes, no pipes.
+
+See docs/protocol.md, "The bash record wire". A shell reads one *setup* line, then one
+*trigger* line per call; it answers with *records* on a private status pipe
+(``TOKEN r CALL STATUS FLAGS`` when a call ended, ``TOKEN s ...`` after a sync line,
+``TOKEN g ...`` once it has read a call's line). This module builds every text the
+shell is sent and parses what it sends back; :mod:`.session` moves the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Bash's own ever-changing variables, and ones reported elsewhere (PWD is ``cwd``).
+VOLATILE_VARIABLES = frozenset({
+    "_", "BASHPID", "BASH_SUBSHELL", "RANDOM", "SRANDOM", "SECONDS", "LINENO",
+    "EPOCHSECONDS", "EPOCHREALTIME", "BASH_COMMAND", "PIPESTATUS", "BASH_LINENO",
+    "BASH_SOURCE", "FUNCNAME", "BASH_ARGC", "BASH_ARGV", "BASH_ARGV0", "HISTCMD",
+    "BASH_ALIASES", "BASH_CMDS", "BASH_REMATCH", "PWD", "OLDPWD", "DIRSTACK", "COLUMNS",
+    "LINES", "BASHOPTS", "SHELLOPTS", "PS1", "PS0",
+})
+PRIVATE_PREFIX = "__coordex_"
+
+# Prints the session's state as NUL-separated records: ``c PWD``, ``v NAME VALUE``,
+# ``a NAME DECLARE-P-TEXT`` (arrays), ``f NAME``, ``l NAME VALUE``. It runs in a subshell
+# and resets IFS/noglob/nounset there, so a user's settings cannot skew it.
+DUMP = r"""(
+\builtin set +euf; IFS=$' \t\n'
+\builtin printf 'c\0%s\0' "$PWD"
+for __coordex_n in $(\builtin compgen -v); do
+  case ${!__coordex_n@a} in
+    *[aA]*) \builtin printf 'a\0%s\0%s\0' "$__coordex_n" "$(\builtin declare -p "$__coordex_n")" ;;
+    *) \builtin printf 'v\0%s\0%s\0' "$__coordex_n" "${!__coordex_n}" ;;
+  esac
+done
+for __coordex_n in $(\builtin compgen -A function); do \builtin printf 'f\0%s\0' "$__coordex_n"; done
+for __coordex_n in $(\builtin compgen -a); do
+  \builtin printf 'l\0%s\0%s\0' "$__coordex_n" "${BASH_ALIASES[$__coordex_n]}"
+done
+)"""
+
+
+def quote_code(code: str) -> bytes:
+    """``code`` as one ``$'...'`` word on one line (NUL bytes dropped).
+
+    Only ``\\``, ``'``, newline and ``!`` (history expansion, were a user to turn it
+    back on) are escaped; every other byte, binary ones included, stands for itself.
+    """
+    data = code.encode("utf-8", "surrogateescape")
+    if b"\0" in data:
+        data = data.replace(b"\0", b"")
+    data = (data.replace(b"\\", b"\\\\").replace(b"'", b"\\'").replace(b"\n", b"\\n")
+            .replace(b"!", b"\\041"))
+    return b"$'" + data + b"'"
+
+
+# The version of the trigger-line / record texts below (docs/protocol.md, "The bash
+# record wire"); both ends live in this module, so it changes with them.
+RECORD_WIRE_VERSION = 2  # 2: the `g` record (PS0) tells a call's line was read
+
+# What a record says after the status: ``$-``, then the length of BASHOPTS.
+# PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
+# (bash 5.2 keeps echo_input_at_read - set -v - and expand_aliases there), so what the
+# code did to those two the next trigger line repeats at the top level: set -v from
+# ``$-``; expand_aliases when the shopt options changed at all (their length is a
+# cheap tell; matching BASHOPTS against a pattern costs a call ~4 us).
+FLAGS = "$-:${#BASHOPTS}"
+# Makes the parser's expand_aliases what ``shopt`` says it is, at the top level.
+SYNC_ALIASES = ("case :$BASHOPTS: in *:expand_aliases:*) \\builtin shopt -s expand_aliases ;; "
+                "*) \\builtin shopt -u expand_aliases ;; esac")
+
+
+@dataclass(frozen=True)
+class ShellProtocol:
+    """The fixed texts one shell is driven with; see the module docstring.
+
+    ``runner`` is the body of the runner file; ``setup`` the first line bash reads;
+    ``trigger`` the head of every call's line (``%d`` takes the call number, the code
+    follows as a ``$'...'`` word).
+    """
+
+    runner: bytes
+    setup: bytes
+    trigger: bytes
+
+    @classmethod
+    def build(cls, token: str, stderr_fd: int, runner_fd: int) -> ShellProtocol:
+        p = PRIVATE_PREFIX
+        # Sourced, not eval'd in PROMPT_COMMAND directly: only while a file is sourced
+        # does bash clean finished foreground jobs out of its job table (else `jobs`
+        # and %1 see them), and `return` ends the code as it did in a sourced script.
+        # Our fds are closed for the code (its children see 0, 1 and 2 only) and come
+        # back after it, whatever it did to those numbers. The eval's redirections
+        # come after its trace and its line's set -v echo: those go to the status pipe.
+        runner = (f"\\builtin eval \"${p}code\" </dev/null 2>&{stderr_fd}- "
+                  f"{runner_fd}<&-\n")
+        prompt_command = (
+            f"\\builtin unset PROMPT_COMMAND; \\builtin . /dev/fd/{runner_fd}; "
+            f"PS1=\"\\n${p}record${p}call $? {FLAGS}\\n\" PS0=${p}go")
+        setup = (f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
+                 f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
+                 f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
+                 f"{p}call=0; ").encode() + sync_line(token, 0)
+        # PS0 (bash >= 4.4) is printed once a line is read and parsed, before it runs:
+        # the "go" record. A shell killed just before a call arrives dies inside its
+        # read of the line and prints none, which proves the code never started.
+        trigger = f"PROMPT_COMMAND=${p}run {p}call=%d {p}code=".encode()
+        return cls(runner.encode(), setup, trigger)
+
+
+def sync_line(token: str, number: int) -> bytes:
+    """The line that reports ``TOKEN s NUMBER STATUS FLAGS`` once bash reads commands.
+
+    It also makes the parser's set -v and expand_aliases agree with the options again
+    (an interrupt can land after the runner restored them).
+    """
+    return (f"PS1=\"\\n{token} s {number} $? {FLAGS}\\n\"; \\builtin unset PROMPT_COMMAND; "
+            f"case $- in *v*) \\builtin set -v ;; *) \\builtin set +v ;; esac; {SYNC_ALIASES}\n"
+            ).encode()
+
+
+def parse_flags(field: bytes) -> tuple[bool, int]:
+    """(set -v, length of BASHOPTS) from a record's flags field."""
+    dash, _, options = field.partition(b":")
+    try:
+        return b"v" in dash, int(options)
+    except ValueError:
+        return b"v" in dash, -1
+
+
+def shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def parse_dump(text: str) -> dict[str, Any]:
+    fields = text.split("\0")
+    state: dict[str, Any] = {"cwd": "", "variables": {}, "functions": [], "aliases": {}}
+    i = 0
+    while i < len(fields) - 1:
+        kind = fields[i]
+        if kind == "c":
+            state["cwd"] = fields[i + 1]
+            i += 2
+        elif kind == "f":
+            state["functions"].append(fields[i + 1])
+            i += 2
+        elif kind in ("v", "a", "l") and i + 2 < len(fields):
+            name, value = fields[i + 1], fields[i + 2]
+            if kind == "l":
+                state["aliases"][name] = value
+            elif name not in VOLATILE_VARIABLES and not name.startswith(PRIVATE_PREFIX):
+                if kind == "a":  # `declare -a x=(...)`: keep the value text after `=`
+                    value = value.split("=", 1)[1] if "=" in value else ""
+                state["variables"][name] = value
+            i += 3
+        else:
+            i += 1
+    state["functions"] = [f for f in state["functions"] if not f.startswith(PRIVATE_PREFIX)]
+    return state
+
+
+__all__ = ["DUMP", "FLAGS", "PRIVATE_PREFIX", "RECORD_WIRE_VERSION", "SYNC_ALIASES",
+           "VOLATILE_VARIABLES", "ShellProtocol", "parse_dump", "parse_flags", "quote_code",
+           "shell_quote", "sync_line"]

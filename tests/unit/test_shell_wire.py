@@ -1,0 +1,49 @@
+"""The bash text protocol, without bash: what a shell is sent and what it answers."""
+
+from __future__ import annotations
+
+from coordex.backends.shell import wire
+
+
+def test_code_is_one_dollar_quoted_word_on_one_line() -> None:
+    word = wire.quote_code("echo 'a'\nb\\c !x\0y")
+    assert word.startswith(b"$'") and word.endswith(b"'")
+    assert b"\n" not in word and b"\0" not in word
+    assert word == b"$'echo \\'a\\'\\nb\\\\c \\041xy'"
+
+
+def test_binary_and_surrogate_escaped_bytes_stand_for_themselves() -> None:
+    assert wire.quote_code("\udce9") == b"$'\xe9'"  # a byte that came in undecodable
+
+
+def test_the_protocol_texts_carry_the_token_and_the_private_fds() -> None:
+    proto = wire.ShellProtocol.build("TOK", stderr_fd=201, runner_fd=202)
+    assert b"2>&201-" in proto.runner and b"202<&-" in proto.runner
+    assert b"TOK r " in proto.setup and b"TOK g 0 0 :" in proto.setup
+    assert proto.setup.endswith(wire.sync_line("TOK", 0))
+    assert proto.trigger % 7 == b"PROMPT_COMMAND=$__coordex_run __coordex_call=7 __coordex_code="
+
+
+def test_a_sync_line_asks_for_an_s_record_of_its_call() -> None:
+    line = wire.sync_line("TOK", 3)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert b"TOK s 3 $? " + wire.FLAGS.encode() in line
+
+
+def test_flags_say_set_v_and_the_options_length() -> None:
+    assert wire.parse_flags(b"himBHv:143") == (True, 143)
+    assert wire.parse_flags(b"himBH:12") == (False, 12)
+    assert wire.parse_flags(b"hB:garbage") == (False, -1)
+
+
+def test_a_dump_reads_back_what_the_session_added() -> None:
+    text = "\0".join(["c", "/work", "v", "x", "41", "v", "RANDOM", "9", "a", "arr",
+                      "declare -a arr=([0]=\"1\")", "f", "greet", "f", "__coordex_options",
+                      "l", "ll", "ls -l", "v", "__coordex_code", "secret", ""])
+    state = wire.parse_dump(text)
+    assert state == {"cwd": "/work", "variables": {"x": "41", "arr": '([0]="1")'},
+                     "functions": ["greet"], "aliases": {"ll": "ls -l"}}
+
+
+def test_quoting_for_bash_survives_single_quotes() -> None:
+    assert wire.shell_quote("it's") == "'it'\\''s'"
