@@ -178,6 +178,20 @@ def test_a_tenants_environment_is_built_and_run_in_its_host_on_a_node(
     assert once["result"] == repr(str(home / "tenants" / "alice")), once
 
 
+def test_read_only_and_inspect_work_on_a_tenants_session_on_a_node(served: Served) -> None:
+    made = served.code(BOB, "export KEPT=7; echo base > ro.txt", language="bash",
+                       state_mode="stateful", session_name="ro")
+    assert made.get("is_error") is False, made
+    look = served.code(BOB, "echo $KEPT; echo changed > ro.txt; cat ro.txt", language="bash",
+                       state_mode="read_only", session_name="ro")
+    assert look.get("is_error") is False and look["stdout"].split()[0] == "7", look
+    after = served.code(BOB, "cat ro.txt", language="bash", state_mode="stateful",
+                        session_name="ro")
+    assert after["stdout"] == "base\n", (look, after)
+    seen = served.call(BOB, "inspect_session", language="bash", session_name="ro")
+    assert "error" not in seen, seen
+
+
 def test_the_memory_limit_holds_for_a_tenants_host_on_a_node(served: Served) -> None:
     hog = served.code(ALICE, f"{sys.executable} -c 'bytearray(900 << 20)'; echo exit=$?",
                       language="bash", state_mode="stateful", session_name="hog")
