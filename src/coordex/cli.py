@@ -272,9 +272,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return EXIT_FAILURE
     _terminate_as_interrupt()
-    if args.cluster and confined:
-        _say("warning: --cluster is not used for confined tenants yet: each runs in a "
-             "confined host on this machine (a tenant's code must not reach the cluster).")
+    tenants_cluster = None  # with several tenants the server holds the one connection
+    if args.cluster and (args.tokens or args.confine):  # every confined tenant
+        from .core.errors import CoordexError
+
+        try:
+            tenants_cluster, lines, refusal = router.join_cluster_for_tenants(args.cluster)
+        except CoordexError as exc:
+            sock.close()
+            _say(f"cannot use --cluster {args.cluster!r}: {exc.error} {exc.suggestion}")
+            return EXIT_FAILURE
+        for line in lines:
+            _say(line)
+        if not args.no_network:
+            _say("warning: tenants have network, so their code can reach the cluster's Ray "
+                 "ports; unless the cluster uses Ray's token authentication, pass "
+                 "--no-network or firewall the cluster from the tenants.")
+        if refusal is not None:
+            sock.close()
+            tenants_cluster.close()
+            _say(f"refusing to start: {refusal}")
+            return EXIT_USAGE
     tenants = []
     try:
         for name, token in named.items():
@@ -287,6 +305,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         for tenant in tenants:
             tenant.executor.close()
+        if tenants_cluster is not None:
+            tenants_cluster.close()
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
         return EXIT_FAILURE
 
@@ -316,6 +336,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for tenant in tenants:
             with contextlib.suppress(Exception):
                 tenant.executor.close()
+        if tenants_cluster is not None:
+            with contextlib.suppress(Exception):
+                tenants_cluster.close()
     return _leave_promptly(EXIT_OK) if interrupted else EXIT_OK
 
 
@@ -589,7 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", metavar="ADDRESS",
                    help="run bash and environment sessions on a Ray cluster: 'auto' (the "
                    "cluster this machine belongs to), 'ray://HOST:PORT', or an address; "
-                   "needs pip install 'coordex[ray]'")
+                   "needs pip install 'coordex[ray]'. With --tokens, each tenant's sessions "
+                   "on a node run in a confined host of that tenant there")
     _add_confinement_options(p, tenants=True)
     p.set_defaults(func=cmd_serve)
 

@@ -363,6 +363,9 @@ class Executor:
 
     def _join_cluster(self, address: Any) -> Any:
         """Join the Ray cluster at ``address`` (SPEC section 10); ValueError if it cannot."""
+        if hasattr(address, "converse"):  # a confined tenant's cluster, through its owner
+            address.capabilities, address.build_timeout = _CapabilityBridge(self), self.build_timeout
+            return address
         if not isinstance(address, str) or not address.strip():
             raise ValueError(f"cluster must be a Ray address such as 'auto' or "
                              f"'ray://host:10001', got {address!r}")

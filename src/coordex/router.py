@@ -111,8 +111,9 @@ def hide_secrets_from_sessions() -> None:
 
 
 def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
-                      hidden: Sequence[str | Path], lazy: bool = False) -> Any:
-    """A :class:`ConfinedExecutor` for one tenant, from the command-line options."""
+                      hidden: Sequence[str | Path], lazy: bool = False, nodes: Any = None) -> Any:
+    """A :class:`ConfinedExecutor` for one tenant, from the command-line options;
+    ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
     from .backends.confined import ConfinedExecutor
 
     executor_args: dict[str, Any] = {}
@@ -127,7 +128,7 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
     return ConfinedExecutor(folder, memory_limit=args.memory_limit,
                             network=not args.no_network, max_calls=args.max_calls,
                             hide=[str(p) for p in hidden], name=name or "default",
-                            lazy=lazy, **executor_args)
+                            lazy=lazy, nodes=nodes, **executor_args)
 
 
 def secrets_to_hide(root: Path, tokens_file: str | None) -> list[str]:
@@ -147,12 +148,56 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
     in this process (``make_in_process()``), with ``root`` as its data folder.
     """
     hidden = secrets_to_hide(root, getattr(args, "tokens", None))
+    confined = bool(name or getattr(args, "confine", None))
+    if confined and getattr(args, "cluster", None):
+        from .backends.ray.tenant import ray_secrets
+
+        hidden += ray_secrets()
     if name:
         return confined_executor(args, root / "tenants" / name, name=name, hidden=hidden,
-                                 lazy=True)
+                                 lazy=True, nodes=tenant_nodes(args, name))
     if getattr(args, "confine", None):
-        return confined_executor(args, Path(args.confine), name="default", hidden=hidden)
+        return confined_executor(args, Path(args.confine), name="default", hidden=hidden,
+                                 nodes=tenant_nodes(args, "default"))
     return make_in_process()
+
+
+def tenant_nodes(args: argparse.Namespace, name: str) -> Any:
+    """With ``--cluster``: the tenant's actors on the cluster (SPEC 10, last bullet), each
+    running the tenant's sessions in a confined host of the tenant on its node, with the
+    limits its host has here. The server holds the cluster connection, never the host."""
+    if not getattr(args, "cluster", None):
+        return None
+    from .backends.ray.relay import NodeRelay
+
+    return NodeRelay(args.cluster, {"name": name, "memory_limit": args.memory_limit,
+                                    "network": not args.no_network,
+                                    "max_calls": args.max_calls})
+
+
+def join_cluster_for_tenants(address: str) -> tuple[Any, list[str], str | None]:
+    """Join the cluster once for every tenant and probe each node's confinement.
+
+    Returns the connection (close it last), the lines to print at start (one per node,
+    saying which are not used for tenants), and why the server must not start (no node
+    can confine), or None. Raises CoordexError when the cluster cannot be joined.
+    """
+    from .backends.ray import RayCluster
+
+    cluster = RayCluster(address, capabilities=None)
+    levels = cluster.node_levels()
+    lines = []
+    for node, found in sorted(levels.items(), key=lambda item: item[1].get("host", "")):
+        level = found.get("level", "none")
+        where = f"cluster node {node[:12]} ({found.get('host')})"
+        lines.append(f"{where}: confinement {level}" if level != "none" else
+                     f"{where}: confinement none - not used for tenants' sessions")
+    if not any(found.get("level", "none") != "none" for found in levels.values()):
+        return cluster, lines, (
+            "no node of the cluster can confine tenants' sessions (level 'none' on every "
+            "node). Enable unprivileged user namespaces or Landlock on the nodes, or serve "
+            "without --cluster.")
+    return cluster, lines, None
 
 
 def tenant_options(args: argparse.Namespace, confined: bool) -> dict[str, Any]:
@@ -167,6 +212,7 @@ def tenant_options(args: argparse.Namespace, confined: bool) -> dict[str, Any]:
 
 __all__ = [
     "MIN_TOKEN_LENGTH", "add_confinement_options", "confined_executor", "confinement_level",
-    "confinement_refusal", "hide_secrets_from_sessions", "secrets_to_hide", "short_tokens",
-    "startup_warnings", "tenant_executor", "tenant_options",
+    "confinement_refusal", "hide_secrets_from_sessions", "join_cluster_for_tenants",
+    "secrets_to_hide", "short_tokens", "startup_warnings", "tenant_executor", "tenant_nodes",
+    "tenant_options",
 ]

@@ -59,7 +59,10 @@ class _Pending:
 class _Host:
     """One running host process: its pipes, its reader thread, its calls in flight."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str,
+                 on_node: Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], None]
+                 | None = None) -> None:
+        self._on_node = on_node
         to_host_r, self._to_host = os.pipe()
         self._from_host, from_host_w = os.pipe()
         lifeline_r, self._lifeline = os.pipe()
@@ -132,6 +135,10 @@ class _Host:
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
+        if kind == "node":  # the host's Executor asks for its tenant's cluster actors
+            if self._on_node is not None:
+                self._on_node(msg, self._send)
+            return
         if kind == "ready":
             self.ready = msg
             self._ready.set()
@@ -285,6 +292,12 @@ class ConfinedExecutor:
         env: further environment variables for the host (it gets none of the owner's
             but ``PATH``, the locale and ``TERM``).
         lazy: start the host on the first call instead of now.
+        nodes: the tenant's actors on a cluster (a :class:`~coordex.backends.ray.relay.
+            NodeRelay` the owner keeps): the host's bash and environment sessions then
+            live on the cluster's nodes, each in a confined host of this tenant there.
+        serve: ``"node"`` runs a cluster node's sessions of one tenant in the jail
+            instead of an Executor (coordex's actor on a node does this; see
+            :meth:`call`).
         executor_args: ``Executor`` arguments (``max_sessions``, ``timeout``, ...),
             JSON values.
 
@@ -298,7 +311,8 @@ class ConfinedExecutor:
                  max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
                  hide: Sequence[str | os.PathLike[str]] = (), level: str | None = None,
                  name: str = "host", env: Mapping[str, str] | None = None,
-                 lazy: bool = False, **executor_args: Any) -> None:
+                 lazy: bool = False, nodes: Any = None, serve: str = "executor",
+                 **executor_args: Any) -> None:
         import json
 
         self.folder = Path(folder).expanduser().absolute()
@@ -317,6 +331,11 @@ class ConfinedExecutor:
                       "--executor", json.dumps(executor_args)]
         if not self.network:
             self._argv.append("--no-network")
+        if serve != "executor":
+            self._argv += ["--serve", serve]
+        self._nodes = nodes
+        if nodes is not None:
+            self._argv.append("--relay")
         # Probed once per owner process (cached), not once per host start.
         self._argv += ["--level", level if level is not None else best_level()]
         for path in hide:
@@ -363,7 +382,8 @@ class ConfinedExecutor:
 
     def _start(self) -> _Host | dict[str, Any]:
         """Start a host; the running one, or an error dict when it cannot start."""
-        host = _Host(self._argv, self._env, str(self.folder))
+        host = _Host(self._argv, self._env, str(self.folder),
+                     self._nodes.serve if self._nodes is not None else None)
         ready = host.wait_ready(READY_TIMEOUT)
         if ready is not None and ready.get("fatal") and str(ready.get("error")).startswith(
                 ("TypeError", "ValueError")):
@@ -392,6 +412,8 @@ class ConfinedExecutor:
             if host is not None:
                 host.close(grace=0.2)
                 self.restarts += 1
+                if self._nodes is not None:  # the dead Executor's sessions on the cluster
+                    self._nodes.reset()
             started = self._start()
             if isinstance(started, dict):
                 self._host = None
@@ -415,6 +437,11 @@ class ConfinedExecutor:
         if restarted and isinstance(value, dict):
             value = {**value, "state_lost": True}
         return value
+
+    def call(self, method: str, args: dict[str, Any], deadline: float | None = None) -> Any:
+        """One ``call`` by method name (``serve="node"``: NodeHost's methods); the reply's
+        value, or a ``crashed`` error dict when the host died."""
+        return self._call(method, args, deadline=deadline)
 
     # ------------------------------------------------------------------ the Executor's methods
 
@@ -484,6 +511,8 @@ class ConfinedExecutor:
             host, self._host = self._host, None
         if host is not None:
             self.close_step = host.close()
+        if self._nodes is not None:
+            self._nodes.close()
 
     def __enter__(self) -> ConfinedExecutor:
         return self

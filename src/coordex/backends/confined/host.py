@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the strongest confinement to try (default: the best here)")
     p.add_argument("--name", default="host", help="name for the host's cgroups")
     p.add_argument("--executor", default="{}", help="JSON object of Executor arguments")
+    p.add_argument("--serve", choices=("executor", "node"), default="executor",
+                   help="what runs in the jail: an Executor, or a cluster node's sessions of "
+                   "one tenant (NodeHost)")
+    p.add_argument("--relay", action="store_true",
+                   help="the Executor's sessions live on a cluster reached through the owner "
+                   "('node' lines)")
     return p
 
 
@@ -193,8 +199,19 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
              "memory": limits.memory, "processes": limits.processes,
              "network": spec.network}
     out = _Writer(args.fd_out)
+    relay = None
     try:
-        executor = Executor(root=root, **options)
+        if args.serve == "node":
+            from ..ray.node import NodeHost
+
+            # --max-calls bounds the node's session calls, not only the wire's requests.
+            executor: Any = NodeHost(**options, max_calls=max(1, args.max_calls))
+        else:
+            if args.relay:
+                from ..ray.relay import RelayCluster
+
+                relay = options["cluster"] = RelayCluster(out.send)
+            executor = Executor(root=root, **options)
     except Exception as exc:
         out.send(wire.message("ready", **ready, error=f"{type(exc).__name__}: {exc}",
                               fatal=True))
@@ -205,7 +222,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     from ...worker._coordex_copy import hold
 
     hold(args.fd_in, args.fd_out)  # read-only copies of its Python sessions close the wire
-    return _Server(executor, args.fd_in, out, max(1, args.max_calls)).serve()
+    return _Server(executor, args.fd_in, out, max(1, args.max_calls), relay).serve()
 
 
 def _close_quietly(fd: int | None) -> None:
@@ -231,8 +248,10 @@ class _Writer:
 class _Server:
     """Reads calls, runs each on a pool of ``max_calls`` threads, writes replies."""
 
-    def __init__(self, executor: Any, fd_in: int, out: _Writer, max_calls: int) -> None:
+    def __init__(self, executor: Any, fd_in: int, out: _Writer, max_calls: int,
+                 relay: Any = None) -> None:
         self.executor = executor
+        self.relay = relay
         self.fd_in = fd_in
         self.out = out
         self.pool = ThreadPoolExecutor(max_workers=max_calls, thread_name_prefix="coordex-call")
@@ -251,6 +270,10 @@ class _Server:
                     msg = wire.decode(line, wire.OWNER_TO_HOST)
                     if msg["type"] == "shutdown":
                         return self._stop(0)
+                    if msg["type"] == "node_reply":
+                        if self.relay is not None:
+                            self.relay.answer(msg["id"], msg["value"])
+                        continue
                     if msg["type"] == "cancel":
                         event = self.cancels.get(msg["id"])
                         if event is not None:
@@ -264,6 +287,8 @@ class _Server:
         return self._stop(0)
 
     def _stop(self, code: int) -> int:
+        if self.relay is not None:  # no node_reply can arrive any more: fail fast
+            self.relay.detach()
         with contextlib.suppress(Exception):
             self.executor.close()
         os._exit(code)  # call threads may still be blocked in user code

@@ -41,6 +41,10 @@ MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "reply": (HOST_TO_OWNER, ("id", "value"), ()),
     "cancel": (OWNER_TO_HOST, ("id",), ()),
     "shutdown": (OWNER_TO_HOST, (), ()),
+    # A tenant's Executor on a server whose sessions live on a cluster (SPEC 10) asks
+    # its owner, which holds the cluster connection, to reach that tenant's node actors.
+    "node": (HOST_TO_OWNER, ("id", "op", "args"), ()),
+    "node_reply": (OWNER_TO_HOST, ("id", "value"), ()),
 }
 
 # What a ``call`` may name: the Executor's methods, but ``plan_namespace`` and
@@ -51,6 +55,9 @@ METHODS = (
     "environments.create", "environments.list", "environments.build",
     "environments.remove_unused", "functions.list", "functions.show",
 )
+# What a ``call`` may name on a host that serves a cluster node's sessions of one tenant
+# (``--serve node``): the methods of :class:`coordex.backends.ray.node.NodeHost`.
+NODE_METHODS = ("begin", "events", "alive", "count", "close_session", "shutdown")
 
 
 def check(msg: Any, direction: str | None = None) -> dict[str, Any]:
@@ -69,8 +76,8 @@ def check(msg: Any, direction: str | None = None) -> dict[str, Any]:
     unknown = sorted(set(msg) - {"type", *spec[1], *spec[2]})
     if unknown:
         raise ProtocolError(f"message {kind!r} has unknown field(s) {', '.join(unknown)}")
-    if kind == "call" and msg["method"] not in METHODS:
-        raise ProtocolError(f"method {msg['method']!r} is not one of {METHODS}")
+    if kind == "call" and msg["method"] not in METHODS + NODE_METHODS:
+        raise ProtocolError(f"method {msg['method']!r} is not one of {METHODS + NODE_METHODS}")
     return msg
 
 
@@ -95,5 +102,5 @@ def decode(line: bytes, direction: str | None = None) -> dict[str, Any]:
     return check(msg, direction)
 
 
-__all__ = ["HOST_TO_OWNER", "MESSAGES", "METHODS", "OWNER_TO_HOST", "PROTOCOL_VERSION",
+__all__ = ["HOST_TO_OWNER", "MESSAGES", "METHODS", "NODE_METHODS", "OWNER_TO_HOST", "PROTOCOL_VERSION",
            "ProtocolError", "check", "decode", "encode", "message"]

@@ -157,9 +157,12 @@ class NodeHost:
         envs_dir: where this node builds environments; default ``envs`` under the
             node's coordex data folder (``COORDEX_HOME`` there, else the user data dir).
         build_timeout: seconds one build may take.
+        max_calls: calls run at once (more wait their turn); None: no limit. A tenant's
+            host on a node sets it to the server's ``--max-calls`` (SPEC 9's limits).
     """
 
-    def __init__(self, envs_dir: str | None = None, build_timeout: float = 900.0) -> None:
+    def __init__(self, envs_dir: str | None = None, build_timeout: float = 900.0,
+                 max_calls: int | None = None) -> None:
         self._token = secrets.token_hex(8)
         os.environ[OWNER_ENV] = self._token  # inherited by every process started here
         self._sessions: dict[str, Any] = {}
@@ -171,6 +174,7 @@ class NodeHost:
         self._envs_dir = envs_dir
         self._build_timeout = build_timeout
         self._builder: Any = None
+        self._turns = threading.BoundedSemaphore(max_calls) if max_calls else None
         self._reaper = self._start_reaper()
 
     def _start_reaper(self) -> subprocess.Popen[bytes]:
@@ -249,8 +253,10 @@ class NodeHost:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _current.call = call
         _current.names = list(args.get("capabilities") or [])
+        turn = self._turns if self._turns is not None else contextlib.nullcontext()
         try:
-            reply: dict[str, Any] = {"outcome": self._op(call, op, args)}
+            with turn:
+                reply: dict[str, Any] = {"outcome": self._op(call, op, args)}
         except CoordexError as exc:
             reply = {"raise": exc.to_dict()}
         except Exception as exc:  # a bug here must still end the driver's wait
@@ -383,6 +389,8 @@ class NodeHost:
         for backend in backends:
             with contextlib.suppress(Exception):
                 backend.close()
+
+    close = shutdown  # as a confined host's served object (``--serve node``)
 
     def orphans(self) -> list[int]:
         """Pids on this machine that carry this actor's token (tests and diagnostics)."""

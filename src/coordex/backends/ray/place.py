@@ -110,19 +110,24 @@ class RayCluster:
             already initialised in this process, that connection is used as it is.
         capabilities: the host's capabilities (``names()``, ``call(...)``).
         build_timeout: seconds a node may take to build one environment.
+        tenant: one tenant of a server with several (``name`` and the limits of SPEC 9):
+            its sessions run in a confined host of that tenant on each node
+            (:class:`.tenant.TenantNodeHost`), and only on nodes that can confine.
 
     Raises:
         CoordexError: ``validation`` when Ray is missing or the cluster cannot be joined.
     """
 
-    def __init__(self, address: str, *, capabilities: Any, build_timeout: float = 900.0) -> None:
+    def __init__(self, address: str, *, capabilities: Any, build_timeout: float = 900.0,
+                 tenant: dict[str, Any] | None = None) -> None:
         ray = import_ray()
         self._ray = ray
         from ray import exceptions
 
-        self._died = (exceptions.RayActorError, exceptions.ActorUnschedulableError)
-        self._unavailable = getattr(exceptions, "ActorUnavailableError", ())
-        self._timeout = exceptions.GetTimeoutError
+        self._died: tuple[type[Exception], ...] = (exceptions.RayActorError,
+                                                   exceptions.ActorUnschedulableError)
+        self._unavailable: Any = getattr(exceptions, "ActorUnavailableError", ())
+        self._timeout: type[Exception] = exceptions.GetTimeoutError
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
             try:
@@ -139,7 +144,14 @@ class RayCluster:
         self.address = address
         self.capabilities = capabilities
         self.build_timeout = float(build_timeout)
-        self._actor = ray.remote(NodeHost)
+        self.tenant = dict(tenant) if tenant is not None else None
+        if self.tenant is None:
+            self._actor = ray.remote(NodeHost)
+        else:
+            from .tenant import TenantNodeHost
+
+            self._actor = ray.remote(TenantNodeHost)
+        self._levels: dict[str, dict[str, str]] = {}  # node id -> its confinement (tenants)
         self._lock = threading.Lock()
         self._shared: dict[str, _Host] = {}  # node id -> the node's shared actor
         self._dedicated: list[_Host] = []
@@ -174,21 +186,25 @@ class RayCluster:
             handle = self._actor.options(
                 num_cpus=0, max_concurrency=MAX_CONCURRENCY, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            ).remote(None, self.build_timeout)
+            ).remote(self.tenant, self.build_timeout)
             host = self._started(handle, False, "the node's coordex actor")
             with self._lock:
                 host = self._shared.setdefault(node, host)
         return host
 
     def _dedicated_host(self, resources: dict[str, float]) -> _Host:
-        self._check_fits(resources)
+        node = self._check_fits(resources)
         options: dict[str, Any] = {"num_cpus": resources.get("num_cpus", 0),
                                    "max_concurrency": MAX_CONCURRENCY, "max_restarts": 0}
+        if self.tenant is not None:  # on a node that fits and can confine, not any
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         if resources.get("num_gpus"):
             options["num_gpus"] = resources["num_gpus"]
         if resources.get("memory"):
             options["memory"] = int(resources["memory"])
-        handle = self._actor.options(**options).remote(None, self.build_timeout)
+        handle = self._actor.options(**options).remote(self.tenant, self.build_timeout)
         what = "an actor with " + _describe(resources)
         host = self._started(handle, True, what)
         with self._lock:
@@ -209,11 +225,50 @@ class RayCluster:
         return _Host(handle, str(info.get("node") or ""), dedicated)
 
     def _live_nodes(self) -> list[dict[str, Any]]:
-        return [n for n in self._ray.nodes()
-                if n.get("Alive") and n.get("NodeID") not in self._dead]
+        nodes = [n for n in self._ray.nodes()
+                 if n.get("Alive") and n.get("NodeID") not in self._dead]
+        if self.tenant is not None:  # SPEC 10: a node that cannot confine is not used
+            levels = self.node_levels([n["NodeID"] for n in nodes])
+            nodes = [n for n in nodes if levels.get(n["NodeID"], {}).get("level") not in
+                     (None, "none")]
+        return nodes
+
+    def node_levels(self, nodes: list[str] | None = None) -> dict[str, dict[str, str]]:
+        """Each live node's confinement for tenants (``host``, ``level``), probed once
+        per node by a small task there."""
+        if nodes is None:
+            nodes = [n["NodeID"] for n in self._ray.nodes() if n.get("Alive")]
+        with self._lock:
+            known = {n: self._levels[n] for n in nodes if n in self._levels}
+        missing = [n for n in nodes if n not in known]
+        if missing:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            from .tenant import probe
+
+            task = self._ray.remote(probe)
+            refs = [task.options(num_cpus=0, max_retries=0, scheduling_strategy=(
+                NodeAffinitySchedulingStrategy(n, soft=False))).remote() for n in missing]
+            for node, ref in zip(missing, refs, strict=True):
+                try:
+                    found = dict(self._ray.get(ref, timeout=START_TIMEOUT))
+                except Exception as exc:  # a node that cannot run the probe is not used
+                    found = {"host": "?", "level": "none", "error": type(exc).__name__}
+                found.pop("node", None)
+                known[node] = found
+                with self._lock:
+                    self._levels[node] = found
+        return known
 
     def _pick_node(self) -> str:
         nodes = self._live_nodes()
+        if not nodes and self.tenant is not None:
+            raise CoordexError(
+                "crashed", "No live node of the Ray cluster can confine a tenant's sessions "
+                "(each node's level is 'none', or none is alive).",
+                "Ask the operator to enable unprivileged user namespaces or Landlock on the "
+                "cluster's nodes (coordex serve lists each node's level at start), then run "
+                "the call again.", state_lost=True)
         if not nodes:
             raise CoordexError(
                 "crashed", "No node of the Ray cluster is alive.",
@@ -225,12 +280,13 @@ class RayCluster:
                                              self._load.get(n["NodeID"], 0), n["NodeID"]))
         return str(best["NodeID"])
 
-    def _check_fits(self, resources: dict[str, float]) -> None:
+    def _check_fits(self, resources: dict[str, float]) -> str:
+        """A live node (that can confine, for a tenant) with ``resources``: its id."""
         wanted = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
         for node in self._live_nodes():
             have = node.get("Resources", {})
             if all(have.get(wanted[k], 0) >= v for k, v in resources.items()):
-                return
+                return str(node["NodeID"])
         raise CoordexError(
             "environment", f"No node of the cluster has {_describe(resources)}, which "
             "this environment's spec asks for ([tool.coordex]).",

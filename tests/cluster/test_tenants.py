@@ -1,0 +1,244 @@
+"""SPEC 10, last bullet: with several tenants, a tenant's sessions on a node run in a
+confined host of that tenant there; a node that cannot confine is not used for tenants.
+
+``coordex serve --tokens FILE --cluster ADDRESS`` runs as a subprocess against the
+module's local cluster, and the tenants call it through the official MCP client. Every
+node of that cluster runs on this machine, so the test can see, from outside, the files
+and processes each tenant has on a node. A third node starts with confinement forced
+off (``COORDEX_ISOLATION_FORCE=none``, as a node without user namespaces or Landlock
+would be): the server says so at start and never places a tenant's session there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordex import Executor
+from coordex.backends.isolation import force_unavailable
+from tests.cluster.conftest import NODE_ARGS, LocalCluster
+from tests.e2e._procs import Running, child_env, spawn
+from tests.e2e.test_mcp_http import READY, call_with_sdk
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(180)]
+
+ALICE = "alice-token-0123456789abcdef"
+BOB = "bob-token-0123456789abcdef"
+SECRET = "bobs-node-secret-7f3a"
+MARKS = ("987", "986")  # bob's background `sleep N` on a node: what alice tries to kill
+
+
+@dataclass
+class Served:
+    running: Running
+    url: str
+    blocked: str  # the node id that cannot confine
+
+    def code(self, token: str, code: str, **arguments: Any) -> dict[str, Any]:
+        return call_with_sdk(self.url, token, [("execute_code", {"code": code, **arguments})])[0]
+
+    def call(self, token: str, tool: str, **arguments: Any) -> dict[str, Any]:
+        return call_with_sdk(self.url, token, [(tool, arguments)])[0]
+
+
+def _blocked_node(local_cluster: LocalCluster) -> Any:
+    """A node whose processes cannot confine (its raylet, and so its workers, inherit
+    the forced level from this process's environment when it starts)."""
+    previous = force_unavailable("none")
+    try:
+        return local_cluster.cluster.add_node(**NODE_ARGS)
+    finally:
+        force_unavailable(previous)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def served(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Served]:
+    node = _blocked_node(local_cluster)
+    base = tmp_path_factory.mktemp("tenants")
+    tokens = base / "tokens.txt"
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    os.chmod(tokens, 0o600)
+    env = child_env(base / "server", UV_OFFLINE="1")
+    try:
+        with spawn("serve", "--port", "0", "--tokens", str(tokens), "--cluster",
+                   local_cluster.address, "--memory-limit", "512M", env=env) as running:
+            url = running.wait_for(READY, timeout=120).group(1)
+            yield Served(running, url, node.node_id)
+    finally:
+        local_cluster.cluster.remove_node(node, allow_graceful=False)
+
+
+def _node_pids(pattern: str) -> list[int]:
+    """Pids on this machine whose command line matches ``pattern`` (the nodes are here)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if re.fullmatch(pattern, cmdline):
+            found.append(int(entry))
+    return found
+
+
+def _bobs_secret_and_sleeper(served: Served, home: Path, mark: str) -> int:
+    """Bob keeps a file and a background process in his bash session on a node."""
+    bob = served.code(BOB, f"echo {SECRET} > secret.txt; sleep {mark} & pwd",
+                      language="bash", state_mode="stateful", session_name="vault")
+    assert bob.get("is_error") is False, bob
+    assert bob["stdout"].strip() == str(home / "tenants" / "bob"), bob
+    assert (home / "tenants" / "bob" / "secret.txt").read_text().strip() == SECRET
+    deadline = time.monotonic() + 10
+    while not (pids := _node_pids(f"sleep {mark}")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+ATTACK = ("cat {home}/tenants/bob/secret.txt; ls {home}/tenants; kill -9 {pid}; "
+          "echo kill=$?; ls /proc | grep -c '^[0-9]'")
+
+
+def test_a_tenant_cannot_read_or_signal_another_tenants_session_on_a_node(
+        served: Served, local_cluster: LocalCluster) -> None:
+    home = local_cluster.home
+    sleeper = _bobs_secret_and_sleeper(served, home, MARKS[0])
+    stolen = served.code(ALICE, ATTACK.format(home=home, pid=sleeper), language="bash",
+                         state_mode="stateful")
+    assert stolen.get("is_error") is False, stolen
+    assert SECRET not in stolen["stdout"], stolen
+    assert "kill=1" in stolen["stdout"], stolen  # no such process: bob's is out of sight
+    assert "bob" not in stolen["stdout"].split("kill=")[0], stolen
+    assert int(stolen["stdout"].split()[-1]) < 20, stolen  # a pid namespace of its own
+    assert _node_pids(f"sleep {MARKS[0]}") == [sleeper]
+    # Both sessions are on nodes, and never on the node that cannot confine.
+    for token in (ALICE, BOB):
+        records = served.call(token, "list_sessions")["sessions"]
+        nodes = {r.get("node") for r in records if r["language"] == "bash"}
+        assert nodes and None not in nodes and served.blocked not in nodes, records
+    still = served.code(BOB, "cat secret.txt; jobs | wc -l", language="bash",
+                        state_mode="stateful", session_name="vault")
+    assert still["stdout"].split() == [SECRET, "1"], still  # the sleeper is still its job
+
+
+def test_the_same_attack_succeeds_on_the_unconfined_path(
+        served: Served, local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Before confinement on nodes, a session on a node ran in coordex's actor there,
+    as any tenant's did: the attack above read bob's file and killed his process."""
+    home = local_cluster.home
+    sleeper = _bobs_secret_and_sleeper(served, home, MARKS[1])
+    with Executor(root=tmp_path / "alice", timeout=30, cluster=local_cluster.address) as ex:
+        stolen = ex.execute_code(ATTACK.format(home=home, pid=sleeper), language="bash")
+    assert SECRET in stolen["stdout"], stolen
+    assert "kill=0" in stolen["stdout"], stolen
+    assert not _node_pids(f"sleep {MARKS[1]}")
+
+
+def test_the_server_says_which_nodes_cannot_confine_and_uses_only_the_others(
+        served: Served) -> None:
+    line = served.running.wait_for(rf"cluster node {served.blocked[:12]} \(.*\): (.*)").group(1)
+    assert line == "confinement none - not used for tenants' sessions"
+    others = [m for m in served.running.seen if re.search(r"cluster node \w+ .*: confinement "
+                                                          r"namespaces\+landlock$", m.strip())]
+    assert len(others) >= 2, served.running.seen
+    # Many sessions, none on the node that cannot confine.
+    for number in range(1, 4):
+        result = served.code(ALICE, "echo $$", language="bash", state_mode="stateful",
+                             session_id=number)
+        assert result.get("is_error") is False, result
+    nodes = {r.get("node") for r in served.call(ALICE, "list_sessions")["sessions"]
+             if r["language"] == "bash"}
+    assert nodes and served.blocked not in nodes and None not in nodes
+
+
+def test_a_tenants_environment_is_built_and_run_in_its_host_on_a_node(
+        served: Served, local_cluster: LocalCluster) -> None:
+    home = local_cluster.home
+    created = served.call(ALICE, "create_environment", spec="# no requirements\n")
+    assert isinstance(created.get("venv_id"), int), created
+    probe = ("import os, sys\n"
+             f"(os.getcwd(), sys.prefix.startswith(os.getcwd()), "
+             f"os.path.exists({str(home / 'tenants' / 'bob')!r}), len(os.listdir('/proc')) < 60)")
+    kept = served.code(ALICE, probe, venv_id=created["venv_id"], state_mode="stateful")
+    assert kept.get("is_error") is False, kept
+    assert kept["result"] == repr((str(home / "tenants" / "alice"), True, False, True)), kept
+    once = served.code(ALICE, "import os; os.getcwd()", venv_id=created["venv_id"])
+    assert once["result"] == repr(str(home / "tenants" / "alice")), once
+
+
+def test_read_only_and_inspect_work_on_a_tenants_session_on_a_node(served: Served) -> None:
+    made = served.code(BOB, "export KEPT=7; echo base > ro.txt", language="bash",
+                       state_mode="stateful", session_name="ro")
+    assert made.get("is_error") is False, made
+    look = served.code(BOB, "echo $KEPT; echo changed > ro.txt; cat ro.txt", language="bash",
+                       state_mode="read_only", session_name="ro")
+    assert look.get("is_error") is False and look["stdout"].split()[0] == "7", look
+    after = served.code(BOB, "cat ro.txt", language="bash", state_mode="stateful",
+                        session_name="ro")
+    assert after["stdout"] == "base\n", (look, after)
+    seen = served.call(BOB, "inspect_session", language="bash", session_name="ro")
+    assert "error" not in seen, seen
+
+
+def test_the_memory_limit_holds_for_a_tenants_host_on_a_node(served: Served) -> None:
+    hog = served.code(ALICE, f"{sys.executable} -c 'bytearray(900 << 20)'; echo exit=$?",
+                      language="bash", state_mode="stateful", session_name="hog")
+    assert hog.get("is_error") is False, hog
+    assert "exit=0" not in hog["stdout"], hog  # 900 MiB in a host limited to 512M
+    assert served.code(ALICE, "echo $((1 + 1))", language="bash", state_mode="stateful",
+                       session_name="hog")["stdout"] == "2\n"
+
+
+def test_a_tenant_host_that_dies_takes_its_processes_on_nodes_with_it(served: Served) -> None:
+    started = served.code(ALICE, "sleep 984 &", language="bash", state_mode="stateful",
+                          session_name="left")
+    assert started.get("is_error") is False, started
+    assert _node_pids("sleep 984")
+    died = served.code(ALICE, "import os; os._exit(1)")
+    assert died["error_type"] == "crashed" and died["state_lost"] is True, died
+    again = served.code(ALICE, "1 + 1")
+    assert again["result"] == "2" and again["state_lost"] is True, again
+    deadline = time.monotonic() + 20
+    while _node_pids("sleep 984") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _node_pids("sleep 984")  # the dead Executor's node sessions ended with it
+    fresh = served.code(ALICE, "echo $((6 * 7))", language="bash", state_mode="stateful",
+                        session_name="left")
+    assert fresh.get("stdout") == "42\n", fresh
+    assert served.code(BOB, "cat secret.txt", language="bash", state_mode="stateful",
+                       session_name="vault")["stdout"] == SECRET + "\n"
+
+
+def test_closing_a_tenant_ends_its_hosts_on_nodes_at_once(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    from coordex.backends.confined import ConfinedExecutor
+    from coordex.backends.ray.relay import NodeRelay
+
+    nodes = NodeRelay(local_cluster.address, {"name": "carol", "memory_limit": 512 << 20})
+    carol = ConfinedExecutor(tmp_path / "carol", nodes=nodes)
+    try:
+        started = carol.execute_code("sleep 983 &", language="bash", state_mode="stateful")
+        assert "error" not in started, started
+        shells = [r for r in carol.list_sessions()["sessions"] if r["language"] == "bash"]
+        assert shells and shells[0].get("node"), shells
+        assert _node_pids("sleep 983")
+    finally:
+        began = time.monotonic()
+        carol.close()
+    assert carol.close_step == "shutdown" and time.monotonic() - began < 10
+    deadline = time.monotonic() + 5
+    while _node_pids("sleep 983") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _node_pids("sleep 983")
