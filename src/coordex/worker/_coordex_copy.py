@@ -148,12 +148,13 @@ _REOPEN_DROP = os.O_CREAT | os.O_EXCL | os.O_TRUNC
 
 
 def seal_descriptors(keep: Iterable[int], discarded: bool) -> None:
-    """Reopen every writable descriptor of a regular file so the disk keeps nothing.
+    """Reopen every descriptor of a regular file so the disk and the session keep nothing.
 
-    With ``discarded`` (overlays are mounted) a file whose path now leads into an
-    overlay is reopened there with its old flags and offset: the code's writes land in
-    the throwaway layer. Every other one is reopened read-only at the same offset, so
-    writes fail. Pipes, sockets and devices are left as they are. Run after protection.
+    With ``discarded`` (overlays are mounted) a writable file whose path now leads into
+    an overlay is reopened there with its old flags and offset: the code's writes land
+    in the throwaway layer. Every other one is reopened read-only at the same offset, so
+    writes fail, and so the copy's reads move its own file position, not the session's.
+    Pipes, sockets and devices are left as they are. Run after protection.
     """
     import fcntl
 
@@ -171,14 +172,18 @@ def seal_descriptors(keep: Iterable[int], discarded: bool) -> None:
             st = os.fstat(fd)
         except OSError:
             continue  # the listing's own descriptor, or already closed
-        if flags & os.O_ACCMODE == os.O_RDONLY or not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode):
             continue
         try:
             offset = os.lseek(fd, 0, os.SEEK_CUR)
         except OSError:
             offset = 0
         replacement = -1
-        if discarded:
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            # Still reopened: a descriptor the fork shares has one file position, so
+            # reading in the copy would move the session's.
+            pass
+        elif discarded:
             replacement = _reopen_through_overlay(fd, flags, st)
         if replacement < 0:
             try:
@@ -234,14 +239,17 @@ def privatize_shared_mappings() -> bool:
             lines = maps.read().splitlines()
     except OSError:
         return False
-    regions = []
+    regions = []  # type: List[Tuple[int, int, str, str]]
+    read_only = []  # type: List[Tuple[int, int, str, str]]  # mprotect could make writable
     for line in lines:
         parts = line.split(None, 5)
-        if len(parts) < 5 or parts[1][3] != "s" or parts[1][1] != "w":
+        if len(parts) < 5 or parts[1][3] != "s":
             continue
         path = parts[5].strip() if len(parts) > 5 else ""
         start, end = (int(x, 16) for x in parts[0].split("-"))
-        regions.append((start, end, parts[1], path))
+        (regions if parts[1][1] == "w" else read_only).append((start, end, parts[1], path))
+    if read_only:
+        regions += _may_become_writable(read_only)
     if not regions:
         return True
     import ctypes
@@ -262,7 +270,8 @@ def privatize_shared_mappings() -> bool:
             complete = False  # device memory cannot be copied; write-only cannot be read
             continue
         size = end - start
-        prot = _PROT_READ | _PROT_WRITE | (_PROT_EXEC if perms[2] == "x" else 0)
+        prot = (_PROT_READ | (_PROT_WRITE if perms[1] == "w" else 0)
+                | (_PROT_EXEC if perms[2] == "x" else 0))
         fresh = libc.mmap(None, size, _PROT_READ | _PROT_WRITE,
                           _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
         if fresh in (None, failed):
@@ -276,6 +285,30 @@ def privatize_shared_mappings() -> bool:
             continue
         libc.mprotect(start, size, prot)
     return complete
+
+
+def _may_become_writable(regions: List[Tuple[int, int, str, str]],
+                         ) -> List[Tuple[int, int, str, str]]:
+    """The read-only shared ``regions`` that ``mprotect`` could make writable (their file
+    was opened for writing: ``mw`` in smaps' VmFlags). Read only when such regions
+    exist, since smaps costs more than maps."""
+    wanted = {start: (start, end, perms, path) for start, end, perms, path in regions}
+    found = []
+    current = None
+    try:
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    try:
+                        current = int(head.split("-", 1)[0], 16)
+                    except ValueError:
+                        current = None
+                elif head == "VmFlags:" and current in wanted and " mw" in line:
+                    found.append(wanted[current])
+    except OSError:
+        return list(regions)  # cannot tell: copy them all rather than leave one shared
+    return found
 
 
 # -- the link between a copy and the process that made it ------------------------------
