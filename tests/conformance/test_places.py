@@ -252,3 +252,20 @@ def test_stateless_calls_leave_no_process(at: At) -> None:
         time.sleep(0.05)
     if not at.place.in_environment:
         assert child_pids() - before == set()
+
+
+def test_a_cancelled_call_is_interrupted_as_at_its_timeout(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="c")
+    cancel = threading.Event()
+    timer = threading.Timer(0.4, cancel.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        r = at.run(at.place.slow, state_mode="stateful", session_name="c", timeout=30,
+                   cancel=cancel)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 5
+    assert r["error_type"] == "timeout" and r["state_lost"] is False
+    assert "interrupted: state kept" in r["suggestion"]
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="c")["stdout"] == "41\n"
