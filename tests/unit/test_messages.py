@@ -58,3 +58,11 @@ def test_every_message_has_a_known_type_and_a_suggestion() -> None:
 def test_the_rebuild_hint_is_added_once() -> None:
     once = messages.with_rebuild_hint("Do this.")
     assert messages.with_rebuild_hint(once) == once
+
+
+def test_a_lost_node_says_what_is_gone_and_how_to_get_it_back() -> None:
+    lost = messages.node_lost("the actor died", "stateful")
+    assert lost["error_type"] == "crashed" and lost["state_lost"] is True
+    assert "the actor died" in lost["error"] and messages.REBUILD_HINT in lost["suggestion"]
+    assert "nothing was kept" in messages.node_lost("x", "stateless")["error"]
+    assert "did not run" in messages.node_lost("x", "read_only")["error"]

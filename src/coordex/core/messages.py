@@ -169,6 +169,20 @@ def crashed(place: PlaceKind, mode: Mode, how: str, *, attempts: int = 1,
         state_lost=True if state_lost is None else state_lost, **extra)
 
 
+def node_lost(how: str, mode: Mode) -> dict[str, Any]:
+    """The cluster node holding a session (or running a stateless call) was lost."""
+    if mode == "stateless":
+        return make_error("crashed", f"The node running this call was lost ({how}); "
+                          "nothing was kept.", "Run the call again: it runs on another node.",
+                          state_lost=True)
+    copy = " (the read-only copy did not run)." if mode == "read_only" else "."
+    return make_error(
+        "crashed", f"The node holding this session was lost ({how}): its state is gone "
+        f"with it{copy}",
+        with_rebuild_hint("Run the setup again, or rebuild the session; the next stateful "
+                          "call opens a fresh session on another node."), state_lost=True)
+
+
 def session_busy() -> dict[str, Any]:
     """The call waited its whole timeout for another call to the same session."""
     return make_error(

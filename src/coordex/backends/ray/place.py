@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core import messages
 from ...core.errors import CoordexError, make_error
 from ..base import INTERRUPT_GRACE, Outcome, RunRequest, empty_outcome
 from .node import NodeHost
@@ -667,17 +668,8 @@ def _unwrap(reply: dict[str, Any]) -> Outcome:
 
 def _crashed(notes: list[str], *, stateless: bool = False, read_only: bool = False) -> Outcome:
     how = "; ".join(dict.fromkeys(notes)) or "the node was lost"
-    if stateless:
-        what = f"The node running this call was lost ({how}); nothing was kept."
-        after = "Run the call again: it runs on another node."
-    else:
-        what = (f"The node holding this session was lost ({how}): its state is gone with "
-                "it" + (" (the read-only copy did not run)." if read_only else "."))
-        after = ("Call rebuild_session(...) with this session to replay the calls that "
-                 "built its state into a fresh session, or run the setup again; the next "
-                 "stateful call opens a fresh session on another node.")
-    return {**empty_outcome(), "state_lost": True,
-            "error": make_error("crashed", what, after, state_lost=True)}
+    mode: messages.Mode = "stateless" if stateless else "read_only" if read_only else "stateful"
+    return {**empty_outcome(), "state_lost": True, "error": messages.node_lost(how, mode)}
 
 
 def _describe(resources: dict[str, float]) -> str:
