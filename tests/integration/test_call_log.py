@@ -357,3 +357,11 @@ def test_the_log_keeps_the_files_a_read_only_copy_wrote(ex: Executor, tmp_path: 
     assert set(written) == {str(work / "new.txt"), str(work / "sub" / "deep.txt"),
                             str(work / "old.txt")}
     assert not (work / "new.txt").exists() and (work / "old.txt").read_text() == "kept"
+
+
+def test_history_refuses_impossible_coordinates_as_a_call_does(ex: Executor) -> None:
+    for kw in ({"session_id": 2**70}, {"venv_id": 2**70}, {"language": "ruby"},
+               {"session_id": 1, "session_name": "a"}, {"session_id": -1}):
+        r = ex.history(**kw)  # type: ignore[arg-type]
+        assert r["error_type"] == "validation", (kw, r)
+        assert r["suggestion"]

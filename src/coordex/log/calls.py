@@ -17,8 +17,9 @@ import threading
 import time
 from typing import Any
 
+from ..core import coordinates as coords
 from ..core import messages
-from ..core.coordinates import LANGUAGES, Coordinate
+from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
 from .store import CallLog, LogReader, decode_row, rows_where
 
@@ -96,24 +97,12 @@ def log_off_error(what: str) -> CoordexError:
 
 def check_filters(language: Any, session_id: Any, session_name: Any, venv_id: Any,
                   limit: Any) -> list[tuple[str, Any]]:
-    """The equality filters of a history query, or a ``validation`` error."""
-    if language is not None and language not in LANGUAGES:
-        raise validation(f"Unknown language {language!r}.",
-                         "Use language='python', language='bash', or omit it for both.")
-    if session_id is not None and session_name is not None:
-        raise validation("Give session_id or session_name, not both.",
-                         "Drop one of them: session_name='...' or session_id=<int>.")
-    if session_id is not None and (isinstance(session_id, bool) or not isinstance(session_id, int)
-                                   or session_id < 0):
-        raise validation(f"session_id must be an integer >= 0, got {session_id!r}.",
-                         "Pass session_id=0, 1, ... as list_sessions shows, or omit it.")
-    if session_name is not None and (not isinstance(session_name, str) or not session_name):
-        raise validation(f"session_name must be a non-empty string, got {session_name!r}.",
-                         "Pass the name as list_sessions shows it, or omit it.")
-    if venv_id is not None and (isinstance(venv_id, bool) or not isinstance(venv_id, int)
-                                or venv_id < 0):
-        raise validation(f"venv_id must be an integer >= 0, got {venv_id!r}.",
-                         "Pass a venv_id from environments.list(), or omit it for every place.")
+    """The equality filters of a history query, or a ``validation`` error (the same
+    checks, bounds and wording as a call's coordinates)."""
+    if language is not None:
+        coords.check_language(language)
+    coords.check_session(session_id, session_name)
+    coords.check_venv_id(venv_id)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise validation(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}.",
                          "Pass limit=50 (the default) or another positive number.")

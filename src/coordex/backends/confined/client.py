@@ -497,8 +497,8 @@ class ConfinedExecutor:
     def rebuild_session(self, **options: Any) -> dict[str, Any]:
         return self._call("rebuild_session", options)
 
-    def serve_ui(self, port: int = 0) -> dict[str, Any]:
-        return self._call("serve_ui", {"port": port})
+    def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
+        return self._call("serve_ui", {"port": port, "host": host})
 
     # ------------------------------------------------------------------ lifetime
 
