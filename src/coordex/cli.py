@@ -179,14 +179,14 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             ex.close()
             return EXIT_USAGE
         _say(f"the page with this server's sessions and call log: {page['url']}")
+    interrupted = False
     try:
         anyio.run(serve_stdio, ex, wire)
     except KeyboardInterrupt:
-        ex.close()
-        return _leave_promptly(EXIT_OK)
+        interrupted = True
     finally:
         ex.close()
-    return EXIT_OK
+    return _leave_promptly(EXIT_OK) if interrupted else EXIT_OK
 
 
 # --- serve ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import sessions
 from .backends._reap import keeper as _process_keeper
-from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session
+from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session, empty_outcome
 from .backends.env import EnvironmentPlace
 from .backends.own import OwnPlace, OwnSession
 from .core import coordinates as coords
@@ -119,7 +119,8 @@ class Executor:
         import builtins
 
         self.plan_namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        self._own_place = OwnPlace(self._session_globals, inline=bool(own_on_caller_thread))
+        self._own_place = OwnPlace(self._session_globals, _CapabilityBridge(self),
+                                   inline=bool(own_on_caller_thread))
         self._places: dict[PlaceKey, Place] = {("python", None): self._own_place}
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
@@ -257,9 +258,8 @@ class Executor:
                 self._table.finish(key, call, outcome)
             return outcome, record
 
-    def _open_session(self, key: SessionKey) -> tuple[Session, Place]:
-        place = self._place(key.language, key.venv_id)
-        return place.open_session(), place
+    def _open_session(self, key: SessionKey) -> Session:
+        return self._place(key.language, key.venv_id).open_session()
 
     def _run_read_only(self, coordinate: Coordinate,
                        request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
@@ -768,8 +768,7 @@ class _CapabilityBridge:
 
 
 def _busy_outcome() -> Outcome:
-    return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
-            "images": [], "error": messages.session_busy()}
+    return {**empty_outcome(), "error": messages.session_busy()}
 
 
 # An Executor forgotten without close() still ends its processes at interpreter exit.

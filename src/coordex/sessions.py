@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .backends.base import Outcome, Session, wait_for
+from .backends.base import Outcome, Place, Session, wait_for
 from .core import faults, messages
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError
@@ -43,7 +43,6 @@ class Slot:
 
     session: Session | None
     lock: threading.Lock
-    place: Any = None  # the place that opened it (for nested calls and cluster facts)
 
 
 class SessionTable:
@@ -84,7 +83,7 @@ class SessionTable:
 
     def entries(self) -> list[tuple[SessionEntry, Session | None]]:
         with self.lock:
-            return [(e, (self._slots.get(e.key) or Slot(None, threading.Lock())).session)
+            return [(e, slot.session if (slot := self._slots.get(e.key)) else None)
                     for e in self.registry.entries()]
 
     def provenance(self, key: SessionKey, name: str) -> tuple[int, int]:
@@ -95,7 +94,7 @@ class SessionTable:
 
     @contextmanager
     def stateful(self, coordinate: Coordinate, timeout: float, cancel: threading.Event | None,
-                 opener: Callable[[SessionKey], tuple[Session, Any]]) -> Iterator[
+                 opener: Callable[[SessionKey], Session]) -> Iterator[
                      tuple[SessionKey, Session | None, int]]:
         """Hold the session a stateful call runs in (created with ``opener`` if new).
 
@@ -130,9 +129,9 @@ class SessionTable:
             slot.lock.release()
 
     def _open(self, key: SessionKey, slot: Slot, created: bool,
-              opener: Callable[[SessionKey], tuple[Session, Any]]) -> Session:
+              opener: Callable[[SessionKey], Session]) -> Session:
         try:
-            session, place = opener(key)
+            session = opener(key)
         except BaseException as exc:
             with self.lock:  # never leave a reserved session without a process
                 self._forget(key)
@@ -148,7 +147,7 @@ class SessionTable:
                     raise messages.executor_closed()
                 raise CoordexError("not_found", "The session was closed while it started.",
                                    "Run the call again: a stateful call opens a new session.")
-            slot.session, slot.place = session, place
+            slot.session = session
             self.registry.move(key, "idle")
         return session
 
@@ -159,11 +158,11 @@ class SessionTable:
         with self.lock:
             if key not in self.registry:
                 return
-            broken = error.get("error_type") == "crashed" and bool(
-                error.get("state_lost") or outcome.get("state_lost"))
+            lost = bool(outcome.get("state_lost") or error.get("state_lost"))
+            broken = lost and error.get("error_type") == "crashed"
             self.registry.move(key, "broken" if broken else "idle")
             self.registry.record_bindings(key, call, rebound, deleted)
-            if outcome.get("state_lost") or error.get("state_lost"):
+            if lost:
                 # What was bound before the loss is gone with it.
                 entry = self.registry.get(key)
                 if entry is not None:
@@ -225,7 +224,7 @@ class SessionTable:
             raise messages.executor_closed()
 
 
-def attempts(place: Any, mode: messages.Mode, run: Callable[[], Outcome]) -> Outcome:
+def attempts(place: Place, mode: messages.Mode, run: Callable[[], Outcome]) -> Outcome:
     """Run one call through ``run`` (one attempt each) and apply SPEC section 6.
 
     A place reports a death during an attempt with the facts ``died`` (``"process"``:
@@ -245,14 +244,13 @@ def attempts(place: Any, mode: messages.Mode, run: Callable[[], Outcome]) -> Out
             hows.append(str(how))
         tried.append(faults.Attempt(died=died, replaced=died is None
                                     and bool(outcome.get("state_lost"))))
-        step = faults.next_step(bool(getattr(place, "retries", False)), tried)
+        step = faults.next_step(place.retries, tried)
         if step != "retry":
             break
     if faults.retried(tried):
         outcome["retried"] = True
     if step == "crashed" and len(tried) > 1:
-        kind = getattr(place, "kind", "worker")
-        words = kind if kind in messages.WORDS else "worker"
+        words = place.kind if place.kind in messages.WORDS else "worker"
         keep = {k: v for k, v in (outcome.get("error") or {}).items()
                 if k not in ("error", "error_type", "suggestion", "state_lost")}
         outcome["error"] = messages.crashed(words, mode, "; ".join(dict.fromkeys(hows))

@@ -45,7 +45,7 @@ def test_read_only_and_stateless_never_claim_a_loss_of_session_state() -> None:
 
 def test_every_message_has_a_known_type_and_a_suggestion() -> None:
     records = [messages.timeout("own", "stateful", 1, survived=False, stuck=True),
-               messages.session_busy(), messages.session_closed_during_call(),
+               messages.session_busy(),
                messages.executor_closed().to_dict(),
                messages.start_failed("bash", "no such file").to_dict(),
                messages.environment_not_found(7, [(1, "ledger")]).to_dict()]

@@ -44,9 +44,9 @@ def stateful(name: str | None = None) -> coords.Coordinate:
 
 
 def opener(made: list[FakeSession]) -> Any:
-    def open_one(key: Any) -> tuple[Session, Any]:
+    def open_one(key: Any) -> Session:
         made.append(FakeSession())
-        return made[-1], None
+        return made[-1]
     return open_one
 
 
@@ -93,7 +93,7 @@ def test_a_crash_that_lost_state_leaves_the_session_broken_until_its_next_call()
 def test_a_session_that_cannot_start_frees_its_place_under_the_cap() -> None:
     table = SessionTable(2, FakeSession())
 
-    def broken(key: Any) -> tuple[Session, Any]:
+    def broken(key: Any) -> Session:
         raise OSError("no such program")
 
     with pytest.raises(CoordexError) as caught, \

@@ -191,12 +191,6 @@ def session_busy() -> dict[str, Any]:
         "another session.", stdout="", stderr="", state_lost=False)
 
 
-def session_closed_during_call() -> dict[str, Any]:
-    return make_error(
-        "crashed", "The session was closed while the code ran.",
-        "Open a new session with a stateful call and run the code again.", state_lost=True)
-
-
 def executor_closed() -> CoordexError:
     return CoordexError("validation", "This Executor is closed.",
                         "Create a new Executor (with Executor(...) as ex: ...) and call it.")
@@ -217,8 +211,3 @@ def environment_not_found(venv_id: int, known: list[tuple[int, str | None]]) -> 
         f"Existing environments: {listed or 'none yet'}. Create one with "
         "environments.create(spec) (MCP: create_environment) and use the venv_id it returns, "
         "or venv_id=None for the agent's own interpreter.")
-
-
-def state_lost_suggestion(suggestion: str) -> str:
-    """What a result that lost state says, whatever else it says."""
-    return with_rebuild_hint(suggestion)

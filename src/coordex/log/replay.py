@@ -41,7 +41,8 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     retry = unfinished_rebuild(rows)
     calls = _rows_by_seq(log, retry) if retry is not None else \
         lost_calls(rows, live=live or (plan and mine))
-    where = session_arguments(_identity(coordinate, rows))
+    identity = _identity(coordinate, rows)
+    where = session_arguments(identity)
     if calls is None:
         raise CoordexError(
             "validation", f"The session ({where}) has lost nothing since it was "
@@ -53,7 +54,6 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
                                         venv_id=coordinate.venv_id)
         if "error_type" in closed:
             return closed
-    identity = _identity(coordinate, rows)
     log.event("rebuild", identity, {"replays": [row["seq"] for row in calls]})
     report = _replay(executor, coordinate, identity, calls)
     report["calls"] = [row["seq"] for row in calls]

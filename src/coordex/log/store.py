@@ -38,6 +38,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..worker._coordex_engine import escape_text
+
 LOG_FILE = "log.sqlite3"
 CODE_CAP_BYTES = 64 * 1024
 # A bound on rows waiting for the writer, so a stuck disk cannot grow memory without end.
@@ -73,7 +75,6 @@ CREATE INDEX IF NOT EXISTS calls_by_name ON calls (session_name);
 """
 
 # Row kinds: a call ran; a session was closed; a session was started over by a rebuild.
-KINDS = ("call", "close", "rebuild")
 
 COLUMNS = ("seq", "at", "owner", "kind", "language", "venv_id", "session_id", "session_name",
            "state_mode", "code", "code_truncated", "duration_ms", "outcome", "exit_code",
@@ -193,9 +194,9 @@ class CallLog:
         truncated = False
         if isinstance(code, str):
             code, truncated = cap_code(code)
-            code = _utf8(code)
+            code = escape_text(code)
         if isinstance(session_name, str):
-            session_name = _utf8(session_name)
+            session_name = escape_text(session_name)
         return (at, self.owner, kind, language, venv_id, session_id, session_name, state_mode,
                 code, int(truncated), duration_ms, outcome, exit_code, int(bool(state_lost)),
                 int(bool(retried)), _json(isolation), _json(changed), replay_of)
@@ -305,16 +306,6 @@ def _json(value: Any) -> str | None:
         return json.dumps(value, default=str)
     except (TypeError, ValueError):
         return None
-
-
-def _utf8(text: str) -> str:
-    """``text`` as SQLite can store it: lone surrogates (which UTF-8 cannot carry) are
-    written as ``\\udXXX`` escapes, so one odd call never costs a whole batch."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 def rows_where(filters: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:

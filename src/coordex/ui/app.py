@@ -18,6 +18,7 @@ Anything else gets 401.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -54,6 +55,7 @@ class Response:
                 *_SECURITY_HEADERS, *self.headers]
 
 
+@functools.cache
 def _page() -> bytes:
     return resources.files("coordex.ui").joinpath("page.html").read_bytes()
 

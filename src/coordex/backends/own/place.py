@@ -89,31 +89,17 @@ class OwnSession:
         return self._place.own._run_on(session.runner, session, session.namespace, request)
 
 
-class _Capabilities:
-    """The capabilities a read-only copy may call: the session globals but ``functions``."""
-
-    def __init__(self, session_globals: GlobalsProvider) -> None:
-        self._globals = session_globals
-
-    def names(self) -> list[str]:
-        return sorted(n for n in self._globals() if n != "functions")
-
-    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        found = {n: f for n, f in self._globals().items() if n != "functions"}
-        if name not in found:
-            raise LookupError(f"no capability named {name!r}; registered: {sorted(found)}")
-        return found[name](*args, **kwargs)
-
-
 class OwnPlace:
     """Python in the agent's own interpreter: one :class:`OwnInterpreter` per Executor."""
 
     kind = "own"
     retries = False  # nothing here can die and be replaced: it is the agent's process
 
-    def __init__(self, session_globals: GlobalsProvider, inline: bool = False) -> None:
+    def __init__(self, session_globals: GlobalsProvider, capabilities: Any,
+                 inline: bool = False) -> None:
         self.own = OwnInterpreter(inline=inline)
         self._globals = session_globals
+        self._capabilities = capabilities  # what a read-only copy may call back
         self._sessions: list[OwnSession] = []
         self._lock = threading.Lock()
 
@@ -136,7 +122,7 @@ class OwnPlace:
             return "none" if scratch is None else str(isolation.protect(paths, scratch))
 
         # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
-        return self.own.run_read_only(session, request, protect, _Capabilities(self._globals))
+        return self.own.run_read_only(session, request, protect, self._capabilities)
 
     def capabilities_changed(self) -> None:
         with self._lock:
