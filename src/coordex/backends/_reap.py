@@ -68,6 +68,8 @@ class Steps:
 
 
 DEFAULT_STEPS = Steps()
+# For a process that already ignored an interrupt: straight to SIGKILL.
+KILL_NOW = Steps(interrupt=False, terminate=False)
 # A kept session (a worker, a shell) closing: everything it left in its session ends.
 SESSION_STEPS = Steps(whole_session=True)
 
@@ -157,20 +159,20 @@ def sweep(sid: int, settle: float = 0.5) -> None:
         os.killpg(sid, signal.SIGKILL)
     except OSError:
         return  # no process left in the group
+    try:
+        os.killpg(sid, 0)
+    except OSError:
+        return  # already gone
+    _wait_gone([pid for pid, group, _ in _live_processes() if group == sid], settle)
+
+
+def _wait_gone(pids: list[int], settle: float) -> None:
+    """Wait up to ``settle`` seconds until none of ``pids`` runs (zombies count as gone)."""
     deadline = time.monotonic() + settle
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(sid, 0)
-        except OSError:
-            return
-        if not _group_runs(sid):
-            return  # only zombies left, waiting for their new parent to reap them
-        time.sleep(0.001)
-
-
-def _group_runs(pgid: int) -> bool:
-    """Whether a non-zombie process is in group ``pgid`` (a /proc scan, ~1 ms)."""
-    return any(group == pgid for _, group, _ in _live_processes())
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _runs(pid)]
+        if pids:
+            time.sleep(0.001)
 
 
 def _runs(pid: int) -> bool:
@@ -212,13 +214,8 @@ def sweep_session(sid: int) -> int:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-    # As in sweep(): SIGKILL lands asynchronously; return once none of them runs.
-    count, deadline = len(killed), time.monotonic() + 0.5
-    while killed and time.monotonic() < deadline:
-        killed = [pid for pid in killed if _runs(pid)]
-        if killed:
-            time.sleep(0.001)
-    return count
+    _wait_gone(killed, 0.5)  # as in sweep(): SIGKILL lands asynchronously
+    return len(killed)
 
 
 def session_members(sid: int) -> list[int]:

@@ -481,7 +481,7 @@ def pack_values(namespace: Dict[str, Any], skip: Iterable[str] = ()) -> Tuple[by
 
 def start_values_copy(python: str, payload: Dict[str, Any], stdout: int, stderr: int,
                       env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
-                      isolated: bool = True) -> Tuple[Any, int, int]:
+                      ) -> Tuple[Any, int, int]:
     """Start a fresh ``python`` running this file; returns (process, link out, link in).
 
     ``payload`` (pickled to the child's first link bytes): ``values`` (from
@@ -496,8 +496,7 @@ def start_values_copy(python: str, payload: Dict[str, Any], stdout: int, stderr:
 
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
-    argv = [python, "-u"] + (["-I"] if isolated else []) + [
-        os.path.abspath(__file__), str(to_child_r), str(from_child_w)]
+    argv = [python, "-u", "-I", os.path.abspath(__file__), str(to_child_r), str(from_child_w)]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 pass_fds=(to_child_r, from_child_w), env=env, cwd=cwd)

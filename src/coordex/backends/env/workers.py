@@ -68,7 +68,6 @@ RunMode = Literal["stateful", "read_only", "stateless"]
 # A read-only run whose copy never reported: no code of it ran against the session.
 _NO_COPY_CLAIM = {"names": True, "objects": True, "files": "none", "copy": "fork"}
 # After a timeout's interrupt was ignored: straight to SIGKILL.
-_KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 _CANCEL_POLL = 0.05  # with a cancel event, the wait for a reply wakes this often to look
 
 
@@ -471,7 +470,7 @@ class _WorkerProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole session (the interrupt was already ignored) and reap. Idempotent."""
-        self.close_step = _reap.stop(self._proc, "Python worker", steps=_KILL_NOW)
+        self.close_step = _reap.stop(self._proc, "Python worker", steps=_reap.KILL_NOW)
 
     def close(self) -> None:
         """Stop by the one policy (shutdown, SIGINT, SIGTERM, SIGKILL), release the pipes."""

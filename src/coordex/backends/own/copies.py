@@ -52,12 +52,12 @@ class CapabilityHost(Protocol):
 
 def run_copy(session: own.NamespaceSession, request: RunRequest,
              protect: Callable[[], str] | None,
-             capabilities: CapabilityHost | None, fork: bool = True,
-             fork_on: Callable[[Callable[[], int]], int] | None = None) -> Outcome:
+             capabilities: CapabilityHost | None, *, fork: bool,
+             fork_on: Callable[[Callable[[], int]], int]) -> Outcome:
     """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``.
 
     ``fork=False`` (no safe ``fork`` here) always copies by value. ``fork_on(fork)``
-    calls ``fork`` on the thread the session's code runs on (default: this one).
+    calls ``fork`` on the thread the session's code runs on.
     """
     names = [n for n in (capabilities.names() if capabilities else [])
              if n in session.injected]
@@ -69,7 +69,7 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         kind = "values"
     else:
         start = _start_fork(session, request, protect, names, out_w, err_w, (out_r, err_r),
-                            fork_on or _fork_here)
+                            fork_on)
         kind = "fork"
     os.close(out_w)
     os.close(err_w)
@@ -134,12 +134,6 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
     os.close(child_w)
     os.close(child_r)
     return pid, link_r, link_w, None, []
-
-
-def _fork_here(fork: Callable[[], int]) -> int:
-    nested = getattr(own._local, "in_call", False)
-    with contextlib.nullcontext() if nested else own.OWN_LOCK:
-        return fork()
 
 
 def _start_values(session: own.NamespaceSession, request: RunRequest,

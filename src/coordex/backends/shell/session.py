@@ -104,7 +104,6 @@ __all__ = ["ShellPlace", "ShellSession", "run_stateless"]
 _SHELL_STEPS = _reap.Steps(interrupt=False, whole_session=True)
 _STATELESS_STEPS = _reap.Steps(interrupt=False)
 # Past a timeout's grace the shell has had its interrupt: straight to SIGKILL.
-_KILL_NOW = _reap.Steps(interrupt=False, terminate=False)
 # Starting bash and inspecting it are ours, not the user's: generous fixed limits.
 START_TIMEOUT = 15.0
 INSPECT_TIMEOUT = 15.0
@@ -257,7 +256,7 @@ class _ProtectedCopy:
             for fd in (*fds,):
                 os.close(fd)
         if self.ready:
-            _write_all(go_w, b"g")  # exec bash now: it restores the state and waits
+            copier.write_all(go_w, b"g")  # exec bash now: it restores the state and waits
             os.close(go_w)
             go_w = code_w
         self._fds = (out_r, err_r, go_w, end_r)
@@ -336,7 +335,7 @@ class _ProtectedCopy:
             if self.ready:  # bash has restored the state: hand it the code
                 pid = self.pid = server.started()
                 self.launched = True
-                _write_all(go_w, request.code.replace("\0", "").encode(
+                copier.write_all(go_w, request.code.replace("\0", "").encode(
                     "utf-8", "surrogateescape"))
                 os.close(go_w)
                 go_w = -1
@@ -353,7 +352,7 @@ class _ProtectedCopy:
                 return _Stream("stdout", request), _Stream("stderr", request), ending
             go = self.go_text(request.code, self.flags)
             self.launched = True
-            _write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
+            copier.write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
             return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
@@ -493,12 +492,6 @@ def _fingerprint(shell_pid: int, work_paths: tuple[str, ...]) -> tuple[Any, ...]
     return (shell_pid, cwd, umask, tuple(limits), work_paths)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 @dataclass
 class _CopySlot:
     """What one protected read-only call learnt from the copy that ran it."""
@@ -580,7 +573,6 @@ class _Ending:
 
 
 _STDOUT, _STDERR, _STATUS, _STDIN, _PIDFD = range(5)
-_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 
 
 class _Shell:
@@ -720,7 +712,7 @@ class _Shell:
                     if not interruptible or ending.timed_out:
                         ending.timed_out = True
                         ending.survived = False
-                        self.terminate(_KILL_NOW)  # it ignored the interrupt
+                        self.terminate(_reap.KILL_NOW)  # it ignored the interrupt
                         break
                     if pending or self._unread_input():
                         if now >= handover_deadline:
