@@ -278,6 +278,10 @@ class ConfinedExecutor:
         folder: the host's working folder and home; the only place it may write
             (besides ``root`` and its private ``/tmp``).
         root: the Executor's data folder (default: ``folder``).
+        environments: the folder of the tenant's built environments, their registry and
+            uv's cache (default: ``<root>.environments`` beside ``root``). Outside the
+            folders above, and read-only to the host: only the jail's builder process
+            writes there, so the tenant's code cannot change an environment it runs.
         memory_limit: bytes for the whole host (default 4 GiB); a cgroup where the
             machine lets coordex make one, else a per-process rlimit
             (``confinement["memory"]`` says which).
@@ -307,6 +311,7 @@ class ConfinedExecutor:
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
+                 environments: str | os.PathLike[str] | None = None,
                  memory_limit: int | None = None, network: bool = True,
                  max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
                  hide: Sequence[str | os.PathLike[str]] = (), level: str | None = None,
@@ -317,14 +322,23 @@ class ConfinedExecutor:
 
         self.folder = Path(folder).expanduser().absolute()
         self.root = Path(root).expanduser().absolute() if root is not None else self.folder
+        self.environments = (Path(environments).expanduser().absolute()
+                             if environments is not None
+                             else self.root.with_name(self.root.name + ".environments"))
+        _check_apart(self.environments, (self.folder, self.root))
+        if "envs_dir" in executor_args:
+            raise ValueError("a confined executor keeps its built environments in "
+                             "environments=DIR (read-only to the host); pass that, not envs_dir")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.environments.mkdir(parents=True, exist_ok=True)
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
         self.network = bool(network)
         self.max_calls = int(max_calls)
         self.timeout = float(executor_args.get("timeout", 60.0))  # the host's default
         self._argv = [sys.executable, "-I", "-m", "coordex.backends.confined.host",
                       "--folder", str(self.folder), "--root", str(self.root),
+                      "--environments", str(self.environments),
                       "--memory-limit", str(self.memory_limit),
                       "--max-processes", str(int(max_processes)),
                       "--max-calls", str(self.max_calls), "--name", name,
@@ -369,11 +383,14 @@ class ConfinedExecutor:
 
     @property
     def confinement(self) -> dict[str, Any]:
-        """What holds for the running host: level, memory, processes, network."""
+        """What holds for the running host: level, memory, processes, network, and who
+        builds environments (``"builder"``: a process of the jail the host cannot touch,
+        the environments read-only to the host; ``"host"``: the host itself)."""
         host = self._host
         ready = host.ready if host is not None and host.ready else {}
         return {"level": ready.get("confinement"), "memory": ready.get("memory"),
-                "processes": ready.get("processes"), "network": ready.get("network")}
+                "processes": ready.get("processes"), "network": ready.get("network"),
+                "builds": ready.get("builds")}
 
     @property
     def pid(self) -> int | None:
@@ -519,6 +536,18 @@ class ConfinedExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_apart(environments: Path, folders: Sequence[Path]) -> None:
+    """The environments folder must not overlap a writable one: Landlock (the level
+    without namespaces) can only add rights beneath an allowed folder, never remove them."""
+    mine = os.path.realpath(environments)
+    for folder in folders:
+        theirs = os.path.realpath(folder)
+        if os.path.commonpath([mine, theirs]) in (mine, theirs):
+            raise ValueError(f"environments={str(environments)!r} overlaps the host's writable "
+                             f"folder {str(folder)!r}; pass a folder outside it, e.g. "
+                             f"{str(folder) + '.environments'!r}")
 
 
 def _how_it_ended(code: int | None) -> str:

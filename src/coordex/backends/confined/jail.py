@@ -87,6 +87,9 @@ class JailSpec:
         tmpfs_size: bytes each private ``/tmp`` and ``/dev/shm`` may hold (None: the
             kernel's default, half of RAM). Files there are memory, and an rlimit does
             not count them, so without a bound a host could fill the machine's memory.
+        environments: the folder of the tenant's built environments (with their store
+            and uv cache). The host sees it read-only; only the builder process (see
+            :func:`seal_for_builder`, :func:`builder_spec`) may write there.
     """
 
     folder: str
@@ -95,6 +98,7 @@ class JailSpec:
     readable: tuple[str, ...] = ()
     network: bool = True
     tmpfs_size: int | None = None
+    environments: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,8 @@ def forced_level() -> Level:
 
 def landlock_covers(spec: JailSpec) -> bool:
     """True when no hidden path lies beneath a path the ``landlock`` level must allow."""
-    allowed = [*SYSTEM_READ, *spec.readable, spec.folder, *spec.writable]
+    allowed = [*SYSTEM_READ, *spec.readable, spec.folder, *spec.writable,
+               *([spec.environments] if spec.environments else [])]
     return not any(iso._within(os.path.realpath(h), os.path.realpath(a))
                    for h in spec.hidden for a in allowed if os.path.exists(a))
 
@@ -292,8 +297,11 @@ def build_view(spec: JailSpec) -> None:
     """Rebuild the file view in our mount namespace (see the module docstring)."""
     iso._mount(None, "/", None, iso._MS_REC | iso._MS_PRIVATE)
     keep = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
+    # The environments folder is brought back too (read-only once sealed), as a mount of
+    # its own, so that the builder's view alone can make it writable.
+    bound = keep + ([os.path.realpath(spec.environments)] if spec.environments else [])
     # Handles on the folders to bring back, taken before anything covers them.
-    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in keep if os.path.isdir(p)}
+    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in bound if os.path.isdir(p)}
     hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
     try:
         for path in ("/tmp", "/dev/shm"):
@@ -341,6 +349,31 @@ def seal_view(spec: JailSpec) -> None:
     for path in (*sorted(keep), "/tmp", "/dev/shm"):
         if os.path.isdir(path):
             _set_read_only(path, False)
+    if spec.environments:  # again, in case it lies beneath a folder made writable
+        _set_read_only(os.path.realpath(spec.environments), True)
+
+
+def seal_for_builder(spec: JailSpec) -> None:
+    """The builder's view, in a mount namespace of its own (before Landlock): everything
+    read-only but the environments folder, and a ``/proc`` of the jail's pid namespace.
+    The init forks the builder before it seals its own view. (The builder's scratch
+    space lies in the environments folder, where the host cannot swap files under a
+    build.)"""
+    assert spec.environments
+    iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
+    _set_read_only("/", True)
+    _set_read_only(os.path.realpath(spec.environments), False)
+    iso._mount("proc", "/proc", "proc", iso._MS_NOSUID | iso._MS_NODEV | 8)  # 8: MS_NOEXEC
+
+
+def builder_spec(spec: JailSpec) -> JailSpec:
+    """What the builder may use: it writes only the environments folder (and its own
+    scratch space); it reads what the host reads, the tenant's folders included (a
+    requirement may name a wheel there by ``file://``)."""
+    assert spec.environments
+    return JailSpec(folder=spec.environments, hidden=spec.hidden, network=spec.network,
+                    readable=(*spec.readable, spec.folder, *spec.writable),
+                    tmpfs_size=spec.tmpfs_size)
 
 
 def _set_read_only(path: str, read_only: bool) -> None:
@@ -380,8 +413,11 @@ def restrict(level: Level, spec: JailSpec) -> None:
     """Apply Landlock to this process for good; raise OSError if it cannot hold.
 
     ``namespaces+landlock``: writes only beneath the tenant's folders, ``/tmp``,
-    ``/dev/shm`` and the devices. ``landlock``: reads too, beneath an allow-list. Both
-    scope signals and abstract unix sockets to the host's own processes (ABI >= 6).
+    ``/dev/shm`` and the devices. ``landlock``: reads too, beneath an allow-list (the
+    environments folder among them, for reading only). Both scope signals and abstract
+    unix sockets to the host's own processes (ABI >= 6). A host and its builder each
+    restrict themselves, in sibling domains: neither can signal, trace or read the
+    memory of the other.
     """
     abi = iso.landlock_abi()
     if abi < 3:
@@ -398,6 +434,7 @@ def restrict(level: Level, spec: JailSpec) -> None:
         scratch = os.environ.get("TMPDIR", "")
         rules += [(scratch, handled)] if scratch else []
         rules += [(p, read | ioctl) for p in (*SYSTEM_READ, *spec.readable)]
+        rules += [(spec.environments, read | ioctl)] if spec.environments else []
     else:
         rules += [("/", read | ioctl), ("/tmp", handled), ("/dev/shm", handled)]
     rules += [(d, handled) for d in DEVICES]
@@ -445,6 +482,7 @@ __all__ = [
     "apply_rlimits",
     "best_level",
     "build_view",
+    "builder_spec",
     "die_with_parent",
     "enter_namespaces",
     "forced_level",
@@ -454,4 +492,5 @@ __all__ = [
     "leave_cgroups",
     "make_limits",
     "restrict",
+    "seal_for_builder",
 ]
