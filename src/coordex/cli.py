@@ -166,7 +166,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
             hidden = router.secrets_to_hide(base_root(args.home), None)
             _say(f"confinement: {router.confinement_level(hidden)}")
-            ex = router.confined_executor(args, Path(args.confine), name="default", hidden=hidden)
+            folder = Path(args.confine)
+            ex = router.confined_executor(args, folder, name="default", hidden=hidden,
+                                          environments=router.environments_folder(
+                                              base_root(args.home), "", folder))
         else:
             ex = make_executor(args)
     except Exception as exc:

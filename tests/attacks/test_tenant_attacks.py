@@ -111,8 +111,9 @@ def nobody_server() -> Iterator[Server]:
     os.chown(tokens, 65534, 65534)
     argv = as_nobody([*COORDEX, "serve", "--port", "0", "--tokens", str(tokens),
                       "--memory-limit", MEMORY_LIMIT])
-    process = subprocess.Popen(argv, env=child_env(home), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(argv, env=child_env(home, UV_OFFLINE="1"),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
     running = Running(process)
     reader = threading.Thread(target=_pump_lines, args=(process, running), daemon=True)
     reader.start()
@@ -136,6 +137,28 @@ def test_as_nobody_the_private_tmp_holds_no_more_than_the_memory_limit(
         "done"), language="bash")
     sizes = [int(n) for n in filled["stdout"].split()]
     assert len(sizes) == 2 and max(sizes) <= 256, filled
+    assert nobody_server.code(BOB, "1 + 1")["result"] == "2"
+
+
+@pytest.mark.slow
+def test_as_nobody_built_environments_stay_read_only_and_the_builder_untouchable(
+        nobody_server: Server) -> None:
+    from tests.fakes.wheels import ledgerlib_wheel, requirement
+    from tests.integration.test_confined import PROBE_BUILDER, TAMPER, USE
+
+    wheels = nobody_server.home / "tenants" / ATTACKER / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    spec = requirement("ledgerlib", ledgerlib_wheel(wheels, "1.0"))
+    built = nobody_server.run(ALICE, ("create_environment", {"spec": spec, "build": True}))[0]
+    assert built.get("built") is True, built
+    tampered, probe, used = nobody_server.run(
+        ALICE, ("execute_code", {"code": TAMPER.format(env=built["path"])}),
+        ("execute_code", {"code": PROBE_BUILDER}),
+        ("execute_code", {"code": USE, "venv_id": built["venv_id"]}))
+    assert tampered.get("result") == "[]", tampered
+    assert probe.get("result") == (
+        "{'kill': 'PermissionError', 'mem': 'PermissionError', 'ptrace': -1}"), probe
+    assert used.get("result") == "('1.0', 3, None)", used
     assert nobody_server.code(BOB, "1 + 1")["result"] == "2"
 
 

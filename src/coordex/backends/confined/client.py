@@ -322,23 +322,28 @@ class ConfinedExecutor:
 
         self.folder = Path(folder).expanduser().absolute()
         self.root = Path(root).expanduser().absolute() if root is not None else self.folder
-        self.environments = (Path(environments).expanduser().absolute()
+        self.environments_folder = (Path(environments).expanduser().absolute()
                              if environments is not None
                              else self.root.with_name(self.root.name + ".environments"))
-        _check_apart(self.environments, (self.folder, self.root))
+        _check_apart(self.environments_folder, (self.folder, self.root))
         if "envs_dir" in executor_args:
             raise ValueError("a confined executor keeps its built environments in "
                              "environments=DIR (read-only to the host); pass that, not envs_dir")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.environments.mkdir(parents=True, exist_ok=True)
+        try:
+            self.environments_folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot make the environments folder {str(self.environments_folder)!r} "
+                             f"({exc.strerror}); pass environments=DIR, a folder this user "
+                             "may write outside the host's folder") from None
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
         self.network = bool(network)
         self.max_calls = int(max_calls)
         self.timeout = float(executor_args.get("timeout", 60.0))  # the host's default
         self._argv = [sys.executable, "-I", "-m", "coordex.backends.confined.host",
                       "--folder", str(self.folder), "--root", str(self.root),
-                      "--environments", str(self.environments),
+                      "--environments", str(self.environments_folder),
                       "--memory-limit", str(self.memory_limit),
                       "--max-processes", str(int(max_processes)),
                       "--max-calls", str(self.max_calls), "--name", name,
@@ -539,15 +544,15 @@ class ConfinedExecutor:
 
 
 def _check_apart(environments: Path, folders: Sequence[Path]) -> None:
-    """The environments folder must not overlap a writable one: Landlock (the level
-    without namespaces) can only add rights beneath an allowed folder, never remove them."""
+    """The environments folder may lie inside a writable folder (the namespaces level
+    still shows it read-only; Landlock alone cannot, so that level then gives ``none``)
+    but neither be one nor hold one: that folder would then be read-only too."""
     mine = os.path.realpath(environments)
     for folder in folders:
-        theirs = os.path.realpath(folder)
-        if os.path.commonpath([mine, theirs]) in (mine, theirs):
-            raise ValueError(f"environments={str(environments)!r} overlaps the host's writable "
-                             f"folder {str(folder)!r}; pass a folder outside it, e.g. "
-                             f"{str(folder) + '.environments'!r}")
+        if os.path.commonpath([mine, os.path.realpath(folder)]) == mine:
+            raise ValueError(f"environments={str(environments)!r} is or holds the host's "
+                             f"writable folder {str(folder)!r}; pass a folder apart from it, "
+                             f"e.g. {str(folder) + '.environments'!r}")
 
 
 def _how_it_ended(code: int | None) -> str:

@@ -58,6 +58,7 @@ LEVELS: tuple[Level, ...] = ("namespaces+landlock", "landlock", "none")
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
+_M_ARENA_MAX = -8  # mallopt
 
 _LL_EXECUTE = 1 << 0
 _LL_READ_FILE = 1 << 2
@@ -150,9 +151,15 @@ def forced_level() -> Level:
 
 
 def landlock_covers(spec: JailSpec) -> bool:
-    """True when no hidden path lies beneath a path the ``landlock`` level must allow."""
-    allowed = [*SYSTEM_READ, *spec.readable, spec.folder, *spec.writable,
+    """True when no hidden path lies beneath a path the ``landlock`` level must allow,
+    and the environments folder lies beneath no writable one (Landlock only adds
+    rights beneath a folder: it cannot make a part of a writable folder read-only)."""
+    own = [spec.folder, *spec.writable]
+    allowed = [*SYSTEM_READ, *spec.readable, *own,
                *([spec.environments] if spec.environments else [])]
+    if spec.environments and any(iso._within(os.path.realpath(spec.environments),
+                                             os.path.realpath(w)) for w in own):
+        return False
     return not any(iso._within(os.path.realpath(h), os.path.realpath(a))
                    for h in spec.hidden for a in allowed if os.path.exists(a))
 
@@ -247,6 +254,13 @@ def apply_rlimits(report: LimitReport) -> None:
 
     if report.memory == "rlimit" and report.limit_memory:
         resource.setrlimit(resource.RLIMIT_AS, (report.limit_memory, report.limit_memory))
+        # RLIMIT_AS counts address space reserved, not used: glibc reserves 64 MiB per
+        # thread for a malloc arena of its own, so a host of a few threads reached a
+        # 256 MiB limit without using it. Two arenas (for this process and what it forks,
+        # and through the variable for what they start) keep the limit about memory.
+        with contextlib.suppress(OSError, AttributeError):
+            iso._libc().mallopt(_M_ARENA_MAX, 2)
+        os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     if report.processes == "rlimit" and report.limit_processes:
         resource.setrlimit(resource.RLIMIT_NPROC,
                            (report.limit_processes, report.limit_processes))
@@ -298,8 +312,10 @@ def build_view(spec: JailSpec) -> None:
     iso._mount(None, "/", None, iso._MS_REC | iso._MS_PRIVATE)
     keep = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
     # The environments folder is brought back too (read-only once sealed), as a mount of
-    # its own, so that the builder's view alone can make it writable.
-    bound = keep + ([os.path.realpath(spec.environments)] if spec.environments else [])
+    # its own, so that the builder's view alone can make it writable; last, since it
+    # may lie beneath a hidden folder inside the tenant's (the server's root in $HOME).
+    environments = os.path.realpath(spec.environments) if spec.environments else None
+    bound = keep + ([environments] if environments else [])
     # Handles on the folders to bring back, taken before anything covers them.
     handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in bound if os.path.isdir(p)}
     hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
@@ -317,13 +333,20 @@ def build_view(spec: JailSpec) -> None:
         for path, fd in handles.items():
             # Bound even where not covered: each writable folder must be a mount of its
             # own to stay writable once the rest is made read-only (seal_view).
-            os.makedirs(path, exist_ok=True)  # inside a covering tmpfs
-            iso._mount(f"/proc/self/fd/{fd}", path, None, iso._MS_BIND | iso._MS_REC)
+            if path != environments:
+                _bind(fd, path)
         for path in inside:
             _cover(path)
+        if environments in handles:
+            _bind(handles[environments], environments)
     finally:
         for fd in handles.values():
             os.close(fd)
+
+
+def _bind(fd: int, path: str) -> None:
+    os.makedirs(path, exist_ok=True)  # inside a covering tmpfs
+    iso._mount(f"/proc/self/fd/{fd}", path, None, iso._MS_BIND | iso._MS_REC)
 
 
 def _cover(path: str) -> None:
