@@ -277,7 +277,8 @@ def test_no_tenant_can_plant_code_in_the_interpreter_every_host_runs(server: Ser
                    "Landlock has no right for chmod/chown/utime/setxattr and does not stop "
                    "path lookups, so a tenant can change the mode of another tenant's files "
                    "by their well-known names and lock it out of its own database; a seccomp "
-                   "filter on those calls would also stop the tenant's own environment builds")
+                   "filter on those calls in the host would hold it (builds run in the "
+                   "jail's builder, which could do without it)")
 def test_in_the_landlock_level_a_cannot_lock_b_out_of_its_files(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
     home = tmp_path / "home"

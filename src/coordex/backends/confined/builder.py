@@ -90,6 +90,8 @@ def serve(sock: socket.socket, manager: Any, refused: str = "") -> int:
         return 3
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(OSError):  # the host's calls in flight fail at once
+            sock.shutdown(socket.SHUT_RDWR)
     return 0
 
 

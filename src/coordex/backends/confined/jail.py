@@ -1,9 +1,10 @@
 """The jail a confined host runs in (SPEC section 9): namespaces, mounts, Landlock, limits.
 
 The host program (:mod:`.host`) calls these in order, single-threaded, before it imports
-the Executor. Three processes make one host::
+the Executor. Three processes make one host, four with an environments folder::
 
-    keeper (outside)  --fork-->  init (pid 1 inside)  --fork-->  host (runs the Executor)
+    keeper (outside)  --fork-->  init (pid 1 inside)  --fork-->  builder (writes environments)
+                                                      --fork-->  host (runs the Executor)
 
 ``namespaces+landlock`` (user namespaces work):
     the keeper makes and joins the host's cgroups (:func:`make_limits`,
@@ -11,19 +12,24 @@ the Executor. Three processes make one host::
     and pid namespace (and a network namespace with ``network=False``), and rebuilds the
     file view (:func:`build_view`): a private ``/tmp`` and ``/dev/shm``, an empty tmpfs
     over every hidden folder (the server's root with every tenant in it), an empty file
-    over every hidden file (the tokens file), the tenant's own folders bound back in.
-    The init process seals that view in a mount namespace of its own
+    over every hidden file (the tokens file), the tenant's own folders and its
+    environments folder bound back in. The init forks the builder first, which seals
+    a view of its own (:func:`seal_for_builder`: everything read-only but the
+    environments folder) and restricts itself with Landlock (:func:`builder_spec`).
+    The init process then seals that view in a mount namespace of its own
     (:func:`seal_view`: everything read-only but the tenant's folders, ``/tmp`` and
-    ``/dev/shm``), mounts a ``/proc`` of the new pid namespace (no process outside is
-    visible, so none can be signalled, traced or read) and brings loopback up in an
-    empty network namespace. The host then restricts itself with Landlock
-    (:func:`restrict`): writes only beneath its folders, ``/tmp``, ``/dev/shm`` and a
-    few devices; signals and abstract unix sockets scoped to its own processes (ABI 6);
-    and no mount can be changed any more, so the hiding tmpfs cannot be lifted.
+    ``/dev/shm``; the environments folder read-only even inside those), mounts a
+    ``/proc`` of the new pid namespace (no process outside is visible, so none can be
+    signalled, traced or read) and brings loopback up in an empty network namespace.
+    The host then restricts itself with Landlock (:func:`restrict`): writes only
+    beneath its folders, ``/tmp``, ``/dev/shm`` and a few devices; signals and abstract
+    unix sockets scoped to its own processes (ABI 6); and no mount can be changed any
+    more, so the hiding tmpfs cannot be lifted.
 ``landlock`` (no user namespaces, Landlock ABI >= 6):
     no new view; Landlock refuses reads as well as writes outside an allow-list (the
-    system folders, the Python installation, the tenant's folders) and scopes signals
-    and abstract sockets. A hidden path that lies beneath an allowed one cannot be
+    system folders, the Python installation, the tenant's folders; the environments
+    folder for reads only, writable to the builder alone) and scopes signals and
+    abstract sockets. A hidden path that lies beneath an allowed one cannot be
     hidden this way, so the level is only claimed when none does.
 ``none``:
     nothing holds; the server says so and refuses several tenants.
