@@ -359,3 +359,42 @@ def test_the_host_cannot_signal_trace_or_read_its_builder(tmp_path: Path, level:
             time.sleep(0.05)
         assert ex.execute_code("1")["state_lost"] is True
         assert not jail & child_pids(ex.pid)  # the old builder ended with its host
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", [best_level(), "landlock"])
+def test_a_build_in_flight_ends_with_its_host(tmp_path: Path, level: str) -> None:
+    from tests.conftest import alive
+    from tests.fakes.wheels import build_wheel, requirement
+
+    folder = tmp_path / "t"
+    # The build's import check imports this module: the build stays in flight.
+    wheel = build_wheel(folder / "wheels", "sleepy", "1.0",
+                        {"sleepy/__init__.py": "import time\ntime.sleep(120)\n"})
+    with ConfinedExecutor(folder, level=level, env={"UV_OFFLINE": "1"}) as ex:
+        created = ex.environments.create(spec=requirement("sleepy", wheel))
+        built: list[dict[str, object]] = []
+        building = threading.Thread(target=lambda: built.append(
+            ex.environments.build(venv_id=created["venv_id"])))
+        building.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                b"_coordex_import_check" in _cmdline(pid) for pid in child_pids(ex.pid)):
+            time.sleep(0.05)
+        jail = child_pids(ex.pid)
+        assert any(b"_coordex_import_check" in _cmdline(pid) for pid in jail)
+        assert ex.execute_code("import os; os._exit(1)")["error_type"] == "crashed"
+        building.join(timeout=30)
+        assert built and built[0]["error_type"] == "crashed", built
+        deadline = time.monotonic() + 5
+        while any(alive(pid) for pid in jail) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in jail if alive(pid)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -322,28 +322,17 @@ class ConfinedExecutor:
 
         self.folder = Path(folder).expanduser().absolute()
         self.root = Path(root).expanduser().absolute() if root is not None else self.folder
-        self.environments_folder = (Path(environments).expanduser().absolute()
-                             if environments is not None
-                             else self.root.with_name(self.root.name + ".environments"))
-        _check_apart(self.environments_folder, (self.folder, self.root))
-        if "envs_dir" in executor_args:
-            raise ValueError("a confined executor keeps its built environments in "
-                             "environments=DIR (read-only to the host); pass that, not envs_dir")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        try:
-            self.environments_folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ValueError(f"cannot make the environments folder {str(self.environments_folder)!r} "
-                             f"({exc.strerror}); pass environments=DIR, a folder this user "
-                             "may write outside the host's folder") from None
+        # (A cluster node's jail, serve="node", builds with its own NodeHost instead.)
+        self.environments_folder = None if serve != "executor" else self._environments_folder(
+            environments, executor_args)
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
         self.network = bool(network)
         self.max_calls = int(max_calls)
         self.timeout = float(executor_args.get("timeout", 60.0))  # the host's default
         self._argv = [sys.executable, "-I", "-m", "coordex.backends.confined.host",
                       "--folder", str(self.folder), "--root", str(self.root),
-                      "--environments", str(self.environments_folder),
                       "--memory-limit", str(self.memory_limit),
                       "--max-processes", str(int(max_processes)),
                       "--max-calls", str(self.max_calls), "--name", name,
@@ -352,6 +341,8 @@ class ConfinedExecutor:
             self._argv.append("--no-network")
         if serve != "executor":
             self._argv += ["--serve", serve]
+        if self.environments_folder is not None:
+            self._argv += ["--environments", str(self.environments_folder)]
         self._nodes = nodes
         if nodes is not None:
             self._argv.append("--relay")
@@ -375,6 +366,22 @@ class ConfinedExecutor:
             started = self._start()
             if isinstance(started, dict):
                 raise RuntimeError(started["error"])
+
+    def _environments_folder(self, environments: str | os.PathLike[str] | None,
+                             executor_args: dict[str, Any]) -> Path:
+        folder = (Path(environments).expanduser().absolute() if environments is not None
+                  else self.root.with_name(self.root.name + ".environments"))
+        _check_apart(folder, (self.folder, self.root))
+        if "envs_dir" in executor_args:
+            raise ValueError("a confined executor keeps its built environments in "
+                             "environments=DIR (read-only to the host); pass that, not envs_dir")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot make the environments folder {str(folder)!r} "
+                             f"({exc.strerror}); pass environments=DIR, a folder this user "
+                             "may write apart from the host's folder") from None
+        return folder
 
     def _host_env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
