@@ -25,10 +25,10 @@ from coordex.environments.manager import EnvironmentManager
 class Channel:
     def __init__(self, folder: Path, refused: str = "") -> None:
         self.builder_end, host_end = socket.socketpair()
-        self.local = None if refused else EnvironmentManager(folder)
+        self.local = EnvironmentManager(folder) if not refused else None
         self.code: list[int] = []
-        self.thread = threading.Thread(
-            target=lambda: self.code.append(serve(self.builder_end, self.local, refused)))
+        self.thread = threading.Thread(target=lambda: self.code.append(
+            serve(self.builder_end, lambda: self.local, refused)))
         self.thread.start()
         self.client = BuilderClient(host_end)
         self.manager = EnvironmentManager(folder, builder=self.client)
@@ -91,6 +91,7 @@ def test_a_builder_that_could_not_confine_itself_builds_nothing(tmp_path: Path) 
     try:
         made = refused.manager.create("ledgerlib==1.0")
         assert made["error_type"] == "environment" and "could not confine" in made["error"]
+        assert made["suggestion"].startswith("Use venv_id=None")
         assert not (tmp_path / "environments").exists()
     finally:
         refused.close()

@@ -25,6 +25,7 @@ import os
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -64,22 +65,36 @@ class _Sender:
 
 # ---------------------------------------------------------------------- the builder side
 
-def serve(sock: socket.socket, manager: Any, refused: str = "") -> int:
-    """Answer the host's requests with ``manager`` until the host closes the channel.
+def serve(sock: socket.socket, make_manager: Callable[[], Any], refused: str = "") -> int:
+    """Answer the host's requests with the manager ``make_manager()`` makes (on the first
+    request) until the host closes the channel.
 
-    ``refused`` (the builder could not confine itself): every request gets an
-    ``environment`` error saying so, and nothing is built.
+    ``refused`` (the builder could not confine itself), or a manager that cannot be
+    made (a damaged store): every request gets an ``environment`` error saying so.
     """
     out = _Sender(sock)
     out.send({"type": "hello", "protocol": wire.BUILDER_PROTOCOL_VERSION, "pid": os.getpid()})
     pool = ThreadPoolExecutor(max_workers=BUILDER_THREADS, thread_name_prefix="coordex-build")
+    made: list[Any] = []
+    making = threading.Lock()
+
+    def manager() -> Any:
+        nonlocal refused
+        with making:
+            if not made and not refused:
+                try:
+                    made.append(make_manager())
+                except Exception as exc:
+                    refused = f"{type(exc).__name__}: {exc}"
+        return made[0] if made else None
 
     def answer(msg: dict[str, Any]) -> None:
         def progress(line: str) -> None:
             out.send({"type": "progress", "id": msg["id"], "line": line})
 
-        value = (_refusal(refused) if refused else
-                 _run(manager, msg["op"], msg["args"], progress))
+        found = manager()
+        value = (_refusal(refused) if found is None else
+                 _run(found, msg["op"], msg["args"], progress))
         with contextlib.suppress(OSError):  # the host is gone: nothing to tell
             out.send({"type": "answer", "id": msg["id"], "value": value})
 
@@ -97,7 +112,7 @@ def serve(sock: socket.socket, manager: Any, refused: str = "") -> int:
 
 def _refusal(why: str) -> dict[str, Any]:
     return make_error("environment", f"This host cannot build environments: its builder "
-                      f"could not confine itself ({why}).",
+                      f"could not confine itself or open its folder ({why}).",
                       "Use venv_id=None (the agent's own interpreter); the operator must "
                       "check the machine's Landlock and namespace support.", log="")
 

@@ -81,9 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     network=not args.no_network, tmpfs_size=args.memory_limit or None,
                     environments=environments if args.serve == "executor" else None)
     level = _level(args.level, spec)
-    # Imported here, once, before the forks: the keeper, init and host share the pages.
+    # Imported here, once, before the forks: the keeper, init, builder and host share
+    # the pages.
     from ... import tools  # noqa: F401
     from ...executor import Executor  # noqa: F401
+
+    if spec.environments is not None:
+        from ...environments import manager  # noqa: F401
+        from . import builder  # noqa: F401
 
     limits = jail.make_limits(Limits(memory=args.memory_limit or None,
                                      processes=args.max_processes or None, name=args.name))
@@ -262,13 +267,12 @@ def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
     from ...environments.manager import EnvironmentManager
     from .builder import serve
 
-    manager = None
-    if not refused:
-        try:
-            timeout = float(json.loads(args.executor).get("build_timeout", 900.0))
-            manager = EnvironmentManager(Path(spec.environments), build_timeout=timeout)
-        except Exception as exc:  # a damaged store, bad options: say so on every request
-            refused = f"{type(exc).__name__}: {exc}"
+    folder = Path(spec.environments)
+
+    def manager() -> EnvironmentManager:  # made on the first request: an idle jail pays less
+        timeout = float(json.loads(args.executor).get("build_timeout", 900.0))
+        return EnvironmentManager(folder, build_timeout=timeout)
+
     return serve(sock, manager, refused)
 
 
