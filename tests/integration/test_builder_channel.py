@@ -35,6 +35,7 @@ class Channel:
 
     def close(self) -> None:
         self.manager.close()
+        self.client.close()
         self.thread.join(timeout=5)
         self.builder_end.close()
 

@@ -307,8 +307,8 @@ class EnvironmentManager:
         with self._lock:
             self._ready.clear()
             self._touched.clear()
-        if self._remote is not None:
-            self._remote.close()
+        # A builder's channel is left open: it ends with the host process (closing it
+        # first would end the builder, and the jail's init would end the host mid-close).
 
     def remove_unused(self) -> dict[str, Any]:
         """Delete leftovers of crashed builds and built folders no environment here uses.
