@@ -24,6 +24,7 @@ the SPEC error dict. ``python_for`` raises :class:`CoordexError` (for the execut
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ DB_NAME = "environments.sqlite3"
 MAX_NAME = 200
 # last_used_at is informational; writing it on every call would put SQLite on the hot path.
 TOUCH_INTERVAL_S = 60.0
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,31 @@ class EnvironmentManager:
             self._known.add(venv_id)
             self._touched[venv_id] = time.time()
         return ready, bool(built["cached"])
+
+    def build_spec(self, spec_text: str, spec_hash: str, label: str,
+                   on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Build ``spec_text`` into the folder named ``spec_hash`` another process chose
+        (a cluster node builds what the driver describes, with the driver's hash), with
+        no registry row. ``{"path", "python", "cached"}``.
+
+        Raises:
+            CoordexError: ``validation`` for a hash that is not sha256 hex (it names a
+                folder), else as :meth:`python_for`.
+        """
+        if self._remote is not None:
+            return dict(_raise_if_error(self._remote.call(
+                "build_spec", {"spec_text": spec_text, "spec_hash": spec_hash,
+                               "label": label}, on_progress)))
+        if not isinstance(spec_hash, str) or not _SHA256.fullmatch(spec_hash):
+            raise CoordexError("validation", f"spec_hash must be sha256 hex, got "
+                               f"{spec_hash!r}"[:200] + ".",
+                               "Pass the spec_hash that describe(venv_id) returned.")
+        spec = parse_spec(spec_text)
+        outcome = self._builder.ensure_built(
+            spec, spec_hash, find_interpreter(spec.requires_python), on_progress=on_progress,
+            label=str(label)[:200])
+        return {"path": str(outcome.path), "python": str(outcome.python),
+                "cached": outcome.cached}
 
     def _current_hash(self, record: EnvironmentRecord, spec: EnvironmentSpec,
                       interpreter: Interpreter) -> str:

@@ -136,6 +136,9 @@ def _run(manager: Any, op: str, args: Any, progress: Any) -> Any:
             return list(manager.describe(venv_id))
         if op == "build":
             return manager.build(venv_id, on_progress=progress)
+        if op == "build_spec":
+            return manager.build_spec(args.get("spec_text"), args.get("spec_hash"),
+                                      args.get("label", "environment"), on_progress=progress)
         if op == "touch":
             manager.touch(venv_id)
             return None

@@ -326,9 +326,7 @@ class ConfinedExecutor:
         self.root = Path(root).expanduser().absolute() if root is not None else self.folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        # (A cluster node's jail, serve="node", builds with its own NodeHost instead.)
-        self.environments_folder = None if serve != "executor" else self._environments_folder(
-            environments, executor_args)
+        self.environments_folder = self._environments_folder(environments, executor_args)
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
         self.network = bool(network)
         self.max_calls = int(max_calls)

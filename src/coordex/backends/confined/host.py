@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = JailSpec(folder=folder, writable=(root,) if root != folder else (),
                     hidden=tuple(args.hide), readable=tuple(args.readable),
                     network=not args.no_network, tmpfs_size=args.memory_limit or None,
-                    environments=environments if args.serve == "executor" else None)
+                    environments=environments)
     level = _level(args.level, spec)
     # Imported here, once, before the forks: the keeper, init, builder and host share
     # the pages.
@@ -297,6 +297,9 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
         if args.serve == "node":
             from ..ray.node import NodeHost
 
+            if spec.environments is not None:
+                options["environments_manager"] = _environments(spec.environments, options,
+                                                                channel)
             # --max-calls bounds the node's session calls, not only the wire's requests.
             executor: Any = NodeHost(**options, max_calls=max(1, args.max_calls))
         else:

@@ -73,8 +73,8 @@ BUILDER_MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "answer": (BUILDER_TO_HOST, ("id", "value"), ()),
 }
 # What a ``request`` may ask: the environment manager's methods of the same names.
-BUILDER_OPS = ("create", "list", "exists", "env_dir", "describe", "build", "touch",
-               "remove_unused")
+BUILDER_OPS = ("create", "list", "exists", "env_dir", "describe", "build", "build_spec",
+               "touch", "remove_unused")
 
 
 def check(msg: Any, direction: str | None = None,
