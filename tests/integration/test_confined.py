@@ -398,3 +398,17 @@ def _cmdline(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def test_an_environments_folder_inside_the_tenants_stays_read_only(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    with ConfinedExecutor(folder, environments=folder / "envs") as ex:
+        if ex.confinement["level"] == "namespaces+landlock":
+            probe = ex.execute_code("touch envs/x && echo wrote || echo refused; touch y && "
+                                    "echo mine", language="bash")
+            assert probe["stdout"].split() == ["refused", "mine"], probe
+    # Landlock alone cannot take rights away beneath a writable folder: it says so.
+    with ConfinedExecutor(folder, environments=folder / "envs", level="landlock") as ex:
+        assert ex.confinement["level"] == "none"
+    with pytest.raises(ValueError, match="is or holds"):
+        ConfinedExecutor(folder, environments=tmp_path)
