@@ -386,6 +386,39 @@ def _spawn_map_helper(uid_map: str, gid_map: str) -> tuple[int | None, int | Non
     return helper, write_end
 
 
+def identity_asker(ask: int, answer: int) -> IdentityMapper:
+    """A ``map_identity`` for :func:`protect` in a forked child of a process that kept
+    root's privilege: it asks that parent over ``ask`` and reads its verdict (``b"1"``)
+    from ``answer``; the parent answers with :func:`write_identity_maps`. Cheaper than
+    the default helper shell (~1 ms), and the same ids are mapped."""
+    def map_identity(uid_map: str, gid_map: str) -> bool:
+        import marshal
+
+        os.write(ask, marshal.dumps((uid_map, gid_map)))
+        return os.read(answer, 1) == b"1"
+
+    return map_identity
+
+
+def write_identity_maps(pid: int, request: bytes) -> bool:
+    """In the parent: write child ``pid``'s maps from what its :func:`identity_asker`
+    sent (the parent kept the privilege its user namespace lacks). Writing a map
+    succeeds only once per namespace, so a child cannot widen what it got."""
+    import marshal
+
+    try:
+        uid_map, gid_map = marshal.loads(request)
+        for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
+            fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+    except (OSError, ValueError, EOFError, TypeError, AttributeError):
+        return False
+    return True
+
+
 def _identity_map(name: str) -> str:
     # Every id mapped in our namespace, mapped to itself: on a plain host that is all of
     # them; inside a container it is the container's ranges.

@@ -223,6 +223,8 @@ def _reopen_through_overlay(fd: int, flags: int, st: Any) -> int:
 _PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
 _MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+# Read-only shared maps up to this size in all are made private without asking smaps.
+COPY_READ_ONLY_LIMIT = 16 << 20
 
 
 def privatize_shared_mappings() -> bool:
@@ -249,7 +251,17 @@ def privatize_shared_mappings() -> bool:
         start, end = (int(x, 16) for x in parts[0].split("-"))
         (regions if parts[1][1] == "w" else read_only).append((start, end, parts[1], path))
     if read_only:
-        regions += _may_become_writable(read_only)
+        # Copying a small read-only map (glibc's gconv cache, 28 KiB, is in most
+        # processes) costs microseconds; asking /proc/self/smaps whether mprotect could
+        # make it writable costs milliseconds in a large process, since smaps walks the
+        # pages of every mapping. So readable ones are copied while they are small in
+        # all, and smaps is read only for the rest (large, unreadable or device maps).
+        copied = [r for r in read_only if r[2][0] == "r" and not _is_device(r[3])]
+        if sum(end - start for start, end, _, _ in copied) <= COPY_READ_ONLY_LIMIT:
+            regions += copied
+            read_only = [r for r in read_only if r not in copied]
+        if read_only:
+            regions += _may_become_writable(read_only)
     if not regions:
         return True
     import ctypes
@@ -265,8 +277,7 @@ def privatize_shared_mappings() -> bool:
     failed = ctypes.c_void_p(-1).value
     complete = True
     for start, end, perms, path in regions:
-        device = path.startswith("/dev/") and not path.startswith(("/dev/shm/", "/dev/zero"))
-        if device or perms[0] != "r":
+        if _is_device(path) or perms[0] != "r":
             complete = False  # device memory cannot be copied; write-only cannot be read
             continue
         size = end - start
@@ -285,6 +296,10 @@ def privatize_shared_mappings() -> bool:
             continue
         libc.mprotect(start, size, prot)
     return complete
+
+
+def _is_device(path: str) -> bool:
+    return path.startswith("/dev/") and not path.startswith(("/dev/shm/", "/dev/zero"))
 
 
 def _may_become_writable(regions: List[Tuple[int, int, str, str]],

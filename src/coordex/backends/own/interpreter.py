@@ -88,6 +88,9 @@ FORK_IS_SAFE = hasattr(os, "fork") and sys.platform != "darwin"
 # may run another own-interpreter call (it runs inline on the same thread).
 OWN_LOCK = threading.RLock()
 _local = threading.local()
+# What protects a read-only fork child's disk, called in the child: ``protect(map_identity)``
+# (``isolation.protect``'s identity mapper for root, or None) returns the files mode.
+Protect = Callable[[Callable[[str, str], bool] | None], str]
 
 
 # --------------------------------------------------------------------------- calls and threads
@@ -969,7 +972,7 @@ class OwnInterpreter:
     # -- read-only ---------------------------------------------------------------------
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
-                      protect: Callable[[], str] | None = None,
+                      protect: Protect | None = None,
                       capabilities: Any = None) -> Outcome:
         """Run against a copy of the session: a fork, or its values in a new process.
 

@@ -118,8 +118,11 @@ class OwnPlace:
         scratch, paths = request.scratch, request.protect_paths
         isolation.best_mode()  # probe once and load libc here, not in every fork child
 
-        def protect() -> str:  # in the fork child, after it entered the session's cwd
-            return "none" if scratch is None else str(isolation.protect(paths, scratch))
+        def protect(map_identity: Callable[[str, str], bool] | None) -> str:
+            # In the fork child, after it entered the session's cwd.
+            if scratch is None:
+                return "none"
+            return str(isolation.protect(paths, scratch, map_identity=map_identity))
 
         # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
         return self.own.run_read_only(session, request, protect, self._capabilities)
