@@ -257,6 +257,24 @@ def _deny_setattr() -> None:
 
 def _deny_syscalls(arch: int, numbers: Sequence[int]) -> None:
     """A seccomp filter: ``numbers`` fail with EPERM for ``arch``; all else is allowed."""
+    _check(_libc().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
+                         ctypes.c_char_p(_filter_program(arch, numbers)), 0, 0), "seccomp")
+
+
+# (arch, numbers) -> (struct sock_fprog, the instructions it points at): built once, in
+# the long-lived process (see prepare()), and inherited by every forked child.
+_PROGRAMS: dict[tuple[int, tuple[int, ...]], tuple[bytes, ctypes.Array[ctypes.c_char]]] = {}
+
+
+def _filter_program(arch: int, numbers: Sequence[int]) -> bytes:
+    key = (arch, tuple(numbers))
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = _build_filter(arch, numbers)
+    return _PROGRAMS[key][0]
+
+
+def _build_filter(arch: int, numbers: Sequence[int],
+                  ) -> tuple[bytes, ctypes.Array[ctypes.c_char]]:
     ld_abs, jeq, ret = 0x20, 0x15, 0x06
     allow, eperm = 0x7FFF0000, 0x00050000 | 1
     prog: list[tuple[int, int, int, int]] = [
@@ -271,9 +289,17 @@ def _deny_syscalls(arch: int, numbers: Sequence[int]) -> None:
     prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
     raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
-    fprog = struct.pack("@HP", len(prog), ctypes.addressof(buf))  # struct sock_fprog
-    _check(_libc().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER,
-                         ctypes.c_char_p(fprog), 0, 0), "seccomp")
+    return struct.pack("@HP", len(prog), ctypes.addressof(buf)), buf  # struct sock_fprog
+
+
+def prepare() -> None:
+    """Do once, in the long-lived process that forks the copies, what each copy's
+    :func:`protect` would repeat: load libc, ask the Landlock ABI, build the seccomp
+    programs. Forked children inherit all of it."""
+    landlock_abi()
+    for table in (_SETATTR_SYSCALLS, _TRUNCATE_SYSCALLS):
+        if _MACHINE in table:
+            _filter_program(*table[_MACHINE])
 
 
 def _landlock_restrict(abi: int, writable: Sequence[str]) -> None:

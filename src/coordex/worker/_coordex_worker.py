@@ -160,7 +160,7 @@ def load_isolation() -> Any:
                 raise ImportError("no module at %r" % ISOLATION_PATH)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            module.landlock_abi()  # loads libc now, once
+            module.prepare()  # libc, the Landlock ABI and the seccomp filters, once
             _State.isolation = module
         except Exception as exc:
             _State.isolation_error = "%s: %s" % (type(exc).__name__, exc)
@@ -429,6 +429,7 @@ def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, A
     else:
         read_fd, child_w = os.pipe()
         child_r, write_fd = os.pipe()
+        copier.prepare()  # once, here, rather than in every copy
         pid = _fork()
         if pid == 0:
             os.close(read_fd)

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...worker import _coordex_copy as copier
 from .. import isolation
 from ..base import Outcome, RunRequest
 from .interpreter import NamespaceSession, OwnInterpreter
@@ -116,7 +117,9 @@ class OwnPlace:
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest) -> Outcome:
         scratch, paths = request.scratch, request.protect_paths
-        isolation.best_mode()  # probe once and load libc here, not in every fork child
+        # Set up here, once, what every fork child would repeat (libc, the filters).
+        isolation.prepare()
+        copier.prepare()
 
         def protect(map_identity: Callable[[str, str], bool] | None) -> str:
             # In the fork child, after it entered the session's cwd.

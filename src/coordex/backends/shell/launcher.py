@@ -431,7 +431,7 @@ def _main() -> None:
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import isolation
 
-    isolation.landlock_abi()  # libc loaded and the ABI asked once here, not per child
+    isolation.prepare()  # libc, the ABI and the filters once here, not per child
     sock = socket.socket(fileno=int(sys.argv[1]))
     try:
         serve(sock, isolation)
