@@ -510,6 +510,7 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
         outcome.update(isolation=isolation, id=msg["id"], type="done")
         _flush_user_streams()
         link.send(outcome)
+        copier.step_aside()
         os.close(out_fd)
         status = 0
     except BaseException:

@@ -233,6 +233,7 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         for target in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 target.flush()
+        copier.step_aside()
         for fd in (1, 2, link_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
