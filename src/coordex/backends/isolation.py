@@ -295,11 +295,17 @@ def _build_filter(arch: int, numbers: Sequence[int],
 def prepare() -> None:
     """Do once, in the long-lived process that forks the copies, what each copy's
     :func:`protect` would repeat: load libc, ask the Landlock ABI, build the seccomp
-    programs. Forked children inherit all of it."""
+    programs, read root's identity maps. Forked children inherit all of it."""
     landlock_abi()
     for table in (_SETATTR_SYSCALLS, _TRUNCATE_SYSCALLS):
         if _MACHINE in table:
             _filter_program(*table[_MACHINE])
+    if sys.platform.startswith("linux") and os.geteuid() == 0:
+        try:
+            _identity_map("uid_map")
+            _identity_map("gid_map")
+        except OSError:
+            pass
 
 
 def _landlock_restrict(abi: int, writable: Sequence[str]) -> None:
@@ -445,12 +451,23 @@ def write_identity_maps(pid: int, request: bytes) -> bool:
     return True
 
 
+# (user namespace inode, "uid_map" or "gid_map") -> its identity map. A namespace's
+# maps never change once written, so prepare() reads them once for every fork child.
+_IDENTITY_MAPS: dict[tuple[int, str], str] = {}
+
+
 def _identity_map(name: str) -> str:
     # Every id mapped in our namespace, mapped to itself: on a plain host that is all of
     # them; inside a container it is the container's ranges.
+    key = (os.stat("/proc/self/ns/user").st_ino, name)
+    if key in _IDENTITY_MAPS:
+        return _IDENTITY_MAPS[key]
     with open(f"/proc/self/{name}") as f:
         ranges = [line.split() for line in f if line.strip()]
-    return "".join(f"{inside} {inside} {count}\n" for inside, _, count in ranges)
+    identity = "".join(f"{inside} {inside} {count}\n" for inside, _, count in ranges)
+    if identity:  # not yet written (a namespace just made): ask again next time
+        _IDENTITY_MAPS[key] = identity
+    return identity
 
 
 def _reap_helper(helper: int | None, go: int | None, *, proceed: bool) -> bool:
@@ -492,8 +509,8 @@ def _within(path: str, parent: str) -> bool:
 
 def _mount_points() -> list[str]:
     points = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
+    with open("/proc/self/mountinfo", "rb", buffering=0) as f:  # no buffer: fewer faults
+        for line in f.readall().splitlines():
             field = line.split(b" ", 5)[4]
             if b"\\" in field:  # space, tab, newline and backslash come octal: \040
                 import re

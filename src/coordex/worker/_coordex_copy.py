@@ -36,6 +36,7 @@ lines that are not valid messages: the copy can garble its own link, not its par
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -223,6 +224,8 @@ def _reopen_through_overlay(fd: int, flags: int, st: Any) -> int:
 _PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
 _MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+# A line of /proc/self/maps for a shared mapping: start, end, perms ("rw-"), the rest.
+_SHARED_MAP = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ([r-][w-][x-])s(.*)$", re.MULTILINE)
 # Read-only shared maps up to this size in all are made private without asking smaps.
 COPY_READ_ONLY_LIMIT = 16 << 20
 
@@ -237,18 +240,18 @@ def privatize_shared_mappings() -> bool:
     then in-place writes there reach the session and ``objects`` must be false.
     """
     try:
-        lines = _read_proc("/proc/self/maps").splitlines()
+        text = _read_proc("/proc/self/maps")
     except OSError:
         return False
     regions = []  # type: List[Tuple[int, int, str, str]]
     read_only = []  # type: List[Tuple[int, int, str, str]]  # mprotect could make writable
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 5 or parts[1][3] != "s":
-            continue
-        path = parts[5].strip() if len(parts) > 5 else ""
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        (regions if parts[1][1] == "w" else read_only).append((start, end, parts[1], path))
+    # Only shared lines are split: in a fork child every string made costs faults.
+    for found in _SHARED_MAP.finditer(text):
+        start, end, perms, rest = found.groups()
+        fields = rest.split(None, 3)
+        path = fields[3].strip() if len(fields) > 3 else ""
+        (regions if perms[1] == "w" else read_only).append(
+            (int(start, 16), int(end, 16), perms, path))
     if read_only:
         # Copying a small read-only map (glibc's gconv cache, 28 KiB, is in most
         # processes) costs microseconds; asking /proc/self/smaps whether mprotect could
@@ -317,19 +320,10 @@ def prepare() -> None:
 
 
 def _read_proc(path: str) -> str:
-    """A /proc file's text, read raw: in a fork child a text stream's buffers and
-    decoder cost more (in copy-on-write faults) than the read itself."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "surrogateescape")
+    """A /proc file's text, read unbuffered: in a fork child a text stream's buffers
+    and decoder cost more (in copy-on-write faults) than the read itself."""
+    with open(path, "rb", buffering=0) as raw:
+        return raw.readall().decode("utf-8", "surrogateescape")
 
 
 def _is_device(path: str) -> bool:
@@ -447,12 +441,14 @@ class LinkReader:
 
 def interrupt_on_sigint() -> None:
     """In a copy: SIGINT (a timeout or a cancel) raises ``engine.Interrupt`` in the code."""
-    import signal
+    # The C module: signal.signal's enum conversions cost a fork child ~0.1 ms of faults.
+    import _signal
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise engine.Interrupt
+    _signal.signal(_signal.SIGINT, _raise_interrupt)
 
-    signal.signal(signal.SIGINT, interrupt)
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise engine.Interrupt
 
 
 def run_cell(code: str, namespace: Dict[str, Any], output_limit: int) -> Dict[str, Any]:
