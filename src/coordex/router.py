@@ -131,16 +131,9 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
     ``environments`` is its folder of built environments (see :func:`environments_folder`);
     ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
     from .backends.confined import ConfinedExecutor
+    from .cli import executor_options
 
-    executor_args: dict[str, Any] = {}
-    if getattr(args, "max_sessions", None) is not None:
-        executor_args["max_sessions"] = args.max_sessions
-    if getattr(args, "timeout", None) is not None:
-        executor_args["timeout"] = args.timeout
-    else:  # an MCP front end (SPEC 8): below clients' common 60 s request timeout
-        from .tools import MCP_DEFAULT_TIMEOUT
-
-        executor_args["timeout"] = MCP_DEFAULT_TIMEOUT
+    executor_args = executor_options(args)
     return ConfinedExecutor(folder, environments=environments, memory_limit=args.memory_limit,
                             network=not args.no_network, max_calls=args.max_calls,
                             hide=[str(p) for p in hidden], name=name or "default",

@@ -246,12 +246,6 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
 
     ``mapping`` (root only): the pipes to ask the server for a full identity map.
     """
-    def map_identity(uid_map: str, gid_map: str) -> bool:
-        assert mapping is not None
-        ask, answer = mapping
-        os.write(ask, marshal.dumps((uid_map, gid_map)))
-        return os.read(answer, 1) == b"1"
-
     try:
         os.setpgid(0, 0)
         # Python ignores SIGPIPE and SIGXFSZ; a handler-less exec would pass that on, and
@@ -283,7 +277,8 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
         with open(request["report"], "w") as report:  # before protect(): may lie anywhere
             mode = isolation.protect(request["work_paths"], request["scratch"],
                                      allow=request["allow"],
-                                     map_identity=map_identity if mapping else None)
+                                     map_identity=isolation.identity_asker(*mapping)
+                                     if mapping else None)
             report.write(mode)
         for number, value in limits:
             try:
@@ -327,21 +322,6 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
     return data
 
 
-def _write_maps(pid: int, data: bytes) -> bool:
-    """Write a child's identity maps (we kept the privilege its user namespace lacks)."""
-    try:
-        uid_map, gid_map = marshal.loads(data)
-        for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
-            fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-    except (OSError, ValueError, EOFError, TypeError):
-        return False
-    return True
-
-
 def serve(sock: socket.socket, isolation: Any) -> None:
     """The server loop: requests from ``sock``, children watched through pidfds.
 
@@ -363,7 +343,7 @@ def serve(sock: socket.socket, isolation: Any) -> None:
                     poller.unregister(fd)
                     data = os.read(fd, 65536)
                     if data:
-                        os.write(answer, b"1" if _write_maps(pid, data) else b"0")
+                        os.write(answer, b"1" if isolation.write_identity_maps(pid, data) else b"0")
                     os.close(fd)
                     os.close(answer)
                     continue
@@ -451,7 +431,7 @@ def _main() -> None:
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import isolation
 
-    isolation.landlock_abi()  # libc loaded and the ABI asked once here, not per child
+    isolation.prepare()  # libc, the ABI and the filters once here, not per child
     sock = socket.socket(fileno=int(sys.argv[1]))
     try:
         serve(sock, isolation)
