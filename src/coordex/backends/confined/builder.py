@@ -41,14 +41,12 @@ BUILDER_THREADS = 8
 
 def _lines(sock: socket.socket, direction: str) -> Any:
     """The messages arriving on ``sock``, decoded, until end of file."""
-    buffer = b""
+    lines = wire.LineReader(sock.fileno(), max_line=wire.MAX_LINE)
     while True:
         chunk = sock.recv(1 << 16)
         if not chunk:
             return
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+        for line in lines.feed(chunk):
             yield wire.decode(line, direction, BUILDER_MESSAGES)
 
 

@@ -41,7 +41,6 @@ KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its c
 # The longest line the owner takes from a host. The tenant's own code can write to the
 # host's end of the pipe, so without a bound one tenant could make the server buffer (and
 # rescan) gigabytes; a reply is far smaller (output is capped at 64 KiB per stream).
-MAX_LINE = 64 << 20
 # The environment a host starts with: nothing of the owner's but these (no tokens).
 # uv's index and offline settings and the proxies pass too: builds run in the host.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE",
@@ -98,7 +97,7 @@ class _Host:
         selector = selectors.DefaultSelector()
         selector.register(self._from_host, selectors.EVENT_READ, "out")
         selector.register(err_fd, selectors.EVENT_READ, "err")
-        buffer = bytearray()
+        lines = wire.LineReader(self._from_host, max_line=wire.MAX_LINE)
         open_streams = 2
         try:
             while open_streams:
@@ -113,19 +112,8 @@ class _Host:
                     if key.data == "err":
                         self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]
                         continue
-                    # Only the new bytes are searched: a long line costs linear time.
-                    end = chunk.find(b"\n")
-                    if end >= 0:
-                        end += len(buffer)
-                    buffer += chunk
-                    while end >= 0:
-                        line = bytes(buffer[:end])
-                        del buffer[:end + 1]
+                    for line in lines.feed(chunk):
                         self._dispatch(wire.decode(line, wire.HOST_TO_OWNER))
-                        end = buffer.find(b"\n")
-                    if len(buffer) > MAX_LINE:
-                        raise wire.ProtocolError(
-                            f"the host sent a line longer than {MAX_LINE} bytes")
         except Exception as exc:  # the tenant's code can write anything there: end the host
             self.stderr_tail += f"\n[owner] {exc}".encode()
             self.kill()

@@ -374,15 +374,13 @@ class _Server:
         self.cancels: dict[Any, threading.Event] = {}
 
     def serve(self) -> int:
-        buffer = b""
+        lines = wire.LineReader(self.fd_in)
         try:
             while True:
                 chunk = os.read(self.fd_in, 1 << 16)
                 if not chunk:
                     break
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
+                for line in lines.feed(chunk):
                     msg = wire.decode(line, wire.OWNER_TO_HOST)
                     if msg["type"] == "shutdown":
                         return self._stop(0)

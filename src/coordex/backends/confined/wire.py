@@ -21,13 +21,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...worker._coordex_protocol import ProtocolError
+from ...worker._coordex_protocol import LineReader, ProtocolError
 
 PROTOCOL_VERSION = 1
 
 # The host's limits unless its owner says otherwise (SPEC 9: --max-calls defaults to 8).
 DEFAULT_MAX_CALLS = 8
 DEFAULT_MAX_PROCESSES = 512
+# The longest line a reader takes from a peer running the tenant's code (a host, to its
+# owner or its builder); longer ends that peer, so a flood costs only its sender.
+MAX_LINE = 64 << 20
 
 OWNER_TO_HOST = "owner->host"
 HOST_TO_OWNER = "host->owner"
@@ -126,5 +129,6 @@ def decode(line: bytes, direction: str | None = None,
 
 
 __all__ = ["BUILDER_MESSAGES", "BUILDER_OPS", "BUILDER_PROTOCOL_VERSION", "BUILDER_TO_HOST",
-           "HOST_TO_BUILDER", "HOST_TO_OWNER", "MESSAGES", "METHODS", "NODE_METHODS",
-           "OWNER_TO_HOST", "PROTOCOL_VERSION", "ProtocolError", "check", "decode", "encode", "message"]
+           "HOST_TO_BUILDER", "HOST_TO_OWNER", "MAX_LINE", "MESSAGES", "METHODS", "NODE_METHODS",
+           "OWNER_TO_HOST", "PROTOCOL_VERSION", "LineReader", "ProtocolError", "check",
+           "decode", "encode", "message"]
