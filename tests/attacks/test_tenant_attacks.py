@@ -293,3 +293,42 @@ def test_in_the_landlock_level_a_cannot_lock_b_out_of_its_files(tmp_path: Path) 
         assert (oct(st.st_mode & 0o777), oct(os.stat(victim).st_mode & 0o777)) == (
             "0o644", "0o755")
         assert st.st_mtime > 1
+
+
+# -- the environments folder its builder alone writes (SPEC 9: read-only to the host) ----
+
+# The host's code clears the read-only attribute of the mounts in its own view
+# (mount_setattr has no Landlock hook) and writes into its environments folder; where
+# that folder lies under /tmp or the tenant's folder, Landlock allows the write there
+# and the read-only mount was all that held it. It reports what it got.
+REMOUNT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+env = {env!r}
+attr = (ctypes.c_uint64 * 4)(0, 1, 0, 0)  # clear MOUNT_ATTR_RDONLY
+cleared = libc.syscall(442, -100, env.encode(), 0x8000, ctypes.byref(attr), 32)
+try:
+    with open(os.path.join(env, 'planted.pth'), 'w') as f:
+        f.write('import os')
+    wrote = True
+except OSError:
+    wrote = False
+(cleared, wrote)
+"""
+
+
+def _remount_attack(srv: Server) -> None:
+    env = srv.home / "environments" / "tenants" / ATTACKER
+    found = srv.code(ALICE, REMOUNT.format(env=str(env)))
+    assert found.get("result") == "(-1, False)", found
+    assert not (env / "planted.pth").exists()
+    assert srv.code(BOB, "1 + 1")["result"] == "2"
+
+
+def test_the_host_cannot_make_its_environments_folder_writable(server: Server) -> None:
+    _remount_attack(server)
+
+
+def test_as_nobody_the_host_cannot_make_its_environments_folder_writable(
+        nobody_server: Server) -> None:
+    _remount_attack(nobody_server)
