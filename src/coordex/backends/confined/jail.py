@@ -462,7 +462,7 @@ def restrict(level: Level, spec: JailSpec) -> None:
     environments folder among them, for reading only). Both scope signals and abstract
     unix sockets to the host's own processes (ABI >= 6). A host and its builder each
     restrict themselves, in sibling domains: neither can signal, trace or read the
-    memory of the other.
+    memory of the other. Then every capability goes (:func:`drop_capabilities`).
     """
     abi = iso.landlock_abi()
     if abi < 3:
