@@ -332,3 +332,30 @@ def test_the_host_cannot_make_its_environments_folder_writable(server: Server) -
 def test_as_nobody_the_host_cannot_make_its_environments_folder_writable(
         nobody_server: Server) -> None:
     _remount_attack(nobody_server)
+
+
+# The host's code finds its own end of the builder channel (the BuilderClient) and asks
+# for build_spec, the call a cluster node's builds use: another spec, built into the
+# folder of an environment the tenant created but has not built yet.
+FORGE_BUILD = """
+import gc
+client = next(o for o in gc.get_objects() if type(o).__name__ == 'BuilderClient')
+client.call('build_spec', {{'spec_text': {spec!r}, 'spec_hash': {spec_hash!r}, 'label': 'x'}})
+"""
+
+
+@pytest.mark.slow
+def test_a_forged_build_spec_cannot_fill_another_environments_folder(server: Server) -> None:
+    from tests.fakes.wheels import build_wheel, ledgerlib_wheel, requirement
+
+    wheels = server.home / "tenants" / ATTACKER / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    spec = requirement("ledgerlib", ledgerlib_wheel(wheels, "1.0"))
+    planted = requirement("ledgerlib", build_wheel(
+        wheels / "planted", "ledgerlib", "1.0", {"ledgerlib/__init__.py": "VERSION = 'planted'\n"}))
+    made = server.run(ALICE, ("create_environment", {"spec": spec}))[0]
+    assert made.get("built") is False, made
+    forged = server.code(ALICE, FORGE_BUILD.format(spec=planted, spec_hash=made["spec_hash"]))
+    assert forged.get("is_error") is False, forged
+    used = server.code(ALICE, "import ledgerlib; ledgerlib.VERSION", venv_id=made["venv_id"])
+    assert used.get("result") == "'1.0'", used
