@@ -359,3 +359,33 @@ def test_a_forged_build_spec_cannot_fill_another_environments_folder(server: Ser
     assert forged.get("is_error") is False, forged
     used = server.code(ALICE, "import ledgerlib; ledgerlib.VERSION", venv_id=made["venv_id"])
     assert used.get("result") == "'1.0'", used
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"),
+                    reason="needs root to make a mount of its own")
+def test_in_the_landlock_level_a_cannot_change_the_machines_mounts(tmp_path: Path) -> None:
+    # Without namespaces a host of a root server ran as root with every capability, and
+    # mount_setattr (which Landlock does not see) takes any path: a tenant could make
+    # every mount of the machine read-only or noexec, B's and the server's among them.
+    # A tmpfs of the test's own stands for them.
+    machine = tmp_path / "mnt"
+    machine.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(machine)], check=True)
+    try:
+        tokens = write_tokens(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
+        env = child_env(tmp_path / "home", COORDEX_ISOLATION_FORCE="refused")
+        with spawn("serve", "--port", "0", "--tokens", str(tokens), env=env) as running:
+            url = running.wait_for(READY).group(1)
+            assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
+            srv = Server(running, url, tmp_path / "home", tokens)
+            found = srv.code(ALICE, (
+                "import ctypes\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "attr = (ctypes.c_uint64 * 4)(1, 0, 0, 0)  # set MOUNT_ATTR_RDONLY\n"
+                f"libc.syscall(442, -100, {str(machine).encode()!r}, 0x8000, "
+                "ctypes.byref(attr), 32)"))
+            assert found.get("result") == "-1", found
+            (machine / "still-writable").write_text("yes")
+            assert srv.code(BOB, "1 + 1")["result"] == "2"
+    finally:
+        subprocess.run(["umount", "-l", str(machine)], check=False)
