@@ -389,3 +389,62 @@ def test_in_the_landlock_level_a_cannot_change_the_machines_mounts(tmp_path: Pat
             assert srv.code(BOB, "1 + 1")["result"] == "2"
     finally:
         subprocess.run(["umount", "-l", str(machine)], check=False)
+
+
+def _another_python() -> dict[str, str] | None:
+    """A Python of another minor version on this machine: its executable, version and
+    standard library (a tenant can copy one into its folder, or install one with uv)."""
+    import json
+    import sys
+
+    home = os.path.expanduser("~")
+    candidates = sorted({*glob.glob("/usr/bin/python3.*"), *glob.glob("/usr/local/bin/python3.*"),
+                         *glob.glob(f"{home}/.pyenv/versions/*/bin/python3.*"),
+                         *glob.glob(f"{home}/.local/share/uv/python/*/bin/python3.*")})
+    for path in candidates:
+        if path.endswith("-config") or not os.access(path, os.X_OK):
+            continue
+        try:
+            done = subprocess.run([path, "-I", "-c", (
+                "import json, platform, sys, sysconfig; print(json.dumps({'version': "
+                "platform.python_version(), 'stdlib': sysconfig.get_paths()['stdlib']}))")],
+                capture_output=True, text=True, timeout=10)
+            found = json.loads(done.stdout)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            continue
+        if found["version"].split(".")[:2] != [str(n) for n in sys.version_info[:2]]:
+            return {"executable": path, **found}
+    return None
+
+
+@pytest.mark.slow
+def test_a_python_the_tenant_plants_in_its_home_is_not_built_on(server: Server) -> None:
+    # The builder's HOME was the tenant's folder: for a requires-python the server's own
+    # Python does not meet, uv found a "managed" Python the tenant had put under
+    # ~/.local/share/uv/python, and the environment ran on it. Its standard library stayed
+    # the tenant's to write: a sitecustomize.py written after the build ran in every
+    # worker of the environment.
+    import platform
+
+    other = _another_python()
+    if other is None:
+        pytest.skip("needs a Python of another minor version on this machine")
+    minor = ".".join(other["version"].split(".")[:2])
+    prefix = (f"~/.local/share/uv/python/cpython-{other['version']}-linux-"
+              f"{platform.machine()}-gnu")
+    planted = server.code(ALICE, (
+        f"P={prefix}; L=$P/lib/$(basename {other['stdlib']})\n"
+        f"mkdir -p $P/bin $L && cp {other['executable']} $P/bin/python{minor}\n"
+        f"for e in {other['stdlib']}/*; do ln -sf $e $L/; done\n"
+        f"$P/bin/python{minor} -c 'import sys; print(sys.prefix)'"), language="bash")
+    if not planted.get("stdout", "").strip().endswith(prefix.split("/")[-1]):
+        pytest.skip(f"that Python does not run from a copy: {planted}")
+    spec = f'# /// script\n# requires-python = "=={minor}.*"\n# dependencies = []\n# ///\n'
+    made = server.run(ALICE, ("create_environment", {"spec": spec, "build": True}))[0]
+    server.code(ALICE, (f"echo \"import os; os.environ['PLANTED'] = 'yes'\" > "
+                        f"{prefix}/lib/$(basename {other['stdlib']})/sitecustomize.py"),
+                language="bash")
+    if made.get("venv_id") is None:  # no Python but the tenant's matched: refused, fine
+        return
+    used = server.code(ALICE, "import os; os.environ.get('PLANTED')", venv_id=made["venv_id"])
+    assert used.get("error_type") == "environment" or used.get("result") == "None", (made, used)
