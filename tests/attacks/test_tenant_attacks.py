@@ -448,3 +448,31 @@ def test_a_python_the_tenant_plants_in_its_home_is_not_built_on(server: Server) 
         return
     used = server.code(ALICE, "import os; os.environ.get('PLANTED')", venv_id=made["venv_id"])
     assert used.get("error_type") == "environment" or used.get("result") == "None", (made, used)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "a build runs the package's own code in the builder (the import check imports it; an "
+    "sdist's build backend runs under uv), and the builder may write every environment of "
+    "the tenant, its store and uv's cache: a package the tenant asks for can still change "
+    "the tenant's environments built before it (README, Notes). A Landlock domain of its "
+    "own for each build's processes, writing only the build's folder (and uv the cache), "
+    "would hold it for wheels; sdists' backends would still reach the cache"))
+def test_a_later_build_cannot_change_an_environment_built_before(server: Server) -> None:
+    from tests.fakes.wheels import build_wheel, ledgerlib_wheel, requirement
+
+    wheels = server.home / "tenants" / ATTACKER / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    first = server.run(ALICE, ("create_environment", {
+        "spec": requirement("ledgerlib", ledgerlib_wheel(wheels, "2.0")), "build": True}))[0]
+    assert first.get("built") is True, first
+    module = f"{first['path']}/lib/python*/site-packages/ledgerlib/__init__.py"
+    rewrite = build_wheel(wheels / "rewrite", "rewrite", "1.0", {"rewrite/__init__.py": (
+        "import glob\n"
+        f"for path in glob.glob({module!r}):\n"
+        "    with open(path, 'a') as f:\n"
+        "        f.write(\"\\nVERSION = 'planted'\\n\")\n")})
+    server.run(ALICE, ("create_environment", {"spec": requirement("rewrite", rewrite),
+                                              "build": True}))
+    used = server.code(ALICE, "import ledgerlib; ledgerlib.VERSION", venv_id=first["venv_id"])
+    assert used.get("result") == "'2.0'", used
