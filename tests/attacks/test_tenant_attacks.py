@@ -30,6 +30,7 @@ from tests.e2e.test_confinement import (
     _pump_lines,
     as_nobody,
     bob_still_fine,
+    landlock_server,
     write_tokens,
 )
 from tests.e2e.test_mcp_http import READY
@@ -277,13 +278,8 @@ def test_no_tenant_can_plant_code_in_the_interpreter_every_host_runs(server: Ser
                    "filter on those calls in the host would hold it (builds run in the "
                    "jail's builder, which could do without it)")
 def test_in_the_landlock_level_a_cannot_lock_b_out_of_its_files(tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
     home = tmp_path / "home"
-    env = child_env(home, COORDEX_ISOLATION_FORCE="refused")
-    with spawn("serve", "--port", "0", "--tokens", str(tokens), env=env) as running:
-        url = running.wait_for(READY).group(1)
-        assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
-        srv = Server(running, url, home, tokens)
+    with landlock_server(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n") as srv:
         srv.code(BOB, "echo mine > notes.txt", language="bash")
         victim = home / "tenants" / "victim"
         os.chmod(victim / "notes.txt", 0o644)
@@ -372,12 +368,7 @@ def test_in_the_landlock_level_a_cannot_change_the_machines_mounts(tmp_path: Pat
     machine.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(machine)], check=True)
     try:
-        tokens = write_tokens(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
-        env = child_env(tmp_path / "home", COORDEX_ISOLATION_FORCE="refused")
-        with spawn("serve", "--port", "0", "--tokens", str(tokens), env=env) as running:
-            url = running.wait_for(READY).group(1)
-            assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
-            srv = Server(running, url, tmp_path / "home", tokens)
+        with landlock_server(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n") as srv:
             found = srv.code(ALICE, (
                 "import ctypes\n"
                 "libc = ctypes.CDLL(None, use_errno=True)\n"
