@@ -9,6 +9,7 @@ call or a memory hog, reads ``COORDEX_TOKEN``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -288,13 +289,20 @@ def test_a_public_bind_without_allowed_host_warns(tmp_path: Path) -> None:
 # --- where user namespaces are blocked, and as an unprivileged user ---------------------
 
 
-def test_blocked_namespaces_give_landlock_and_still_hide_b(tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+@contextlib.contextmanager
+def landlock_server(tmp_path: Path, tokens_text: str) -> Iterator[Server]:
+    """``coordex serve --tokens`` in ``tmp_path`` as if user namespaces were blocked."""
+    tokens = write_tokens(tmp_path, tokens_text)
     env = child_env(tmp_path / "home", COORDEX_ISOLATION_FORCE="refused")
     with spawn("serve", "--port", "0", "--tokens", str(tokens), env=env) as running:
         url = running.wait_for(READY).group(1)
         assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
-        srv = Server(running, url, tmp_path / "home", tokens)
+        yield Server(running, url, tmp_path / "home", tokens)
+
+
+def test_blocked_namespaces_give_landlock_and_still_hide_b(tmp_path: Path) -> None:
+    with landlock_server(tmp_path, f"alice {ALICE}\nbob {BOB}\n") as srv:
+        tokens = srv.tokens
         srv.code(BOB, f"echo {SECRET} > notes.txt", language="bash")
         stolen = srv.code(ALICE, f"cat {tmp_path}/home/tenants/bob/notes.txt {tokens}",
                           language="bash")

@@ -262,9 +262,13 @@ class EnvironmentManager:
 
     def build_spec(self, spec_text: str, spec_hash: str, label: str,
                    on_progress: ProgressCallback | None = None) -> dict[str, Any]:
-        """Build ``spec_text`` into the folder named ``spec_hash`` another process chose
-        (a cluster node builds what the driver describes, with the driver's hash), with
-        no registry row. ``{"path", "python", "cached"}``.
+        """Build ``spec_text`` with the ``spec_hash`` another process chose (a cluster
+        node builds what the driver describes, with the driver's hash), with no registry
+        row. ``{"path", "python", "cached"}``.
+
+        The folder is named by that hash *and* the spec text: the caller may be the
+        tenant's own code (a confined host's builder channel), and a hash of another
+        spec must not let it fill that spec's folder with something else.
 
         Raises:
             CoordexError: ``validation`` for a hash that is not sha256 hex (it names a
@@ -280,8 +284,8 @@ class EnvironmentManager:
                                "Pass the spec_hash that describe(venv_id) returned.")
         spec = parse_spec(spec_text)
         outcome = self._builder.ensure_built(
-            spec, spec_hash, find_interpreter(spec.requires_python), on_progress=on_progress,
-            label=str(label)[:200])
+            spec, spec.spec_hash({"given": spec_hash}), find_interpreter(spec.requires_python),
+            on_progress=on_progress, label=str(label)[:200])
         return {"path": str(outcome.path), "python": str(outcome.python),
                 "cached": outcome.cached}
 

@@ -251,6 +251,10 @@ def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
     # uv's cache and the builds' scratch space beside the environments, read-only to
     # the host like them: no file a build reads or a later build copies can be swapped.
     os.environ["UV_CACHE_DIR"] = os.path.join(spec.environments, "cache")
+    # HOME too: uv looks for Pythons under ~/.local/share/uv/python, and one the tenant
+    # put in its own folder would stay the tenant's to change (its standard library, a
+    # sitecustomize) under every environment built on it.
+    os.environ["HOME"] = spec.environments
     scratch = os.path.join(spec.environments, "tmp")
     shutil.rmtree(scratch, ignore_errors=True)  # a killed builder's leftovers
     os.makedirs(scratch, exist_ok=True)

@@ -462,7 +462,7 @@ def restrict(level: Level, spec: JailSpec) -> None:
     environments folder among them, for reading only). Both scope signals and abstract
     unix sockets to the host's own processes (ABI >= 6). A host and its builder each
     restrict themselves, in sibling domains: neither can signal, trace or read the
-    memory of the other.
+    memory of the other. Then every capability goes (:func:`drop_capabilities`).
     """
     abi = iso.landlock_abi()
     if abi < 3:
@@ -497,6 +497,35 @@ def restrict(level: Level, spec: JailSpec) -> None:
                                 ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
+    drop_capabilities()
+
+
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def drop_capabilities() -> None:
+    """Give up every capability, for good (what an ``exec`` could regain included).
+
+    The host and the builder are the creator's children in the jail's user namespace,
+    so they hold every capability there: enough for ``mount_setattr``, which Landlock
+    does not see, to clear the read-only flag of their own view (and, as root without
+    namespaces, of the machine's mounts). The bounding set goes first (that needs
+    ``CAP_SETPCAP``), then the ambient set, then the process's own sets.
+    """
+    libc = iso._libc()
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for a cap this kernel lacks
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice 32 bits, none
+    iso._check(libc.capset(header, data), "capset")
 
 
 def _add_rule(ruleset: int, path: str, access: int) -> None:
@@ -530,6 +559,7 @@ __all__ = [
     "build_view",
     "builder_spec",
     "die_with_parent",
+    "drop_capabilities",
     "enter_namespaces",
     "forced_level",
     "init_namespace",
