@@ -308,8 +308,9 @@ def prepare() -> None:
             pass
 
 
-def _landlock_restrict(abi: int, writable: Sequence[str]) -> None:
-    """Refuse every filesystem write except beneath ``writable``; scope IPC (ABI >= 6)."""
+def _landlock_restrict(abi: int, writable: Sequence[str], *, may_chmod: bool = False) -> None:
+    """Refuse every filesystem write except beneath ``writable``; scope IPC (ABI >= 6).
+    ``may_chmod``: leave out the seccomp filter that refuses metadata changes."""
     handled = _LL_WRITE_FILE | _LL_REMOVE_DIR | _LL_REMOVE_FILE | _LL_MAKE_ALL
     if abi >= 2:
         handled |= _LL_REFER
@@ -345,11 +346,29 @@ def _landlock_restrict(abi: int, writable: Sequence[str]) -> None:
         _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         if abi < 3:
             _deny_truncate()
-        _deny_setattr()
+        if not may_chmod:
+            _deny_setattr()
         _check(_syscall(_NR_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
                         ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
+
+
+def restrict_writes(writable: Sequence[str], *, may_chmod: bool = False) -> None:
+    """Give this process a Landlock domain of its own: writes only beneath ``writable``
+    (and the terminal and sink devices), signals and abstract sockets scoped to it.
+
+    Reads are not handled, so they stay what an enclosing domain allows; domains stack,
+    so this only takes rights away. ``may_chmod`` keeps ``chmod``/``chown``/``utime``
+    (which Landlock does not see) for programs that set modes on what they write (uv);
+    otherwise a seccomp filter refuses them where this machine's numbers are known.
+    Raises OSError where Landlock cannot hold.
+    """
+    abi = landlock_abi()
+    if not _landlock_usable(abi):
+        raise OSError(errno.ENOSYS, "Landlock is not available")
+    _landlock_restrict(abi, [*writable, *_DEVICES],
+                       may_chmod=may_chmod or _MACHINE not in _SETATTR_SYSCALLS)
 
 
 # ------------------------------------------------------------------------ namespaces
@@ -857,6 +876,30 @@ if report is not None:
     report.close()
 os.execvp(command[0], command)
 """
+
+
+# argv: this file's folder, "1" to keep chmod or "", the number of writable folders,
+# the folders, then the command to exec (as for _LAUNCHER).
+_STEP = """\
+import os, sys
+sys.path.append(sys.argv[1])
+import isolation as module
+may_chmod, count = sys.argv[2:4]
+writable = sys.argv[4:4 + int(count)]
+command = sys.argv[4 + int(count):]
+module.restrict_writes(writable, may_chmod=bool(may_chmod))
+os.execv(command[0], command)
+"""
+
+
+def restricted_argv(writable: Sequence[str], command: Sequence[str], *,
+                    may_chmod: bool = False) -> list[str]:
+    """An argv that runs ``command`` under :func:`restrict_writes` (one more exec: this
+    interpreter in isolated mode, without site, loading this file by path). If the
+    domain cannot be made, the command does not run: the argv exits with status 1."""
+    folders = list(writable)
+    return [sys.executable, "-I", "-S", "-c", _STEP, os.path.dirname(os.path.abspath(__file__)),
+            "1" if may_chmod else "", str(len(folders)), *folders, *command]
 
 
 def protected_bash_argv(work_paths: Sequence[str], scratch: str, *,

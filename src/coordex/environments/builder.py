@@ -61,6 +61,12 @@ from ..core.errors import CoordexError
 from ..core.spec import EnvironmentSpec
 
 ProgressCallback = Callable[[str], None]
+# How a confined host's builder runs each process a build starts (SPEC 9):
+# ``confine_step(command, folder, step)`` returns the command to run instead, where
+# ``folder`` is the build's own temporary folder and ``step`` is ``"uv"`` (uv, and the
+# sdist build backends it runs) or ``"python"`` (the new environment's interpreter: the
+# import check). See :func:`coordex.backends.confined.jail.confine_build_step`.
+ConfineStep = Callable[[list[str], Path, str], list[str]]
 
 IMPORT_CHECK = Path(__file__).resolve().parent.parent / "worker" / "_coordex_import_check.py"
 IMPORT_CHECK_MARKER = "::coordex-import-check::"
@@ -217,10 +223,12 @@ def _minor(version: str) -> str:
 class EnvironmentBuilder:
     """Builds specs into ``envs_dir/<spec_hash>``; see the module docstring for the steps."""
 
-    def __init__(self, envs_dir: Path, logs_dir: Path, *, timeout: float = 900.0) -> None:
+    def __init__(self, envs_dir: Path, logs_dir: Path, *, timeout: float = 900.0,
+                 confine_step: ConfineStep | None = None) -> None:
         self.envs_dir = envs_dir.absolute()
         self.logs_dir = logs_dir.absolute()
         self.timeout = timeout
+        self.confine_step = confine_step
         self._guard = threading.Lock()
         self._thread_locks: dict[str, threading.Lock] = {}
 
@@ -332,18 +340,21 @@ class EnvironmentBuilder:
             for requirement in spec.requirements:
                 log.line(f"=== requirement {requirement}")
             uv = uv_binary()
+            if self.confine_step is not None:
+                tmp.mkdir()  # a confined step may write only beneath it: it must exist
             self._run(log, deadline, label, spec,
                       [uv, "venv", "--relocatable", "--no-project", *_UV_COMMON,
-                       "--no-python-downloads", "--python", interpreter.executable, str(tmp)])
+                       "--no-python-downloads", "--python", interpreter.executable, str(tmp)],
+                      tmp)
             python = self.python_in(tmp)
             requirements_file = tmp / "coordex-requirements.txt"
             requirements_file.write_text(spec.requirements_txt(), encoding="utf-8")
             if spec.requirements:
                 self._run(log, deadline, label, spec,
                           [uv, "pip", "install", *_UV_COMMON, "--python", str(python),
-                           f"--link-mode={LINK_MODE}", "-r", str(requirements_file)])
-                self._check_imports(log, deadline, label, spec, python)
-            installed = self._freeze(uv, python, deadline)
+                           f"--link-mode={LINK_MODE}", "-r", str(requirements_file)], tmp)
+                self._check_imports(log, deadline, label, spec, python, tmp)
+            installed = self._freeze(uv, python, deadline, tmp)
             duration_ms = round((time.monotonic() - started) * 1000, 3)
             _write_marker(tmp / MARKER, {
                 "spec_hash": spec_hash, "normalised": spec.normalised(),
@@ -367,9 +378,14 @@ class EnvironmentBuilder:
         if folder.exists() and not self.marker(spec_hash).exists():
             shutil.rmtree(folder, ignore_errors=True)  # not ours: a folder without marker
 
+    def _confined(self, command: list[str], folder: Path, step: str) -> list[str]:
+        return command if self.confine_step is None else self.confine_step(command, folder,
+                                                                           step)
+
     def _run(self, log: _BuildLog, deadline: float, label: str, spec: EnvironmentSpec,
-             command: list[str]) -> None:
+             command: list[str], folder: Path) -> None:
         log.line("$ " + " ".join(_display(c) for c in command))
+        command = self._confined(command, folder, "uv")
         env = dict(os.environ)
         env.pop("VIRTUAL_ENV", None)  # --python names the target; never the caller's venv
         env["NO_COLOR"] = "1"
@@ -426,10 +442,12 @@ class EnvironmentBuilder:
                 return process.returncode
 
     def _check_imports(self, log: _BuildLog, deadline: float, label: str,
-                       spec: EnvironmentSpec, python: Path) -> None:
+                       spec: EnvironmentSpec, python: Path, folder: Path) -> None:
         """Import each requirement's top-level modules in the new environment, or raise."""
         command = [str(python), "-I", str(IMPORT_CHECK), *spec.names()]
         log.line("$ " + " ".join(_display(c) for c in command))
+        # The packages' own code runs here: confined, it may write only the new build.
+        command = self._confined(command, folder, "python")
         # Its own session (``_reap.spawn``): whatever an import starts ends with it.
         process = _reap.spawn(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -472,10 +490,11 @@ class EnvironmentBuilder:
         if failed:
             raise _import_failed(label, failed, log.tail())
 
-    def _freeze(self, uv: str, python: Path, deadline: float) -> list[str]:
+    def _freeze(self, uv: str, python: Path, deadline: float, folder: Path) -> list[str]:
+        command = [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)]
         try:
             done = _reap.run(
-                [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)], "uv pip freeze",
+                self._confined(command, folder, "uv"), "uv pip freeze",
                 stdin=subprocess.DEVNULL, cwd=str(self.envs_dir),
                 timeout=max(1.0, deadline - time.monotonic()))
         except (OSError, subprocess.SubprocessError):
@@ -652,7 +671,8 @@ def _import_failed(label: str, failed: list[dict[str, Any]], tail: str) -> Coord
 
 
 __all__ = [
-    "IMPORT_CHECK", "INDEX_SETTINGS", "LINK_MODE", "MARKER", "BuildOutcome", "EnvironmentBuilder",
+    "IMPORT_CHECK", "INDEX_SETTINGS", "LINK_MODE", "MARKER", "BuildOutcome", "ConfineStep",
+    "EnvironmentBuilder",
     "Interpreter", "current_interpreter", "find_interpreter", "hash_inputs",
     "index_settings", "uv_binary", "uv_version",
 ]

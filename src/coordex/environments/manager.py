@@ -35,7 +35,14 @@ from typing import Any
 from ..core.coordinates import MAX_VENV_ID, is_valid_text
 from ..core.errors import CoordexError, is_error, make_error
 from ..core.spec import EnvironmentSpec, parse_spec
-from .builder import MARKER, EnvironmentBuilder, Interpreter, find_interpreter, hash_inputs
+from .builder import (
+    MARKER,
+    ConfineStep,
+    EnvironmentBuilder,
+    Interpreter,
+    find_interpreter,
+    hash_inputs,
+)
 from .store import EnvironmentRecord, EnvironmentStore, NameTaken
 
 ProgressCallback = Callable[[str], None]
@@ -67,10 +74,13 @@ class EnvironmentManager:
         builder: where registry reads and builds happen: None (here), or an object whose
             ``call(op, args, on_progress)`` runs the manager method ``op`` elsewhere and
             returns its value (a confined host's builder process; see the module doc).
+        confine_step: how each process a local build starts is confined (see
+            :data:`~coordex.environments.builder.ConfineStep`); None: not at all.
     """
 
     def __init__(self, root: Path, *, build_timeout: float = 900.0,
-                 envs_dir: Path | None = None, builder: Any = None) -> None:
+                 envs_dir: Path | None = None, builder: Any = None,
+                 confine_step: ConfineStep | None = None) -> None:
         # Absolute paths: uv runs with its own working folder, and the executor hands
         # these paths to other processes.
         self.root = Path(root).absolute()
@@ -80,7 +90,8 @@ class EnvironmentManager:
         if builder is None:
             self._store = EnvironmentStore(self.root / DB_NAME)
             self._builder = EnvironmentBuilder(self.envs_dir, self.root / "logs",
-                                               timeout=build_timeout)
+                                               timeout=build_timeout,
+                                               confine_step=confine_step)
         self._lock = threading.Lock()
         self._id_locks: dict[int, threading.Lock] = {}
         self._ready: dict[int, _Ready] = {}

@@ -272,10 +272,16 @@ def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
     from .builder import serve
 
     folder = Path(spec.environments)
+    # Every process a build starts writes only that build's folder (and uv its cache):
+    # a package's code cannot change the tenant's environments built before it.
+    cache = os.environ["UV_CACHE_DIR"]
+    with contextlib.suppress(OSError):  # a Landlock rule needs its folder to exist
+        os.makedirs(cache, exist_ok=True)
+    confine = jail.confine_build_step(cache, scratch)
 
     def manager() -> EnvironmentManager:  # made on the first request: an idle jail pays less
         timeout = float(json.loads(args.executor).get("build_timeout", 900.0))
-        return EnvironmentManager(folder, build_timeout=timeout)
+        return EnvironmentManager(folder, build_timeout=timeout, confine_step=confine)
 
     return serve(sock, manager, refused)
 

@@ -15,7 +15,9 @@ the Executor. Three processes make one host, four with an environments folder::
     over every hidden file (the tokens file), the tenant's own folders and its
     environments folder bound back in. The init forks the builder first, which seals
     a view of its own (:func:`seal_for_builder`: everything read-only but the
-    environments folder) and restricts itself with Landlock (:func:`builder_spec`).
+    environments folder) and restricts itself with Landlock (:func:`builder_spec`);
+    each process a build starts gets a nested domain of its own that writes only that
+    build's folder (:func:`confine_build_step`).
     The init process then seals that view in a mount namespace of its own
     (:func:`seal_view`: everything read-only but the tenant's folders, ``/tmp`` and
     ``/dev/shm``; the environments folder read-only even inside those), mounts a
@@ -53,8 +55,9 @@ import socket
 import stat
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from .. import isolation as iso
 
@@ -421,6 +424,24 @@ def builder_spec(spec: JailSpec) -> JailSpec:
                     tmpfs_size=spec.tmpfs_size)
 
 
+def confine_build_step(cache: str, scratch: str) -> Callable[[list[str], Any, str], list[str]]:
+    """How the builder runs each process of a build (the environment builder's
+    ``confine_step``): in a Landlock domain of its own, nested in the builder's, that
+    writes only beneath that build's own folder and the scratch folder ``scratch``, and,
+    for uv, its cache ``cache``. So a package's code (its import-time code in the
+    import check, an sdist's build backend under uv) cannot change the environments the
+    tenant built before. Reads stay the builder's. The new environment's interpreter
+    also may not change any file's mode, owner or times; uv must (it marks scripts
+    executable), and so may the build backends it runs. One more exec per step
+    (:func:`isolation.restricted_argv`)."""
+
+    def confine(command: list[str], folder: Any, step: str) -> list[str]:
+        writable = [str(folder), scratch, *([cache] if step == "uv" else [])]
+        return iso.restricted_argv(writable, command, may_chmod=step == "uv")
+
+    return confine
+
+
 def _set_read_only(path: str, read_only: bool) -> None:
     flag = iso._MOUNT_ATTR_RDONLY
     attr = (ctypes.c_uint64 * 4)(flag if read_only else 0, 0 if read_only else flag, 0, 0)
@@ -558,6 +579,7 @@ __all__ = [
     "best_level",
     "build_view",
     "builder_spec",
+    "confine_build_step",
     "die_with_parent",
     "drop_capabilities",
     "enter_namespaces",
