@@ -343,6 +343,26 @@ def test_protected_bash_argv_runs_bash_under_protection(tree: dict[str, Path]) -
     assert snapshot(work) == before
 
 
+def test_restricted_argv_writes_only_beneath_its_folders(tree: dict[str, Path]) -> None:
+    # What each process of a confined build runs under (jail.confine_build_step).
+    require("refused")
+    work, other = tree["work"], tree["other"]
+    script = (f"echo in > {work}/new.txt; echo out > {other}/new.txt; "
+              f"chmod 600 {work}/new.txt; echo $?")
+
+    def run(may_chmod: bool) -> subprocess.CompletedProcess[str]:
+        argv = isolation.restricted_argv([str(work)], ["/bin/bash", "--norc", "-c", script],
+                                         may_chmod=may_chmod)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+
+    done = run(False)
+    assert (work / "new.txt").read_text() == "in\n"
+    assert not (other / "new.txt").exists() and "Permission denied" in done.stderr
+    assert done.stdout.strip() == "1"  # chmod refused (seccomp) without may_chmod
+    assert run(True).stdout.strip() == "0"
+
+
 @pytest.mark.skipif(os.uname().machine not in isolation._TRUNCATE_SYSCALLS,
                     reason="no seccomp fallback for this architecture")
 def test_seccomp_fallback_refuses_truncate(tree: dict[str, Path]) -> None:
