@@ -15,13 +15,15 @@ it was sent. The server itself never unshares, mounts or restricts anything.
 
 The wire, host to server, over a private unix stream socket pair: a header
 ``!cii`` (kind, pid, payload length), then the payload. ``b"R"`` (run) carries the
-two pipe fds on its header and a ``marshal``-ed dict; ``b"W"`` (wait over) lets the
-server reap child ``pid``. Server to host: the handshake line :data:`HELLO` first, then
-``!cii`` events: ``b"P"`` the child's pid (its group exists already), ``b"X"`` the
-child ended with the given bash-style status (``128 + signal`` when killed), ``b"E"``
-the fork failed (errno). A finished child stays a zombie until the host says ``W``: its
-pid, and so its process group id, cannot be reused while the host still signals that
-group. The server exits when the host closes its end (killing a child still running).
+call's fds on its header and a ``marshal``-ed dict (see :meth:`LauncherServer.start`:
+with ``uppers`` the child sends handles on its upper layers back to the host, for the
+call log); ``b"W"`` (wait over) lets the server reap child ``pid``. Server to host:
+the handshake line :data:`HELLO` first, then ``!cii`` events: ``b"P"`` the child's pid
+(its group exists already), ``b"X"`` the child ended with the given bash-style status
+(``128 + signal`` when killed), ``b"E"`` the fork failed (errno). A finished child
+stays a zombie until the host says ``W``: its pid, and so its process group id, cannot
+be reused while the host still signals that group. The server exits when the host
+closes its end (killing a child still running).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-HELLO = b"coordex-launcher 1\n"
+HELLO = b"coordex-launcher 2\n"  # 2: the child sends its upper layers
 HEADER = struct.Struct("!cii")
 # How long the server may take to start and answer its handshake.
 START_TIMEOUT = 15.0
@@ -112,11 +114,16 @@ class LauncherServer:
 
     def start(self, argv: Sequence[str], fds: Sequence[int], *, session_pid: int,
               work_paths: Sequence[str], scratch: str, allow: str, report_path: str,
-              splice: tuple[int, int], keep: Sequence[int] = ()) -> None:
+              splice: tuple[int, int], keep: Sequence[int] = (),
+              uppers: bool = False) -> None:
         """Have the server fork a protected child; :meth:`started` gives its pid.
 
         ``fds`` are the child's stdout, stderr, the *go* pipe's read end, then one fd
-        per number in ``keep`` (placed there in the child). The child sets itself up
+        per number in ``keep`` (placed there in the child), then - with ``uppers`` - a
+        unix datagram socket: once protected, the child sends on it, before any code
+        runs, one message whose fds are handles on its overlays' upper layers and whose
+        bytes are the overlaid folders, NUL-separated (:func:`send_uppers`); it sends
+        nothing where it overlaid nothing. The child sets itself up
         and protects itself at once, then waits: what is written to the go pipe, after
         one first byte, is spliced into ``argv[splice[0]]`` at offset ``splice[1]`` and
         it execs ``argv``; end-of-file with nothing written makes it exit quietly. It
@@ -127,7 +134,7 @@ class LauncherServer:
         payload = marshal.dumps({
             "argv": list(argv), "session_pid": session_pid, "work_paths": list(work_paths),
             "scratch": scratch, "allow": allow, "report": report_path,
-            "splice": tuple(splice), "keep": list(keep),
+            "splice": tuple(splice), "keep": list(keep), "uppers": uppers,
         })
         try:
             socket.send_fds(self._sock, [HEADER.pack(b"R", 0, len(payload))], list(fds))
@@ -260,6 +267,7 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         out_fd, err_fd, go_fd, *extra = fds
+        uppers_fd = extra.pop() if request.get("uppers") else -1
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -285,6 +293,8 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
                                      allow=request["allow"],
                                      map_identity=map_identity if mapping else None)
             report.write(mode)
+        if uppers_fd >= 0:
+            send_uppers(isolation, uppers_fd)
         for number, value in limits:
             try:
                 resource.setrlimit(number, value)
@@ -310,6 +320,22 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
             os.write(2, f"{START_FAILED}{exc}\n".encode())
         finally:
             os._exit(127)
+
+
+def send_uppers(isolation: Any, fd: int) -> None:
+    """Send the handles on this protected child's upper layers over socket ``fd`` (then
+    closed), for the host to list what the copy wrote once its code has finished: the
+    layers outlive the child while the host holds them. Runs before the code, so what
+    the code does cannot change what is sent (it never sees the socket). A failure
+    costs the log entry, never the call."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=fd) as sock:
+        layers = isolation.upper_layers()
+        if layers:
+            folders = b"\0".join(os.fsencode(lower) for lower, _ in layers)
+            try:
+                socket.send_fds(sock, [folders], [upper for _, upper in layers])
+            except OSError:
+                pass
 
 
 # What a child that failed before the code ran writes to its stderr (then exits 127):

@@ -51,9 +51,12 @@ positional parameters - and prints the trace flags; those are the child's go: it
 ``exec``s a plain bash that restores the state and runs the code. Output is captured
 and streamed as in a stateful call. Its own process group lets a timeout interrupt
 the copy, kill it if it ignores the interrupt, and end whatever it left running,
-without touching the session. Where nothing can be protected (or the server cannot
-start) the plain subshell (:meth:`ShellSession.read_only_command`) runs the code and
-says ``files: "none"``.
+without touching the session. Once protected, and before any code runs, the child
+sends the host handles on its overlays' upper layers; when the call's group has ended
+the host lists them (:func:`.isolation.written`, as a Python copy lists its own) - what
+the copy wrote in protected folders, for the call log - and lets them go. Where nothing
+can be protected (or the server cannot start) the plain subshell
+(:meth:`ShellSession.read_only_command`) runs the code and says ``files: "none"``.
 """
 
 from __future__ import annotations
@@ -68,13 +71,14 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import termios
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +167,10 @@ _READ_CODE = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <%s; }} 2>/de
               f'\\builtin eval "')
 _INLINE_CODE_LIMIT = 120_000
 _OPTIONS_FUNCTION = f"{PRIVATE_PREFIX}options"
+# The message a copy's child sends with its upper layers (launcher.send_uppers): at most
+# this many handles and bytes of folder names; a larger one is not listed.
+_UPPERS_MAX_FDS = 64
+_UPPERS_MAX_BYTES = 1 << 18
 # A *ready* copy has restored the state already and reads its code from a pipe at
 # _CODE_FD; eval keeps errors reading "bash: line N: ..." (traces would read "++ cmd",
 # so a session tracing itself with set -x/-v never gets a ready copy).
@@ -213,6 +221,9 @@ class _ProtectedCopy:
         self._fds: tuple[int, int, int, int] | None = None  # out, err, go/code, end (ours)
         self._fingerprint: tuple[Any, ...] | None = None
         self.flags: str | None = None  # the trace flags the dump printed (it ran)
+        # Where the child sends handles on its upper layers once protected (ours).
+        self._uppers: socket.socket | None = None
+        self.written: list[str] = []  # what the code wrote there, listed after it ended
 
     @staticmethod
     def make_folder() -> str:
@@ -241,16 +252,23 @@ class _ProtectedCopy:
             keep.append(_CODE_FD)
         fds.append(end_w)
         keep.append(_END_FD)
+        # Only overlays hold what a copy wrote: a socket for its layers only then.
+        uppers = isolation.best_mode() == "discarded"
+        if uppers:
+            self._uppers, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            copier.hold(self._uppers.fileno())
+            fds.append(theirs.detach())
         argv = [self.bash, "--norc", "--noprofile", "-c", script, "bash"]
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.mode_file)  # the mode is this child's to report
             server.start(argv, fds, session_pid=shell.pid, work_paths=self.work_paths,
                          scratch=self.scratch, allow="discarded", report_path=self.mode_file,
-                         splice=(4, len(script)), keep=keep)
+                         splice=(4, len(script)), keep=keep, uppers=uppers)
         except BaseException:
             for fd in (out_r, err_r, go_w, end_r, *((code_w,) if self.ready else ())):
                 os.close(fd)
+            self._close_uppers()
             raise
         finally:
             for fd in (*fds,):
@@ -365,9 +383,13 @@ class _ProtectedCopy:
                 server.release(pid)  # only now may its pid (and group id) be reused
             for fd in (out_r, err_r, end_r):
                 os.close(fd)
+            # After the code and all it started have ended: nothing writes there now.
+            self.written = self._list_written() if self.launched else []
+            self._close_uppers()
 
     def discard(self, server: launcher.LauncherServer | None) -> None:
         """Call off a copy that never ran: it exits; its files are removed."""
+        self._close_uppers()
         if self._fds is not None:
             fds, self._fds = self._fds, None
             for fd in fds:
@@ -443,6 +465,37 @@ class _ProtectedCopy:
             stream.feed(b"", final=True)
         return out, err, ending
 
+    def _list_written(self) -> list[str]:
+        """What the copy wrote in protected folders, for the call log: the upper layers
+        its child sent once protected (before any code ran), listed here by
+        :func:`isolation.written` as a Python copy lists its own. [] when it sent none
+        (nothing overlaid, or it never got that far); never raises."""
+        if self._uppers is None:
+            return []
+        fds: list[int] = []
+        try:
+            folders, fds, _flags, _addr = socket.recv_fds(
+                self._uppers, _UPPERS_MAX_BYTES, _UPPERS_MAX_FDS,
+                socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+            copier.hold(*fds)
+            lowers = [os.fsdecode(f) for f in folders.split(b"\0")] if folders else []
+            if len(lowers) != len(fds):  # cut short: not a message the child sent whole
+                return []
+            return isolation.written(uppers=list(zip(lowers, fds, strict=True)))
+        except Exception:  # the log never costs the call
+            return []
+        finally:
+            copier.release(*fds)
+            for fd in fds:
+                os.close(fd)
+
+    def _close_uppers(self) -> None:
+        # The handles still queued on it go with it (and the layers once the child ends).
+        if self._uppers is not None:
+            sock, self._uppers = self._uppers, None
+            copier.release(sock.fileno())
+            sock.close()
+
     def signal(self, sig: signal.Signals) -> None:
         """Signal the copy's process group (when none runs, a no-op)."""
         pid = self.pid
@@ -499,6 +552,7 @@ class _CopySlot:
     files: str = "none"
     launched: bool = False
     failure: str | None = None
+    written: list[str] = field(default_factory=list)  # in protected folders (discarded)
 
 
 def _read_available(fd: int, stream: _Stream) -> bool:
@@ -1100,6 +1154,8 @@ class ShellSession:
         files = slot.files if slot is not None else "none"
         kind = "values" if slot is not None and slot.launched and files != "none" else "fork"
         outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
+        if slot is not None and slot.written:
+            outcome["written"] = slot.written  # for the call log; the result never shows it
         return outcome
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:
@@ -1269,6 +1325,8 @@ class ShellSession:
                     self._copy = None
                 slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
                     copy.files()
+                if slot.files == "discarded":  # as a Python copy lists only then
+                    slot.written = copy.written
                 if copy.flags is not None:  # it dumped: the state file is current now
                     self._dumped, self._dump_flags = self._state_version, copy.flags
                 copy.clear_scratch()
