@@ -538,6 +538,9 @@ def _overlay_one(index: int, lower: str, layers: str, layers_fd: int, userns: bo
 # exactly what the copy wrote there (and whiteouts for what it deleted).
 _UPPERS: list[tuple[str, int]] = []
 WRITTEN_LIMIT = 200
+# The layers live on tmpfs, whose directories are 20 bytes per entry plus 40 for "." and
+# "..": a copy that wrote nothing in a folder is told by one fstat, not a walk.
+_EMPTY_TMPFS_DIR = 40
 
 
 def upper_layers() -> list[tuple[str, int]]:
@@ -554,11 +557,16 @@ def written(limit: int = WRITTEN_LIMIT,
     ``limit`` paths; a last entry ``"..."`` says there were more.
 
     ``uppers``: ``(folder, handle)`` pairs held by this process (default: this copy's
-    own, :func:`upper_layers`). Symbolic links are listed, never followed, so the
-    listing stays inside the layers whoever made them.
+    own, :func:`upper_layers`), handles on tmpfs directories. Symbolic links are
+    listed, never followed, so the listing stays inside the layers whoever made them.
     """
     found: list[str] = []
     for lower, fd in _UPPERS if uppers is None else uppers:
+        try:
+            if os.fstat(fd).st_size == _EMPTY_TMPFS_DIR:
+                continue
+        except OSError:
+            continue
         top = f"/proc/self/fd/{fd}"
         for folder, dirs, files in os.walk(top):
             rel = os.path.relpath(folder, top)

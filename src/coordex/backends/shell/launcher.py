@@ -122,8 +122,8 @@ class LauncherServer:
         per number in ``keep`` (placed there in the child), then - with ``uppers`` - a
         unix datagram socket: once protected, the child sends on it, before any code
         runs, one message whose fds are handles on its overlays' upper layers and whose
-        bytes are the overlaid folders, NUL-separated (:func:`send_uppers`); it sends
-        nothing where it overlaid nothing. The child sets itself up
+        bytes are its pid and the overlaid folders, NUL-separated (:func:`send_uppers`);
+        it sends nothing where it overlaid nothing. The child sets itself up
         and protects itself at once, then waits: what is written to the go pipe, after
         one first byte, is spliced into ``argv[splice[0]]`` at offset ``splice[1]`` and
         it execs ``argv``; end-of-file with nothing written makes it exit quietly. It
@@ -331,7 +331,8 @@ def send_uppers(isolation: Any, fd: int) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=fd) as sock:
         layers = isolation.upper_layers()
         if layers:
-            folders = b"\0".join(os.fsencode(lower) for lower, _ in layers)
+            folders = b"\0".join([b"%d" % os.getpid(), *(os.fsencode(lower)
+                                                         for lower, _ in layers)])
             try:
                 socket.send_fds(sock, [folders], [upper for _, upper in layers])
             except OSError:
