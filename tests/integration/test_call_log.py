@@ -431,6 +431,30 @@ def test_a_bash_copy_lists_what_it_wrote_however_it_ended(ex: Executor, tmp_path
     assert os.listdir(work) == []
 
 
+def test_a_bash_copy_called_off_lends_nothing_to_the_next_listing(ex: Executor,
+                                                                    tmp_path: Path) -> None:
+    from coordex.backends import isolation
+
+    if isolation.best_mode() != "discarded":
+        pytest.skip("writes are refused here, not discarded: nothing is written to list")
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    ex.execute_code(f"cd {str(one)!r}", language="bash", state_mode="stateful",
+                    session_name="off")
+    listed = []
+    # Each stateful call makes the copy waiting for the next read-only call stale: it
+    # is called off (after it sent its layers) and another one runs the code.
+    for folder, name in ((one, "a"), (two, "b"), (two, "c")):
+        ex.execute_code(f"cd {str(folder)!r}; n=1", language="bash", state_mode="stateful",
+                        session_name="off")
+        ex.execute_code(f"echo x > {name}", language="bash", state_mode="read_only",
+                        session_name="off")
+        seq = ex.history(session_name="off", language="bash", limit=1)["calls"][0]["seq"]
+        listed.append((_changed(ex, seq) or {}).get("written"))
+    assert listed == [[str(one / "a")], [str(two / "b")], [str(two / "c")]]
+
+
 def test_history_refuses_impossible_coordinates_as_a_call_does(ex: Executor) -> None:
     for kw in ({"session_id": 2**70}, {"venv_id": 2**70}, {"language": "ruby"},
                {"session_id": 1, "session_name": "a"}, {"session_id": -1}):
