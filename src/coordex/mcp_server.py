@@ -56,7 +56,6 @@ from .tools import (
     MCP_DEFAULT_TIMEOUT,
     TOOL_NAMES,
     call_tool,
-    escape_strings,
     internal_error,
     json_normal,
     tool_definitions,
@@ -82,21 +81,19 @@ INSTRUCTIONS = (
 
 def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
     """A coordex result or error dict as an MCP tool result."""
-    try:  # the places escape what they print; this catches anything else (a name, a key)
-        json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
-    except UnicodeEncodeError:
-        record = escape_strings(record)
-    images = [img for img in record.get("images") or [] if isinstance(img, dict)]
-    text_view = dict(record)
+    # One JSON round trip, shared by both views: the structured content is exactly what a
+    # client decodes, and the text view is its serialisation (lone surrogates escaped).
+    structured = json_normal(record)
+    images = [img for img in structured.get("images") or [] if isinstance(img, dict)]
+    text_view = structured
     if images:
+        text_view = dict(structured)
         text_view["images"] = [
             {"mime": img.get("mime", "image/png"), "data": f"<image content block {i + 1}>"}
             for i, img in enumerate(images)
         ]
     content: list[types.TextContent | types.ImageContent] = [
-        types.TextContent(
-            type="text", text=json.dumps(text_view, ensure_ascii=False, default=str)
-        )
+        types.TextContent(type="text", text=json.dumps(text_view, ensure_ascii=False))
     ]
     for img in images:
         content.append(
@@ -104,8 +101,6 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
                 type="image", data=str(img.get("data", "")), mime_type=img.get("mime", "image/png")
             )
         )
-    # Round-trip through JSON so the structured content is exactly what a client decodes.
-    structured = json_normal(record)
     return types.CallToolResult(
         content=list(content), structured_content=structured, is_error="error_type" in record
     )

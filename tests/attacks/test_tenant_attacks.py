@@ -139,10 +139,6 @@ def test_as_nobody_the_private_tmp_holds_no_more_than_the_memory_limit(
     assert nobody_server.code(BOB, "1 + 1")["result"] == "2"
 
 
-@pytest.mark.xfail(strict=True, reason="without cgroups the process limit is RLIMIT_NPROC, "
-                   "which counts every process of the user, and every tenant runs as the "
-                   "server's user: one tenant's processes leave none for the others (a uid "
-                   "per tenant or a delegated pids cgroup would hold it)")
 def test_as_nobody_as_processes_leave_bob_room_to_start_his(nobody_server: Server) -> None:
     spawned = nobody_server.code(ALICE, (
         "import subprocess\n"
@@ -150,11 +146,12 @@ def test_as_nobody_as_processes_leave_bob_room_to_start_his(nobody_server: Serve
         "try:\n"
         "    while len(held) < 2000:\n"
         "        held.append(subprocess.Popen(['sleep', '30']))\n"
-        "except OSError:\n"
-        "    pass\n"
+        "except (OSError, MemoryError) as exc:\n"
+        "    print(repr(exc))\n"
         "len(held)"), state_mode="stateful")
     try:
-        assert int(spawned["result"]) > 100, spawned
+        # Held by the host's own limit (512), not by the machine's: Alice is stopped too.
+        assert 100 < int(spawned.get("result", 0)) <= 512, spawned
         bob = nobody_server.code(BOB, "echo fine", language="bash")
     finally:
         nobody_server.code(ALICE, "for p in held:\n    p.kill()\n    p.wait()",

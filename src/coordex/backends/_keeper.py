@@ -14,13 +14,16 @@ import signal
 import sys
 
 
-def members(sids):
-    """Live processes whose session id is in ``sids``, from /proc."""
-    found = []
+def live_processes():
+    """(pid, process group, session) of every non-zombie process, from /proc.
+
+    "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses, so
+    the fields are read after its last ``)``. Also used by :mod:`coordex.backends._reap`.
+    """
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return found
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -29,9 +32,13 @@ def members(sids):
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) in sids:
-            found.append(int(entry))
-    return found
+        if len(fields) > 3 and fields[0] != b"Z":
+            yield int(entry), int(fields[2]), int(fields[3])
+
+
+def members(sids):
+    """Live processes whose session id is in ``sids``."""
+    return [pid for pid, _, sid in live_processes() if sid in sids]
 
 
 def end(sids):

@@ -41,10 +41,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from ._keeper import live_processes
 
 logger = logging.getLogger("coordex.processes")
 
@@ -163,7 +165,7 @@ def sweep(sid: int, settle: float = 0.5) -> None:
         os.killpg(sid, 0)
     except OSError:
         return  # already gone
-    _wait_gone([pid for pid, group, _ in _live_processes() if group == sid], settle)
+    _wait_gone([pid for pid, group, _ in live_processes() if group == sid], settle)
 
 
 def _wait_gone(pids: list[int], settle: float) -> None:
@@ -184,28 +186,6 @@ def _runs(pid: int) -> bool:
         return False
 
 
-def _live_processes() -> Iterator[tuple[int, int, int]]:
-    """(pid, process group, session) of every non-zombie process, from /proc.
-
-    "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses, so
-    the fields are read after its last ``)``.
-    """
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 3 and fields[0] != b"Z":
-            yield int(entry), int(fields[2]), int(fields[3])
-
-
 def sweep_session(sid: int) -> int:
     """SIGKILL every process of session ``sid`` that is not in group ``sid`` (it left
     the group, not the session: ``set -m`` jobs, ``setpgid``). Returns how many."""
@@ -220,7 +200,7 @@ def sweep_session(sid: int) -> int:
 
 def session_members(sid: int) -> list[int]:
     """Live (non-zombie) processes whose session id is ``sid``, from /proc."""
-    return [pid for pid, _, session in _live_processes() if session == sid]
+    return [pid for pid, _, session in live_processes() if session == sid]
 
 
 def _group(proc: subprocess.Popen[Any], sig: int) -> bool:

@@ -283,7 +283,9 @@ class ConfinedExecutor:
             (``confinement["memory"]`` says which).
         network: False leaves the host loopback only.
         max_calls: calls the host runs at once; more wait their turn (default 8).
-        max_processes: processes the host may have (default 512; a cgroup only).
+        max_processes: processes the host may have (default 512): a pids cgroup, else
+            ``RLIMIT_NPROC`` set inside the host's user namespace (this host's count
+            alone); at level ``landlock`` that count is the user's, every host's together.
         hide: further folders and files the host must not see (a server passes its
             root and its tokens file).
         level: the strongest confinement to try (``"namespaces+landlock"``,

@@ -89,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             error = f"namespaces: {exc}"
             level = "landlock" if jail.best_level() == "landlock" and jail.landlock_covers(
                 spec) else "none"
+    jail.apply_process_rlimit(limits)  # inside the user namespace: this host's count
     scratch = None
     if level != "namespaces+landlock":
         # No private /tmp here: a scratch folder of its own, removed by the keeper.

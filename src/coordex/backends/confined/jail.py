@@ -194,8 +194,8 @@ def make_limits(limits: Limits) -> LimitReport:
     A cgroup where the machine lets us make one (v1 ``memory``/``pids`` hierarchies as
     root, or a delegated v2 group); else per-process rlimits, set by
     :func:`apply_rlimits`: ``RLIMIT_AS`` for memory (each process may take the whole
-    limit) and ``RLIMIT_NPROC`` (counted per user, so only meaningful for a user of its
-    own; root is not held by it).
+    limit) and ``RLIMIT_NPROC`` (see :func:`apply_process_rlimit`; root is not held by
+    it).
     """
     report = LimitReport(limit_memory=limits.memory, limit_processes=limits.processes)
     if limits.memory:
@@ -237,11 +237,27 @@ def join_cgroups(report: LimitReport, pid: int) -> None:
 
 
 def apply_rlimits(report: LimitReport) -> None:
-    """Set the rlimits :func:`make_limits` chose, in the process about to start the jail."""
+    """Set the memory rlimit :func:`make_limits` chose, in the process about to start the
+    jail (the process rlimit comes later: :func:`apply_process_rlimit`)."""
     import resource
 
     if report.memory == "rlimit" and report.limit_memory:
         resource.setrlimit(resource.RLIMIT_AS, (report.limit_memory, report.limit_memory))
+
+
+def apply_process_rlimit(report: LimitReport) -> None:
+    """Set ``RLIMIT_NPROC`` where :func:`make_limits` chose it, after
+    :func:`enter_namespaces` where the level has namespaces.
+
+    The kernel counts processes per user *and user namespace* (Linux >= 5.14) and holds
+    a namespace's share of its parent's count to the limit its creator had when it was
+    made. Set inside the host's own user namespace, the limit counts this host's
+    processes alone, so one tenant cannot use up another's; set before, it would count
+    every process of the server's user, every tenant's together. Without a user
+    namespace (``landlock``) the count is the user's, shared by every tenant.
+    """
+    import resource
+
     if report.processes == "rlimit" and report.limit_processes:
         resource.setrlimit(resource.RLIMIT_NPROC,
                            (report.limit_processes, report.limit_processes))
@@ -442,6 +458,7 @@ __all__ = [
     "Level",
     "LimitReport",
     "Limits",
+    "apply_process_rlimit",
     "apply_rlimits",
     "best_level",
     "build_view",
