@@ -71,7 +71,6 @@ import secrets
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import termios
@@ -167,10 +166,6 @@ _READ_CODE = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <%s; }} 2>/de
               f'\\builtin eval "')
 _INLINE_CODE_LIMIT = 120_000
 _OPTIONS_FUNCTION = f"{PRIVATE_PREFIX}options"
-# The message a copy's child sends with its upper layers (launcher.send_uppers): at most
-# this many handles and bytes of pid and folder names; a larger one is not listed.
-_UPPERS_MAX_FDS = 16
-_UPPERS_MAX_BYTES = 1 << 15
 # A *ready* copy has restored the state already and reads its code from a pipe at
 # _CODE_FD; eval keeps errors reading "bash: line N: ..." (traces would read "++ cmd",
 # so a session tracing itself with set -x/-v never gets a ready copy).
@@ -206,7 +201,7 @@ class _ProtectedCopy:
     """
 
     def __init__(self, bash: str, work_paths: tuple[str, ...], folder: str,
-                 ready: bool = False, uppers: _UpperLayers | None = None) -> None:
+                 ready: bool = False) -> None:
         self.bash = bash
         self.work_paths = work_paths
         self.ready = ready
@@ -221,7 +216,7 @@ class _ProtectedCopy:
         self._fds: tuple[int, int, int, int] | None = None  # out, err, go/code, end (ours)
         self._fingerprint: tuple[Any, ...] | None = None
         self.flags: str | None = None  # the trace flags the dump printed (it ran)
-        self._uppers = uppers  # where the child sends its upper layers (the session's)
+        self._uppers = False  # whether the child was asked to send its upper layers
         self._layers: tuple[list[str], list[int]] | None = None  # its folders, handles
         self.written: list[str] = []  # what the code wrote there, listed after it ended
 
@@ -252,14 +247,15 @@ class _ProtectedCopy:
             keep.append(_CODE_FD)
         fds.append(end_w)
         keep.append(_END_FD)
-        sent = fds if self._uppers is None else [*fds, self._uppers.child_end()]
+        # Only overlays hold what a copy wrote: the child sends its layers only then.
+        self._uppers = isolation.best_mode() == "discarded"
         argv = [self.bash, "--norc", "--noprofile", "-c", script, "bash"]
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.mode_file)  # the mode is this child's to report
-            server.start(argv, sent, session_pid=shell.pid, work_paths=self.work_paths,
+            server.start(argv, fds, session_pid=shell.pid, work_paths=self.work_paths,
                          scratch=self.scratch, allow="discarded", report_path=self.mode_file,
-                         splice=(4, len(script)), keep=keep, uppers=self._uppers is not None)
+                         splice=(4, len(script)), keep=keep, uppers=self._uppers)
         except BaseException:
             for fd in (out_r, err_r, go_w, end_r, *((code_w,) if self.ready else ())):
                 os.close(fd)
@@ -351,7 +347,7 @@ class _ProtectedCopy:
                     "utf-8", "surrogateescape"))
                 os.close(go_w)
                 go_w = -1
-                self._receive_layers(pid)
+                self._receive_layers(server, pid)
                 return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
             # A copy launched just now protects itself while the session writes its
             # state (which takes less time: no spinning, the CPU is theirs).
@@ -368,7 +364,7 @@ class _ProtectedCopy:
             copier.write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
-            self._receive_layers(pid)
+            self._receive_layers(server, pid)
             return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
         finally:
             if go_w >= 0:
@@ -379,7 +375,7 @@ class _ProtectedCopy:
                 # After the code and all it started have ended: nothing writes there now
                 # (and before the pid can be reused, so the message is this copy's).
                 if self.launched:
-                    self._receive_layers(pid)
+                    self._receive_layers(server, pid)
                 self.written = self._list_layers()
                 server.release(pid)  # only now may its pid (and group id) be reused
             for fd in (out_r, err_r, end_r):
@@ -462,12 +458,12 @@ class _ProtectedCopy:
             stream.feed(b"", final=True)
         return out, err, ending
 
-    def _receive_layers(self, pid: int) -> None:
+    def _receive_layers(self, server: launcher.LauncherServer, pid: int) -> None:
         """Take the handles on the upper layers child ``pid`` sent once protected, if
         they have come. Tried first while the code runs (a ready copy's came long ago),
         so the call's end pays only the listing."""
-        if self._layers is None and self._uppers is not None:
-            self._layers = self._uppers.receive(pid)
+        if self._uppers and self._layers is None:
+            self._layers = server.receive_layers(pid)
 
     def _list_layers(self) -> list[str]:
         """What the copy wrote in protected folders (:func:`.isolation.written`, as a
@@ -530,55 +526,6 @@ def _fingerprint(shell_pid: int, work_paths: tuple[str, ...]) -> tuple[Any, ...]
         except (OSError, ValueError):
             limits.append(None)
     return (shell_pid, cwd, umask, tuple(limits), work_paths)
-
-
-class _UpperLayers:
-    """Where a session's protected copies send handles on their upper layers: one
-    socket pair per session, owned by it.
-
-    Each copy's child sends one datagram once protected, before any code runs
-    (:func:`.launcher.send_uppers`): its pid, then the overlaid folders, NUL-separated,
-    with one handle per folder. :meth:`receive` takes one copy's; a copy called
-    off before it ran may have sent one too, dropped on the way. One pair per session,
-    not per copy: a call then pays one ``recvmsg``, no socket set-up.
-    """
-
-    def __init__(self) -> None:
-        self._ours, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        copier.hold(self._ours.fileno(), self._theirs.fileno())
-
-    def child_end(self) -> int:
-        """The socket a launch passes to its child (the server and child close copies)."""
-        return self._theirs.fileno()
-
-    def receive(self, pid: int) -> tuple[list[str], list[int]] | None:
-        """Copy ``pid``'s message, if it has come: its folders and the handles on their
-        upper layers, for the caller to close; None while it has not. Never blocks or
-        raises; messages of other copies are dropped on the way."""
-        while True:
-            try:
-                data, fds, flags, _addr = socket.recv_fds(
-                    self._ours, _UPPERS_MAX_BYTES, _UPPERS_MAX_FDS,
-                    socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
-            except OSError:  # BlockingIOError: no (more) messages
-                return None
-            # Not held (a fork meanwhile would close them): they live until the listing
-            # alone, and a handle on a discarded layer is no channel into anything.
-            sender, _, folders = data.partition(b"\0")
-            lowers = [os.fsdecode(f) for f in folders.split(b"\0")] if folders else []
-            if sender == b"%d" % pid and len(lowers) == len(fds) \
-                    and not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-                return lowers, fds
-            for fd in fds:
-                os.close(fd)
-            if sender == b"%d" % pid:
-                return [], []  # cut short: not the message the child sent, nothing to list
-
-    def close(self) -> None:
-        """Close both ends; handles still queued on them go too."""
-        copier.release(self._ours.fileno(), self._theirs.fileno())
-        self._ours.close()
-        self._theirs.close()
 
 
 @dataclass
@@ -1136,7 +1083,6 @@ class ShellSession:
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
         self._standby: _ProtectedCopy | None = None  # the next one, protected and waiting
         self._ro_folder: str | None = None  # the copies' state file, mode file, scratch
-        self._uppers: _UpperLayers | None = None  # where copies send their upper layers
         # The state file holds the session as of stateful call _dumped (-1: never), with
         # the trace flags it had; _state_version counts the calls that may change it.
         self._state_version = 0
@@ -1257,9 +1203,6 @@ class ShellSession:
             if self._ro_folder is not None:
                 shutil.rmtree(self._ro_folder, ignore_errors=True)
                 self._ro_folder = None
-            if self._uppers is not None:
-                self._uppers.close()
-                self._uppers = None
             if self._launcher is not None:
                 self._launcher.close()
                 self._launcher = None
@@ -1355,12 +1298,8 @@ class ShellSession:
             try:
                 if self._ro_folder is None:
                     self._ro_folder = _ProtectedCopy.make_folder()
-                # Only overlays hold what a copy wrote: its layers are sent only then.
-                if self._uppers is None and isolation.best_mode() == "discarded":
-                    self._uppers = _UpperLayers()
                 if copy is None:
-                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder,
-                                          uppers=self._uppers)
+                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder)
                     copy.launch(server, self._shell)
                 self._copy = copy
                 try:
@@ -1377,8 +1316,7 @@ class ShellSession:
                 if not self._closed and self._shell.alive():
                     ready = self._dumped == self._state_version and not self._dump_flags
                     self._standby = _ProtectedCopy(self._bash, request.protect_paths,
-                                                   self._ro_folder, ready=ready,
-                                                   uppers=self._uppers)
+                                                   self._ro_folder, ready=ready)
                     self._standby.launch(server, self._shell)
                 return streams
             except launcher.LauncherError:
