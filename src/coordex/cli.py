@@ -59,25 +59,33 @@ def base_root(home: str | None = None) -> Path:
     return default_root()
 
 
+def executor_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Executor arguments every front end takes from its options: ``max_sessions``
+    and ``timeout`` (the MCP front ends, which have the option, default below MCP
+    clients' common 60 s request timeout: SPEC 8)."""
+    options: dict[str, Any] = {}
+    if getattr(args, "max_sessions", None) is not None:
+        options["max_sessions"] = args.max_sessions
+    if getattr(args, "timeout", None) is not None:
+        options["timeout"] = args.timeout
+    elif hasattr(args, "timeout"):
+        from .tools import MCP_DEFAULT_TIMEOUT
+
+        options["timeout"] = MCP_DEFAULT_TIMEOUT
+    return options
+
+
 def make_executor(args: argparse.Namespace, root: Path | None = None,
                   envs_dir: Path | None = None) -> Any:
     """An Executor from the common options. ``root=None`` lets the Executor resolve it."""
 
     from .executor import Executor
 
-    kwargs: dict[str, Any] = {}
+    kwargs = executor_options(args)
     if root is not None:
         kwargs["root"] = root
     elif getattr(args, "home", None):
         kwargs["root"] = Path(args.home).expanduser()
-    if getattr(args, "max_sessions", None) is not None:
-        kwargs["max_sessions"] = args.max_sessions
-    if getattr(args, "timeout", None) is not None:
-        kwargs["timeout"] = args.timeout
-    elif hasattr(args, "timeout"):  # the MCP front ends (SPEC 8): below clients' 60 s
-        from .tools import MCP_DEFAULT_TIMEOUT
-
-        kwargs["timeout"] = MCP_DEFAULT_TIMEOUT
     # Built environments are content-addressed, so tenants may share them on disk.
     if envs_dir is not None:
         kwargs["envs_dir"] = envs_dir
@@ -166,7 +174,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
             hidden = router.secrets_to_hide(base_root(args.home), None)
             _say(f"confinement: {router.confinement_level(hidden)}")
-            ex = router.confined_executor(args, Path(args.confine), name="default", hidden=hidden)
+            folder = Path(args.confine)
+            ex = router.confined_executor(args, folder, name="default", hidden=hidden,
+                                          environments=router.environments_folder(
+                                              base_root(args.home), "", folder))
         else:
             ex = make_executor(args)
     except Exception as exc:

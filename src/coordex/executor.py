@@ -84,6 +84,9 @@ class Executor:
             returns only once code blocked in C that retries on signals (``os.system``,
             a long BLAS call) or code that catches every interrupt lets go; by default
             the code runs on a runner thread and the timeout always returns.
+        environments_manager: the environment manager to use instead of one made from
+            ``root``, ``envs_dir`` and ``build_timeout`` (a confined host passes one whose
+            builds run in its builder process).
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -95,7 +98,8 @@ class Executor:
                  read_only_paths: list[str] | None = None,
                  envs_dir: str | os.PathLike[str] | None = None,
                  log: bool = True, log_max_rows: int = 100_000,
-                 cluster: str | None = None, own_on_caller_thread: bool = False) -> None:
+                 cluster: str | None = None, own_on_caller_thread: bool = False,
+                 environments_manager: Any = None) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -113,7 +117,7 @@ class Executor:
         self._cluster: Any = self._join_cluster(cluster) if cluster is not None else None
         self._lock = threading.RLock()
         self._capabilities: dict[str, Callable[..., Any]] = {}
-        self._environments: Any = None
+        self._environments: Any = environments_manager
         self._functions: Any = None
         self._progress = _Progress()
         import builtins

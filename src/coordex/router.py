@@ -110,22 +110,31 @@ def hide_secrets_from_sessions() -> None:
 # --- executors ----------------------------------------------------------------------
 
 
+def environments_folder(root: Path, name: str, folder: Path) -> Path:
+    """Where a confined tenant's built environments live: under the server's root, which
+    no host sees (its own folder is bound back into its jail, read-only), one folder per
+    tenant (``tenants/NAME``) or per ``--confine DIR`` (named by the folder's path).
+    Never shared between tenants: a build runs the tenant's setup code."""
+    base = root.expanduser().absolute() / "environments"
+    if name:
+        return base / "tenants" / name
+    import hashlib
+
+    return base / "confined" / hashlib.sha256(
+        os.path.realpath(folder).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
-                      hidden: Sequence[str | Path], lazy: bool = False, nodes: Any = None) -> Any:
+                      hidden: Sequence[str | Path], environments: Path | None = None,
+                      lazy: bool = False, nodes: Any = None) -> Any:
     """A :class:`ConfinedExecutor` for one tenant, from the command-line options;
+    ``environments`` is its folder of built environments (see :func:`environments_folder`);
     ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
     from .backends.confined import ConfinedExecutor
+    from .cli import executor_options
 
-    executor_args: dict[str, Any] = {}
-    if getattr(args, "max_sessions", None) is not None:
-        executor_args["max_sessions"] = args.max_sessions
-    if getattr(args, "timeout", None) is not None:
-        executor_args["timeout"] = args.timeout
-    else:  # an MCP front end (SPEC 8): below clients' common 60 s request timeout
-        from .tools import MCP_DEFAULT_TIMEOUT
-
-        executor_args["timeout"] = MCP_DEFAULT_TIMEOUT
-    return ConfinedExecutor(folder, memory_limit=args.memory_limit,
+    executor_args = executor_options(args)
+    return ConfinedExecutor(folder, environments=environments, memory_limit=args.memory_limit,
                             network=not args.no_network, max_calls=args.max_calls,
                             hide=[str(p) for p in hidden], name=name or "default",
                             lazy=lazy, nodes=nodes, **executor_args)
@@ -154,10 +163,14 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
 
         hidden += ray_secrets()
     if name:
-        return confined_executor(args, root / "tenants" / name, name=name, hidden=hidden,
-                                 lazy=True, nodes=tenant_nodes(args, name))
+        folder = root / "tenants" / name
+        return confined_executor(args, folder, name=name, hidden=hidden, lazy=True,
+                                 environments=environments_folder(root, name, folder),
+                                 nodes=tenant_nodes(args, name))
     if getattr(args, "confine", None):
-        return confined_executor(args, Path(args.confine), name="default", hidden=hidden,
+        folder = Path(args.confine)
+        return confined_executor(args, folder, name="default", hidden=hidden,
+                                 environments=environments_folder(root, "", folder),
                                  nodes=tenant_nodes(args, "default"))
     return make_in_process()
 
@@ -212,7 +225,7 @@ def tenant_options(args: argparse.Namespace, confined: bool) -> dict[str, Any]:
 
 __all__ = [
     "MIN_TOKEN_LENGTH", "add_confinement_options", "confined_executor", "confinement_level",
-    "confinement_refusal", "hide_secrets_from_sessions", "join_cluster_for_tenants",
+    "confinement_refusal", "environments_folder", "hide_secrets_from_sessions", "join_cluster_for_tenants",
     "secrets_to_hide", "short_tokens", "startup_warnings", "tenant_executor", "tenant_nodes",
     "tenant_options",
 ]

@@ -17,6 +17,7 @@ import pytest
 
 from coordex import Executor
 from coordex.backends import isolation
+from coordex.worker import _coordex_copy as copier
 
 pytestmark = [
     pytest.mark.skipif(os.uname().sysname != "Linux", reason="Linux kernel features"),
@@ -125,9 +126,13 @@ def test_reading_on_the_sessions_file_does_not_move_its_position(ex: Executor,
         ex.execute_code("f.close(); os.close(fd)", state_mode="stateful", session_name="s")
 
 
+# Small read-only maps are copied outright; past the limit the copy asks smaps which of
+# them mprotect could make writable (their file was opened for writing) and copies those.
+@pytest.mark.parametrize("size", [4096, copier.COPY_READ_ONLY_LIMIT + 4096],
+                         ids=["copied", "asked-smaps"])
 def test_a_read_only_map_made_writable_in_the_copy_does_not_reach_the_file(
-        ex: Executor, tree: Tree) -> None:
-    (tree.work / "blob.bin").write_bytes(b"A" * 4096)
+        ex: Executor, tree: Tree, size: int) -> None:
+    (tree.work / "blob.bin").write_bytes(b"A" * size)
     _enter(ex, "python", tree.work,
            "import mmap\nfh = open('blob.bin', 'r+b')\n"
            "view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)\n"

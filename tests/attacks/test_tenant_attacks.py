@@ -30,6 +30,7 @@ from tests.e2e.test_confinement import (
     _pump_lines,
     as_nobody,
     bob_still_fine,
+    landlock_server,
     write_tokens,
 )
 from tests.e2e.test_mcp_http import READY
@@ -111,8 +112,9 @@ def nobody_server() -> Iterator[Server]:
     os.chown(tokens, 65534, 65534)
     argv = as_nobody([*COORDEX, "serve", "--port", "0", "--tokens", str(tokens),
                       "--memory-limit", MEMORY_LIMIT])
-    process = subprocess.Popen(argv, env=child_env(home), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(argv, env=child_env(home, UV_OFFLINE="1"),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
     running = Running(process)
     reader = threading.Thread(target=_pump_lines, args=(process, running), daemon=True)
     reader.start()
@@ -136,6 +138,28 @@ def test_as_nobody_the_private_tmp_holds_no_more_than_the_memory_limit(
         "done"), language="bash")
     sizes = [int(n) for n in filled["stdout"].split()]
     assert len(sizes) == 2 and max(sizes) <= 256, filled
+    assert nobody_server.code(BOB, "1 + 1")["result"] == "2"
+
+
+@pytest.mark.slow
+def test_as_nobody_built_environments_stay_read_only_and_the_builder_untouchable(
+        nobody_server: Server) -> None:
+    from tests.fakes.wheels import ledgerlib_wheel, requirement
+    from tests.integration.test_confined import PROBE_BUILDER, TAMPER, USE
+
+    wheels = nobody_server.home / "tenants" / ATTACKER / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    spec = requirement("ledgerlib", ledgerlib_wheel(wheels, "1.0"))
+    built = nobody_server.run(ALICE, ("create_environment", {"spec": spec, "build": True}))[0]
+    assert built.get("built") is True, built
+    tampered, probe, used = nobody_server.run(
+        ALICE, ("execute_code", {"code": TAMPER.format(env=built["path"])}),
+        ("execute_code", {"code": PROBE_BUILDER}),
+        ("execute_code", {"code": USE, "venv_id": built["venv_id"]}))
+    assert tampered.get("result") == "[]", tampered
+    assert probe.get("result") == (
+        "{'kill': 'PermissionError', 'mem': 'PermissionError', 'ptrace': -1}"), probe
+    assert used.get("result") == "('1.0', 3, None)", used
     assert nobody_server.code(BOB, "1 + 1")["result"] == "2"
 
 
@@ -251,15 +275,11 @@ def test_no_tenant_can_plant_code_in_the_interpreter_every_host_runs(server: Ser
                    "Landlock has no right for chmod/chown/utime/setxattr and does not stop "
                    "path lookups, so a tenant can change the mode of another tenant's files "
                    "by their well-known names and lock it out of its own database; a seccomp "
-                   "filter on those calls would also stop the tenant's own environment builds")
+                   "filter on those calls in the host would hold it (builds run in the "
+                   "jail's builder, which could do without it)")
 def test_in_the_landlock_level_a_cannot_lock_b_out_of_its_files(tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
     home = tmp_path / "home"
-    env = child_env(home, COORDEX_ISOLATION_FORCE="refused")
-    with spawn("serve", "--port", "0", "--tokens", str(tokens), env=env) as running:
-        url = running.wait_for(READY).group(1)
-        assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
-        srv = Server(running, url, home, tokens)
+    with landlock_server(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n") as srv:
         srv.code(BOB, "echo mine > notes.txt", language="bash")
         victim = home / "tenants" / "victim"
         os.chmod(victim / "notes.txt", 0o644)
@@ -269,3 +289,181 @@ def test_in_the_landlock_level_a_cannot_lock_b_out_of_its_files(tmp_path: Path) 
         assert (oct(st.st_mode & 0o777), oct(os.stat(victim).st_mode & 0o777)) == (
             "0o644", "0o755")
         assert st.st_mtime > 1
+
+
+# -- the environments folder its builder alone writes (SPEC 9: read-only to the host) ----
+
+# The host's code clears the read-only attribute of the mounts in its own view
+# (mount_setattr has no Landlock hook) and writes into its environments folder; where
+# that folder lies under /tmp or the tenant's folder, Landlock allows the write there
+# and the read-only mount was all that held it. It reports what it got.
+REMOUNT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+env = {env!r}
+attr = (ctypes.c_uint64 * 4)(0, 1, 0, 0)  # clear MOUNT_ATTR_RDONLY
+cleared = libc.syscall(442, -100, env.encode(), 0x8000, ctypes.byref(attr), 32)
+try:
+    with open(os.path.join(env, 'planted.pth'), 'w') as f:
+        f.write('import os')
+    wrote = True
+except OSError:
+    wrote = False
+(cleared, wrote)
+"""
+
+
+def _remount_attack(srv: Server) -> None:
+    env = srv.home / "environments" / "tenants" / ATTACKER
+    found = srv.code(ALICE, REMOUNT.format(env=str(env)))
+    assert found.get("result") == "(-1, False)", found
+    assert not (env / "planted.pth").exists()
+    assert srv.code(BOB, "1 + 1")["result"] == "2"
+
+
+def test_the_host_cannot_make_its_environments_folder_writable(server: Server) -> None:
+    _remount_attack(server)
+
+
+def test_as_nobody_the_host_cannot_make_its_environments_folder_writable(
+        nobody_server: Server) -> None:
+    _remount_attack(nobody_server)
+
+
+# The host's code finds its own end of the builder channel (the BuilderClient) and asks
+# for build_spec, the call a cluster node's builds use: another spec, built into the
+# folder of an environment the tenant created but has not built yet.
+FORGE_BUILD = """
+import gc
+client = next(o for o in gc.get_objects() if type(o).__name__ == 'BuilderClient')
+client.call('build_spec', {{'spec_text': {spec!r}, 'spec_hash': {spec_hash!r}, 'label': 'x'}})
+"""
+
+
+@pytest.mark.slow
+def test_a_forged_build_spec_cannot_fill_another_environments_folder(server: Server) -> None:
+    from tests.fakes.wheels import build_wheel, ledgerlib_wheel, requirement
+
+    wheels = server.home / "tenants" / ATTACKER / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    spec = requirement("ledgerlib", ledgerlib_wheel(wheels, "1.0"))
+    planted = requirement("ledgerlib", build_wheel(
+        wheels / "planted", "ledgerlib", "1.0", {"ledgerlib/__init__.py": "VERSION = 'planted'\n"}))
+    made = server.run(ALICE, ("create_environment", {"spec": spec}))[0]
+    assert made.get("built") is False, made
+    forged = server.code(ALICE, FORGE_BUILD.format(spec=planted, spec_hash=made["spec_hash"]))
+    assert forged.get("is_error") is False, forged
+    used = server.code(ALICE, "import ledgerlib; ledgerlib.VERSION", venv_id=made["venv_id"])
+    assert used.get("result") == "'1.0'", used
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"),
+                    reason="needs root to make a mount of its own")
+def test_in_the_landlock_level_a_cannot_change_the_machines_mounts(tmp_path: Path) -> None:
+    # Without namespaces a host of a root server ran as root with every capability, and
+    # mount_setattr (which Landlock does not see) takes any path: a tenant could make
+    # every mount of the machine read-only or noexec, B's and the server's among them.
+    # A tmpfs of the test's own stands for them.
+    machine = tmp_path / "mnt"
+    machine.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(machine)], check=True)
+    try:
+        with landlock_server(tmp_path, f"{ATTACKER} {ALICE}\nvictim {BOB}\n") as srv:
+            found = srv.code(ALICE, (
+                "import ctypes\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "attr = (ctypes.c_uint64 * 4)(1, 0, 0, 0)  # set MOUNT_ATTR_RDONLY\n"
+                f"libc.syscall(442, -100, {str(machine).encode()!r}, 0x8000, "
+                "ctypes.byref(attr), 32)"))
+            assert found.get("result") == "-1", found
+            (machine / "still-writable").write_text("yes")
+            assert srv.code(BOB, "1 + 1")["result"] == "2"
+    finally:
+        subprocess.run(["umount", "-l", str(machine)], check=False)
+
+
+def _another_python() -> dict[str, str] | None:
+    """A Python of another minor version on this machine: its executable, version and
+    standard library (a tenant can copy one into its folder, or install one with uv)."""
+    import json
+    import sys
+
+    home = os.path.expanduser("~")
+    candidates = sorted({*glob.glob("/usr/bin/python3.*"), *glob.glob("/usr/local/bin/python3.*"),
+                         *glob.glob(f"{home}/.pyenv/versions/*/bin/python3.*"),
+                         *glob.glob(f"{home}/.local/share/uv/python/*/bin/python3.*")})
+    for path in candidates:
+        if path.endswith("-config") or not os.access(path, os.X_OK):
+            continue
+        try:
+            done = subprocess.run([path, "-I", "-c", (
+                "import json, platform, sys, sysconfig; print(json.dumps({'version': "
+                "platform.python_version(), 'stdlib': sysconfig.get_paths()['stdlib']}))")],
+                capture_output=True, text=True, timeout=10)
+            found = json.loads(done.stdout)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            continue
+        if found["version"].split(".")[:2] != [str(n) for n in sys.version_info[:2]]:
+            return {"executable": path, **found}
+    return None
+
+
+@pytest.mark.slow
+def test_a_python_the_tenant_plants_in_its_home_is_not_built_on(server: Server) -> None:
+    # The builder's HOME was the tenant's folder: for a requires-python the server's own
+    # Python does not meet, uv found a "managed" Python the tenant had put under
+    # ~/.local/share/uv/python, and the environment ran on it. Its standard library stayed
+    # the tenant's to write: a sitecustomize.py written after the build ran in every
+    # worker of the environment.
+    import platform
+
+    other = _another_python()
+    if other is None:
+        pytest.skip("needs a Python of another minor version on this machine")
+    minor = ".".join(other["version"].split(".")[:2])
+    prefix = (f"~/.local/share/uv/python/cpython-{other['version']}-linux-"
+              f"{platform.machine()}-gnu")
+    planted = server.code(ALICE, (
+        f"P={prefix}; L=$P/lib/$(basename {other['stdlib']})\n"
+        f"mkdir -p $P/bin $L && cp {other['executable']} $P/bin/python{minor}\n"
+        f"for e in {other['stdlib']}/*; do ln -sf $e $L/; done\n"
+        f"$P/bin/python{minor} -c 'import sys; print(sys.prefix)'"), language="bash")
+    if not planted.get("stdout", "").strip().endswith(prefix.split("/")[-1]):
+        pytest.skip(f"that Python does not run from a copy: {planted}")
+    spec = f'# /// script\n# requires-python = "=={minor}.*"\n# dependencies = []\n# ///\n'
+    made = server.run(ALICE, ("create_environment", {"spec": spec, "build": True}))[0]
+    server.code(ALICE, (f"echo \"import os; os.environ['PLANTED'] = 'yes'\" > "
+                        f"{prefix}/lib/$(basename {other['stdlib']})/sitecustomize.py"),
+                language="bash")
+    if made.get("venv_id") is None:  # no Python but the tenant's matched: refused, fine
+        return
+    used = server.code(ALICE, "import os; os.environ.get('PLANTED')", venv_id=made["venv_id"])
+    assert used.get("error_type") == "environment" or used.get("result") == "None", (made, used)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "a build runs the package's own code in the builder (the import check imports it; an "
+    "sdist's build backend runs under uv), and the builder may write every environment of "
+    "the tenant, its store and uv's cache: a package the tenant asks for can still change "
+    "the tenant's environments built before it (README, Notes). A Landlock domain of its "
+    "own for each build's processes, writing only the build's folder (and uv the cache), "
+    "would hold it for wheels; sdists' backends would still reach the cache"))
+def test_a_later_build_cannot_change_an_environment_built_before(server: Server) -> None:
+    from tests.fakes.wheels import build_wheel, ledgerlib_wheel, requirement
+
+    wheels = server.home / "tenants" / ATTACKER / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    first = server.run(ALICE, ("create_environment", {
+        "spec": requirement("ledgerlib", ledgerlib_wheel(wheels, "2.0")), "build": True}))[0]
+    assert first.get("built") is True, first
+    module = f"{first['path']}/lib/python*/site-packages/ledgerlib/__init__.py"
+    rewrite = build_wheel(wheels / "rewrite", "rewrite", "1.0", {"rewrite/__init__.py": (
+        "import glob\n"
+        f"for path in glob.glob({module!r}):\n"
+        "    with open(path, 'a') as f:\n"
+        "        f.write(\"\\nVERSION = 'planted'\\n\")\n")})
+    server.run(ALICE, ("create_environment", {"spec": requirement("rewrite", rewrite),
+                                              "build": True}))
+    used = server.code(ALICE, "import ledgerlib; ledgerlib.VERSION", venv_id=first["venv_id"])
+    assert used.get("result") == "'2.0'", used

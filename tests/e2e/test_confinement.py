@@ -9,6 +9,7 @@ call or a memory hog, reads ``COORDEX_TOKEN``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -231,6 +232,36 @@ def test_a_built_environment_b_uses_cannot_be_planted(server: Server) -> None:
     assert check["stdout"].strip() == "None", (planted, check)
 
 
+@pytest.mark.slow
+def test_a_tenant_cannot_change_its_own_built_environments(server: Server) -> None:
+    from tests.integration.test_confined import TAMPER, USE
+
+    wheels = server.home / "tenants" / "alice" / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    spec = requirement("ledgerlib", ledgerlib_wheel(wheels, "1.0"))
+    built = server.run(ALICE, ("create_environment", {"spec": spec, "build": True}))[0]
+    assert built.get("built") is True, built
+    assert not Path(built["path"]).is_relative_to(server.home / "tenants")
+    theirs = server.home / "tenants" / "bob" / "wheels"
+    theirs.mkdir(exist_ok=True)
+    bobs = server.run(BOB, ("create_environment", {
+        "spec": requirement("ledgerlib", ledgerlib_wheel(theirs, "2.0")), "build": True}))[0]
+    assert bobs.get("built") is True and bobs["path"] != built["path"], bobs
+    tampered = server.code(ALICE, TAMPER.format(env=built["path"]))
+    assert tampered.get("result") == "[]", tampered
+    used, stored = server.run(
+        ALICE, ("execute_code", {"code": USE, "venv_id": built["venv_id"]}),
+        ("define_function", {"source": "def tot(xs):\n    import ledgerlib\n"
+                             "    return ledgerlib.total(xs)", "name": "tot", "env": spec}))
+    assert used.get("result") == "('1.0', 3, None)", used
+    assert not stored["is_error"], stored
+    called = server.run(ALICE, ("call_function", {"name": "tot", "args": "[[1, 2, 3]]"}))[0]
+    assert called.get("value") == 6, called
+    bob = server.code(BOB, "import ledgerlib; ledgerlib.VERSION", venv_id=bobs["venv_id"])
+    assert bob.get("result") == "'2.0'", bob
+    bob_still_fine(server)
+
+
 def test_tokens_shorter_than_16_characters_are_refused(tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob short\n")
     done = run_cli("serve", "--port", "0", "--tokens", str(tokens),
@@ -258,13 +289,20 @@ def test_a_public_bind_without_allowed_host_warns(tmp_path: Path) -> None:
 # --- where user namespaces are blocked, and as an unprivileged user ---------------------
 
 
-def test_blocked_namespaces_give_landlock_and_still_hide_b(tmp_path: Path) -> None:
-    tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+@contextlib.contextmanager
+def landlock_server(tmp_path: Path, tokens_text: str) -> Iterator[Server]:
+    """``coordex serve --tokens`` in ``tmp_path`` as if user namespaces were blocked."""
+    tokens = write_tokens(tmp_path, tokens_text)
     env = child_env(tmp_path / "home", COORDEX_ISOLATION_FORCE="refused")
     with spawn("serve", "--port", "0", "--tokens", str(tokens), env=env) as running:
         url = running.wait_for(READY).group(1)
         assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
-        srv = Server(running, url, tmp_path / "home", tokens)
+        yield Server(running, url, tmp_path / "home", tokens)
+
+
+def test_blocked_namespaces_give_landlock_and_still_hide_b(tmp_path: Path) -> None:
+    with landlock_server(tmp_path, f"alice {ALICE}\nbob {BOB}\n") as srv:
+        tokens = srv.tokens
         srv.code(BOB, f"echo {SECRET} > notes.txt", language="bash")
         stolen = srv.code(ALICE, f"cat {tmp_path}/home/tenants/bob/notes.txt {tokens}",
                           language="bash")

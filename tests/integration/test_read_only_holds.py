@@ -138,6 +138,28 @@ def test_a_sqlite_connection_works_in_the_copy_and_the_database_keeps_nothing(
         fresh.close()
 
 
+def test_objects_of_the_callers_thread_work_in_a_copy_with_code_on_that_thread(
+        tmp_path: Path) -> None:
+    # own_on_caller_thread=True: the session's code ran on this (main) thread, so the
+    # copy must be this thread's fork too, or the connection and the thread-local data
+    # the code made here are another thread's in the copy.
+    with Executor(root=tmp_path / "root", timeout=30, own_on_caller_thread=True) as ex:
+        made = ex.execute_code(
+            "import sqlite3, threading\ncon = sqlite3.connect(':memory:')\n"
+            "con.execute('create table t (x)')\nlocal = threading.local(); local.v = 5",
+            state_mode="stateful", session_name="s")
+        assert "error" not in made, made
+        result = ex.execute_code(
+            "con.execute('insert into t values (1)')\n"
+            "(con.execute('select count(*) from t').fetchone()[0], local.v)",
+            state_mode="read_only", session_name="s")
+        assert "error" not in result, result
+        assert result["result"] == "(1, 5)"
+        after = ex.execute_code("con.execute('select count(*) from t').fetchone()[0]",
+                                state_mode="stateful", session_name="s")
+        assert after["result"] == "0", after
+
+
 def test_coordex_pipes_are_closed_in_the_copy(place: Place) -> None:
     """Code in the copy writes a command into every pipe and socket it can find."""
     ex = place.ex

@@ -117,3 +117,44 @@ finally:
     assert done.returncode == 0, done.stderr[-3000:]
     seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
     assert 2.0 <= seconds < 10, seconds
+
+
+@pytest.mark.slow
+def test_a_tenants_code_on_a_node_cannot_change_its_built_environment(tmp_path: Path) -> None:
+    """SPEC 9's read-only environments hold in a tenant's host on a node too: the node's
+    jail builds with its builder, and the tenant's session there goes after the result."""
+    from tests.fakes.wheels import ledgerlib_wheel, requirement
+    from tests.integration.test_confined import TAMPER
+
+    wheels = tmp_path / "tenants" / "alice" / "wheels"  # the tenant's own folder there
+    spec = requirement("ledgerlib", ledgerlib_wheel(wheels, "1.0"))
+    script = SCRIPT_HEAD + r"""
+from pathlib import Path
+from coordex.environments.manager import EnvironmentManager
+
+driver = EnvironmentManager(Path(sys.argv[2]))  # the driver's registry describes it
+text, spec_hash, label = driver.describe(driver.create(sys.argv[1])["venv_id"])
+env = {"spec_text": text, "spec_hash": spec_hash, "label": label}
+host = TenantNodeHost({"name": "alice", "memory_limit": 512 << 20})
+try:
+    run(host, "open", {"sid": "e", "language": "python", "env": env, "capabilities": []})
+    def python(code):
+        return run(host, "run", {"sid": "e", "code": code, "timeout": 20,
+                                 "output_limit": 10000, "stream": False, "protect_paths": [],
+                                 "scratch": False, "capabilities": []})
+    where = python("import sys; sys.prefix")
+    tampered = python(sys.argv[3].format(env=eval(where["result"])))
+    used = python("import os, ledgerlib; ledgerlib.VERSION, os.environ.get('PLANTED')")
+    print(json.dumps({"where": where["result"], "tampered": tampered.get("result", tampered),
+                      "used": used.get("result", used)}))
+finally:
+    host.shutdown()
+"""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COORDEX_HOME": str(tmp_path),
+           "UV_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script, spec, str(tmp_path / "driver"),
+                           TAMPER], env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "/environments/tenants/alice/" in found["where"], found
+    assert found["tampered"] == "[]" and found["used"] == "('1.0', None)", found

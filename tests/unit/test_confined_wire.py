@@ -28,6 +28,18 @@ def test_lines_are_ascii_and_checked() -> None:
         wire.decode(b"\xff")
 
 
+def test_a_line_reader_joins_chunks_and_ends_a_flood() -> None:
+    # Lines split across reads come out whole and in order; a peer sending a line with
+    # no end past the bound is a ProtocolError (its host is ended), not memory gone.
+    lines = wire.LineReader(-1, max_line=16)
+    assert lines.feed(b'{"a"') == []
+    assert lines.feed(b': 1}\n{"b": 2}\n{"c"') == [b'{"a": 1}', b'{"b": 2}']
+    assert lines.feed(b": 3}\n") == [b'{"c": 3}']
+    assert lines.feed(b"x" * 16) == []
+    with pytest.raises(wire.ProtocolError, match="longer than 16"):
+        lines.feed(b"x")
+
+
 def test_capability_and_plan_namespace_never_travel() -> None:
     assert "capability" not in wire.METHODS and "plan_namespace" not in wire.METHODS
 

@@ -33,15 +33,17 @@ WORKER_DIR = ROOT / "src" / "coordex" / "worker"
 
 
 CONFINED_PART = "# The owner ↔ confined host protocol"
+BUILDER_PART = "# The host ↔ builder channel"
 
 
-def _part(confined: bool) -> str:
+def _part(confined: bool, builder: bool = False) -> str:
     worker, confined_text = DOC.read_text().split(CONFINED_PART, 1)
-    return confined_text if confined else worker
+    confined_text, builder_text = confined_text.split(BUILDER_PART, 1)
+    return builder_text if builder else confined_text if confined else worker
 
 
-def _sections(confined: bool = False) -> dict[str, str]:
-    parts = re.split(r"^### `(\w+)`", _part(confined), flags=re.MULTILINE)
+def _sections(confined: bool = False, builder: bool = False) -> dict[str, str]:
+    parts = re.split(r"^### `(\w+)`", _part(confined, builder), flags=re.MULTILINE)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
@@ -178,3 +180,15 @@ def test_the_confined_host_protocol_is_documented_in_its_part() -> None:
 def _expand(name: str) -> list[str]:
     head, _, tails = name.partition(".")
     return [f"{head}.{t}" for t in tails.split("|")] if tails else [head]
+
+
+def test_the_builder_channel_is_documented_in_its_part() -> None:
+    from coordex.backends.confined import wire
+
+    found = re.search(r"Builder channel version: \*\*(\d+)\*\*", _part(False, builder=True))
+    assert found is not None and int(found.group(1)) == wire.BUILDER_PROTOCOL_VERSION
+    sections = _sections(builder=True)
+    _check_documented(sections, wire.BUILDER_MESSAGES, {
+        wire.HOST_TO_BUILDER: "host → builder", wire.BUILDER_TO_HOST: "builder → host"})
+    documented = set(re.findall(r"`([a-z_]+)`", sections["request"].split("- `args`")[0]))
+    assert set(wire.BUILDER_OPS) <= documented, set(wire.BUILDER_OPS) - documented

@@ -11,6 +11,12 @@ The hot path is :meth:`python_for` on an environment this process already built 
 built: it answers from an in-memory map after one ``stat`` of the marker file (a few
 microseconds), and records ``last_used_at`` at most once a minute.
 
+Who writes: by default this process (the registry and the builds are local). Given a
+``builder`` (a confined host's :class:`~coordex.backends.confined.builder.BuilderClient`),
+everything that reads the registry or changes the environments folder is asked of the
+builder process, which runs a plain manager of its own: the folder is read-only to the
+code this process runs. The caches and the hot path stay here.
+
 Public methods that return dicts never raise for bad input or failed builds: they return
 the SPEC error dict. ``python_for`` raises :class:`CoordexError` (for the executor).
 """
@@ -18,6 +24,7 @@ the SPEC error dict. ``python_for`` raises :class:`CoordexError` (for the execut
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.coordinates import MAX_VENV_ID, is_valid_text
-from ..core.errors import CoordexError, make_error
+from ..core.errors import CoordexError, is_error, make_error
 from ..core.spec import EnvironmentSpec, parse_spec
-from .builder import EnvironmentBuilder, Interpreter, find_interpreter, hash_inputs
+from .builder import MARKER, EnvironmentBuilder, Interpreter, find_interpreter, hash_inputs
 from .store import EnvironmentRecord, EnvironmentStore, NameTaken
 
 ProgressCallback = Callable[[str], None]
@@ -37,6 +44,7 @@ DB_NAME = "environments.sqlite3"
 MAX_NAME = 200
 # last_used_at is informational; writing it on every call would put SQLite on the hot path.
 TOUCH_INTERVAL_S = 60.0
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -56,18 +64,23 @@ class EnvironmentManager:
             of the same spec included) before it is stopped.
         envs_dir: where built environments go, default ``root/envs``. Pass one shared
             folder to let several roots (tenants) reuse content-addressed builds.
+        builder: where registry reads and builds happen: None (here), or an object whose
+            ``call(op, args, on_progress)`` runs the manager method ``op`` elsewhere and
+            returns its value (a confined host's builder process; see the module doc).
     """
 
     def __init__(self, root: Path, *, build_timeout: float = 900.0,
-                 envs_dir: Path | None = None) -> None:
+                 envs_dir: Path | None = None, builder: Any = None) -> None:
         # Absolute paths: uv runs with its own working folder, and the executor hands
         # these paths to other processes.
         self.root = Path(root).absolute()
         self.shared_envs = envs_dir is not None
         self.envs_dir = Path(envs_dir).absolute() if envs_dir is not None else self.root / "envs"
-        self._store = EnvironmentStore(self.root / DB_NAME)
-        self._builder = EnvironmentBuilder(self.envs_dir, self.root / "logs",
-                                           timeout=build_timeout)
+        self._remote = builder
+        if builder is None:
+            self._store = EnvironmentStore(self.root / DB_NAME)
+            self._builder = EnvironmentBuilder(self.envs_dir, self.root / "logs",
+                                               timeout=build_timeout)
         self._lock = threading.Lock()
         self._id_locks: dict[int, threading.Lock] = {}
         self._ready: dict[int, _Ready] = {}
@@ -85,6 +98,12 @@ class EnvironmentManager:
             A ``validation`` error for an unparseable spec or a name held by another
             spec; an ``environment`` error when no interpreter matches requires-python.
         """
+        if self._remote is not None:
+            made = self._remote.call("create", {"spec": spec, "name": name})
+            if isinstance(made, dict) and "venv_id" in made:
+                with self._lock:
+                    self._known.add(made["venv_id"])
+            return dict(made)
         try:
             parsed = parse_spec(spec)
             checked = _check_name(name)
@@ -117,6 +136,8 @@ class EnvironmentManager:
     def list(self) -> dict[str, Any]:
         """``{"environments": [{"venv_id","name","spec_hash","built","created_at",
         "last_used_at"}...]}``; ``built`` is checked on disk, not trusted from the table."""
+        if self._remote is not None:
+            return dict(self._remote.call("list", {}))
         return {"environments": [
             {"venv_id": r.venv_id, "name": r.name, "spec_hash": r.spec_hash,
              "built": self._builder.is_built(r.spec_hash), "created_at": r.created_at,
@@ -127,7 +148,10 @@ class EnvironmentManager:
     def exists(self, venv_id: int) -> bool:
         if venv_id in self._known:
             return True
-        if not _is_id(venv_id) or self._store.get(venv_id) is None:
+        if self._remote is not None:
+            if not _is_id(venv_id) or self._remote.call("exists", {"venv_id": venv_id}) is not True:
+                return False
+        elif not _is_id(venv_id) or self._store.get(venv_id) is None:
             return False
         with self._lock:
             self._known.add(venv_id)
@@ -138,12 +162,19 @@ class EnvironmentManager:
         ready = self._ready.get(venv_id)
         if ready is not None:
             return ready.folder
+        if self._remote is not None:
+            folder = self._remote.call("env_dir", {"venv_id": venv_id}) if _is_id(venv_id) else None
+            return None if not isinstance(folder, str) else Path(folder)
         record = self._store.get(venv_id) if _is_id(venv_id) else None
         return None if record is None else self._builder.folder(record.spec_hash)
 
     def describe(self, venv_id: int) -> tuple[str, str, str]:
         """``(spec_text, spec_hash, label)`` of an environment, for a builder elsewhere
         (a cluster node builds it with the same hash). Raises like :meth:`python_for`."""
+        if self._remote is not None:
+            text, spec_hash, label = _raise_if_error(
+                self._remote.call("describe", {"venv_id": venv_id}))
+            return str(text), str(spec_hash), str(label)
         record = self._store.get(venv_id) if _is_id(venv_id) else None
         if record is None:
             raise self._not_found(venv_id)
@@ -193,6 +224,8 @@ class EnvironmentManager:
                 f"{venv_id!r}"[:200] + ".",
                 "Use the venv_id returned by environments.create(...) or listed by "
                 "environments.list().")
+        if self._remote is not None:
+            return self._ensure_remote(venv_id, on_progress)
         with self._lock:
             id_lock = self._id_locks.setdefault(venv_id, threading.Lock())
         with id_lock:  # one build per id in this process; the builder's file lock spans processes
@@ -216,6 +249,46 @@ class EnvironmentManager:
                 self._touched[venv_id] = now
             return ready, outcome.cached
 
+    def _ensure_remote(self, venv_id: int,
+                       on_progress: ProgressCallback | None) -> tuple[_Ready, bool]:
+        built = _raise_if_error(self._remote.call("build", {"venv_id": venv_id}, on_progress))
+        folder = Path(built["path"])
+        ready = _Ready(folder, Path(built["python"]), folder / MARKER)
+        with self._lock:
+            self._ready[venv_id] = ready
+            self._known.add(venv_id)
+            self._touched[venv_id] = time.time()
+        return ready, bool(built["cached"])
+
+    def build_spec(self, spec_text: str, spec_hash: str, label: str,
+                   on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Build ``spec_text`` with the ``spec_hash`` another process chose (a cluster
+        node builds what the driver describes, with the driver's hash), with no registry
+        row. ``{"path", "python", "cached"}``.
+
+        The folder is named by that hash *and* the spec text: the caller may be the
+        tenant's own code (a confined host's builder channel), and a hash of another
+        spec must not let it fill that spec's folder with something else.
+
+        Raises:
+            CoordexError: ``validation`` for a hash that is not sha256 hex (it names a
+                folder), else as :meth:`python_for`.
+        """
+        if self._remote is not None:
+            return dict(_raise_if_error(self._remote.call(
+                "build_spec", {"spec_text": spec_text, "spec_hash": spec_hash,
+                               "label": label}, on_progress)))
+        if not isinstance(spec_hash, str) or not _SHA256.fullmatch(spec_hash):
+            raise CoordexError("validation", f"spec_hash must be sha256 hex, got "
+                               f"{spec_hash!r}"[:200] + ".",
+                               "Pass the spec_hash that describe(venv_id) returned.")
+        spec = parse_spec(spec_text)
+        outcome = self._builder.ensure_built(
+            spec, spec.spec_hash({"given": spec_hash}), find_interpreter(spec.requires_python),
+            on_progress=on_progress, label=str(label)[:200])
+        return {"path": str(outcome.path), "python": str(outcome.python),
+                "cached": outcome.cached}
+
     def _current_hash(self, record: EnvironmentRecord, spec: EnvironmentSpec,
                       interpreter: Interpreter) -> str:
         # Inputs besides the spec (uv upgraded, index changed) may differ from when the
@@ -231,9 +304,17 @@ class EnvironmentManager:
             return
         self._touched[venv_id] = now
         try:
-            self._store.touch(venv_id, now)
+            if self._remote is not None:
+                self._remote.call("touch", {"venv_id": venv_id})
+            else:
+                self._store.touch(venv_id, now)
         except Exception:  # a busy database must not fail a run; the stamp is informational
             pass
+
+    def touch(self, venv_id: int) -> None:
+        """Record that ``venv_id`` was used (at most once a minute; a builder's host asks)."""
+        if _is_id(venv_id) and self.exists(venv_id):
+            self._touch(venv_id)
 
     def _not_found(self, venv_id: int) -> CoordexError:
         records = self._store.all()
@@ -257,6 +338,8 @@ class EnvironmentManager:
         with self._lock:
             self._ready.clear()
             self._touched.clear()
+        # A builder's channel is left open: it ends with the host process (closing it
+        # first would end the builder, and the jail's init would end the host mid-close).
 
     def remove_unused(self) -> dict[str, Any]:
         """Delete leftovers of crashed builds and built folders no environment here uses.
@@ -264,6 +347,8 @@ class EnvironmentManager:
         With a shared ``envs_dir`` other roots may use any folder, so only crashed-build
         leftovers are removed there (``"kept_shared": True``).
         """
+        if self._remote is not None:
+            return dict(self._remote.call("remove_unused", {}))
         keep = {r.spec_hash for r in self._store.all()}
         try:
             result = self._builder.remove_unused(keep, remove_envs=not self.shared_envs)
@@ -273,6 +358,14 @@ class EnvironmentManager:
         if self.shared_envs:
             result["kept_shared"] = True
         return result
+
+
+def _raise_if_error(value: Any) -> Any:
+    """A builder's answer, or the CoordexError its error dict stands for."""
+    if isinstance(value, dict) and is_error(value):
+        extra = {k: v for k, v in value.items() if k not in ("error", "error_type", "suggestion")}
+        raise CoordexError(value["error_type"], value["error"], value["suggestion"], **extra)
+    return value
 
 
 def _is_id(value: Any) -> bool:

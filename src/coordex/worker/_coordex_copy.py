@@ -36,6 +36,7 @@ lines that are not valid messages: the copy can garble its own link, not its par
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -223,6 +224,10 @@ def _reopen_through_overlay(fd: int, flags: int, st: Any) -> int:
 _PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
 _MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+# A line of /proc/self/maps for a shared mapping: start, end, perms ("rw-"), the rest.
+_SHARED_MAP = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ([r-][w-][x-])s(.*)$", re.MULTILINE)
+# Read-only shared maps up to this size in all are made private without asking smaps.
+COPY_READ_ONLY_LIMIT = 16 << 20
 
 
 def privatize_shared_mappings() -> bool:
@@ -235,38 +240,39 @@ def privatize_shared_mappings() -> bool:
     then in-place writes there reach the session and ``objects`` must be false.
     """
     try:
-        with open("/proc/self/maps") as maps:
-            lines = maps.read().splitlines()
+        text = _read_proc("/proc/self/maps")
     except OSError:
         return False
     regions = []  # type: List[Tuple[int, int, str, str]]
     read_only = []  # type: List[Tuple[int, int, str, str]]  # mprotect could make writable
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 5 or parts[1][3] != "s":
-            continue
-        path = parts[5].strip() if len(parts) > 5 else ""
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        (regions if parts[1][1] == "w" else read_only).append((start, end, parts[1], path))
+    # Only shared lines are split: in a fork child every string made costs faults.
+    for found in _SHARED_MAP.finditer(text):
+        start, end, perms, rest = found.groups()
+        fields = rest.split(None, 3)
+        path = fields[3].strip() if len(fields) > 3 else ""
+        (regions if perms[1] == "w" else read_only).append(
+            (int(start, 16), int(end, 16), perms, path))
     if read_only:
-        regions += _may_become_writable(read_only)
+        # Copying a small read-only map (glibc's gconv cache, 28 KiB, is in most
+        # processes) costs microseconds; asking /proc/self/smaps whether mprotect could
+        # make it writable costs milliseconds in a large process, since smaps walks the
+        # pages of every mapping. So readable ones are copied while they are small in
+        # all, and smaps is read only for the rest (large, unreadable or device maps).
+        copied = [r for r in read_only if r[2][0] == "r" and not _is_device(r[3])]
+        if sum(end - start for start, end, _, _ in copied) <= COPY_READ_ONLY_LIMIT:
+            regions += copied
+            read_only = [r for r in read_only if r not in copied]
+        if read_only:
+            regions += _may_become_writable(read_only)
     if not regions:
         return True
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.mremap.restype = ctypes.c_void_p
-    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
-                            ctypes.c_void_p]
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc = _memory_calls()
     failed = ctypes.c_void_p(-1).value
     complete = True
     for start, end, perms, path in regions:
-        device = path.startswith("/dev/") and not path.startswith(("/dev/shm/", "/dev/zero"))
-        if device or perms[0] != "r":
+        if _is_device(path) or perms[0] != "r":
             complete = False  # device memory cannot be copied; write-only cannot be read
             continue
         size = end - start
@@ -285,6 +291,43 @@ def privatize_shared_mappings() -> bool:
             continue
         libc.mprotect(start, size, prot)
     return complete
+
+
+_LIBC = None  # type: Any  # libc with mmap, mremap and mprotect typed: see prepare()
+
+
+def _memory_calls() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.mremap.restype = ctypes.c_void_p
+        libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                ctypes.c_int, ctypes.c_void_p]
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC = libc
+    return _LIBC
+
+
+def prepare() -> None:
+    """In the process that forks copies, before a fork: set up once what each copy
+    would set up again (libc's memory calls, ~0.2 ms in a fork child)."""
+    _memory_calls()
+
+
+def _read_proc(path: str) -> str:
+    """A /proc file's text, read unbuffered: in a fork child a text stream's buffers
+    and decoder cost more (in copy-on-write faults) than the read itself."""
+    with open(path, "rb", buffering=0) as raw:
+        return raw.readall().decode("utf-8", "surrogateescape")
+
+
+def _is_device(path: str) -> bool:
+    return path.startswith("/dev/") and not path.startswith(("/dev/shm/", "/dev/zero"))
 
 
 def _may_become_writable(regions: List[Tuple[int, int, str, str]],
@@ -398,12 +441,14 @@ class LinkReader:
 
 def interrupt_on_sigint() -> None:
     """In a copy: SIGINT (a timeout or a cancel) raises ``engine.Interrupt`` in the code."""
-    import signal
+    # The C module: signal.signal's enum conversions cost a fork child ~0.1 ms of faults.
+    import _signal
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise engine.Interrupt
+    _signal.signal(_signal.SIGINT, _raise_interrupt)
 
-    signal.signal(signal.SIGINT, interrupt)
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise engine.Interrupt
 
 
 def run_cell(code: str, namespace: Dict[str, Any], output_limit: int) -> Dict[str, Any]:
@@ -418,6 +463,20 @@ def run_cell(code: str, namespace: Dict[str, Any], output_limit: int) -> Dict[st
                    "error": {"exception": "KeyboardInterrupt", "message": "",
                              "traceback": "KeyboardInterrupt\n"}}
     return outcome
+
+
+def step_aside() -> None:
+    """In a copy that has sent its ``done``: run on at idle priority from here on.
+
+    Exiting tears down the copy's copy-on-write image (milliseconds for a large
+    session), and on a busy machine that ran on the CPU the waiting parent was woken
+    on, before it: the parent read the ``done`` ~4 ms late. At idle priority the
+    teardown waits for a free CPU instead.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass  # not Linux: the parent just waits for the CPU
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -117,33 +117,50 @@ def decode(line: bytes, direction: Optional[str] = None) -> Dict[str, Any]:
 
 
 class LineReader:
-    """Split what arrives on a file descriptor into lines (blocking reads)."""
+    """Split what arrives on a file descriptor into lines (blocking reads).
 
-    def __init__(self, fd: int) -> None:
+    Only bytes not yet searched are searched for the newline, so a long line arriving
+    in many chunks costs linear time; with ``max_line``, a line longer than that (one
+    with no end in sight: a flood from a peer that cannot be trusted) raises
+    ProtocolError.
+    """
+
+    def __init__(self, fd: int, max_line: Optional[int] = None) -> None:
         self.fd = fd
+        self.max_line = max_line
         self._buffer = bytearray()
+        self._searched = 0  # bytes of the buffer known to hold no newline
 
     def pending(self) -> bytes:
         return bytes(self._buffer)
+
+    def _take(self) -> Optional[bytes]:
+        end = self._buffer.find(b"\n", self._searched)
+        if end < 0:
+            self._searched = len(self._buffer)
+            if self.max_line is not None and self._searched > self.max_line:
+                raise ProtocolError("a line longer than %d bytes" % self.max_line)
+            return None
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        self._searched = 0
+        return line
 
     def feed(self, data: bytes) -> List[bytes]:
         """Add bytes; return the complete lines now available."""
         self._buffer += data
         lines: List[bytes] = []
         while True:
-            end = self._buffer.find(b"\n")
-            if end < 0:
+            line = self._take()
+            if line is None:
                 return lines
-            lines.append(bytes(self._buffer[:end]))
-            del self._buffer[: end + 1]
+            lines.append(line)
 
     def read_line(self) -> Optional[bytes]:
         """Block for the next line; None at end of file."""
         while True:
-            end = self._buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
+            line = self._take()
+            if line is not None:
                 return line
             data = os.read(self.fd, 1 << 16)
             if not data:

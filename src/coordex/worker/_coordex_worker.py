@@ -160,15 +160,18 @@ def load_isolation() -> Any:
                 raise ImportError("no module at %r" % ISOLATION_PATH)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            module.landlock_abi()  # loads libc now, once
+            module.prepare()  # libc, the Landlock ABI and the seccomp filters, once
             _State.isolation = module
         except Exception as exc:
             _State.isolation_error = "%s: %s" % (type(exc).__name__, exc)
     return _State.isolation
 
 
-def protect(paths: List[str], scratch: Optional[str]) -> str:
+def protect(paths: List[str], scratch: Optional[str],
+            mapping: Optional[Tuple[int, int]] = None) -> str:
     """Called in a read_only fork child before user code; returns the files mode.
+
+    ``mapping`` (root only): the pipes to ask this worker for the copy's identity map.
 
     SPEC guarantee 3: ``scratch`` becomes TMPDIR/TMP/TEMP and stays writable; writes to
     ``paths`` ("." is this process's cwd) are discarded, writes elsewhere refused. Without
@@ -188,7 +191,8 @@ def protect(paths: List[str], scratch: Optional[str]) -> str:
                          % (_State.isolation_error or "not loaded"))
         return "none"
     try:
-        mode = module.protect(paths, scratch)
+        asker = module.identity_asker(*mapping) if mapping is not None else None
+        mode = module.protect(paths, scratch, map_identity=asker)
     except Exception as exc:  # protection failed: never over-claim
         sys.stderr.write("coordex: file protection failed (%s: %s)\n"
                          % (type(exc).__name__, exc))
@@ -414,6 +418,7 @@ def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, A
         load_isolation()
     unsafe = copier.fork_unsafe_runtimes()
     kind = "values" if unsafe else "fork"
+    mapping = asking = None  # type: Optional[Tuple[int, int]]
     if unsafe:
         skip = [name for name, stub in _State.capabilities.items()
                 if namespace.get(name) is stub]
@@ -429,19 +434,28 @@ def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, A
     else:
         read_fd, child_w = os.pipe()
         child_r, write_fd = os.pipe()
+        # Root: the copy asks this process, which keeps the privilege its user namespace
+        # lacks, for its identity map instead of spawning a helper shell (~1 ms).
+        if msg.get("scratch") and _State.isolation is not None and os.geteuid() == 0:
+            ask_r, ask_w = os.pipe()
+            answer_r, answer_w = os.pipe()
+            mapping, asking = (ask_w, answer_r), (ask_r, answer_w)
+        copier.prepare()  # once, here, rather than in every copy
         pid = _fork()
         if pid == 0:
             os.close(read_fd)
             os.close(write_fd)
-            _copy_child_main(msg, namespace, child_w, child_r)  # never returns
-        os.close(child_w)
-        os.close(child_r)
+            for fd in asking or ():
+                os.close(fd)
+            _copy_child_main(msg, namespace, child_w, child_r, mapping)  # never returns
+        for fd in (child_w, child_r) + (mapping or ()):
+            os.close(fd)
     _State.fork_child = pid
     try:
-        done, reported = _relay_copy(read_fd, write_fd)
+        done, reported = _relay_copy(read_fd, write_fd, pid, asking)
     finally:
-        os.close(read_fd)
-        os.close(write_fd)
+        for fd in (read_fd, write_fd) + (asking or ()):
+            os.close(fd)
     isolation = reported or {"names": True, "objects": True, "files": "none", "copy": kind}
     if done is not None:
         _State.unreaped.append(pid)
@@ -453,13 +467,29 @@ def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, A
     return outcome
 
 
-def _relay_copy(read_fd: int, write_fd: int) -> Tuple[Optional[Dict[str, Any]],
-                                                       Optional[Dict[str, Any]]]:
-    """Serve a copy's link until its ``done``: (done or None, the isolation it reported)."""
+def _relay_copy(read_fd: int, write_fd: int, pid: int,
+                asking: Optional[Tuple[int, int]]) -> Tuple[Optional[Dict[str, Any]],
+                                                          Optional[Dict[str, Any]]]:
+    """Serve a copy's link until its ``done``: (done or None, the isolation it reported).
+
+    Until the copy asked for its identity map on ``asking`` (ask, answer) and was
+    answered, both the link and that request are waited on (the pipes stay open).
+    """
     reader = copier.LinkReader()
     done = isolation = None
     while done is None:
         try:
+            if asking is not None and asking[0] in select.select([read_fd, asking[0]],
+                                                                 [], [])[0]:
+                request = os.read(asking[0], 65536)
+                if request:
+                    mapped = _State.isolation.write_identity_maps(pid, request)
+                    try:
+                        os.write(asking[1], b"1" if mapped else b"0")
+                    except OSError:
+                        pass
+                asking = None  # answered once; the caller closes the pipes
+                continue
             data = os.read(read_fd, 1 << 16)
         except InterruptedError:
             continue
@@ -482,7 +512,7 @@ def _relay_copy(read_fd: int, write_fd: int) -> Tuple[Optional[Dict[str, Any]],
 
 
 def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int,
-                     in_fd: int) -> None:
+                     in_fd: int, mapping: Optional[Tuple[int, int]]) -> None:
     """The read-only fork child: seal, protect, report, run, report. Never returns."""
     status = 70
     try:
@@ -494,7 +524,9 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
             _State.channel = None
         link = _State.copy_link = copier.Link(out_fd, in_fd)
         copier.interrupt_on_sigint()
-        files = protect(msg.get("protect") or [], msg.get("scratch"))
+        files = protect(msg.get("protect") or [], msg.get("scratch"), mapping)
+        for fd in mapping or ():
+            os.close(fd)
         copier.seal_descriptors((0, 1, 2, out_fd, in_fd), discarded=files == "discarded")
         private = copier.privatize_shared_mappings()
         isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
@@ -509,6 +541,7 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
         outcome.update(isolation=isolation, id=msg["id"], type="done")
         _flush_user_streams()
         link.send(outcome)
+        copier.step_aside()
         os.close(out_fd)
         status = 0
     except BaseException:

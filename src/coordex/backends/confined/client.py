@@ -41,7 +41,6 @@ KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its c
 # The longest line the owner takes from a host. The tenant's own code can write to the
 # host's end of the pipe, so without a bound one tenant could make the server buffer (and
 # rescan) gigabytes; a reply is far smaller (output is capped at 64 KiB per stream).
-MAX_LINE = 64 << 20
 # The environment a host starts with: nothing of the owner's but these (no tokens).
 # uv's index and offline settings and the proxies pass too: builds run in the host.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE",
@@ -98,7 +97,7 @@ class _Host:
         selector = selectors.DefaultSelector()
         selector.register(self._from_host, selectors.EVENT_READ, "out")
         selector.register(err_fd, selectors.EVENT_READ, "err")
-        buffer = bytearray()
+        lines = wire.LineReader(self._from_host, max_line=wire.MAX_LINE)
         open_streams = 2
         try:
             while open_streams:
@@ -113,19 +112,8 @@ class _Host:
                     if key.data == "err":
                         self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]
                         continue
-                    # Only the new bytes are searched: a long line costs linear time.
-                    end = chunk.find(b"\n")
-                    if end >= 0:
-                        end += len(buffer)
-                    buffer += chunk
-                    while end >= 0:
-                        line = bytes(buffer[:end])
-                        del buffer[:end + 1]
+                    for line in lines.feed(chunk):
                         self._dispatch(wire.decode(line, wire.HOST_TO_OWNER))
-                        end = buffer.find(b"\n")
-                    if len(buffer) > MAX_LINE:
-                        raise wire.ProtocolError(
-                            f"the host sent a line longer than {MAX_LINE} bytes")
         except Exception as exc:  # the tenant's code can write anything there: end the host
             self.stderr_tail += f"\n[owner] {exc}".encode()
             self.kill()
@@ -278,6 +266,10 @@ class ConfinedExecutor:
         folder: the host's working folder and home; the only place it may write
             (besides ``root`` and its private ``/tmp``).
         root: the Executor's data folder (default: ``folder``).
+        environments: the folder of the tenant's built environments, their registry and
+            uv's cache (default: ``<root>.environments`` beside ``root``). Outside the
+            folders above, and read-only to the host: only the jail's builder process
+            writes there, so the tenant's code cannot change an environment it runs.
         memory_limit: bytes for the whole host (default 4 GiB); a cgroup where the
             machine lets coordex make one, else a per-process rlimit
             (``confinement["memory"]`` says which).
@@ -309,6 +301,7 @@ class ConfinedExecutor:
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
+                 environments: str | os.PathLike[str] | None = None,
                  memory_limit: int | None = None, network: bool = True,
                  max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
                  hide: Sequence[str | os.PathLike[str]] = (), level: str | None = None,
@@ -321,6 +314,7 @@ class ConfinedExecutor:
         self.root = Path(root).expanduser().absolute() if root is not None else self.folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.environments_folder = self._environments_folder(environments, executor_args)
         self.memory_limit = DEFAULT_MEMORY_LIMIT if memory_limit is None else int(memory_limit)
         self.network = bool(network)
         self.max_calls = int(max_calls)
@@ -335,6 +329,8 @@ class ConfinedExecutor:
             self._argv.append("--no-network")
         if serve != "executor":
             self._argv += ["--serve", serve]
+        if self.environments_folder is not None:
+            self._argv += ["--environments", str(self.environments_folder)]
         self._nodes = nodes
         if nodes is not None:
             self._argv.append("--relay")
@@ -359,6 +355,22 @@ class ConfinedExecutor:
             if isinstance(started, dict):
                 raise RuntimeError(started["error"])
 
+    def _environments_folder(self, environments: str | os.PathLike[str] | None,
+                             executor_args: dict[str, Any]) -> Path:
+        folder = (Path(environments).expanduser().absolute() if environments is not None
+                  else self.root.with_name(self.root.name + ".environments"))
+        _check_apart(folder, (self.folder, self.root))
+        if "envs_dir" in executor_args:
+            raise ValueError("a confined executor keeps its built environments in "
+                             "environments=DIR (read-only to the host); pass that, not envs_dir")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot make the environments folder {str(folder)!r} "
+                             f"({exc.strerror}); pass environments=DIR, a folder this user "
+                             "may write apart from the host's folder") from None
+        return folder
+
     def _host_env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -371,11 +383,14 @@ class ConfinedExecutor:
 
     @property
     def confinement(self) -> dict[str, Any]:
-        """What holds for the running host: level, memory, processes, network."""
+        """What holds for the running host: level, memory, processes, network, and who
+        builds environments (``"builder"``: a process of the jail the host cannot touch,
+        the environments read-only to the host; ``"host"``: the host itself)."""
         host = self._host
         ready = host.ready if host is not None and host.ready else {}
         return {"level": ready.get("confinement"), "memory": ready.get("memory"),
-                "processes": ready.get("processes"), "network": ready.get("network")}
+                "processes": ready.get("processes"), "network": ready.get("network"),
+                "builds": ready.get("builds")}
 
     @property
     def pid(self) -> int | None:
@@ -521,6 +536,18 @@ class ConfinedExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_apart(environments: Path, folders: Sequence[Path]) -> None:
+    """The environments folder may lie inside a writable folder (the namespaces level
+    still shows it read-only; Landlock alone cannot, so that level then gives ``none``)
+    but neither be one nor hold one: that folder would then be read-only too."""
+    mine = os.path.realpath(environments)
+    for folder in folders:
+        if os.path.commonpath([mine, os.path.realpath(folder)]) == mine:
+            raise ValueError(f"environments={str(environments)!r} is or holds the host's "
+                             f"writable folder {str(folder)!r}; pass a folder apart from it, "
+                             f"e.g. {str(folder) + '.environments'!r}")
 
 
 def _how_it_ended(code: int | None) -> str:

@@ -6,8 +6,11 @@ descriptors of the protocol pipes (:mod:`.wire`), ``L`` the read end of a pipe t
 holds open for as long as it wants the host to live. The process tree is the one
 :mod:`.jail` describes: this process stays outside as the *keeper* (it ends the jail
 when the lifeline closes and removes its cgroups), its child is the pid namespace's
-*init* (reaps orphans), and the init's child is the *host*, which runs the Executor and
-whose own interpreter runs the tenant's code.
+*init* (reaps orphans), and the init's children are the *builder* (with
+``--environments``: the only process that may write the tenant's built environments; see
+:mod:`.builder`) and the *host*, which runs the Executor and whose own interpreter runs
+the tenant's code. The init ends the host when the builder ends, and everything else
+when the host ends.
 
 The Executor's modules are imported by the keeper, before any fork, so the three
 processes share those pages (a host costs little more than one interpreter).
@@ -21,6 +24,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -39,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Run one coordex Executor in a jail.")
     p.add_argument("--folder", required=True, help="working folder and home (writable)")
     p.add_argument("--root", help="the Executor's data folder (default: the folder)")
+    p.add_argument("--environments", help="folder of the built environments: read-only to "
+                   "the host, written by the jail's builder process")
     p.add_argument("--in", dest="fd_in", type=int, required=True, help="protocol fd, owner to host")
     p.add_argument("--out", dest="fd_out", type=int, required=True, help="protocol fd, host to owner")
     p.add_argument("--lifeline", type=int, help="fd whose end of file ends the host")
@@ -66,15 +72,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     folder = os.path.realpath(args.folder)
     root = os.path.realpath(args.root) if args.root else folder
-    os.makedirs(folder, exist_ok=True)
-    os.makedirs(root, exist_ok=True)
+    environments = os.path.realpath(args.environments) if args.environments else None
+    for path in (folder, root, environments):
+        if path is not None:
+            os.makedirs(path, exist_ok=True)
     spec = JailSpec(folder=folder, writable=(root,) if root != folder else (),
                     hidden=tuple(args.hide), readable=tuple(args.readable),
-                    network=not args.no_network, tmpfs_size=args.memory_limit or None)
+                    network=not args.no_network, tmpfs_size=args.memory_limit or None,
+                    environments=environments)
     level = _level(args.level, spec)
-    # Imported here, once, before the forks: the keeper, init and host share the pages.
+    # Imported here, once, before the forks: the keeper, init, builder and host share
+    # the pages.
     from ... import tools  # noqa: F401
     from ...executor import Executor  # noqa: F401
+
+    if spec.environments is not None:
+        from ...environments import manager  # noqa: F401
+        from . import builder  # noqa: F401
 
     limits = jail.make_limits(Limits(memory=args.memory_limit or None,
                                      processes=args.max_processes or None, name=args.name))
@@ -96,9 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import tempfile
 
         scratch = tempfile.mkdtemp(prefix=f"coordex-{args.name}-")
-        for name in ("TMPDIR", "TMP", "TEMP"):
-            os.environ[name] = scratch
-        tempfile.tempdir = scratch  # mkdtemp cached the old one
+        _use_scratch(scratch)
     init = os.fork()
     if init == 0:
         _close_quietly(args.lifeline)
@@ -113,6 +125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             shutil.rmtree(scratch, ignore_errors=True)
         jail.leave_cgroups(limits)
+
+
+def _use_scratch(scratch: str) -> None:
+    import tempfile
+
+    for name in ("TMPDIR", "TMP", "TEMP"):
+        os.environ[name] = scratch
+    tempfile.tempdir = scratch  # mkdtemp cached the old one
 
 
 def _level(wanted: str, spec: JailSpec) -> Level:
@@ -144,49 +164,124 @@ def _keep(init: int, lifeline: int | None) -> int:
 
 def _init(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
           limits: LimitReport, error: str) -> int:
-    """pid 1 of the jail: mount /proc, start the host, reap every orphan until it ends."""
+    """pid 1 of the jail: start the builder, mount /proc, start the host, reap every
+    orphan until the host ends."""
     jail.die_with_parent()
+    if level != "namespaces+landlock":
+        # No pid namespace: orphans of the host come here instead of to the system init.
+        with contextlib.suppress(OSError):
+            jail.iso._libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    builder, channel = None, None
+    if spec.environments is not None and level != "none":
+        # Forked before this process seals its own view: the builder's view is made from
+        # the unsealed one, with only the environments folder writable.
+        channel, theirs = socket.socketpair()
+        builder = os.fork()
+        if builder == 0:
+            jail.die_with_parent()
+            channel.close()
+            for fd in (args.fd_in, args.fd_out):
+                _close_quietly(fd)
+            os._exit(_builder(level, spec, args, theirs))
+        theirs.close()
     if level == "namespaces+landlock":
         try:
             jail.init_namespace(spec)
         except OSError as exc:
             error, level = f"/proc: {exc}", "none"
-    else:
-        # No pid namespace: orphans of the host come here instead of to the system init.
-        with contextlib.suppress(OSError):
-            jail.iso._libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     host = os.fork()
     if host == 0:
         jail.die_with_parent()
-        os._exit(_host(level, spec, args, root, limits, error))
+        os._exit(_host(level, spec, args, root, limits, error, channel))
     for fd in (args.fd_in, args.fd_out):
         _close_quietly(fd)
+    if channel is not None:
+        channel.close()
     # An init ignores signals it has no handler for; only the keeper's SIGKILL ends it.
     while True:
         try:
             pid, status = os.wait()
         except ChildProcessError:
             return 1
+        if pid == builder:  # builds are gone: end the host, so its owner starts both again
+            builder = None
+            with contextlib.suppress(OSError):
+                os.kill(host, signal.SIGKILL)
         if pid == host:
             code = os.waitstatus_to_exitcode(status)
             if level != "namespaces+landlock":
-                _kill_children()
+                _end_children()
             return code if code >= 0 else 128 - code
 
 
-def _kill_children() -> None:
+def _end_children(within: float = 2.0) -> None:
+    """Without a pid namespace: SIGKILL every child (the builder, orphans of the host)
+    and reap them, and what reaches this subreaper meanwhile, for up to ``within`` s."""
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/self/task/{os.getpid()}/children") as f:
+                pids = [int(p) for p in f.read().split()]
+        except OSError:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        if not pids:
+            return
+        time.sleep(0.01)
+
+
+def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
+             sock: socket.socket) -> int:
+    """The builder: the one process of the jail that may write the environments folder.
+
+    Its view (namespaces) and its Landlock domain let it write only there; in a domain
+    of its own, the host cannot signal, trace or read it.
+    """
+    import shutil
+
+    assert spec.environments is not None
+    os.chdir(spec.environments)
+    # uv's cache and the builds' scratch space beside the environments, read-only to
+    # the host like them: no file a build reads or a later build copies can be swapped.
+    os.environ["UV_CACHE_DIR"] = os.path.join(spec.environments, "cache")
+    # HOME too: uv looks for Pythons under ~/.local/share/uv/python, and one the tenant
+    # put in its own folder would stay the tenant's to change (its standard library, a
+    # sitecustomize) under every environment built on it.
+    os.environ["HOME"] = spec.environments
+    scratch = os.path.join(spec.environments, "tmp")
+    shutil.rmtree(scratch, ignore_errors=True)  # a killed builder's leftovers
+    os.makedirs(scratch, exist_ok=True)
+    _use_scratch(scratch)
+    refused = ""
     try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as f:
-            pids = [int(p) for p in f.read().split()]
-    except OSError:
-        return
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+        if level == "namespaces+landlock":
+            jail.seal_for_builder(spec)
+        jail.restrict(level, jail.builder_spec(spec))
+    except OSError as exc:
+        refused = f"{type(exc).__name__}: {exc}"
+    from pathlib import Path
+
+    from ...environments.manager import EnvironmentManager
+    from .builder import serve
+
+    folder = Path(spec.environments)
+
+    def manager() -> EnvironmentManager:  # made on the first request: an idle jail pays less
+        timeout = float(json.loads(args.executor).get("build_timeout", 900.0))
+        return EnvironmentManager(folder, build_timeout=timeout)
+
+    return serve(sock, manager, refused)
 
 
 def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
-          limits: LimitReport, error: str) -> int:
+          limits: LimitReport, error: str, channel: socket.socket | None) -> int:
     os.chdir(spec.folder)
     if level != "none":
         try:
@@ -198,13 +293,17 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     options = json.loads(args.executor)
     ready = {"protocol": wire.PROTOCOL_VERSION, "pid": os.getpid(), "confinement": level,
              "memory": limits.memory, "processes": limits.processes,
-             "network": spec.network}
+             "network": spec.network,
+             "builds": "builder" if channel is not None else "host"}
     out = _Writer(args.fd_out)
     relay = None
     try:
         if args.serve == "node":
             from ..ray.node import NodeHost
 
+            if spec.environments is not None:
+                options["environments_manager"] = _environments(spec.environments, options,
+                                                                channel)
             # --max-calls bounds the node's session calls, not only the wire's requests.
             executor: Any = NodeHost(**options, max_calls=max(1, args.max_calls))
         else:
@@ -212,6 +311,9 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
                 from ..ray.relay import RelayCluster
 
                 relay = options["cluster"] = RelayCluster(out.send)
+            if spec.environments is not None:
+                options["environments_manager"] = _environments(spec.environments, options,
+                                                                channel)
             executor = Executor(root=root, **options)
     except Exception as exc:
         out.send(wire.message("ready", **ready, error=f"{type(exc).__name__}: {exc}",
@@ -222,8 +324,25 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     out.send(wire.message("ready", **ready))
     from ...worker._coordex_copy import hold
 
-    hold(args.fd_in, args.fd_out)  # read-only copies of its Python sessions close the wire
+    # Read-only copies of its Python sessions close the wire, and the builder channel: a
+    # read-only call changes no environment.
+    hold(args.fd_in, args.fd_out, *([channel.fileno()] if channel is not None else []))
     return _Server(executor, args.fd_in, out, max(1, args.max_calls), relay).serve()
+
+
+def _environments(folder: str, options: dict[str, Any], channel: socket.socket | None) -> Any:
+    """The host's environment manager: its builds run in the builder (``channel``), or
+    here where nothing confines the host anyway (level ``none``)."""
+    from pathlib import Path
+
+    from ...environments.manager import EnvironmentManager
+
+    if channel is None:
+        return EnvironmentManager(Path(folder), build_timeout=float(
+            options.get("build_timeout", 900.0)))
+    from .builder import BuilderClient
+
+    return EnvironmentManager(Path(folder), builder=BuilderClient(channel))
 
 
 def _close_quietly(fd: int | None) -> None:
@@ -259,15 +378,13 @@ class _Server:
         self.cancels: dict[Any, threading.Event] = {}
 
     def serve(self) -> int:
-        buffer = b""
+        lines = wire.LineReader(self.fd_in)
         try:
             while True:
                 chunk = os.read(self.fd_in, 1 << 16)
                 if not chunk:
                     break
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
+                for line in lines.feed(chunk):
                     msg = wire.decode(line, wire.OWNER_TO_HOST)
                     if msg["type"] == "shutdown":
                         return self._stop(0)

@@ -1,9 +1,10 @@
 """The jail a confined host runs in (SPEC section 9): namespaces, mounts, Landlock, limits.
 
 The host program (:mod:`.host`) calls these in order, single-threaded, before it imports
-the Executor. Three processes make one host::
+the Executor. Three processes make one host, four with an environments folder::
 
-    keeper (outside)  --fork-->  init (pid 1 inside)  --fork-->  host (runs the Executor)
+    keeper (outside)  --fork-->  init (pid 1 inside)  --fork-->  builder (writes environments)
+                                                      --fork-->  host (runs the Executor)
 
 ``namespaces+landlock`` (user namespaces work):
     the keeper makes and joins the host's cgroups (:func:`make_limits`,
@@ -11,19 +12,24 @@ the Executor. Three processes make one host::
     and pid namespace (and a network namespace with ``network=False``), and rebuilds the
     file view (:func:`build_view`): a private ``/tmp`` and ``/dev/shm``, an empty tmpfs
     over every hidden folder (the server's root with every tenant in it), an empty file
-    over every hidden file (the tokens file), the tenant's own folders bound back in.
-    The init process seals that view in a mount namespace of its own
+    over every hidden file (the tokens file), the tenant's own folders and its
+    environments folder bound back in. The init forks the builder first, which seals
+    a view of its own (:func:`seal_for_builder`: everything read-only but the
+    environments folder) and restricts itself with Landlock (:func:`builder_spec`).
+    The init process then seals that view in a mount namespace of its own
     (:func:`seal_view`: everything read-only but the tenant's folders, ``/tmp`` and
-    ``/dev/shm``), mounts a ``/proc`` of the new pid namespace (no process outside is
-    visible, so none can be signalled, traced or read) and brings loopback up in an
-    empty network namespace. The host then restricts itself with Landlock
-    (:func:`restrict`): writes only beneath its folders, ``/tmp``, ``/dev/shm`` and a
-    few devices; signals and abstract unix sockets scoped to its own processes (ABI 6);
-    and no mount can be changed any more, so the hiding tmpfs cannot be lifted.
+    ``/dev/shm``; the environments folder read-only even inside those), mounts a
+    ``/proc`` of the new pid namespace (no process outside is visible, so none can be
+    signalled, traced or read) and brings loopback up in an empty network namespace.
+    The host then restricts itself with Landlock (:func:`restrict`): writes only
+    beneath its folders, ``/tmp``, ``/dev/shm`` and a few devices; signals and abstract
+    unix sockets scoped to its own processes (ABI 6); and no mount can be changed any
+    more, so the hiding tmpfs cannot be lifted.
 ``landlock`` (no user namespaces, Landlock ABI >= 6):
     no new view; Landlock refuses reads as well as writes outside an allow-list (the
-    system folders, the Python installation, the tenant's folders) and scopes signals
-    and abstract sockets. A hidden path that lies beneath an allowed one cannot be
+    system folders, the Python installation, the tenant's folders; the environments
+    folder for reads only, writable to the builder alone) and scopes signals and
+    abstract sockets. A hidden path that lies beneath an allowed one cannot be
     hidden this way, so the level is only claimed when none does.
 ``none``:
     nothing holds; the server says so and refuses several tenants.
@@ -58,6 +64,7 @@ LEVELS: tuple[Level, ...] = ("namespaces+landlock", "landlock", "none")
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
+_M_ARENA_MAX = -8  # mallopt
 
 _LL_EXECUTE = 1 << 0
 _LL_READ_FILE = 1 << 2
@@ -87,6 +94,9 @@ class JailSpec:
         tmpfs_size: bytes each private ``/tmp`` and ``/dev/shm`` may hold (None: the
             kernel's default, half of RAM). Files there are memory, and an rlimit does
             not count them, so without a bound a host could fill the machine's memory.
+        environments: the folder of the tenant's built environments (with their store
+            and uv cache). The host sees it read-only; only the builder process (see
+            :func:`seal_for_builder`, :func:`builder_spec`) may write there.
     """
 
     folder: str
@@ -95,6 +105,7 @@ class JailSpec:
     readable: tuple[str, ...] = ()
     network: bool = True
     tmpfs_size: int | None = None
+    environments: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,8 +157,15 @@ def forced_level() -> Level:
 
 
 def landlock_covers(spec: JailSpec) -> bool:
-    """True when no hidden path lies beneath a path the ``landlock`` level must allow."""
-    allowed = [*SYSTEM_READ, *spec.readable, spec.folder, *spec.writable]
+    """True when no hidden path lies beneath a path the ``landlock`` level must allow,
+    and the environments folder lies beneath no writable one (Landlock only adds
+    rights beneath a folder: it cannot make a part of a writable folder read-only)."""
+    own = [spec.folder, *spec.writable]
+    allowed = [*SYSTEM_READ, *spec.readable, *own,
+               *([spec.environments] if spec.environments else [])]
+    if spec.environments and any(iso._within(os.path.realpath(spec.environments),
+                                             os.path.realpath(w)) for w in own):
+        return False
     return not any(iso._within(os.path.realpath(h), os.path.realpath(a))
                    for h in spec.hidden for a in allowed if os.path.exists(a))
 
@@ -243,6 +261,13 @@ def apply_rlimits(report: LimitReport) -> None:
 
     if report.memory == "rlimit" and report.limit_memory:
         resource.setrlimit(resource.RLIMIT_AS, (report.limit_memory, report.limit_memory))
+        # RLIMIT_AS counts address space reserved, not used: glibc reserves 64 MiB per
+        # thread for a malloc arena of its own, so a host of a few threads reached a
+        # 256 MiB limit without using it. Two arenas (for this process and what it forks,
+        # and through the variable for what they start) keep the limit about memory.
+        with contextlib.suppress(OSError, AttributeError):
+            iso._libc().mallopt(_M_ARENA_MAX, 2)
+        os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
 
 def apply_process_rlimit(report: LimitReport) -> None:
@@ -308,8 +333,13 @@ def build_view(spec: JailSpec) -> None:
     """Rebuild the file view in our mount namespace (see the module docstring)."""
     iso._mount(None, "/", None, iso._MS_REC | iso._MS_PRIVATE)
     keep = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
+    # The environments folder is brought back too (read-only once sealed), as a mount of
+    # its own, so that the builder's view alone can make it writable; last, since it
+    # may lie beneath a hidden folder inside the tenant's (the server's root in $HOME).
+    environments = os.path.realpath(spec.environments) if spec.environments else None
+    bound = keep + ([environments] if environments else [])
     # Handles on the folders to bring back, taken before anything covers them.
-    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in keep if os.path.isdir(p)}
+    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in bound if os.path.isdir(p)}
     hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
     try:
         for path in ("/tmp", "/dev/shm"):
@@ -325,13 +355,20 @@ def build_view(spec: JailSpec) -> None:
         for path, fd in handles.items():
             # Bound even where not covered: each writable folder must be a mount of its
             # own to stay writable once the rest is made read-only (seal_view).
-            os.makedirs(path, exist_ok=True)  # inside a covering tmpfs
-            iso._mount(f"/proc/self/fd/{fd}", path, None, iso._MS_BIND | iso._MS_REC)
+            if path != environments:
+                _bind(fd, path)
         for path in inside:
             _cover(path)
+        if environments in handles:
+            _bind(handles[environments], environments)
     finally:
         for fd in handles.values():
             os.close(fd)
+
+
+def _bind(fd: int, path: str) -> None:
+    os.makedirs(path, exist_ok=True)  # inside a covering tmpfs
+    iso._mount(f"/proc/self/fd/{fd}", path, None, iso._MS_BIND | iso._MS_REC)
 
 
 def _cover(path: str) -> None:
@@ -357,6 +394,31 @@ def seal_view(spec: JailSpec) -> None:
     for path in (*sorted(keep), "/tmp", "/dev/shm"):
         if os.path.isdir(path):
             _set_read_only(path, False)
+    if spec.environments:  # again, in case it lies beneath a folder made writable
+        _set_read_only(os.path.realpath(spec.environments), True)
+
+
+def seal_for_builder(spec: JailSpec) -> None:
+    """The builder's view, in a mount namespace of its own (before Landlock): everything
+    read-only but the environments folder, and a ``/proc`` of the jail's pid namespace.
+    The init forks the builder before it seals its own view. (The builder's scratch
+    space lies in the environments folder, where the host cannot swap files under a
+    build.)"""
+    assert spec.environments
+    iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
+    _set_read_only("/", True)
+    _set_read_only(os.path.realpath(spec.environments), False)
+    iso._mount("proc", "/proc", "proc", iso._MS_NOSUID | iso._MS_NODEV | 8)  # 8: MS_NOEXEC
+
+
+def builder_spec(spec: JailSpec) -> JailSpec:
+    """What the builder may use: it writes only the environments folder (and its own
+    scratch space); it reads what the host reads, the tenant's folders included (a
+    requirement may name a wheel there by ``file://``)."""
+    assert spec.environments
+    return JailSpec(folder=spec.environments, hidden=spec.hidden, network=spec.network,
+                    readable=(*spec.readable, spec.folder, *spec.writable),
+                    tmpfs_size=spec.tmpfs_size)
 
 
 def _set_read_only(path: str, read_only: bool) -> None:
@@ -396,8 +458,11 @@ def restrict(level: Level, spec: JailSpec) -> None:
     """Apply Landlock to this process for good; raise OSError if it cannot hold.
 
     ``namespaces+landlock``: writes only beneath the tenant's folders, ``/tmp``,
-    ``/dev/shm`` and the devices. ``landlock``: reads too, beneath an allow-list. Both
-    scope signals and abstract unix sockets to the host's own processes (ABI >= 6).
+    ``/dev/shm`` and the devices. ``landlock``: reads too, beneath an allow-list (the
+    environments folder among them, for reading only). Both scope signals and abstract
+    unix sockets to the host's own processes (ABI >= 6). A host and its builder each
+    restrict themselves, in sibling domains: neither can signal, trace or read the
+    memory of the other. Then every capability goes (:func:`drop_capabilities`).
     """
     abi = iso.landlock_abi()
     if abi < 3:
@@ -414,6 +479,7 @@ def restrict(level: Level, spec: JailSpec) -> None:
         scratch = os.environ.get("TMPDIR", "")
         rules += [(scratch, handled)] if scratch else []
         rules += [(p, read | ioctl) for p in (*SYSTEM_READ, *spec.readable)]
+        rules += [(spec.environments, read | ioctl)] if spec.environments else []
     else:
         rules += [("/", read | ioctl), ("/tmp", handled), ("/dev/shm", handled)]
     rules += [(d, handled) for d in DEVICES]
@@ -431,6 +497,35 @@ def restrict(level: Level, spec: JailSpec) -> None:
                                 ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
+    drop_capabilities()
+
+
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def drop_capabilities() -> None:
+    """Give up every capability, for good (what an ``exec`` could regain included).
+
+    The host and the builder are the creator's children in the jail's user namespace,
+    so they hold every capability there: enough for ``mount_setattr``, which Landlock
+    does not see, to clear the read-only flag of their own view (and, as root without
+    namespaces, of the machine's mounts). The bounding set goes first (that needs
+    ``CAP_SETPCAP``), then the ambient set, then the process's own sets.
+    """
+    libc = iso._libc()
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for a cap this kernel lacks
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice 32 bits, none
+    iso._check(libc.capset(header, data), "capset")
 
 
 def _add_rule(ruleset: int, path: str, access: int) -> None:
@@ -462,7 +557,9 @@ __all__ = [
     "apply_rlimits",
     "best_level",
     "build_view",
+    "builder_spec",
     "die_with_parent",
+    "drop_capabilities",
     "enter_namespaces",
     "forced_level",
     "init_namespace",
@@ -471,4 +568,5 @@ __all__ = [
     "leave_cgroups",
     "make_limits",
     "restrict",
+    "seal_for_builder",
 ]

@@ -21,13 +21,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...worker._coordex_protocol import ProtocolError
+from ...worker._coordex_protocol import LineReader, ProtocolError
 
 PROTOCOL_VERSION = 1
 
 # The host's limits unless its owner says otherwise (SPEC 9: --max-calls defaults to 8).
 DEFAULT_MAX_CALLS = 8
 DEFAULT_MAX_PROCESSES = 512
+# The longest line a reader takes from a peer running the tenant's code (a host, to its
+# owner or its builder); longer ends that peer, so a flood costs only its sender.
+MAX_LINE = 64 << 20
 
 OWNER_TO_HOST = "owner->host"
 HOST_TO_OWNER = "host->owner"
@@ -35,7 +38,7 @@ HOST_TO_OWNER = "host->owner"
 # type -> (direction, required fields, optional fields)
 MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "ready": (HOST_TO_OWNER, ("protocol", "pid", "confinement", "memory", "processes"),
-              ("network", "error", "fatal")),
+              ("network", "builds", "error", "fatal")),
     "call": (OWNER_TO_HOST, ("id", "method", "args"), ("stream",)),
     "output": (HOST_TO_OWNER, ("id", "stream", "text"), ()),
     "reply": (HOST_TO_OWNER, ("id", "value"), ()),
@@ -60,12 +63,31 @@ METHODS = (
 NODE_METHODS = ("begin", "events", "alive", "count", "close_session", "shutdown")
 
 
-def check(msg: Any, direction: str | None = None) -> dict[str, Any]:
-    """``msg`` itself when it is a known message with its required fields."""
+# The builder channel inside one jail (a socketpair the jail's init makes): the host's
+# environment manager asks the builder process, the only one that may write the
+# environments folder, to create, build and look up environments. Its own version.
+BUILDER_PROTOCOL_VERSION = 1
+HOST_TO_BUILDER = "host->builder"
+BUILDER_TO_HOST = "builder->host"
+BUILDER_MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "hello": (BUILDER_TO_HOST, ("protocol", "pid"), ()),
+    "request": (HOST_TO_BUILDER, ("id", "op", "args"), ()),
+    "progress": (BUILDER_TO_HOST, ("id", "line"), ()),
+    "answer": (BUILDER_TO_HOST, ("id", "value"), ()),
+}
+# What a ``request`` may ask: the environment manager's methods of the same names.
+BUILDER_OPS = ("create", "list", "exists", "env_dir", "describe", "build", "build_spec",
+               "touch", "remove_unused")
+
+
+def check(msg: Any, direction: str | None = None,
+          table: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = MESSAGES,
+          ) -> dict[str, Any]:
+    """``msg`` itself when it is a known message of ``table`` with its required fields."""
     if not isinstance(msg, dict):
         raise ProtocolError(f"a message must be a JSON object, got {type(msg).__name__}")
     kind = msg.get("type")
-    spec = MESSAGES.get(kind) if isinstance(kind, str) else None
+    spec = table.get(kind) if isinstance(kind, str) else None
     if spec is None:
         raise ProtocolError(f"unknown message type {kind!r}")
     if direction is not None and spec[0] != direction:
@@ -78,6 +100,8 @@ def check(msg: Any, direction: str | None = None) -> dict[str, Any]:
         raise ProtocolError(f"message {kind!r} has unknown field(s) {', '.join(unknown)}")
     if kind == "call" and msg["method"] not in METHODS + NODE_METHODS:
         raise ProtocolError(f"method {msg['method']!r} is not one of {METHODS + NODE_METHODS}")
+    if kind == "request" and msg["op"] not in BUILDER_OPS:
+        raise ProtocolError(f"op {msg['op']!r} is not one of {BUILDER_OPS}")
     return msg
 
 
@@ -94,13 +118,17 @@ def encode(msg: dict[str, Any]) -> bytes:
     return _encode_json(msg).encode("ascii") + b"\n"
 
 
-def decode(line: bytes, direction: str | None = None) -> dict[str, Any]:
+def decode(line: bytes, direction: str | None = None,
+           table: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = MESSAGES,
+           ) -> dict[str, Any]:
     try:
         msg = _decode_json(line.decode("ascii"))
     except (ValueError, RecursionError):  # the host's side is the tenant's: anything comes
         raise ProtocolError(f"not a JSON line: {bytes(line[:200])!r}")
-    return check(msg, direction)
+    return check(msg, direction, table)
 
 
-__all__ = ["HOST_TO_OWNER", "MESSAGES", "METHODS", "NODE_METHODS", "OWNER_TO_HOST", "PROTOCOL_VERSION",
-           "ProtocolError", "check", "decode", "encode", "message"]
+__all__ = ["BUILDER_MESSAGES", "BUILDER_OPS", "BUILDER_PROTOCOL_VERSION", "BUILDER_TO_HOST",
+           "HOST_TO_BUILDER", "HOST_TO_OWNER", "MAX_LINE", "MESSAGES", "METHODS", "NODE_METHODS",
+           "OWNER_TO_HOST", "PROTOCOL_VERSION", "LineReader", "ProtocolError", "check",
+           "decode", "encode", "message"]

@@ -40,6 +40,7 @@ from ...core.results import OutputBuffer
 from ...worker import _coordex_copy as copier
 from ...worker import _coordex_engine as engine
 from ...worker import _coordex_protocol as wire
+from .. import isolation as iso
 from ..base import INTERRUPT_GRACE, Outcome, RunRequest, emit
 from . import interpreter as own
 
@@ -51,7 +52,7 @@ class CapabilityHost(Protocol):
 
 
 def run_copy(session: own.NamespaceSession, request: RunRequest,
-             protect: Callable[[], str] | None,
+             protect: own.Protect | None,
              capabilities: CapabilityHost | None, *, fork: bool,
              fork_on: Callable[[Callable[[], int]], int]) -> Outcome:
     """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``.
@@ -64,6 +65,7 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
     unsafe = copier.fork_unsafe_runtimes() if fork else ["fork"]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    start: Started | str
     if unsafe:
         start = _start_values(session, request, names, out_w, err_w)
         kind = "values"
@@ -77,8 +79,8 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         os.close(out_r)
         os.close(err_r)
         return _not_started(start, kind)
-    pid, link_r, link_w, proc, left_out = start
-    watched = _watch(pid, out_r, err_r, link_r, link_w, request, capabilities)
+    pid, link_r, link_w, proc, left_out, asking = start
+    watched = _watch(pid, out_r, err_r, link_r, link_w, asking, request, capabilities)
     cell, reported, interrupted, out, err = watched
     status = _reap(pid, proc, wait=cell is None)
     isolation = reported or {"names": True, "objects": True, "files": "none", "copy": kind}
@@ -101,16 +103,29 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
 
 # -- starting a copy ------------------------------------------------------------------
 
+# A started copy: (pid, link read end, link write end, its Popen for a copy by values,
+# the names left out, the (ask, answer) pipes of its identity-map request or None).
+Started = tuple[int, int, int, Any, list[str], "tuple[int, int] | None"]
+
 
 def _start_fork(session: own.NamespaceSession, request: RunRequest,
-                protect: Callable[[], str] | None, capability_names: list[str],
+                protect: own.Protect | None, capability_names: list[str],
                 out_w: int, err_w: int, parent_ends: tuple[int, ...],
                 fork_on: Callable[[Callable[[], int]], int],
-                ) -> tuple[int, int, int, None, list[str]] | str:
+                ) -> Started | str:
     link_r, child_w = os.pipe()
     child_r, link_w = os.pipe()
     keep = (out_w, err_w, child_w, child_r)
-    parent_ends = (*parent_ends, link_r, link_w)
+    # Root: the copy asks this process, which keeps the privilege its user namespace
+    # lacks, to write its identity map (``isolation.identity_asker``): ~1 ms less than
+    # the helper shell protect() spawns otherwise. (ask_r, answer_w) stay here.
+    mapping: tuple[int, int] | None = None
+    asking: tuple[int, int] | None = None
+    if protect is not None and os.geteuid() == 0:
+        ask_r, ask_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        mapping, asking = (ask_w, answer_r), (ask_r, answer_w)
+    parent_ends = (*parent_ends, link_r, link_w, *(asking or ()))
 
     def fork() -> int:
         own._flush_real_streams()
@@ -122,23 +137,23 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
         if pid == 0:  # pragma: no cover - the child, reported through its link
             for fd in parent_ends:
                 os.close(fd)
-            _child(session, request, protect, capability_names, keep)
+            _child(session, request, protect, capability_names, keep, mapping)
         return pid
 
     try:
         pid = fork_on(fork)
     except OSError as exc:
-        for fd in (link_r, child_w, child_r, link_w):
+        for fd in (link_r, child_w, child_r, link_w, *(mapping or ()), *(asking or ())):
             os.close(fd)
         return f"fork() failed: {exc}"
-    os.close(child_w)
-    os.close(child_r)
-    return pid, link_r, link_w, None, []
+    for fd in (child_w, child_r, *(mapping or ())):
+        os.close(fd)
+    return pid, link_r, link_w, None, [], asking
 
 
 def _start_values(session: own.NamespaceSession, request: RunRequest,
                   capability_names: list[str], out_w: int, err_w: int,
-                  ) -> tuple[int, int, int, Any, list[str]] | str:
+                  ) -> Started | str:
     skip = set(session.injected)
     values, left_out = copier.pack_values(session.namespace, skip)
     left_out = sorted(set(left_out) | ({"functions"} & skip))
@@ -154,17 +169,20 @@ def _start_values(session: own.NamespaceSession, request: RunRequest,
                                                         env=env, cwd=session.cwd)
     except OSError as exc:
         return f"could not start {sys.executable!r}: {exc}"
-    return proc.pid, link_r, link_w, proc, left_out
+    return proc.pid, link_r, link_w, proc, left_out, None
 
 
 def _child(session: own.NamespaceSession, request: RunRequest,
-           protect: Callable[[], str] | None, capability_names: list[str],
-           keep: tuple[int, int, int, int]) -> None:
-    """The read-only fork child: never returns; reports over its link and ``os._exit``."""
+           protect: own.Protect | None, capability_names: list[str],
+           keep: tuple[int, int, int, int], mapping: tuple[int, int] | None) -> None:
+    """The read-only fork child: never returns; reports over its link and ``os._exit``.
+
+    ``mapping`` (root only): the pipes to ask the parent for an identity map.
+    """
     out_w, err_w, link_w, link_r = keep
     code = 70
     try:
-        copier.close_held(keep)
+        copier.close_held((*keep, *(mapping or ())))
         # Freeze what the session holds: a collection in the copy would walk (and so
         # copy page by page) every object the session owns.
         gc.freeze()
@@ -185,7 +203,10 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         own._local.call = None
         own._chdir(session.cwd)
         own._apply_environ(session.environ)
-        files = protect() if protect is not None else "none"
+        asker = iso.identity_asker(*mapping) if mapping is not None else None
+        files = protect(asker) if protect is not None else "none"
+        for fd in mapping or ():
+            os.close(fd)
         copier.seal_descriptors((0, 1, 2, link_w, link_r), discarded=files == "discarded")
         private = copier.privatize_shared_mappings()
         link = copier.Link(link_w, link_r)
@@ -200,8 +221,6 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         cell["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
         cell["deleted"] = [k for k in before if k not in namespace]
         if files == "discarded":
-            from .. import isolation as iso
-
             cell["written"] = iso.written()
         cell.update(type="done", id="copy", isolation=isolation)
         link.send(cell)
@@ -214,6 +233,7 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         for target in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 target.flush()
+        copier.step_aside()
         for fd in (1, 2, link_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -223,11 +243,13 @@ def _child(session: own.NamespaceSession, request: RunRequest,
 # -- watching a copy --------------------------------------------------------------------
 
 
-def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int, request: RunRequest,
+def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
+           asking: tuple[int, int] | None, request: RunRequest,
            capabilities: CapabilityHost | None,
            ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool, OutputBuffer,
                       OutputBuffer]:
-    """Stream the copy's output and serve its link until all three pipes end.
+    """Stream the copy's output and serve its link until all three pipes end; answer
+    its one request for an identity map on ``asking`` (ask, answer), if given.
 
     Returns (its ``done`` or None, the isolation it reported or None, whether it was
     interrupted, stdout, stderr). Past the deadline (or on cancel) the copy gets SIGINT,
@@ -241,6 +263,8 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int, request: 
     sel = selectors.DefaultSelector()
     for fd, name in ((out_r, "stdout"), (err_r, "stderr"), (link_r, "link")):
         sel.register(fd, selectors.EVENT_READ, name)
+    if asking is not None:
+        sel.register(asking[0], selectors.EVENT_READ, "map")
     deadline = time.monotonic() + request.timeout
     interrupted_at: float | None = None
     call = capabilities.call if capabilities is not None else _no_capabilities
@@ -258,6 +282,16 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int, request: 
                 wait = min(wait, now + 0.05)
             for key, _ in sel.select(max(0.0, wait - now)):
                 data = os.read(key.fd, 65536)
+                if key.data == "map" and asking is not None:  # answered once, then closed
+                    if data:
+                        mapped = iso.write_identity_maps(pid, data)
+                        with contextlib.suppress(OSError):
+                            os.write(asking[1], b"1" if mapped else b"0")
+                    sel.unregister(key.fd)
+                    for fd in asking:
+                        os.close(fd)
+                    asking = None
+                    continue
                 if not data:
                     sel.unregister(key.fd)
                     continue
@@ -277,7 +311,7 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int, request: 
                         cell = msg
     finally:
         sel.close()
-        for fd in (out_r, err_r, link_r, link_w):
+        for fd in (out_r, err_r, link_r, link_w, *(asking or ())):
             os.close(fd)
     for name, decoder in decoders.items():
         tail = decoder.decode(b"", final=True)

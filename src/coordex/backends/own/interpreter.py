@@ -88,6 +88,9 @@ FORK_IS_SAFE = hasattr(os, "fork") and sys.platform != "darwin"
 # may run another own-interpreter call (it runs inline on the same thread).
 OWN_LOCK = threading.RLock()
 _local = threading.local()
+# What protects a read-only fork child's disk, called in the child: ``protect(map_identity)``
+# (``isolation.protect``'s identity mapper for root, or None) returns the files mode.
+Protect = Callable[[Callable[[str, str], bool] | None], str]
 
 
 # --------------------------------------------------------------------------- calls and threads
@@ -969,7 +972,7 @@ class OwnInterpreter:
     # -- read-only ---------------------------------------------------------------------
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
-                      protect: Callable[[], str] | None = None,
+                      protect: Protect | None = None,
                       capabilities: Any = None) -> Outcome:
         """Run against a copy of the session: a fork, or its values in a new process.
 
@@ -985,12 +988,13 @@ class OwnInterpreter:
                         fork_on=self._fork_on_runner)
 
     def _fork_on_runner(self, fork: Callable[[], int]) -> int:
-        """Call ``fork`` on the runner thread, where session code made its objects.
+        """Call ``fork`` on the thread this caller's calls run on: the runner, or this
+        thread where it runs them itself (``inline``, or a nested call).
 
-        A fork child is a copy of the forking thread alone; forking on the runner makes
-        the copy's thread the one that built the session's objects, which sqlite3 (and
-        any other check of the creating thread) insists on. From code already running
-        here (a nested call) the runner is this thread.
+        A fork child is a copy of the forking thread alone; forking where session code
+        runs makes the copy's thread the one that built the session's objects, which
+        sqlite3 (and any other check of the creating thread, ``threading.local``)
+        insists on. Forking here also saves the two thread hand-offs.
         """
         if getattr(_local, "in_call", False):
             return fork()
@@ -1003,6 +1007,8 @@ class OwnInterpreter:
                 box["error"] = exc
 
         with OWN_LOCK:
+            if self.inline and _inline_ready() is not None:
+                return fork()
             runner = self._take_runner()
             runner.submit(job)
             runner.done.acquire()

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...worker import _coordex_copy as copier
 from .. import isolation
 from ..base import Outcome, RunRequest
 from .interpreter import NamespaceSession, OwnInterpreter
@@ -116,10 +117,15 @@ class OwnPlace:
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest) -> Outcome:
         scratch, paths = request.scratch, request.protect_paths
-        isolation.best_mode()  # probe once and load libc here, not in every fork child
+        # Set up here, once, what every fork child would repeat (libc, the filters).
+        isolation.prepare()
+        copier.prepare()
 
-        def protect() -> str:  # in the fork child, after it entered the session's cwd
-            return "none" if scratch is None else str(isolation.protect(paths, scratch))
+        def protect(map_identity: Callable[[str, str], bool] | None) -> str:
+            # In the fork child, after it entered the session's cwd.
+            if scratch is None:
+                return "none"
+            return str(isolation.protect(paths, scratch, map_identity=map_identity))
 
         # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
         return self.own.run_read_only(session, request, protect, self._capabilities)

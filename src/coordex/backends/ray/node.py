@@ -159,10 +159,12 @@ class NodeHost:
         build_timeout: seconds one build may take.
         max_calls: calls run at once (more wait their turn); None: no limit. A tenant's
             host on a node sets it to the server's ``--max-calls`` (SPEC 9's limits).
+        environments_manager: builds through this manager's ``build_spec`` instead (a
+            tenant's host on a node: its jail's builder, the folder read-only here).
     """
 
     def __init__(self, envs_dir: str | None = None, build_timeout: float = 900.0,
-                 max_calls: int | None = None) -> None:
+                 max_calls: int | None = None, environments_manager: Any = None) -> None:
         self._token = secrets.token_hex(8)
         os.environ[OWNER_ENV] = self._token  # inherited by every process started here
         self._sessions: dict[str, Any] = {}
@@ -174,6 +176,7 @@ class NodeHost:
         self._envs_dir = envs_dir
         self._build_timeout = build_timeout
         self._builder: Any = None
+        self._environments = environments_manager
         self._turns = threading.BoundedSemaphore(max_calls) if max_calls else None
         self._reaper = self._start_reaper()
 
@@ -350,6 +353,12 @@ class NodeHost:
         python = self._pythons.get(spec_hash)
         if python is not None and python.exists():
             return python.parent.parent
+        if self._environments is not None:
+            built = self._environments.build_spec(
+                env["spec_text"], spec_hash, env["label"],
+                on_progress=lambda line: call.post(("progress", line)))
+            self._pythons[spec_hash] = Path(built["python"])
+            return Path(built["path"])
         from ...core.spec import parse_spec
         from ...environments.builder import EnvironmentBuilder, find_interpreter
 

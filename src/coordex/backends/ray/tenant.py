@@ -101,7 +101,10 @@ class TenantNodeHost:
             max_calls=int(tenant.get("max_calls") or DEFAULT_MAX_CALLS),
             max_processes=int(tenant.get("max_processes") or DEFAULT_MAX_PROCESSES),
             hide=[str(root), *ray_secrets()], level=self.level, name=f"{self.name}-node", serve="node",
-            envs_dir=str(self.folder / "envs"), build_timeout=build_timeout)
+            # Under the node's root, which the jail hides: bound back read-only, built by
+            # the jail's builder (the tenant's code on the node cannot change it).
+            environments=root / "environments" / "tenants" / self.name,
+            build_timeout=build_timeout)
 
     def info(self) -> dict[str, Any]:
         node = ""

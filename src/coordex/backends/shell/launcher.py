@@ -304,12 +304,6 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
     ``mapping`` (root only): the pipes to ask the server for a full identity map;
     ``layers``: the socket to send the upper layers on (closed before the exec).
     """
-    def map_identity(uid_map: str, gid_map: str) -> bool:
-        assert mapping is not None
-        ask, answer = mapping
-        os.write(ask, marshal.dumps((uid_map, gid_map)))
-        return os.read(answer, 1) == b"1"
-
     try:
         os.setpgid(0, 0)
         # Python ignores SIGPIPE and SIGXFSZ; a handler-less exec would pass that on, and
@@ -341,7 +335,8 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
         with open(request["report"], "w") as report:  # before protect(): may lie anywhere
             mode = isolation.protect(request["work_paths"], request["scratch"],
                                      allow=request["allow"],
-                                     map_identity=map_identity if mapping else None)
+                                     map_identity=isolation.identity_asker(*mapping)
+                                     if mapping else None)
             report.write(mode)
         if request.get("uppers"):
             send_uppers(isolation, layers)
@@ -407,21 +402,6 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
     return data
 
 
-def _write_maps(pid: int, data: bytes) -> bool:
-    """Write a child's identity maps (we kept the privilege its user namespace lacks)."""
-    try:
-        uid_map, gid_map = marshal.loads(data)
-        for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
-            fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-    except (OSError, ValueError, EOFError, TypeError):
-        return False
-    return True
-
-
 def serve(sock: socket.socket, isolation: Any, layers: int) -> None:
     """The server loop: requests from ``sock``, children watched through pidfds.
 
@@ -445,7 +425,7 @@ def serve(sock: socket.socket, isolation: Any, layers: int) -> None:
                     poller.unregister(fd)
                     data = os.read(fd, 65536)
                     if data:
-                        os.write(answer, b"1" if _write_maps(pid, data) else b"0")
+                        os.write(answer, b"1" if isolation.write_identity_maps(pid, data) else b"0")
                     os.close(fd)
                     os.close(answer)
                     continue
@@ -533,7 +513,7 @@ def _main() -> None:
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import isolation
 
-    isolation.landlock_abi()  # libc loaded and the ABI asked once here, not per child
+    isolation.prepare()  # libc, the ABI and the filters once here, not per child
     sock = socket.socket(fileno=int(sys.argv[1]))
     try:
         serve(sock, isolation, int(sys.argv[2]))
