@@ -52,6 +52,32 @@ def test_coordex_log_prints_the_history_as_json(tmp_path: Path) -> None:
     assert text.returncode == 0 and "per coordinate:" in text.stdout
 
 
+def test_coordex_log_counts_a_bash_copy_that_wrote_files(tmp_path: Path) -> None:
+    from coordex.backends import isolation
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    with Executor(root=home) as ex:
+        ex.execute_code(f"cd {str(work)!r}", language="bash", state_mode="stateful",
+                        session_name="sh")
+        r = ex.execute_code("echo x > data.txt", language="bash", state_mode="read_only",
+                            session_name="sh")
+        ex.execute_code("ls", language="bash", state_mode="read_only", session_name="sh")
+    env = child_env(home)
+    printed = json.loads(run_cli("log", "--json", "--session", "sh", env=env).stdout)
+    assert [c["state_mode"] for c in printed["calls"]] == ["stateful", "read_only", "read_only"]
+    stats = json.loads(run_cli("log", "--stats", "--json", env=env).stdout)
+    sh = next(s for s in stats["sessions"] if s["session_name"] == "sh")
+    discarded = r["isolation"]["files"] == "discarded"
+    assert discarded == (isolation.best_mode() == "discarded")
+    # The copy that wrote a file changed something; the one that only looked did not.
+    assert sh["read_only_changed"] == (1 if discarded else 0)
+    bash_ro = next(c for c in stats["coordinates"]
+                   if (c["language"], c["state_mode"]) == ("bash", "read_only"))
+    assert bash_ro["calls"] == 2 and bash_ro["read_only_changed"] == sh["read_only_changed"]
+    assert not (work / "data.txt").exists()
+
+
 def test_coordex_log_on_an_empty_home(tmp_path: Path) -> None:
     done = run_cli("log", "--json", env=child_env(tmp_path / "home"))
     assert done.returncode == 0 and json.loads(done.stdout) == {"calls": []}

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -357,6 +358,101 @@ def test_the_log_keeps_the_files_a_read_only_copy_wrote(ex: Executor, tmp_path: 
     assert set(written) == {str(work / "new.txt"), str(work / "sub" / "deep.txt"),
                             str(work / "old.txt")}
     assert not (work / "new.txt").exists() and (work / "old.txt").read_text() == "kept"
+
+
+def _changed(ex: Executor, seq: int) -> dict[str, Any] | None:
+    row = ex._call_log.query("SELECT changed FROM calls WHERE seq = ?", [seq])[0]
+    return None if row["changed"] is None else json.loads(row["changed"])
+
+
+def test_the_log_keeps_the_files_a_bash_read_only_copy_wrote(ex: Executor,
+                                                             tmp_path: Path) -> None:
+    from coordex.backends import isolation
+    from coordex.log.stats import STATS_COLUMNS, summarize
+    from coordex.log.store import decode_row
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "old.txt").write_text("kept")
+    ex.execute_code(f"cd {str(work)!r}; x=1", language="bash", state_mode="stateful",
+                    session_name="sh")
+    wrote = ex.execute_code("echo x > data.txt; mkdir out; touch out/a; rm old.txt; "
+                            "ln -s / link", language="bash", state_mode="read_only",
+                            session_name="sh")
+    quiet = ex.execute_code("cat old.txt", language="bash", state_mode="read_only",
+                            session_name="sh")
+    assert quiet["stdout"] == "kept"
+    calls = ex.history(language="bash", session_name="sh")["calls"]
+    assert [c["state_mode"] for c in calls] == ["stateful", "read_only", "read_only"]
+    assert all(set(c) == HISTORY_KEYS for c in calls)
+    assert _changed(ex, calls[2]["seq"]) is None  # it wrote nothing
+    rows = [decode_row(r) for r in ex._call_log.query(f"SELECT {STATS_COLUMNS} FROM calls")]
+    session = next(s for s in summarize(rows)["sessions"] if s["session_name"] == "sh")
+    if isolation.best_mode() != "discarded":
+        assert wrote["isolation"]["files"] != "discarded" and session["read_only_changed"] == 0
+        pytest.skip("writes are refused here, not discarded: nothing is written to list")
+    assert wrote["isolation"]["files"] == "discarded", wrote
+    # As a Python copy lists them: absolute paths, sorted per folder, a folder with
+    # files by its files; the link is listed, not followed.
+    assert _changed(ex, calls[1]["seq"]) == {
+        "rebound": [], "deleted": [],
+        "written": [str(work / "data.txt"), str(work / "link"), str(work / "old.txt"),
+                    str(work / "out" / "a")]}
+    assert session["read_only_changed"] == 1
+    assert sorted(os.listdir(work)) == ["old.txt"] and (work / "old.txt").read_text() == "kept"
+
+
+def test_a_bash_copy_lists_what_it_wrote_however_it_ended(ex: Executor, tmp_path: Path) -> None:
+    from coordex.backends import isolation
+    from coordex.backends.isolation import WRITTEN_LIMIT
+
+    if isolation.best_mode() != "discarded":
+        pytest.skip("writes are refused here, not discarded: nothing is written to list")
+    work = tmp_path / "work"
+    work.mkdir()
+    ex.execute_code(f"cd {str(work)!r}", language="bash", state_mode="stateful",
+                    session_name="ends")
+    endings = {"exit": "echo y > by-exit; exit 3",
+               "traced": "set -x; echo q > by-trace",
+               "trap": "trap 'echo t > by-trap' EXIT; echo z > by-code",
+               "background": "(sleep 0.2; echo late > by-late) & echo now > by-now",
+               "many": f"touch f{{1..{WRITTEN_LIMIT + 5}}}"}
+    for name, code in endings.items():
+        ex.execute_code(code, language="bash", state_mode="read_only", session_name="ends")
+        seq = ex.history(session_name="ends", language="bash", limit=1)["calls"][0]["seq"]
+        written = (_changed(ex, seq) or {}).get("written")
+        if name == "many":
+            assert written is not None and len(written) == WRITTEN_LIMIT + 1, name
+            assert written[-1] == "..."
+        else:
+            expected = {"exit": ["by-exit"], "traced": ["by-trace"],
+                        "trap": ["by-code", "by-trap"], "background": ["by-now"]}[name]
+            assert written == [str(work / f) for f in expected], (name, written)
+    assert os.listdir(work) == []
+
+
+def test_a_bash_copy_called_off_lends_nothing_to_the_next_listing(ex: Executor,
+                                                                    tmp_path: Path) -> None:
+    from coordex.backends import isolation
+
+    if isolation.best_mode() != "discarded":
+        pytest.skip("writes are refused here, not discarded: nothing is written to list")
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    ex.execute_code(f"cd {str(one)!r}", language="bash", state_mode="stateful",
+                    session_name="off")
+    listed = []
+    # Each stateful call makes the copy waiting for the next read-only call stale: it
+    # is called off (after it sent its layers) and another one runs the code.
+    for folder, name in ((one, "a"), (two, "b"), (two, "c")):
+        ex.execute_code(f"cd {str(folder)!r}; n=1", language="bash", state_mode="stateful",
+                        session_name="off")
+        ex.execute_code(f"echo x > {name}", language="bash", state_mode="read_only",
+                        session_name="off")
+        seq = ex.history(session_name="off", language="bash", limit=1)["calls"][0]["seq"]
+        listed.append((_changed(ex, seq) or {}).get("written"))
+    assert listed == [[str(one / "a")], [str(two / "b")], [str(two / "c")]]
 
 
 def test_history_refuses_impossible_coordinates_as_a_call_does(ex: Executor) -> None:

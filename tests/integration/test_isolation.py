@@ -417,3 +417,27 @@ def test_threaded_process_is_never_claimed_protected(tree: dict[str, Path]) -> N
         return {"mode": mode}
 
     assert in_child(body) == {"mode": "none"}
+
+
+def test_written_lists_a_layer_without_following_its_links(tmp_path: Path) -> None:
+    # An upper layer as written() finds it: files, an empty folder, a folder with a
+    # file, links to a folder and to a file outside it (listed, never followed).
+    layer, outside = tmp_path / "layer", tmp_path / "outside"
+    (layer / "full").mkdir(parents=True)
+    (layer / "empty").mkdir()
+    (layer / "full" / "f.txt").write_text("x")
+    (layer / "a.txt").write_text("x")
+    outside.mkdir()
+    for n in range(5):
+        (outside / f"o{n}").write_text("o")
+    (layer / "to_dir").symlink_to(outside)
+    (layer / "to_file").symlink_to(outside / "o0")
+    fd = os.open(layer, os.O_PATH)
+    try:
+        assert isolation.written(uppers=[("/work", fd)]) == [
+            "/work/a.txt", "/work/empty", "/work/to_dir", "/work/to_file", "/work/full/f.txt"]
+        assert isolation.written(limit=2, uppers=[("/work", fd)]) == [
+            "/work/a.txt", "/work/empty", "..."]
+        assert isolation.written() == []  # this process overlaid nothing
+    finally:
+        os.close(fd)

@@ -118,3 +118,20 @@ def test_the_log_keeps_what_a_read_only_copy_changed(env_ex: tuple[Executor, int
         assert not (tmp_path / "made.txt").exists()
     held = {n["name"] for n in ex.inspect_session(session_name="look", venv_id=venv)["names"]}
     assert held == {"a", "b", "os"}  # the copies changed none of them
+
+
+def test_the_log_keeps_the_files_an_environments_bash_copy_wrote(
+        env_ex: tuple[Executor, int], tmp_path: Path) -> None:
+    ex, venv = env_ex
+    ex.execute_code(f"cd {str(tmp_path)!r}", language="bash", state_mode="stateful",
+                    session_name="look", venv_id=venv)
+    r = ex.execute_code("echo x > made.txt; mkdir out", language="bash",
+                        state_mode="read_only", session_name="look", venv_id=venv)
+    seq = ex.history(language="bash", session_name="look", venv_id=venv)["calls"][-1]["seq"]
+    row = ex._call_log.query("SELECT changed FROM calls WHERE seq = ?", [seq])[0]
+    if r["isolation"]["files"] != "discarded":
+        assert row["changed"] is None
+        pytest.skip("writes are refused here, not discarded: nothing is written to list")
+    assert json.loads(row["changed"])["written"] == [str(tmp_path / "made.txt"),
+                                                     str(tmp_path / "out")]
+    assert os.listdir(tmp_path) == []

@@ -633,23 +633,56 @@ def _overlay_one(index: int, lower: str, layers: str, layers_fd: int, userns: bo
 # exactly what the copy wrote there (and whiteouts for what it deleted).
 _UPPERS: list[tuple[str, int]] = []
 WRITTEN_LIMIT = 200
+# The layers live on tmpfs, whose directories are 20 bytes per entry plus 40 for "." and
+# "..": a copy that wrote nothing in a folder is told by one fstat, not a walk.
+_EMPTY_TMPFS_DIR = 40
 
 
-def written(limit: int = WRITTEN_LIMIT) -> list[str]:
+def upper_layers() -> list[tuple[str, int]]:
+    """Each folder this process overlaid, with an ``O_PATH`` handle (close-on-exec) on
+    its upper layer: what :func:`written` lists. The bash launcher sends them to the
+    host, which lists them once the copy's code has finished."""
+    return list(_UPPERS)
+
+
+def written(limit: int = WRITTEN_LIMIT,
+            uppers: Sequence[tuple[str, int]] | None = None) -> list[str]:
     """The paths in protected folders this copy wrote, created or deleted (all of it
     discarded), for the call log: what the overlays' upper layers hold. At most
-    ``limit`` paths; a last entry ``"..."`` says there were more."""
+    ``limit`` paths; a last entry ``"..."`` says there were more.
+
+    ``uppers``: ``(folder, handle)`` pairs held by this process (default: this copy's
+    own, :func:`upper_layers`), handles on tmpfs directories. Symbolic links are
+    listed, never followed, so the listing stays inside the layers whoever made them.
+    """
     found: list[str] = []
-    for lower, fd in _UPPERS:
+    for lower, fd in _UPPERS if uppers is None else uppers:
+        try:
+            if os.fstat(fd).st_size == _EMPTY_TMPFS_DIR:
+                continue
+        except OSError:
+            continue
         top = f"/proc/self/fd/{fd}"
         for folder, dirs, files in os.walk(top):
             rel = os.path.relpath(folder, top)
-            names = list(files) + [d for d in dirs if not os.listdir(os.path.join(folder, d))]
+            names = list(files) + [d for d in dirs if _a_leaf(os.path.join(folder, d))]
             for name in sorted(names):
                 if len(found) >= limit:
                     return [*found, "..."]
                 found.append(os.path.normpath(os.path.join(lower, rel, name)))
     return found
+
+
+def _a_leaf(path: str) -> bool:
+    """Whether a directory entry of an upper layer is listed itself: a symbolic link, an
+    empty (or unreadable) directory; a directory with entries is listed by them."""
+    try:
+        if os.path.islink(path):
+            return True
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return True
 
 
 def _rebind(fd: int, path: str, *, read_only: bool) -> None:

@@ -3,7 +3,8 @@
 Pure: takes log rows (dicts with the columns of :mod:`coordex.log.store`) and counts,
 per session and per coordinate (language x environment x state mode): calls, errors by
 ``error_type``, state losses, rebuilds, and read-only calls whose copy changed something
-(names rebound or deleted) - changes the read-only mode kept out of the session.
+(names rebound or deleted, files written in protected folders) - changes the read-only
+mode kept out of the session.
 """
 
 from __future__ import annotations

@@ -15,13 +15,21 @@ it was sent. The server itself never unshares, mounts or restricts anything.
 
 The wire, host to server, over a private unix stream socket pair: a header
 ``!cii`` (kind, pid, payload length), then the payload. ``b"R"`` (run) carries the
-two pipe fds on its header and a ``marshal``-ed dict; ``b"W"`` (wait over) lets the
-server reap child ``pid``. Server to host: the handshake line :data:`HELLO` first, then
-``!cii`` events: ``b"P"`` the child's pid (its group exists already), ``b"X"`` the
-child ended with the given bash-style status (``128 + signal`` when killed), ``b"E"``
-the fork failed (errno). A finished child stays a zombie until the host says ``W``: its
-pid, and so its process group id, cannot be reused while the host still signals that
-group. The server exits when the host closes its end (killing a child still running).
+call's fds on its header and a ``marshal``-ed dict (see :meth:`LauncherServer.start`);
+``b"W"`` (wait over) lets the server reap child ``pid``. Server to host:
+the handshake line :data:`HELLO` first, then ``!cii`` events: ``b"P"`` the child's pid
+(its group exists already), ``b"X"`` the child ended with the given bash-style status
+(``128 + signal`` when killed), ``b"E"`` the fork failed (errno). A finished child
+stays a zombie until the host says ``W``: its pid, and so its process group id, cannot
+be reused while the host still signals that group. The server exits when the host
+closes its end (killing a child still running).
+
+A second socket pair, datagrams, carries the *layers*: the server is started holding
+one end and each child inherits it by ``fork``. Once protected, before any code runs, a
+child asked to (``uppers``) sends on it handles on its overlays' upper layers
+(:func:`send_uppers`), and closes it before it ``exec``s. The host takes them once the
+call is over (:meth:`LauncherServer.receive_layers`) and lists what the copy wrote,
+for the call log. No socket ever travels inside a message, and no code holds it.
 """
 
 from __future__ import annotations
@@ -41,8 +49,13 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-HELLO = b"coordex-launcher 1\n"
+HELLO = b"coordex-launcher 2\n"  # 2: the child sends its upper layers
 HEADER = struct.Struct("!cii")
+# A child's layers message (send_uppers): at most this many handles and bytes of pid and
+# folder names; a larger one is not listed.
+LAYERS_MAX_FDS = 16
+LAYERS_MAX_BYTES = 1 << 15
+_FD_SIZE = struct.calcsize("i")
 # How long the server may take to start and answer its handshake.
 START_TIMEOUT = 15.0
 _LIMITS = tuple(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
@@ -73,20 +86,26 @@ class LauncherServer:
         from .. import _reap
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        layers, children = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             # A session of its own: the copies it forks stay in it (in groups of their
             # own), so the keeper ends them too if the host dies.
             self._proc = _reap.spawn(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=dict(env), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(theirs.fileno()),
+                 str(children.fileno())],
+                pass_fds=(theirs.fileno(), children.fileno()), env=dict(env),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError as exc:
             ours.close()
+            layers.close()
             raise LauncherError(f"could not start the launcher server: {exc}") from exc
         finally:
             theirs.close()
+            children.close()
         self._sock = ours
-        _hold(ours.fileno())
+        self._layers = layers
+        layers.setblocking(False)
+        _hold(ours.fileno(), layers.fileno())
         self._buffer = b""
         self._sock.settimeout(START_TIMEOUT)
         try:
@@ -112,11 +131,14 @@ class LauncherServer:
 
     def start(self, argv: Sequence[str], fds: Sequence[int], *, session_pid: int,
               work_paths: Sequence[str], scratch: str, allow: str, report_path: str,
-              splice: tuple[int, int], keep: Sequence[int] = ()) -> None:
+              splice: tuple[int, int], keep: Sequence[int] = (),
+              uppers: bool = False) -> None:
         """Have the server fork a protected child; :meth:`started` gives its pid.
 
         ``fds`` are the child's stdout, stderr, the *go* pipe's read end, then one fd
-        per number in ``keep`` (placed there in the child). The child sets itself up
+        per number in ``keep`` (placed there in the child). With ``uppers`` the child,
+        once protected, sends handles on its upper layers for :meth:`receive_layers`
+        (where it overlaid nothing, nothing). The child sets itself up
         and protects itself at once, then waits: what is written to the go pipe, after
         one first byte, is spliced into ``argv[splice[0]]`` at offset ``splice[1]`` and
         it execs ``argv``; end-of-file with nothing written makes it exit quietly. It
@@ -127,7 +149,7 @@ class LauncherServer:
         payload = marshal.dumps({
             "argv": list(argv), "session_pid": session_pid, "work_paths": list(work_paths),
             "scratch": scratch, "allow": allow, "report": report_path,
-            "splice": tuple(splice), "keep": list(keep),
+            "splice": tuple(splice), "keep": list(keep), "uppers": uppers,
         })
         try:
             socket.send_fds(self._sock, [HEADER.pack(b"R", 0, len(payload))], list(fds))
@@ -170,6 +192,40 @@ class LauncherServer:
             events.append(event)
         return events
 
+    def receive_layers(self, pid: int) -> tuple[list[str], list[int]] | None:
+        """Child ``pid``'s upper layers, if its message has come: the overlaid folders
+        and a handle (close-on-exec) on each one's upper layer, for the caller to list
+        and close; ``([], [])`` for a message cut short; None while none has come.
+
+        Never blocks or raises. Messages of other children (called off before they ran
+        the code) are dropped on the way. The handles are not held (a fork meanwhile
+        would close them): they live for one listing, and a handle on a discarded layer
+        is no channel into anything.
+        """
+        tag = b"%d" % pid
+        while True:
+            try:
+                # Not socket.recv_fds: before Python 3.12 it drops its flags.
+                data, ancillary, flags, _addr = self._layers.recvmsg(
+                    LAYERS_MAX_BYTES, socket.CMSG_SPACE(LAYERS_MAX_FDS * _FD_SIZE),
+                    socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+            except OSError:  # BlockingIOError: no (more) messages
+                return None
+            fds = [fd for level, kind, payload in ancillary
+                   if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                   for (fd,) in struct.iter_unpack("i", payload[:len(payload)
+                                                             - len(payload) % _FD_SIZE])]
+            sender, _, folders = data.partition(b"\0")
+            lowers = [os.fsdecode(f) for f in folders.split(b"\0")] if folders else []
+            whole = len(lowers) == len(fds) and not flags & (socket.MSG_TRUNC
+                                                              | socket.MSG_CTRUNC)
+            if sender == tag and whole:
+                return lowers, fds
+            for fd in fds:
+                os.close(fd)
+            if sender == tag:
+                return [], []
+
     def release(self, pid: int) -> None:
         """Let the server reap child ``pid``: its process group is no longer signalled."""
         try:
@@ -185,7 +241,8 @@ class LauncherServer:
         """
         from .. import _reap
 
-        _release(self._sock.fileno())
+        _release(self._sock.fileno(), self._layers.fileno())
+        self._layers.close()  # handles still queued there go with it
 
         def hang_up() -> bool:
             try:
@@ -214,17 +271,17 @@ class LauncherServer:
             self._buffer += data
 
 
-def _hold(fd: int) -> None:
-    """Note the socket as coordex's, so read-only copies of Python sessions close it."""
+def _hold(*fds: int) -> None:
+    """Note the sockets as coordex's, so read-only copies of Python sessions close them."""
     from ...worker import _coordex_copy
 
-    _coordex_copy.hold(fd)
+    _coordex_copy.hold(*fds)
 
 
-def _release(fd: int) -> None:
+def _release(*fds: int) -> None:
     from ...worker import _coordex_copy
 
-    _coordex_copy.release(fd)
+    _coordex_copy.release(*fds)
 
 
 # -- the server side (runs as a script: standard library and isolation.py only) ---------
@@ -241,10 +298,11 @@ def _exit_status(pid: int) -> int:
 
 
 def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
-               mapping: tuple[int, int] | None) -> None:
+               mapping: tuple[int, int] | None, layers: int) -> None:
     """In the forked child: set up, protect, wait for the go, exec. Never returns.
 
-    ``mapping`` (root only): the pipes to ask the server for a full identity map.
+    ``mapping`` (root only): the pipes to ask the server for a full identity map;
+    ``layers``: the socket to send the upper layers on (closed before the exec).
     """
     try:
         os.setpgid(0, 0)
@@ -280,6 +338,10 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
                                      map_identity=isolation.identity_asker(*mapping)
                                      if mapping else None)
             report.write(mode)
+        if request.get("uppers"):
+            send_uppers(isolation, layers)
+        else:
+            os.close(layers)
         for number, value in limits:
             try:
                 resource.setrlimit(number, value)
@@ -307,6 +369,24 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
             os._exit(127)
 
 
+def send_uppers(isolation: Any, fd: int) -> None:
+    """Send the handles on this protected child's upper layers over socket ``fd`` (then
+    closed), for the host to list what the copy wrote once its code has finished: the
+    layers outlive the child while the host holds them. One datagram: this pid and the
+    overlaid folders, NUL-separated, one handle per folder; none where nothing was
+    overlaid. Runs before the code, so what the code does cannot change what is sent
+    (it never sees the socket). A failure costs the log entry, never the call."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=fd) as sock:
+        layers = isolation.upper_layers()
+        if layers:
+            folders = b"\0".join([b"%d" % os.getpid(), *(os.fsencode(lower)
+                                                         for lower, _ in layers)])
+            try:
+                socket.send_fds(sock, [folders], [upper for _, upper in layers])
+            except OSError:
+                pass
+
+
 # What a child that failed before the code ran writes to its stderr (then exits 127):
 # the shell tells such an end from a command's own exit status 127 by it.
 START_FAILED = "coordex: could not start the read-only copy: "
@@ -322,8 +402,10 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
     return data
 
 
-def serve(sock: socket.socket, isolation: Any) -> None:
+def serve(sock: socket.socket, isolation: Any, layers: int) -> None:
     """The server loop: requests from ``sock``, children watched through pidfds.
+
+    ``layers`` is the socket every child inherits to send its upper layers on.
 
     For root, each child also gets a pair of pipes to ask for its identity map once
     it has unshared its user namespace (a /bin/sh helper per call would cost ~1 ms).
@@ -390,7 +472,7 @@ def serve(sock: socket.socket, isolation: Any) -> None:
                         os.close(pipes[0])
                         os.close(pipes[3])
                     _run_child(isolation, request, fds,
-                               None if pipes is None else (pipes[1], pipes[2]))
+                               None if pipes is None else (pipes[1], pipes[2]), layers)
                 for received in fds:
                     os.close(received)
                 if pipes is not None:
@@ -434,7 +516,7 @@ def _main() -> None:
     isolation.prepare()  # libc, the ABI and the filters once here, not per child
     sock = socket.socket(fileno=int(sys.argv[1]))
     try:
-        serve(sock, isolation)
+        serve(sock, isolation, int(sys.argv[2]))
     except (BrokenPipeError, ConnectionResetError):
         pass
 

@@ -51,9 +51,12 @@ positional parameters - and prints the trace flags; those are the child's go: it
 ``exec``s a plain bash that restores the state and runs the code. Output is captured
 and streamed as in a stateful call. Its own process group lets a timeout interrupt
 the copy, kill it if it ignores the interrupt, and end whatever it left running,
-without touching the session. Where nothing can be protected (or the server cannot
-start) the plain subshell (:meth:`ShellSession.read_only_command`) runs the code and
-says ``files: "none"``.
+without touching the session. Once protected, and before any code runs, the child
+sends the host handles on its overlays' upper layers; when the call's group has ended
+the host lists them (:func:`.isolation.written`, as a Python copy lists its own) - what
+the copy wrote in protected folders, for the call log - and lets them go. Where nothing
+can be protected (or the server cannot start) the plain subshell
+(:meth:`ShellSession.read_only_command`) runs the code and says ``files: "none"``.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ import termios
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +216,9 @@ class _ProtectedCopy:
         self._fds: tuple[int, int, int, int] | None = None  # out, err, go/code, end (ours)
         self._fingerprint: tuple[Any, ...] | None = None
         self.flags: str | None = None  # the trace flags the dump printed (it ran)
+        self._uppers = False  # whether the child was asked to send its upper layers
+        self._layers: tuple[list[str], list[int]] | None = None  # its folders, handles
+        self.written: list[str] = []  # what the code wrote there, listed after it ended
 
     @staticmethod
     def make_folder() -> str:
@@ -241,13 +247,15 @@ class _ProtectedCopy:
             keep.append(_CODE_FD)
         fds.append(end_w)
         keep.append(_END_FD)
+        # Only overlays hold what a copy wrote: the child sends its layers only then.
+        self._uppers = isolation.best_mode() == "discarded"
         argv = [self.bash, "--norc", "--noprofile", "-c", script, "bash"]
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.mode_file)  # the mode is this child's to report
             server.start(argv, fds, session_pid=shell.pid, work_paths=self.work_paths,
                          scratch=self.scratch, allow="discarded", report_path=self.mode_file,
-                         splice=(4, len(script)), keep=keep)
+                         splice=(4, len(script)), keep=keep, uppers=self._uppers)
         except BaseException:
             for fd in (out_r, err_r, go_w, end_r, *((code_w,) if self.ready else ())):
                 os.close(fd)
@@ -339,6 +347,7 @@ class _ProtectedCopy:
                     "utf-8", "surrogateescape"))
                 os.close(go_w)
                 go_w = -1
+                self._receive_layers(server, pid)
                 return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
             # A copy launched just now protects itself while the session writes its
             # state (which takes less time: no spinning, the CPU is theirs).
@@ -355,6 +364,7 @@ class _ProtectedCopy:
             copier.write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
+            self._receive_layers(server, pid)
             return self._watch(server, pid, (out_r, err_r, end_r), deadline, request)
         finally:
             if go_w >= 0:
@@ -362,6 +372,11 @@ class _ProtectedCopy:
             if pid is not None:
                 _signal_group(pid, signal.SIGKILL)  # its background jobs, its namespaces
                 self.pid = None
+                # After the code and all it started have ended: nothing writes there now
+                # (and before the pid can be reused, so the message is this copy's).
+                if self.launched:
+                    self._receive_layers(server, pid)
+                self.written = self._list_layers()
                 server.release(pid)  # only now may its pid (and group id) be reused
             for fd in (out_r, err_r, end_r):
                 os.close(fd)
@@ -443,6 +458,27 @@ class _ProtectedCopy:
             stream.feed(b"", final=True)
         return out, err, ending
 
+    def _receive_layers(self, server: launcher.LauncherServer, pid: int) -> None:
+        """Take the handles on the upper layers child ``pid`` sent once protected, if
+        they have come. Tried first while the code runs (a ready copy's came long ago),
+        so the call's end pays only the listing."""
+        if self._uppers and self._layers is None:
+            self._layers = server.receive_layers(pid)
+
+    def _list_layers(self) -> list[str]:
+        """What the copy wrote in protected folders (:func:`.isolation.written`, as a
+        Python copy lists its own), then the handles go; [] without them. Never raises."""
+        if self._layers is None:
+            return []
+        (lowers, fds), self._layers = self._layers, None
+        try:
+            return isolation.written(uppers=list(zip(lowers, fds, strict=True)))
+        except Exception:  # the log never costs the call
+            return []
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def signal(self, sig: signal.Signals) -> None:
         """Signal the copy's process group (when none runs, a no-op)."""
         pid = self.pid
@@ -499,6 +535,7 @@ class _CopySlot:
     files: str = "none"
     launched: bool = False
     failure: str | None = None
+    written: list[str] = field(default_factory=list)  # in protected folders (discarded)
 
 
 def _read_available(fd: int, stream: _Stream) -> bool:
@@ -1100,6 +1137,8 @@ class ShellSession:
         files = slot.files if slot is not None else "none"
         kind = "values" if slot is not None and slot.launched and files != "none" else "fork"
         outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
+        if slot is not None and slot.written:
+            outcome["written"] = slot.written  # for the call log; the result never shows it
         return outcome
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:
@@ -1269,6 +1308,8 @@ class ShellSession:
                     self._copy = None
                 slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
                     copy.files()
+                if slot.files == "discarded":  # as a Python copy lists only then
+                    slot.written = copy.written
                 if copy.flags is not None:  # it dumped: the state file is current now
                     self._dumped, self._dump_flags = self._state_version, copy.flags
                 copy.clear_scratch()
