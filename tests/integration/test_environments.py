@@ -237,6 +237,28 @@ def test_requires_python_nobody_has_is_an_environment_error(root: Path) -> None:
     assert "'>=3.99'" in error["error"] and "requires-python" in error["suggestion"]
 
 
+def test_a_python_planted_above_the_working_folder_is_never_run(
+        root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A confined builder works in its environments folder, which may lie beneath the
+    # tenant's: a `.venv` there (or VIRTUAL_ENV) must not be a candidate uv runs to ask
+    # its version (it would run with the builder's rights).
+    planted = tmp_path / ".venv"
+    (planted / "bin").mkdir(parents=True)
+    (planted / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.99.0\n")
+    ran = tmp_path / "ran"
+    script = planted / "bin" / "python"
+    script.write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    script.chmod(0o755)
+    (planted / "bin" / "python3").symlink_to("python")
+    below = tmp_path / "envs"
+    below.mkdir()
+    monkeypatch.chdir(below)
+    monkeypatch.setenv("VIRTUAL_ENV", str(planted))
+    error = EnvironmentManager(root).create("[project]\nrequires-python = '>=3.99'\n")
+    assert error["error_type"] == "environment", error
+    assert not ran.exists()
+
+
 # -- crashes and timeouts ------------------------------------------------------------------------
 
 

@@ -174,10 +174,22 @@ _PROBE = (
 )
 
 
+# What could point uv's interpreter search at a Python the caller planted: a virtual
+# environment named by the environment, or found in the working folder or a parent of it
+# (``--no-project`` does not stop that search). Lookups run from "/" without these.
+_LOOKUP_UNSET = ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME", "PYTHONPATH")
+
+
+def _lookup_options() -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LOOKUP_UNSET and not k.startswith("UV_PYTHON")}
+    return {"cwd": "/", "env": env, "stdin": subprocess.DEVNULL}
+
+
 @functools.lru_cache(maxsize=32)
 def _probe(executable: str) -> Interpreter:
     done = _reap.run([executable, "-I", "-c", _PROBE], "interpreter probe", timeout=30,
-                     stdin=subprocess.DEVNULL, check=True)
+                     check=True, **_lookup_options())
     facts = json.loads(done.stdout)
     return Interpreter(executable=executable, **facts)
 
@@ -195,7 +207,7 @@ def find_interpreter(requires_python: str | None) -> Interpreter:
     command = [uv_binary(), "python", "find", "--no-project", *_UV_COMMON,
                "--no-python-downloads", requires_python]
     try:
-        done = _reap.run(command, "uv python find", timeout=60, stdin=subprocess.DEVNULL)
+        done = _reap.run(command, "uv python find", timeout=60, **_lookup_options())
         found = done.stdout.strip().splitlines()
         if done.returncode == 0 and found:
             return _probe(found[-1])
