@@ -3,10 +3,11 @@ are read-only to the tenant's code).
 
 A host's own interpreter runs the tenant's code, so nothing the host can write is safe
 from it. The jail's init therefore starts a second process before the host, the
-*builder*, in the same user and pid namespace and cgroups: it alone sees the tenant's
-environments folder (built environments, their store, uv's cache, the build logs)
-writable, in a mount namespace of its own, and it restricts itself with Landlock in a
-domain the host is not in, so the host cannot signal, trace or read it. The host's
+*builder*, in the same namespaces (where the level has them) and cgroups: it alone
+sees the tenant's environments folder (built environments, their store, uv's cache, the
+build logs) writable, through a mount namespace of its own or its Landlock rules, and
+it restricts itself with Landlock in a domain the host is not in, so the host cannot
+trace or read it, nor signal it (Landlock ABI >= 6). The host's
 :class:`~coordex.environments.manager.EnvironmentManager` takes a :class:`BuilderClient`
 as its builder and asks over a socketpair the init made (the ``request``/``answer``
 lines of :data:`.wire.BUILDER_MESSAGES`); the builder runs a plain manager that builds
@@ -77,21 +78,21 @@ def serve(sock: socket.socket, make_manager: Callable[[], Any], refused: str = "
     making = threading.Lock()
 
     def manager() -> Any:
-        nonlocal refused
+        """The manager, or why there is none."""
         with making:
             if not made and not refused:
                 try:
                     made.append(make_manager())
-                except Exception as exc:
-                    refused = f"{type(exc).__name__}: {exc}"
-        return made[0] if made else None
+                except Exception as exc:  # tried again on the next request (a locked store)
+                    return f"{type(exc).__name__}: {exc}"
+        return made[0] if made else refused
 
     def answer(msg: dict[str, Any]) -> None:
         def progress(line: str) -> None:
             out.send({"type": "progress", "id": msg["id"], "line": line})
 
         found = manager()
-        value = (_refusal(refused) if found is None else
+        value = (_refusal(found) if isinstance(found, str) else
                  _run(found, msg["op"], msg["args"], progress))
         with contextlib.suppress(OSError):  # the host is gone: nothing to tell
             out.send({"type": "answer", "id": msg["id"], "value": value})
@@ -140,13 +141,21 @@ def _run(manager: Any, op: str, args: Any, progress: Any) -> Any:
         if op == "touch":
             manager.touch(venv_id)
             return None
-        return manager.remove_unused()
+        if op == "remove_unused":
+            return manager.remove_unused()
+        return make_error("validation", f"environments.{op} is not an operation of the "
+                          "builder.", "Use one of: " + ", ".join(sorted(wire.BUILDER_OPS)) + ".")
     except CoordexError as exc:
         return exc.to_dict()
-    except Exception as exc:  # bad arguments of any type: an answer, not a dead builder
+    except (TypeError, ValueError, AttributeError) as exc:  # arguments of the wrong type
         return make_error("validation", f"environments.{op}: {type(exc).__name__}: {exc}"[:400],
                           "Pass the arguments the method documents (venv_id: an integer, "
                           "spec and name: text).")
+    except Exception as exc:  # the folder or the machine (a full disk): an answer still
+        return make_error("environment", f"environments.{op} failed in the builder: "
+                          f"{type(exc).__name__}: {exc}"[:400],
+                          "Run the call again; if it fails again, the operator must check "
+                          "the environments folder (disk space, permissions).", log="")
 
 
 # ---------------------------------------------------------------------- the host side

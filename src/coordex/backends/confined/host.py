@@ -182,7 +182,7 @@ def _init(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
             channel.close()
             for fd in (args.fd_in, args.fd_out):
                 _close_quietly(fd)
-            os._exit(_builder(level, spec, args, theirs))
+            _exit_with(_builder, level, spec, args, theirs)
         theirs.close()
     if level == "namespaces+landlock":
         try:
@@ -192,7 +192,7 @@ def _init(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     host = os.fork()
     if host == 0:
         jail.die_with_parent()
-        os._exit(_host(level, spec, args, root, limits, error, channel))
+        _exit_with(_host, level, spec, args, root, limits, error, channel)
     for fd in (args.fd_in, args.fd_out):
         _close_quietly(fd)
     if channel is not None:
@@ -237,6 +237,16 @@ def _end_children(within: float = 2.0) -> None:
         time.sleep(0.01)
 
 
+def _exit_with(main: Callable[..., int], *args: Any) -> None:
+    """Run a forked child's ``main`` and end the child with its code, whatever it
+    raised: an exception must never unwind into the parent's stack in the copy."""
+    code = 70
+    try:
+        code = main(*args)
+    finally:
+        os._exit(code)
+
+
 def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
              sock: socket.socket) -> int:
     """The builder: the one process of the jail that may write the environments folder.
@@ -266,6 +276,8 @@ def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
         jail.restrict(level, jail.builder_spec(spec))
     except OSError as exc:
         refused = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(OSError):  # refusing every request, with no power left
+            jail.drop_capabilities()
     from pathlib import Path
 
     from ...environments.manager import EnvironmentManager
@@ -294,13 +306,16 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
             jail.restrict(level, spec)
         except OSError as exc:
             error, level = f"landlock: {exc}", "none"
+            with contextlib.suppress(OSError):  # what confinement is left, best effort
+                jail.drop_capabilities()
     from ...executor import Executor
 
     options = json.loads(args.executor)
     ready = {"protocol": wire.PROTOCOL_VERSION, "pid": os.getpid(), "confinement": level,
              "memory": limits.memory, "processes": limits.processes,
              "network": spec.network,
-             "builds": "builder" if channel is not None else "host"}
+             # Only a confined host is kept from writing what its builder builds.
+             "builds": "builder" if channel is not None and level != "none" else "host"}
     out = _Writer(args.fd_out)
     relay = None
     try:
