@@ -65,6 +65,9 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
     unsafe = copier.fork_unsafe_runtimes() if fork else ["fork"]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    # Held (closed in every other copy forked meanwhile, by another thread): no copy may
+    # read or write the pipes of another's call.
+    copier.hold(out_r, out_w, err_r, err_w)
     start: Started | str
     if unsafe:
         start = _start_values(session, request, names, out_w, err_w)
@@ -73,9 +76,11 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         start = _start_fork(session, request, protect, names, out_w, err_w, (out_r, err_r),
                             fork_on)
         kind = "fork"
+    copier.release(out_w, err_w)
     os.close(out_w)
     os.close(err_w)
     if isinstance(start, str):  # the copy could not be started
+        copier.release(out_r, err_r)
         os.close(out_r)
         os.close(err_r)
         return _not_started(start, kind)
@@ -126,6 +131,7 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
         answer_r, answer_w = os.pipe()
         mapping, asking = (ask_w, answer_r), (ask_r, answer_w)
     parent_ends = (*parent_ends, link_r, link_w, *(asking or ()))
+    copier.hold(link_r, child_w, child_r, link_w, *(mapping or ()), *(asking or ()))
 
     def fork() -> int:
         own._flush_real_streams()
@@ -144,9 +150,11 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
         pid = fork_on(fork)
     except OSError as exc:
         for fd in (link_r, child_w, child_r, link_w, *(mapping or ()), *(asking or ())):
+            copier.release(fd)
             os.close(fd)
         return f"fork() failed: {exc}"
     for fd in (child_w, child_r, *(mapping or ())):
+        copier.release(fd)
         os.close(fd)
     return pid, link_r, link_w, None, [], asking
 
@@ -228,15 +236,19 @@ def _child(session: own.NamespaceSession, request: RunRequest,
     except BaseException:
         code = 70
     finally:
+        # The deadline's SIGINT must not land here: raised past this point it would
+        # unwind the copy into the parent's stack (a second agent process).
+        with contextlib.suppress(BaseException):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         # Close the pipes before exiting: tearing down a large copy-on-write image takes
         # milliseconds, and the parent returns as soon as it sees end-of-file.
         for target in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 target.flush()
-        copier.step_aside()
         for fd in (1, 2, link_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        copier.step_aside()  # after the closes: the parent has its answer; then the teardown
         os._exit(code)
 
 
@@ -289,6 +301,7 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
                             os.write(asking[1], b"1" if mapped else b"0")
                     sel.unregister(key.fd)
                     for fd in asking:
+                        copier.release(fd)
                         os.close(fd)
                     asking = None
                     continue
@@ -312,6 +325,7 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
     finally:
         sel.close()
         for fd in (out_r, err_r, link_r, link_w, *(asking or ())):
+            copier.release(fd)
             os.close(fd)
     for name, decoder in decoders.items():
         tail = decoder.decode(b"", final=True)
