@@ -38,11 +38,8 @@ CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its ho
 STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
 _STDERR_TAIL = 4000
 KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its cgroups
-# The longest line the owner takes from a host. The tenant's own code can write to the
-# host's end of the pipe, so without a bound one tenant could make the server buffer (and
-# rescan) gigabytes; a reply is far smaller (output is capped at 64 KiB per stream).
 # The environment a host starts with: nothing of the owner's but these (no tokens).
-# uv's index and offline settings and the proxies pass too: builds run in the host.
+# uv's index and offline settings and the proxies pass too: the jail's builder runs uv.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE",
               "UV_OFFLINE", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_PYTHON_DOWNLOADS",
               "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")

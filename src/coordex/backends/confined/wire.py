@@ -29,7 +29,9 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_CALLS = 8
 DEFAULT_MAX_PROCESSES = 512
 # The longest line a reader takes from a peer running the tenant's code (a host, to its
-# owner or its builder); longer ends that peer, so a flood costs only its sender.
+# owner or its builder). The tenant's code can write to the host's end of the pipe, so
+# without a bound it could make the server buffer gigabytes; a reply is far smaller
+# (output is capped at 64 KiB per stream). Longer ends that peer: a flood costs only it.
 MAX_LINE = 64 << 20
 
 OWNER_TO_HOST = "owner->host"
