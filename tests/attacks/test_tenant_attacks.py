@@ -435,10 +435,15 @@ def test_a_python_the_tenant_plants_in_its_home_is_not_built_on(server: Server) 
     server.code(ALICE, (f"echo \"import os; os.environ['PLANTED'] = 'yes'\" > "
                         f"{prefix}/lib/$(basename {other['stdlib']})/sitecustomize.py"),
                 language="bash")
-    if made.get("venv_id") is None:  # no Python but the tenant's matched: refused, fine
+    if made.get("venv_id") is None:
+        # Refused is right only when no Python but the tenant's matched; anything else
+        # (a uv failure) shows nothing either way.
+        if "requires-python" not in str(made.get("error", "")):
+            pytest.skip(f"the build failed for another reason: {made}")
+        assert made["error_type"] == "environment", made
         return
     used = server.code(ALICE, "import os; os.environ.get('PLANTED')", venv_id=made["venv_id"])
-    assert used.get("error_type") == "environment" or used.get("result") == "None", (made, used)
+    assert used.get("result") == "None", (made, used)
 
 
 # A package's own code runs in a build (the import check imports it; an sdist's build
