@@ -65,16 +65,22 @@ def test_the_hosts_manager_works_through_the_builder(channel: Channel) -> None:
     assert channel.manager.remove_unused() == {"removed": [], "skipped": []}
 
 
-@pytest.mark.parametrize(("op", "args"), [
-    ("create", {"spec": 5, "name": ["x"]}), ("exists", {"venv_id": [1]}),
-    ("env_dir", {"venv_id": {"a": 1}}), ("describe", {"venv_id": "1"}),
-    ("build", {"venv_id": -1}), ("touch", {"venv_id": None}), ("list", {"extra": 1}),
+@pytest.mark.parametrize(("op", "args", "expected"), [
+    ("create", {"spec": 5, "name": ["x"]}, "validation"),
+    ("exists", {"venv_id": [1]}, "validation"),
+    ("env_dir", {"venv_id": {"a": 1}}, "validation"),
+    ("describe", {"venv_id": "1"}, "not_found"),
+    ("build", {"venv_id": -1}, "validation"),
+    ("touch", {"venv_id": None}, None),
+    ("list", {"extra": 1}, {"environments": []}),
 ])
 def test_bad_arguments_are_answered_not_fatal(channel: Channel, op: str,
-                                              args: dict[str, Any]) -> None:
+                                              args: dict[str, Any], expected: Any) -> None:
     value = channel.client.call(op, args)
-    assert value in (False, None, {"environments": []}) or value["error_type"] in (
-        "validation", "not_found"), value
+    if isinstance(expected, str):  # an error of that type, with a way out
+        assert value["error_type"] == expected and value["suggestion"], value
+    else:
+        assert value == expected, value
     assert channel.manager.list() == {"environments": []}  # the builder still answers
 
 
