@@ -434,10 +434,10 @@ def test_written_lists_a_layer_without_following_its_links(tmp_path: Path) -> No
     (layer / "to_file").symlink_to(outside / "o0")
     fd = os.open(layer, os.O_PATH)
     try:
-        assert isolation.written(uppers=[("/work", fd)]) == [
-            "/work/a.txt", "/work/empty", "/work/to_dir", "/work/to_file", "/work/full/f.txt"]
-        assert isolation.written(limit=2, uppers=[("/work", fd)]) == [
-            "/work/a.txt", "/work/empty", "..."]
+        assert isolation.written(uppers=[("/data", fd)]) == [
+            "/data/a.txt", "/data/empty", "/data/to_dir", "/data/to_file", "/data/full/f.txt"]
+        assert isolation.written(limit=2, uppers=[("/data", fd)]) == [
+            "/data/a.txt", "/data/empty", "..."]
         assert isolation.written() == []  # this process overlaid nothing
     finally:
         os.close(fd)
