@@ -48,6 +48,10 @@ class RunRequest:
     # Set by a front end whose request was cancelled: every place interrupts the code as
     # at its timeout (state kept), and kills only past INTERRUPT_GRACE.
     cancel: threading.Event | None = None
+    # Set when the caller keeps what a read-only copy changed (the call log is on):
+    # places that pay to find that out (a bash copy dumps its state at its end) do it
+    # only then; Python copies report it always (it costs them nothing).
+    report_changes: bool = False
 
 
 def wait_for(lock: Any, seconds: float, cancel: threading.Event | None) -> bool:

@@ -31,15 +31,25 @@ HISTORY_KEYS = ("seq", "at", "language", "venv_id", "session_id", "session_name"
 MAX_LIMIT = 10_000
 
 
+# At most this many names per list, as files written (``isolation.WRITTEN_LIMIT``): a
+# last entry "..." says there were more.
+NAMES_LIMIT = 200
+
+
 def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
     """What the read-only copy about to be recorded on this thread changed: names it
     rebound or deleted, and files it wrote in protected folders (all discarded)."""
     if rebound or deleted or written:
-        _notes.changed = {"rebound": sorted(rebound or ()), "deleted": sorted(deleted or ())}
+        _notes.changed = {"rebound": _capped(rebound), "deleted": _capped(deleted)}
         if written:
             _notes.changed["written"] = list(written)
     else:
         _notes.changed = None
+
+
+def _capped(names: Any) -> list[str]:
+    names = sorted(names or ())
+    return names if len(names) <= NAMES_LIMIT else [*names[:NAMES_LIMIT], "..."]
 
 
 def note_replay(seq: int, code: str) -> None:
