@@ -87,3 +87,9 @@ def test_changed_names_compare_text_per_name() -> None:
     rebound, deleted = wire.changed_names(_STATE, after, frozenset({"RANDOM"}))
     assert sorted(rebound) == ["alias la", "g()", "x"] and deleted == ["arr"]
     assert wire.changed_names(_STATE, _STATE + "\n\n", frozenset()) == ([], [])
+    # A copy's end dump: the names alone (no options, no positional parameters).
+    dump = _STATE[_STATE.index("declare -"):_STATE.index("set --")]
+    assert wire.changed_names(_STATE, dump, frozenset()) == ([], [])
+    dump = dump.replace('x="1"', 'x="2"').replace('declare -- __coordex_f=""\n', "")
+    assert wire.changed_names(_STATE, dump + "declare -i RANDOM\n", frozenset({"RANDOM"})) \
+        == (["x"], [])
