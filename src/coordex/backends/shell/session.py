@@ -175,7 +175,7 @@ _SOURCE_STATE = (f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :; \\builtin t
 _CHANGES_FD = PRIVATE_FD_FLOOR + 3
 _SOURCE_STATE_AND_DUMP = (
     f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :; \\builtin trap "
-    f"'{PRIVATE_PREFIX}s=$?; {{ {{ \\builtin declare -p; \\builtin declare -f; "
+    f"'{{ {PRIVATE_PREFIX}s=$?; {{ \\builtin declare -p; \\builtin declare -f; "
     f"\\builtin alias -p; }} >&{_CHANGES_FD}; \\builtin printf \"%d\\n\" "
     f"\"${PRIVATE_PREFIX}s\" >&{_END_FD}; }} 2>/dev/null' EXIT\n")
 _HIDE_END = f" {_END_FD}>&- {_CHANGES_FD}>&-"
