@@ -65,6 +65,7 @@ import array
 import codecs
 import contextlib
 import fcntl
+import functools
 import os
 import resource
 import secrets
@@ -76,7 +77,7 @@ import tempfile
 import termios
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,20 +304,22 @@ class _ProtectedCopy:
         return self._fds is not None and self.changes == changes and \
             self._fingerprint == _fingerprint(shell.pid, work_paths)
 
-    def changed(self) -> tuple[list[str], list[str]]:
-        """(rebound, deleted): the names this copy's code changed, from its end dump and
-        the state file it restored; ([], []) without a dump (the code ended the copy
-        itself, or set its own EXIT trap). Never raises."""
+    def changed(self) -> Callable[[], tuple[list[str], list[str]]] | None:
+        """What tells (rebound, deleted), the names this copy's code changed, from its
+        end dump and the state file it restored: the texts are read now (the next copy
+        rewrites the files), compared when called (by the log's writer, off the call's
+        path). None without a dump (the code's own EXIT trap, an interrupt). Never
+        raises."""
         try:
             with open(self.changes_file, encoding="utf-8", errors="surrogateescape") as f:
                 after = f.read()
             if not after:
-                return [], []
+                return None
             with open(self.state_file, encoding="utf-8", errors="surrogateescape") as f:
                 before = f.read()
-            return _changed_names(before, after, _NOT_NAMES)
-        except Exception:  # the log never costs the call
-            return [], []
+        except OSError:  # the log never costs the call
+            return None
+        return functools.partial(_changed_names, before, after, _NOT_NAMES)
 
     def dump_command(self) -> str:
         """The bash text, run by the session's driver line, that writes the state.
@@ -579,8 +582,8 @@ class _CopySlot:
     launched: bool = False
     failure: str | None = None
     written: list[str] = field(default_factory=list)  # in protected folders (discarded)
-    rebound: list[str] = field(default_factory=list)  # names, with report_changes
-    deleted: list[str] = field(default_factory=list)
+    # With report_changes: what tells the names it rebound and deleted, or None.
+    changed: Callable[[], tuple[list[str], list[str]]] | None = None
 
 
 def _read_available(fd: int, stream: _Stream) -> bool:
@@ -1184,8 +1187,8 @@ class ShellSession:
         outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
         if slot is not None and slot.written:
             outcome["written"] = slot.written  # for the call log; the result never shows it
-        if slot is not None and (slot.rebound or slot.deleted):
-            outcome["rebound"], outcome["deleted"] = slot.rebound, slot.deleted  # the same
+        if slot is not None and slot.changed is not None:
+            outcome["rebound"] = slot.changed  # the same: the log works the names out
         return outcome
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:
@@ -1360,7 +1363,7 @@ class ShellSession:
                 if slot.files == "discarded":  # as a Python copy lists only then
                     slot.written = copy.written
                 if copy.changes and copy.launched:  # before the next copy empties its file
-                    slot.rebound, slot.deleted = copy.changed()
+                    slot.changed = copy.changed()
                 if copy.flags is not None:  # it dumped: the state file is current now
                     self._dumped, self._dump_flags = self._state_version, copy.flags
                 copy.clear_scratch()
