@@ -432,6 +432,29 @@ def test_the_log_keeps_the_names_a_bash_read_only_copy_changed(ex: Executor) -> 
     assert session["read_only_changed"] == 2
 
 
+def test_a_bash_copy_dumps_its_state_only_when_the_names_are_wanted(tmp_path: Path) -> None:
+    from coordex.backends import isolation
+    from coordex.backends.base import RunRequest
+    from coordex.backends.shell import ShellSession
+
+    if isolation.best_mode() == "none":
+        pytest.skip("no protected copy here: a plain subshell runs read-only bash code")
+    with ShellSession() as shell:
+        assert "error" not in shell.run(RunRequest(code="x=1", timeout=30))
+        # Off, on, on (the copy made ahead), off: a copy made for the other case is
+        # called off, never used.
+        for n, wanted in enumerate((False, True, True, False)):
+            scratch = tmp_path / f"scratch{n}"
+            scratch.mkdir()
+            r = shell.run_read_only(RunRequest(code="x=2; echo $x", timeout=30,
+                                               protect_paths=(".",), scratch=str(scratch),
+                                               report_changes=wanted))
+            assert r["stdout"] == "2\n" and "error" not in r, r
+            assert ("rebound" in r) == wanted, (n, r)
+            if wanted:
+                assert r["rebound"]() == (["x"], [])
+
+
 def test_a_bash_copy_names_are_capped_as_files_are(ex: Executor) -> None:
     from coordex.backends import isolation
     from coordex.log.calls import NAMES_LIMIT
