@@ -98,8 +98,10 @@ def main() -> None:
         def protected() -> dict[str, object]:
             scratch = tempfile.mkdtemp(dir=scratch_base)
             try:
+                # report_changes: as the Executor asks with its call log on (the default).
                 return session.run_read_only(RunRequest(
-                    code=ro_req.code, timeout=30, protect_paths=(".",), scratch=scratch))
+                    code=ro_req.code, timeout=30, protect_paths=(".",), scratch=scratch,
+                    report_changes=True))
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
 

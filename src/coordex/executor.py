@@ -288,7 +288,8 @@ class Executor:
         scratch = tempfile.mkdtemp(prefix="coordex-ro-")
         try:
             yield dataclasses.replace(request, protect_paths=self._protect_paths(),
-                                      scratch=scratch)
+                                      scratch=scratch,
+                                      report_changes=self._call_log is not None)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 

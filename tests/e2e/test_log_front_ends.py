@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from coordex import Executor
+from coordex.log import LOG_FILE
 
 from ._procs import child_env, run_cli, spawn
 from .test_mcp_http import READY, call_with_sdk
@@ -76,6 +78,27 @@ def test_coordex_log_counts_a_bash_copy_that_wrote_files(tmp_path: Path) -> None
                    if (c["language"], c["state_mode"]) == ("bash", "read_only"))
     assert bash_ro["calls"] == 2 and bash_ro["read_only_changed"] == sh["read_only_changed"]
     assert not (work / "data.txt").exists()
+
+
+def test_coordex_log_counts_a_bash_copy_that_rebound_names(tmp_path: Path) -> None:
+    from coordex.backends import isolation
+
+    if isolation.best_mode() == "none":
+        pytest.skip("no protected copy here: a plain subshell runs read-only bash code")
+    home = tmp_path / "home"
+    with Executor(root=home) as ex:
+        ex.execute_code("x=1; y=1", language="bash", state_mode="stateful", session_name="nm")
+        ex.execute_code("x=2; unset y; f() { :; }; alias ll=ls", language="bash",
+                        state_mode="read_only", session_name="nm")
+        ex.execute_code("echo $x", language="bash", state_mode="read_only", session_name="nm")
+    env = child_env(home)
+    stats = json.loads(run_cli("log", "--stats", "--json", env=env).stdout)
+    nm = next(s for s in stats["sessions"] if s["session_name"] == "nm")
+    assert nm["read_only_changed"] == 1  # the copy that rebound names; not the one that read
+    rows = sqlite3.connect(home / LOG_FILE).execute(
+        "SELECT changed FROM calls WHERE state_mode = 'read_only' ORDER BY seq").fetchall()
+    assert [None if c is None else json.loads(c) for (c,) in rows] == [
+        {"rebound": ["alias ll", "f()", "x"], "deleted": ["y"]}, None]
 
 
 def test_coordex_log_on_an_empty_home(tmp_path: Path) -> None:

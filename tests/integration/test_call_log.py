@@ -402,6 +402,73 @@ def test_the_log_keeps_the_files_a_bash_read_only_copy_wrote(ex: Executor,
     assert sorted(os.listdir(work)) == ["old.txt"] and (work / "old.txt").read_text() == "kept"
 
 
+def test_the_log_keeps_the_names_a_bash_read_only_copy_changed(ex: Executor) -> None:
+    from coordex.backends import isolation
+    from coordex.log.stats import STATS_COLUMNS, summarize
+    from coordex.log.store import decode_row
+
+    if isolation.best_mode() == "none":
+        pytest.skip("no protected copy here: a plain subshell runs read-only bash code")
+    ex.execute_code("x=1; y=1; declare -A m=([a]=1 [b]=2 [c]=3); g() { cat <<END\nhi\nEND\n}; "
+                    "export -f g; alias la='ls -a'", language="bash", state_mode="stateful",
+                    session_name="names")
+    calls = {}
+    for name, code in (("reads", "echo $x; g; cd /; echo $RANDOM $SECONDS; true | true"),
+                       ("changes", "x=2; unset y; f() { :; }; alias ll=ls"),
+                       ("exports", "export x; g() { :; }; unalias la"),
+                       ("reads again", "echo $x")):
+        r = ex.execute_code(code, language="bash", state_mode="read_only", session_name="names")
+        assert "error" not in r, r
+        calls[name] = ex.history(session_name="names", limit=1)["calls"][0]["seq"]
+    assert _changed(ex, calls["reads"]) is None and _changed(ex, calls["reads again"]) is None
+    # Variables by name, functions as name(), aliases as "alias name"; sorted.
+    assert _changed(ex, calls["changes"]) == {"rebound": ["alias ll", "f()", "x"],
+                                              "deleted": ["y"]}
+    assert _changed(ex, calls["exports"]) == {"rebound": ["g()", "x"], "deleted": ["alias la"]}
+    assert ex.execute_code("echo $x $y; type -t f ll", language="bash", state_mode="stateful",
+                           session_name="names")["stdout"] == "1 1\n"
+    rows = [decode_row(r) for r in ex._call_log.query(f"SELECT {STATS_COLUMNS} FROM calls")]
+    session = next(s for s in summarize(rows)["sessions"] if s["session_name"] == "names")
+    assert session["read_only_changed"] == 2
+
+
+def test_a_bash_copy_dumps_its_state_only_when_the_names_are_wanted(tmp_path: Path) -> None:
+    from coordex.backends import isolation
+    from coordex.backends.base import RunRequest
+    from coordex.backends.shell import ShellSession
+
+    if isolation.best_mode() == "none":
+        pytest.skip("no protected copy here: a plain subshell runs read-only bash code")
+    with ShellSession() as shell:
+        assert "error" not in shell.run(RunRequest(code="x=1", timeout=30))
+        # Off, on, on (the copy made ahead), off: a copy made for the other case is
+        # called off, never used.
+        for n, wanted in enumerate((False, True, True, False)):
+            scratch = tmp_path / f"scratch{n}"
+            scratch.mkdir()
+            r = shell.run_read_only(RunRequest(code="x=2; echo $x", timeout=30,
+                                               protect_paths=(".",), scratch=str(scratch),
+                                               report_changes=wanted))
+            assert r["stdout"] == "2\n" and "error" not in r, r
+            assert ("rebound" in r) == wanted, (n, r)
+            if wanted:
+                assert r["rebound"]() == (["x"], [])
+
+
+def test_a_bash_copy_names_are_capped_as_files_are(ex: Executor) -> None:
+    from coordex.backends import isolation
+    from coordex.log.calls import NAMES_LIMIT
+
+    if isolation.best_mode() == "none":
+        pytest.skip("no protected copy here: a plain subshell runs read-only bash code")
+    ex.execute_code("true", language="bash", state_mode="stateful", session_name="many")
+    ex.execute_code(f"for i in {{1..{NAMES_LIMIT + 5}}}; do declare v$i=1; done",
+                    language="bash", state_mode="read_only", session_name="many")
+    seq = ex.history(session_name="many", limit=1)["calls"][0]["seq"]
+    rebound = (_changed(ex, seq) or {})["rebound"]
+    assert len(rebound) == NAMES_LIMIT + 1 and rebound[-1] == "..."
+
+
 def test_a_bash_copy_lists_what_it_wrote_however_it_ended(ex: Executor, tmp_path: Path) -> None:
     from coordex.backends import isolation
     from coordex.backends.isolation import WRITTEN_LIMIT

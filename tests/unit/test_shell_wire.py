@@ -47,3 +47,49 @@ def test_a_dump_reads_back_what_the_session_added() -> None:
 
 def test_quoting_for_bash_survives_single_quotes() -> None:
     assert wire.shell_quote("it's") == "'it'\\''s'"
+
+
+_STATE = """\\exec 200<&-
+__coordex_options() {
+shopt -u extglob
+:
+}
+declare -- x="1"
+declare -a arr=([0]="a" [1]="b")
+declare -x y=$'two\\nlines'
+declare -- __coordex_f=""
+g ()\x20
+{\x20
+    cat <<END
+not ()\x20
+END
+
+}
+declare -fx g
+alias ll='ls -l'
+set -- 'a b'
+__coordex_options; \\builtin unset -f __coordex_options
+\\builtin set +xv
+"""
+
+
+def test_a_state_text_names_variables_functions_and_aliases() -> None:
+    names = wire.state_names(_STATE)
+    assert sorted(names) == ["alias ll", "arr", "g()", "x", "y"]
+    assert names["g()"].endswith("declare -fx g")  # the heredoc stays in the body
+    assert names["alias ll"] == "alias ll='ls -l'"  # the positional parameters are not
+
+
+def test_changed_names_compare_text_per_name() -> None:
+    after = (_STATE.replace('x="1"', 'x="2"').replace("declare -fx g", "declare -f g")
+             .replace("alias ll='ls -l'\n", "alias ll='ls -l'\nalias la='ls -a'\n")
+             .replace('declare -a arr=([0]="a" [1]="b")\n', "") + 'declare -- RANDOM="9"\n')
+    rebound, deleted = wire.changed_names(_STATE, after, frozenset({"RANDOM"}))
+    assert sorted(rebound) == ["alias la", "g()", "x"] and deleted == ["arr"]
+    assert wire.changed_names(_STATE, _STATE + "\n\n", frozenset()) == ([], [])
+    # A copy's end dump: the names alone (no options, no positional parameters).
+    dump = _STATE[_STATE.index("declare -"):_STATE.index("set --")]
+    assert wire.changed_names(_STATE, dump, frozenset()) == ([], [])
+    dump = dump.replace('x="1"', 'x="2"').replace('declare -- __coordex_f=""\n', "")
+    assert wire.changed_names(_STATE, dump + "declare -i RANDOM\n", frozenset({"RANDOM"})) \
+        == (["x"], [])

@@ -5,7 +5,9 @@ output keys of the SPEC success shape (``stdout``, ``stderr``, ``truncated``,
 ``result``, ``exit_code``, ``images``) and, when the call failed, ``error`` holding the
 SPEC error dict (``error``, ``error_type``, ``suggestion`` and its extra keys). Optional
 keys: ``state_lost`` and ``retried`` (a process was replaced), ``isolation`` (read-only
-calls), ``rebound``/``deleted`` (Python names a stateful call changed, for provenance).
+calls), ``rebound``/``deleted`` (Python names a stateful call changed, for provenance;
+for a read-only call the names its copy changed, for the call log: a bash copy gives
+``rebound`` as a callable returning both, which the log's writer calls), ``written``.
 The executor adds ``session``, ``state_mode`` and ``duration_ms``; backends never do.
 """
 
@@ -48,6 +50,10 @@ class RunRequest:
     # Set by a front end whose request was cancelled: every place interrupts the code as
     # at its timeout (state kept), and kills only past INTERRUPT_GRACE.
     cancel: threading.Event | None = None
+    # Set when the caller keeps what a read-only copy changed (the call log is on):
+    # places that pay to find that out (a bash copy dumps its state at its end) do it
+    # only then; Python copies report it always (it costs them nothing).
+    report_changes: bool = False
 
 
 def wait_for(lock: Any, seconds: float, cancel: threading.Event | None) -> bool:

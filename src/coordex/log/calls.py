@@ -31,15 +31,44 @@ HISTORY_KEYS = ("seq", "at", "language", "venv_id", "session_id", "session_name"
 MAX_LIMIT = 10_000
 
 
+# At most this many names per list, as files written (``isolation.WRITTEN_LIMIT``): a
+# last entry "..." says there were more.
+NAMES_LIMIT = 200
+
+
 def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
     """What the read-only copy about to be recorded on this thread changed: names it
-    rebound or deleted, and files it wrote in protected folders (all discarded)."""
-    if rebound or deleted or written:
-        _notes.changed = {"rebound": sorted(rebound or ()), "deleted": sorted(deleted or ())}
-        if written:
-            _notes.changed["written"] = list(written)
+    rebound or deleted, and files it wrote in protected folders (all discarded).
+
+    ``rebound`` may instead be a callable returning ``(rebound, deleted)``: a place
+    whose names cost a parse (a bash copy's) hands that over, and the log's writer
+    thread calls it when it writes the row, off the call's path.
+    """
+    if callable(rebound):
+        names = rebound
+
+        def later() -> dict[str, Any] | None:
+            now_rebound, now_deleted = names()
+            return _changes(now_rebound, now_deleted, written)
+
+        _notes.changed = later
     else:
-        _notes.changed = None
+        _notes.changed = _changes(rebound, deleted, written)
+
+
+def _changes(rebound: Any, deleted: Any, written: Any) -> dict[str, Any] | None:
+    """The row's ``changed`` column: None when the copy changed nothing."""
+    if not (rebound or deleted or written):
+        return None
+    changed = {"rebound": _capped(rebound), "deleted": _capped(deleted)}
+    if written:
+        changed["written"] = list(written)
+    return changed
+
+
+def _capped(names: Any) -> list[str]:
+    names = sorted(names or ())
+    return names if len(names) <= NAMES_LIMIT else [*names[:NAMES_LIMIT], "..."]
 
 
 def note_replay(seq: int, code: str) -> None:

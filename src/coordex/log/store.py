@@ -192,6 +192,11 @@ class CallLog:
          duration_ms, outcome, exit_code, state_lost, retried, isolation, changed,
          replay_of) = row
         truncated = False
+        if callable(changed):  # a copy's names, worked out here (note_changes)
+            try:
+                changed = changed()
+            except Exception:  # the log never costs the call, nor the other rows
+                changed = None
         if isinstance(code, str):
             code, truncated = cap_code(code)
             code = escape_text(code)

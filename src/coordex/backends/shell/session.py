@@ -65,6 +65,7 @@ import array
 import codecs
 import contextlib
 import fcntl
+import functools
 import os
 import resource
 import secrets
@@ -76,7 +77,7 @@ import tempfile
 import termios
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ from .wire import DUMP as _DUMP
 from .wire import PRIVATE_PREFIX, VOLATILE_VARIABLES
 from .wire import SYNC_ALIASES as _SYNC_ALIASES
 from .wire import ShellProtocol as _Protocol
+from .wire import changed_names as _changed_names
 from .wire import parse_dump as _parse_dump
 from .wire import parse_flags as _parse_flags
 from .wire import quote_code as _quote_code
@@ -144,6 +146,10 @@ _NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
     f"{PRIVATE_PREFIX}code", f"{PRIVATE_PREFIX}v", f"{PRIVATE_PREFIX}n", f"{PRIVATE_PREFIX}f",
     f"{PRIVATE_PREFIX}run", f"{PRIVATE_PREFIX}record", f"{PRIVATE_PREFIX}call",
 }
+# Never reported as rebound or deleted by a copy: all of bash's own ever-changing
+# variables (a copy's PWD too: the log speaks of names, as for Python), the above, and
+# two a non-interactive bash sets for itself where the session's has none.
+_NOT_NAMES = VOLATILE_VARIABLES | _NOT_RESTORED | {"BASH_COMPAT", "COMP_WORDBREAKS"}
 # The copy's bash runs `-c SCRIPT bash`: SCRIPT sources the state (from an fd the
 # launcher placed at _STATE_FD: the copy's view of the private folder may be an overlay
 # mounted before the state was written; errors silenced, and `|| :` keeps -e from
@@ -161,7 +167,19 @@ _STATE_FD = PRIVATE_FD_FLOOR
 _END_FD = PRIVATE_FD_FLOOR + 2
 _SOURCE_STATE = (f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :; \\builtin trap "
                  f"'{{ \\builtin printf \"%d\\n\" \"$?\" >&{_END_FD}; }} 2>/dev/null' EXIT\n")
-_HIDE_END = f" {_END_FD}>&-"
+# For the call log (``RunRequest.report_changes``) the EXIT trap first writes the copy's
+# state as the state file holds it - variables, functions, aliases - to the changes
+# file at _CHANGES_FD (opened by the host: the copy's own view of the private folder
+# may be an overlay), and the host compares the two (:func:`.wire.changed_names`). The
+# dump comes before the end record: once that arrives the copy's group is killed. The
+# code never holds the fd either.
+_CHANGES_FD = PRIVATE_FD_FLOOR + 3
+_SOURCE_STATE_AND_DUMP = (
+    f"\\builtin . /dev/fd/{_STATE_FD} 2>/dev/null || :; \\builtin trap "
+    f"'{{ {PRIVATE_PREFIX}s=$?; {{ \\builtin declare -p; \\builtin declare -f; "
+    f"\\builtin alias -p; }} >&{_CHANGES_FD}; \\builtin printf \"%d\\n\" "
+    f"\"${PRIVATE_PREFIX}s\" >&{_END_FD}; }} 2>/dev/null' EXIT\n")
+_HIDE_END = f" {_END_FD}>&- {_CHANGES_FD}>&-"
 _READ_CODE = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <%s; }} 2>/dev/null || :\n"
               f'\\builtin eval "')
 _INLINE_CODE_LIMIT = 120_000
@@ -201,8 +219,9 @@ class _ProtectedCopy:
     """
 
     def __init__(self, bash: str, work_paths: tuple[str, ...], folder: str,
-                 ready: bool = False) -> None:
+                 ready: bool = False, changes: bool = False) -> None:
         self.bash = bash
+        self.changes = changes  # it dumps its state at its end (changes_file)
         self.work_paths = work_paths
         self.ready = ready
         self.folder = folder  # the session's private folder, kept across copies
@@ -210,6 +229,7 @@ class _ProtectedCopy:
         self.state_file = os.path.join(folder, "state")
         self.mode_file = os.path.join(folder, "mode")
         self.code_file = os.path.join(folder, "code")
+        self.changes_file = os.path.join(folder, "changes")
         self.pid: int | None = None  # the copy's pid and process group, once known
         self.launched = False  # a protected bash ran the code (the state went by value)
         self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
@@ -246,7 +266,15 @@ class _ProtectedCopy:
             fds.append(code_r)
             keep.append(_CODE_FD)
         fds.append(end_w)
-        keep.append(_END_FD)
+        keep.append(_END_FD)  # the fds in keep go in ascending order
+        if self.changes:
+            try:
+                fds.append(os.open(self.changes_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                                   | os.O_CLOEXEC, 0o600))
+                keep.append(_CHANGES_FD)
+                script = _SOURCE_STATE_AND_DUMP + script[len(_SOURCE_STATE):]
+            except OSError:
+                self.changes = False  # the call runs; the log only misses its names
         # Only overlays hold what a copy wrote: the child sends its layers only then.
         self._uppers = isolation.best_mode() == "discarded"
         argv = [self.bash, "--norc", "--noprofile", "-c", script, "bash"]
@@ -270,10 +298,28 @@ class _ProtectedCopy:
         self._fds = (out_r, err_r, go_w, end_r)
         self._fingerprint = _fingerprint(shell.pid, self.work_paths)
 
-    def fits(self, shell: _Shell, work_paths: tuple[str, ...]) -> bool:
-        """Whether this waiting copy was protected for the session as it is now."""
-        return self._fds is not None and self._fingerprint == _fingerprint(shell.pid,
-                                                                            work_paths)
+    def fits(self, shell: _Shell, work_paths: tuple[str, ...], changes: bool) -> bool:
+        """Whether this waiting copy was protected for the session as it is now (and
+        dumps its state at its end exactly when the call wants it)."""
+        return self._fds is not None and self.changes == changes and \
+            self._fingerprint == _fingerprint(shell.pid, work_paths)
+
+    def changed(self) -> Callable[[], tuple[list[str], list[str]]] | None:
+        """What tells (rebound, deleted), the names this copy's code changed, from its
+        end dump and the state file it restored: the texts are read now (the next copy
+        rewrites the files), compared when called (by the log's writer, off the call's
+        path). None without a dump (the code's own EXIT trap, an interrupt). Never
+        raises."""
+        try:
+            with open(self.changes_file, encoding="utf-8", errors="surrogateescape") as f:
+                after = f.read()
+            if not after:
+                return None
+            with open(self.state_file, encoding="utf-8", errors="surrogateescape") as f:
+                before = f.read()
+        except OSError:  # the log never costs the call
+            return None
+        return functools.partial(_changed_names, before, after, _NOT_NAMES)
 
     def dump_command(self) -> str:
         """The bash text, run by the session's driver line, that writes the state.
@@ -536,6 +582,8 @@ class _CopySlot:
     launched: bool = False
     failure: str | None = None
     written: list[str] = field(default_factory=list)  # in protected folders (discarded)
+    # With report_changes: what tells the names it rebound and deleted, or None.
+    changed: Callable[[], tuple[list[str], list[str]]] | None = None
 
 
 def _read_available(fd: int, stream: _Stream) -> bool:
@@ -1139,6 +1187,8 @@ class ShellSession:
         outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
         if slot is not None and slot.written:
             outcome["written"] = slot.written  # for the call log; the result never shows it
+        if slot is not None and slot.changed is not None:
+            outcome["rebound"] = slot.changed  # the same: the log works the names out
         return outcome
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:
@@ -1291,7 +1341,8 @@ class ShellSession:
         copy, self._standby = self._standby, None
         current = self._dumped == self._state_version
         if copy is not None and (server is None or (copy.ready and not current)
-                                 or not copy.fits(self._shell, request.protect_paths)):
+                                 or not copy.fits(self._shell, request.protect_paths,
+                                                  request.report_changes)):
             copy.discard(server)
             copy = None
         if server is not None:
@@ -1299,7 +1350,8 @@ class ShellSession:
                 if self._ro_folder is None:
                     self._ro_folder = _ProtectedCopy.make_folder()
                 if copy is None:
-                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder)
+                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder,
+                                          changes=request.report_changes)
                     copy.launch(server, self._shell)
                 self._copy = copy
                 try:
@@ -1310,13 +1362,16 @@ class ShellSession:
                     copy.files()
                 if slot.files == "discarded":  # as a Python copy lists only then
                     slot.written = copy.written
+                if copy.changes and copy.launched:  # before the next copy empties its file
+                    slot.changed = copy.changed()
                 if copy.flags is not None:  # it dumped: the state file is current now
                     self._dumped, self._dump_flags = self._state_version, copy.flags
                 copy.clear_scratch()
                 if not self._closed and self._shell.alive():
                     ready = self._dumped == self._state_version and not self._dump_flags
                     self._standby = _ProtectedCopy(self._bash, request.protect_paths,
-                                                   self._ro_folder, ready=ready)
+                                                   self._ro_folder, ready=ready,
+                                                   changes=request.report_changes)
                     self._standby.launch(server, self._shell)
                 return streams
             except launcher.LauncherError:

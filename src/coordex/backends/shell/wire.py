@@ -9,6 +9,7 @@ shell is sent and parses what it sends back; :mod:`.session` moves the bytes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,6 +161,103 @@ def parse_dump(text: str) -> dict[str, Any]:
     return state
 
 
+# A state text (what ``declare -p; declare -f; alias -p`` print, as a protected copy's
+# state file holds it and its end dump repeats it): where each name's entry starts.
+_VARIABLE = re.compile(r"declare -(\S+) ([^=\s]+)(=|$)")
+_FUNCTION = re.compile(r"(\S+) \(\) $")
+_ALIAS = re.compile(r"alias ([^=\s]+)=")
+# Lines of a state file that belong to no name (the options, positional parameters).
+_NO_NAME = ("set --", "\\builtin ", "\\exec ", f"{PRIVATE_PREFIX}options")
+
+
+def state_names(text: str) -> dict[str, str]:
+    """Each name a state text binds, with the text that binds it: variables by name,
+    functions as ``name()``, aliases as ``alias name`` (the call log's convention).
+
+    One entry runs from its first line to the next entry's: a value with newlines in
+    it, a function's body, ``declare -fx f`` after ``f``'s body stay with their name.
+    A function starts at ``name () `` followed by ``{ ``, as ``declare -f`` prints it.
+    Private names (``__coordex_...``) are left out.
+    """
+    entries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("declare -"):
+            match = _VARIABLE.match(line)
+            if match is not None:
+                name = match.group(2)
+                key = f"{name}()" if "f" in match.group(1) else name
+                current = entries.setdefault(key, [])
+                current.append(line)
+                continue
+        elif line.startswith("alias "):
+            match = _ALIAS.match(line)
+            if match is not None:
+                current = entries.setdefault(f"alias {match.group(1)}", [])
+                current.append(line)
+                continue
+        elif line.endswith(" () ") and i + 1 < len(lines) and lines[i + 1] == "{ ":
+            match = _FUNCTION.match(line)  # (a heredoc's line rarely looks like this)
+            if match is not None:
+                current = entries.setdefault(f"{match.group(1)}()", [])
+                current.append(line)
+                continue
+        if line.startswith(_NO_NAME):
+            current = None
+        elif current is not None:
+            current.append(line)
+    return {key: "\n".join(lines).rstrip("\n") for key, lines in entries.items()
+            if not key.startswith((PRIVATE_PREFIX, f"alias {PRIVATE_PREFIX}"))}
+
+
+def changed_names(before: str, after: str,
+                  ignored: frozenset[str]) -> tuple[list[str], list[str]]:
+    """(rebound, deleted): the names of state text ``after`` bound anew or differently
+    (value or attributes) than in ``before``, and those it no longer has; variables in
+    ``ignored`` (bash's own, ever-changing ones) never count.
+
+    Most calls change a few one-line variables or nothing: the lines that differ are
+    found as sets (fast), and only when one of them is not a whole one-line variable
+    or alias are both texts parsed name by name.
+    """
+    start, end = before.find("\ndeclare -"), before.rfind("\nset --")
+    body = before[start + 1:end] if 0 <= start < end else before  # a state file's names
+    old_lines, new_lines = body.split("\n"), after.split("\n")
+    gone, came = set(old_lines).difference(new_lines), set(new_lines).difference(old_lines)
+    gone.discard("")
+    came.discard("")
+    gone_names, came_names = _line_names(gone, ignored), _line_names(came, ignored)
+    if gone_names is not None and came_names is not None:
+        return sorted(came_names), sorted(gone_names - came_names)
+    old, new = state_names(before), state_names(after)
+    rebound = [key for key, value in new.items()
+               if key not in ignored and old.get(key) != value]
+    deleted = [key for key in old if key not in new and key not in ignored]
+    return rebound, deleted
+
+
+def _line_names(lines: set[str], ignored: frozenset[str]) -> set[str] | None:
+    """The names ``lines`` bind, as :func:`state_names` keys them (private and
+    ``ignored`` ones left out), if each starts a variable or an alias; None if one is
+    part of a function or the rest of a value (a later line of a first line that did
+    not change): then only a parse tells whose it is. A value whose first line changed
+    is named by that line."""
+    names = set()
+    for line in lines:
+        match = _VARIABLE.match(line) if line.startswith("declare -") else None
+        if match is not None and "f" not in match.group(1):
+            if match.group(2) not in ignored:
+                names.add(match.group(2))
+            continue
+        match = _ALIAS.match(line) if line.startswith("alias ") else None
+        if match is None:
+            return None
+        names.add(f"alias {match.group(1)}")
+    return {name for name in names if not name.startswith((PRIVATE_PREFIX,
+                                                           f"alias {PRIVATE_PREFIX}"))}
+
+
 __all__ = ["DUMP", "FLAGS", "PRIVATE_PREFIX", "RECORD_WIRE_VERSION", "SYNC_ALIASES",
-           "VOLATILE_VARIABLES", "ShellProtocol", "parse_dump", "parse_flags", "quote_code",
-           "shell_quote", "sync_line"]
+           "VOLATILE_VARIABLES", "ShellProtocol", "changed_names", "parse_dump", "parse_flags", "quote_code",
+           "shell_quote", "state_names", "sync_line"]
