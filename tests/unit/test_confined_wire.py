@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,20 @@ def test_memory_sizes(text: str, size: int) -> None:
 def test_landlock_cannot_hide_what_lies_under_an_allowed_folder() -> None:
     assert landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/srv/secret",)))
     assert not landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/etc/coordex-tokens",)))
+
+
+def test_python_or_coordex_in_tmp_is_carried_into_the_private_tmp(tmp_path: Path) -> None:
+    # A checkout or a virtual environment in /tmp would vanish under the jail's private
+    # /tmp (the host then fails to import): such readable folders are bound back,
+    # read-only; never the tenant's own, nor anything holding or inside a hidden path.
+    from coordex.backends.confined.jail import _carried
+
+    if not str(tmp_path.resolve()).startswith("/tmp/"):
+        pytest.skip("the temporary folder is not in /tmp here")
+    for sub in ("venv/lib", "tenant/pkg", "secret/pkg", "other"):
+        (tmp_path / sub).mkdir(parents=True)
+    spec = JailSpec(folder=str(tmp_path / "tenant"), hidden=(str(tmp_path / "secret"),),
+                    readable=(str(tmp_path / "venv"), str(tmp_path / "venv" / "lib"),
+                              str(tmp_path / "tenant" / "pkg"), str(tmp_path / "secret" / "pkg"),
+                              "/usr", str(tmp_path / "missing")))
+    assert _carried(spec) == [str((tmp_path / "venv").resolve())]

@@ -344,12 +344,16 @@ def build_view(spec: JailSpec) -> None:
     # Handles on the folders to bring back, taken before anything covers them.
     handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in bound if os.path.isdir(p)}
     hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
+    carried = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in _carried(spec)}
+    handles.update(carried)
     try:
         for path in ("/tmp", "/dev/shm"):
             if os.path.isdir(path):
                 size = f",size={spec.tmpfs_size}" if spec.tmpfs_size else ""
                 iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV,
                            "mode=1777" + size)
+        for path, fd in carried.items():  # read-only once sealed (seal_view)
+            _bind(fd, path)
         inside = [h for h in hidden if any(iso._within(h, k) and h != k for k in keep)]
         # Hidden paths above the tenant's folders are covered first and the folders bound
         # back; hidden paths inside them (a tokens file kept there) are covered after.
@@ -358,7 +362,7 @@ def build_view(spec: JailSpec) -> None:
         for path, fd in handles.items():
             # Bound even where not covered: each writable folder must be a mount of its
             # own to stay writable once the rest is made read-only (seal_view).
-            if path != environments:
+            if path != environments and path not in carried:
                 _bind(fd, path)
         for path in inside:
             _cover(path)
@@ -367,6 +371,24 @@ def build_view(spec: JailSpec) -> None:
     finally:
         for fd in handles.values():
             os.close(fd)
+
+
+def _carried(spec: JailSpec) -> list[str]:
+    """Folders the host must read (Python, coordex: ``spec.readable``) that lie in
+    ``/tmp`` or ``/dev/shm``, which the jail replaces with private ones: a checkout or a
+    virtual environment there is bound back, read-only. Not the tenant's own folders,
+    and nothing holding or inside a hidden path."""
+    own = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
+    hidden = [os.path.realpath(h) for h in spec.hidden]
+    found: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in spec.readable}):
+        if (os.path.isdir(path) and any(iso._within(path, s) for s in ("/tmp", "/dev/shm"))
+                and path not in ("/tmp", "/dev/shm")
+                and not any(iso._within(path, f) or iso._within(f, path) for f in own)
+                and not any(iso._within(path, h) or iso._within(h, path) for h in hidden)
+                and not any(iso._within(path, f) for f in found)):
+            found.append(path)
+    return found
 
 
 def _bind(fd: int, path: str) -> None:
@@ -399,6 +421,8 @@ def seal_view(spec: JailSpec) -> None:
             _set_read_only(path, False)
     if spec.environments:  # again, in case it lies beneath a folder made writable
         _set_read_only(os.path.realpath(spec.environments), True)
+    for path in _carried(spec):  # Python or coordex in /tmp: read, never written
+        _set_read_only(path, True)
 
 
 def seal_for_builder(spec: JailSpec) -> None:
