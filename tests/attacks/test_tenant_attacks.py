@@ -13,21 +13,19 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e._procs import COORDEX, Running, child_env, spawn, stop
+from tests.e2e._procs import child_env, spawn
 from tests.e2e.test_confinement import (
     ALICE,
     BOB,
     MEMORY_LIMIT,
     SECRET,
     Server,
-    _pump_lines,
     as_nobody,
     bob_still_fine,
     landlock_server,
@@ -110,20 +108,12 @@ def nobody_server() -> Iterator[Server]:
     os.chown(home, 65534, 65534)
     tokens = write_tokens(base, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
     os.chown(tokens, 65534, 65534)
-    argv = as_nobody([*COORDEX, "serve", "--port", "0", "--tokens", str(tokens),
-                      "--memory-limit", MEMORY_LIMIT])
-    process = subprocess.Popen(argv, env=child_env(home, UV_OFFLINE="1"),
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    running = Running(process)
-    reader = threading.Thread(target=_pump_lines, args=(process, running), daemon=True)
-    reader.start()
     try:
-        url = running.wait_for(READY).group(1)
-        yield Server(running, url, home, tokens)
+        with spawn("serve", "--port", "0", "--tokens", str(tokens), "--memory-limit",
+                   MEMORY_LIMIT, env=child_env(home, UV_OFFLINE="1"), wrap=as_nobody) as running:
+            url = running.wait_for(READY).group(1)
+            yield Server(running, url, home, tokens)
     finally:
-        stop(process)
-        reader.join(timeout=5)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,8 +85,11 @@ def stop(process: subprocess.Popen[str]) -> None:
 
 
 @contextmanager
-def spawn(*args: str, env: Mapping[str, str]) -> Iterator[Running]:
-    process = subprocess.Popen([*COORDEX, *args], env=dict(env), stdin=subprocess.DEVNULL,
+def spawn(*args: str, env: Mapping[str, str],
+          wrap: Callable[[list[str]], list[str]] = list) -> Iterator[Running]:
+    """``coordex ARGS`` running, its stderr lines in ``Running.lines``; ``wrap`` turns the
+    argv into the command actually run (as another user, in a namespace)."""
+    process = subprocess.Popen(wrap([*COORDEX, *args]), env=dict(env), stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     running = Running(process)
     reader = threading.Thread(target=_pump, args=(process.stderr, running.lines), daemon=True)

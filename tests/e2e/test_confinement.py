@@ -28,7 +28,7 @@ import pytest
 from coordex.backends.confined import best_level
 from tests.fakes.wheels import ledgerlib_wheel, requirement
 
-from ._procs import COORDEX, Running, child_env, run_cli, spawn, stop
+from ._procs import Running, child_env, run_cli, spawn
 from .test_mcp_http import ACCEPT, INITIALIZE, READY, call_with_sdk
 
 pytestmark = pytest.mark.timeout(180)
@@ -325,13 +325,8 @@ def test_really_blocked_user_namespaces_report_landlock(tmp_path: Path) -> None:
     if b"unshare failed" not in probe.stderr:
         pytest.skip("cannot make a user namespace that blocks nested ones here")
     tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
-    argv = [*BLOCK_USERNS, *COORDEX, "serve", "--port", "0", "--tokens", str(tokens)]
-    process = subprocess.Popen(argv, env=child_env(tmp_path / "home"), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    running = Running(process)
-    reader = threading.Thread(target=_pump_lines, args=(process, running), daemon=True)
-    reader.start()
-    try:
+    with spawn("serve", "--port", "0", "--tokens", str(tokens), env=child_env(tmp_path / "home"),
+               wrap=lambda argv: [*BLOCK_USERNS, *argv]) as running:
         url = running.wait_for(READY).group(1)
         assert running.wait_for(r"confinement: (\S+)").group(1) == "landlock"
         srv = Server(running, url, tmp_path / "home", tokens)
@@ -340,9 +335,6 @@ def test_really_blocked_user_namespaces_report_landlock(tmp_path: Path) -> None:
                           language="bash")
         assert SECRET not in stolen["stdout"] and BOB not in stolen["stdout"], stolen
         assert srv.alive()
-    finally:
-        stop(process)
-        reader.join(timeout=5)
 
 
 def test_no_confinement_refuses_several_tenants_unless_allowed(tmp_path: Path) -> None:
@@ -398,14 +390,8 @@ def test_as_nobody_the_jail_holds_with_rlimits(open_tmp: Path) -> None:
     tokens = write_tokens(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
     os.chown(tokens, 65534, 65534)
     env = child_env(home, COORDEX_TOKEN=SERVER_TOKEN)
-    argv = as_nobody([*COORDEX, "serve", "--port", "0", "--tokens", str(tokens),
-                      "--memory-limit", MEMORY_LIMIT])
-    process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    running = Running(process)
-    reader = threading.Thread(target=_pump_lines, args=(process, running), daemon=True)
-    reader.start()
-    try:
+    with spawn("serve", "--port", "0", "--tokens", str(tokens), "--memory-limit", MEMORY_LIMIT,
+               env=env, wrap=as_nobody) as running:
         url = running.wait_for(READY).group(1)
         assert running.wait_for(r"confinement: (\S+)").group(1) == "namespaces+landlock"
         srv = Server(running, url, home, tokens)
@@ -420,15 +406,6 @@ def test_as_nobody_the_jail_holds_with_rlimits(open_tmp: Path) -> None:
         assert hog["is_error"] is True, hog
         assert srv.alive()
         assert srv.code(BOB, "1 + 1")["result"] == "2"
-    finally:
-        stop(process)
-        reader.join(timeout=5)
-
-
-def _pump_lines(process: subprocess.Popen[str], running: Running) -> None:
-    assert process.stderr is not None
-    for line in process.stderr:
-        running.lines.put(line)
 
 
 def test_mcp_confine_runs_the_single_tenant_in_a_jail(tmp_path: Path) -> None:
