@@ -13,13 +13,15 @@ The executor adds ``session``, ``state_mode`` and ``duration_ms``; backends neve
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..core.results import DEFAULT_OUTPUT_LIMIT
+from ..core.results import DEFAULT_OUTPUT_LIMIT, OutputBuffer
+from ..core.terminal import QueryFilter
 
 OutputCallback = Callable[[str, str], None]
 Outcome = dict[str, Any]
@@ -80,6 +82,57 @@ def emit(request: RunRequest, stream: str, text: str) -> None:
             request.on_output(stream, text)
         except Exception:
             pass
+
+
+_utf8_decoder = codecs.getincrementaldecoder("utf-8")
+
+
+class StreamCapture:
+    """One output stream of one call: bytes in, text out, bounded and streamed out.
+
+    Invalid UTF-8 (binary output) becomes U+FFFD; a character split across two reads is
+    held back until its remaining bytes arrive. With ``queries``, terminal queries
+    (``ESC [ 6 n``...) are dropped: they never reach a client terminal to answer (bash).
+    Nothing is allocated until the first byte arrives: most calls print nothing, and
+    this sits on the path every call takes.
+    """
+
+    __slots__ = ("_decoder", "_queries", "_with_queries", "buffer", "name", "request")
+
+    def __init__(self, name: str, request: RunRequest, *, queries: bool = False) -> None:
+        self.name = name
+        self.request = request
+        self.buffer: OutputBuffer | None = None
+        self._decoder: codecs.IncrementalDecoder | None = None
+        self._with_queries = queries
+        self._queries: QueryFilter | None = None
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        if self._decoder is None:
+            if not data:
+                return
+            self._decoder = _utf8_decoder(errors="replace")
+            if self._with_queries:
+                self._queries = QueryFilter()
+            self.buffer = OutputBuffer(self.request.output_limit)
+        text = self._decoder.decode(data, final)
+        if self._queries is not None:
+            text = self._queries.feed(text, final)
+        if text:
+            assert self.buffer is not None
+            self.buffer.write(text)
+            emit(self.request, self.name, text)
+
+    def finish(self) -> None:
+        """The end of the stream: a character cut short comes out as U+FFFD."""
+        self.feed(b"", final=True)
+
+    def getvalue(self) -> str:
+        return "" if self.buffer is None else self.buffer.getvalue()
+
+    @property
+    def truncated(self) -> bool:
+        return self.buffer is not None and self.buffer.truncated
 
 
 def empty_outcome() -> Outcome:

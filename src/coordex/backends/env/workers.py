@@ -26,7 +26,6 @@ Every outcome is a plain dict (``backends.base``); failures are SPEC error dicts
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import os
 import select
@@ -41,7 +40,6 @@ from typing import Any, Literal, Protocol
 
 from ...core import messages
 from ...core.errors import CoordexError, make_error
-from ...core.results import OutputBuffer
 from ...protocol import (
     PROTOCOL_VERSION,
     WORKER_TO_HOST,
@@ -55,7 +53,7 @@ from ...protocol import (
 )
 from ...worker import _coordex_copy as copier
 from .. import _reap
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, empty_outcome
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, StreamCapture, empty_outcome
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
@@ -97,44 +95,6 @@ def worker_env(env: dict[str, str] | None) -> dict[str, str]:
 # -- output capture -----------------------------------------------------------------------
 
 
-class _StreamCapture:
-    """One stream of one call: bytes in, text out (bounded and streamed).
-
-    The buffer and decoder are made on the first byte: most calls print nothing, and
-    this sits on the path every call takes.
-    """
-
-    def __init__(self, request: RunRequest, stream: str) -> None:
-        self.request = request
-        self.stream = stream
-        self.buffer: OutputBuffer | None = None
-        self.decoder: codecs.IncrementalDecoder | None = None
-
-    def feed(self, data: bytes) -> None:
-        if self.decoder is None:
-            self.decoder = _utf8_decoder("replace")
-        self._write(self.decoder.decode(data))
-
-    def finish(self) -> None:
-        if self.decoder is not None:
-            self._write(self.decoder.decode(b"", final=True))
-
-    def _write(self, text: str) -> None:
-        if text:
-            if self.buffer is None:
-                self.buffer = OutputBuffer(self.request.output_limit)
-            self.buffer.write(text)
-            emit(self.request, self.stream, text)
-
-    def text(self) -> str:
-        return "" if self.buffer is None else self.buffer.getvalue()
-
-    @property
-    def truncated(self) -> bool:
-        return self.buffer is not None and self.buffer.truncated
-
-
-_utf8_decoder = codecs.getincrementaldecoder("utf-8")
 
 
 @dataclass
@@ -326,8 +286,8 @@ class _WorkerProcess:
 
     def _converse(self, msg: dict[str, Any], reply_type: str, request: RunRequest,
                   capabilities: CapabilityHost | None, fork_child: bool) -> _Reply:
-        captures = {self._out_r: _StreamCapture(request, "stdout"),
-                    self._err_r: _StreamCapture(request, "stderr")}
+        captures = {self._out_r: StreamCapture("stdout", request),
+                    self._err_r: StreamCapture("stderr", request)}
         reply = _Reply()
         for fd, capture in captures.items():
             carried = self._carry.pop(fd, b"")
@@ -394,7 +354,7 @@ class _WorkerProcess:
             capture.finish()
         return self._collect(reply, captures)
 
-    def _pump(self, fd: int, capture: _StreamCapture, drain: bool = False) -> None:
+    def _pump(self, fd: int, capture: StreamCapture, drain: bool = False) -> None:
         """Read what is ready on an output pipe (all of it when ``drain``)."""
         while fd not in self._eof:
             try:
@@ -413,14 +373,14 @@ class _WorkerProcess:
             if not drain and len(data) < _READ_SIZE:
                 return
 
-    def _collect(self, reply: _Reply, captures: dict[int, _StreamCapture]) -> _Reply:
+    def _collect(self, reply: _Reply, captures: dict[int, StreamCapture]) -> _Reply:
         out, err = captures[self._out_r], captures[self._err_r]
-        reply.stdout = out.text()
-        reply.stderr = err.text()
+        reply.stdout = out.getvalue()
+        reply.stderr = err.getvalue()
         reply.truncated = out.truncated or err.truncated
         return reply
 
-    def _ended(self, reply: _Reply, captures: dict[int, _StreamCapture], killed: bool) -> _Reply:
+    def _ended(self, reply: _Reply, captures: dict[int, StreamCapture], killed: bool) -> _Reply:
         """The worker is gone (or going): drain what it wrote, reap it, say how it ended."""
         if not killed:
             reply.died = True

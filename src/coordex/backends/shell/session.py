@@ -62,7 +62,6 @@ can be protected (or the server cannot start) the plain subshell
 from __future__ import annotations
 
 import array
-import codecs
 import contextlib
 import fcntl
 import functools
@@ -84,12 +83,10 @@ from typing import Any
 
 from ...core import messages
 from ...core.errors import CoordexError, make_error, storage_error
-from ...core.results import OutputBuffer
-from ...core.terminal import QueryFilter
 from ...diskspace import free_bytes
 from ...worker import _coordex_copy as copier
 from .. import _reap, isolation
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, StreamCapture
 from . import launcher
 from .wire import DUMP as _DUMP
 from .wire import PRIVATE_PREFIX, VOLATILE_VARIABLES
@@ -132,8 +129,6 @@ SPIN_SECONDS = 0.0003
 # would make of the rest of the line is not something to rely on: it waits for the
 # handover, polling this often, for at most INTERRUPT_GRACE.
 HANDOVER_POLL = 0.002
-
-_utf8_decoder = codecs.getincrementaldecoder("utf-8")
 
 
 # -- the protected read-only copy ------------------------------------------------------
@@ -605,44 +600,13 @@ def _read_available(fd: int, stream: _Stream) -> bool:
 # -- one bash process ------------------------------------------------------------------
 
 
-class _Stream:
-    """One output stream of a call: decoded incrementally, bounded, streamed out.
+class _Stream(StreamCapture):
+    """One output stream of a bash call: terminal queries dropped (see StreamCapture)."""
 
-    Nothing is allocated until the first byte arrives: most calls print little.
-    """
-
-    __slots__ = ("_decoder", "_queries", "buffer", "name", "request")
+    __slots__ = ()
 
     def __init__(self, name: str, request: RunRequest) -> None:
-        self.name = name
-        self.request = request
-        self.buffer: OutputBuffer | None = None
-        # Invalid UTF-8 (binary output) becomes U+FFFD; a character split across two
-        # reads is held back until its remaining bytes arrive.
-        self._decoder: codecs.IncrementalDecoder | None = None
-        # Terminal queries (``ESC [ 6 n``...) never reach a client terminal to answer.
-        self._queries: QueryFilter | None = None
-
-    def feed(self, data: bytes, final: bool = False) -> None:
-        if self._decoder is None:
-            if not data:
-                return
-            self._decoder = _utf8_decoder(errors="replace")
-            self._queries = QueryFilter()
-            self.buffer = OutputBuffer(self.request.output_limit)
-        assert self._queries is not None
-        text = self._queries.feed(self._decoder.decode(data, final), final)
-        if text:
-            assert self.buffer is not None
-            self.buffer.write(text)
-            emit(self.request, self.name, text)
-
-    def getvalue(self) -> str:
-        return "" if self.buffer is None else self.buffer.getvalue()
-
-    @property
-    def truncated(self) -> bool:
-        return self.buffer is not None and self.buffer.truncated
+        super().__init__(name, request, queries=True)
 
 
 @dataclass
