@@ -155,18 +155,10 @@ class Executor:
         for place in places:
             with contextlib.suppress(Exception):
                 place.close()
-        if self._functions is not None:
-            with contextlib.suppress(Exception):
-                self._functions.close()
-        if self._environments is not None:
-            with contextlib.suppress(Exception):
-                self._environments.close()
-        if self._ui is not None:
-            with contextlib.suppress(Exception):
-                self._ui.close()
-        if self._cluster is not None:
-            with contextlib.suppress(Exception):
-                self._cluster.close()
+        for part in (self._functions, self._environments, self._ui, self._cluster):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.close()
         if self._call_log is not None:
             self._call_log.close()
         _process_keeper().release()  # the host's process keeper, once no process is left
