@@ -339,8 +339,11 @@ def _no_capabilities(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
 
 
 # Copies that answered and were still tearing their memory down (a large image takes
-# milliseconds): reaped by the next copy, so no call waits for the kernel.
+# milliseconds): reaped by the next copy, so no call waits for the kernel. Calls run
+# in parallel, so the list is only touched under its lock (two threads reaping the same
+# copy made ``remove`` raise out of execute_code).
 _unreaped: list[int] = []
+_unreaped_lock = threading.Lock()
 
 
 def _reap(pid: int, proc: Any, wait: bool) -> int | None:
@@ -348,11 +351,12 @@ def _reap(pid: int, proc: Any, wait: bool) -> int | None:
 
     A copy that answered is reaped now if it has exited, or by a later call.
     """
-    for old in list(_unreaped):
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(old, os.WNOHANG)[0] == 0:
-                continue
-        _unreaped.remove(old)
+    with _unreaped_lock:
+        for old in list(_unreaped):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(old, os.WNOHANG)[0] == 0:
+                    continue
+            _unreaped.remove(old)
     if proc is not None:
         try:
             proc.wait(0.05 if not wait else INTERRUPT_GRACE)
@@ -368,7 +372,8 @@ def _reap(pid: int, proc: Any, wait: bool) -> int | None:
     except ChildProcessError:
         return None
     if not done:
-        _unreaped.append(pid)
+        with _unreaped_lock:
+            _unreaped.append(pid)
     return None
 
 
