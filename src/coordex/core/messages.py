@@ -11,6 +11,7 @@ Pure: no processes, no disk, no clock.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -211,3 +212,61 @@ def environment_not_found(venv_id: int, known: list[tuple[int, str | None]]) -> 
         f"Existing environments: {listed or 'none yet'}. Create one with "
         "environments.create(spec) (MCP: create_environment) and use the venv_id it returns, "
         "or venv_id=None for the agent's own interpreter.")
+
+
+# -- builds that fail for a cause outside the spec (SPEC 5) -----------------------------------
+
+BuildCause = Literal["tls", "network", "index_access"]
+
+# How uv (reqwest, rustls, hyper) words each cause, lower-cased.
+_BUILD_CAUSES: tuple[tuple[BuildCause, tuple[str, ...]], ...] = (
+    ("tls", ("invalid peer certificate", "unknownissuer", "certificate verify failed",
+             "self-signed certificate", "self signed certificate", "tls handshake",
+             "invalid certificate", "certificate has expired", "unknown ca")),
+    ("index_access", ("401 unauthorized", "403 forbidden", "407 proxy authentication")),
+    ("network", ("dns error", "failed to lookup address", "connection refused",
+                 "tcp connect error", "error sending request", "operation timed out",
+                 "network is unreachable", "connection reset", "failed to connect",
+                 "no route to host", "temporary failure in name resolution",
+                 "name or service not known", "proxy")),
+)
+_URL = re.compile(r"https?://[^\s'\"`]+")
+_WHERE_TO_SET = ("under [build.env] in {settings}, or in the env block this MCP client "
+                 "starts coordex with")
+
+
+def build_cause(reason: str) -> BuildCause | None:
+    """Why uv failed when the spec is not to blame, from uv's own words; else None."""
+    lowered = reason.lower()
+    for cause, markers in _BUILD_CAUSES:
+        if any(marker in lowered for marker in markers):
+            return cause
+    return None
+
+
+def build_outside_spec(label: str, reason: str, settings: str) -> CoordexError | None:
+    """The ``environment`` error for a build that failed on TLS, the network or the
+    index's access rules (``reason`` is uv's explanation; ``settings`` names the
+    ``coordex.toml`` builds read), or None when the cause is not one of those."""
+    cause = build_cause(reason)
+    if cause is None:
+        return None
+    found = _URL.search(reason)
+    index = f" ({found.group(0).rstrip('.,:;)')})" if found else ""
+    where = _WHERE_TO_SET.format(settings=settings)
+    if cause == "tls":
+        what = f"uv could not verify the TLS certificate of the package index{index}"
+        fix = ("Set SSL_CERT_FILE to a PEM bundle holding the certificate authority of this "
+               "proxy or index (or UV_SYSTEM_CERTS=1 to trust the system's store) " + where)
+    elif cause == "index_access":
+        what = f"the package index{index} refused access"
+        fix = ("Give the index's credentials (UV_INDEX_URL=https://user:token@host/simple) or "
+               "the proxy's (HTTPS_PROXY=http://user:password@proxy:port) " + where)
+    else:
+        what = f"uv could not reach the package index{index}"
+        fix = ("Set HTTPS_PROXY / HTTP_PROXY (and NO_PROXY) if this machine reaches the "
+               "internet through a proxy, UV_INDEX_URL for a mirror it can reach, or "
+               "UV_FIND_LINKS to a folder of wheels with UV_OFFLINE=1, " + where)
+    return CoordexError(
+        "environment", f"Could not build {label}: {what}, so nothing was installed.\n{reason}",
+        f"The spec is fine; the connection is not. {fix}; then run the call again.")

@@ -25,10 +25,15 @@ rename (the interpreter symlink and ``pyvenv.cfg`` never held the folder's path)
 
 uv runs in its own process session with a deadline shared by the whole build; on timeout
 it is stopped by coordex's one stop policy (``backends/_reap.py``). Every line uv prints
-goes to the build log under ``root/logs`` and to ``on_progress``. The facts that change a
-build's result besides the spec — interpreter, uv version, index settings — are gathered
-here (:func:`hash_inputs`) and hashed into the folder name by
-:meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
+goes to the build log under ``root/logs`` and to ``on_progress``, one line per call, on
+the thread that asked for the build (uv's output is read by a pump thread, which only
+queues it: a caller's progress callback may be bound to its own thread). While uv prints
+nothing a heartbeat line goes to ``on_progress`` every :data:`HEARTBEAT_S` seconds, so
+a long download or sdist build does not look hung. uv and its build backends run with
+:func:`~.build_env.build_environ`: this process's environment plus ``[build.env]`` of
+``root/coordex.toml``. The facts that change a build's result besides the spec —
+interpreter, uv version, index settings — are gathered here (:func:`hash_inputs`) and
+hashed into the folder name by :meth:`coordex.core.spec.EnvironmentSpec.spec_hash`.
 """
 
 from __future__ import annotations
@@ -57,8 +62,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from ..backends import _reap
+from ..core import messages
 from ..core.errors import CoordexError
 from ..core.spec import EnvironmentSpec
+from .build_env import build_environ, read_settings
 
 ProgressCallback = Callable[[str], None]
 # How a confined host's builder runs each process a build starts (SPEC 9):
@@ -75,6 +82,10 @@ MARKER = ".coordex-built.json"
 TMP_PREFIX = ".tmp-"
 LOCKS_DIR = ".locks"
 LOG_TAIL_LINES = 40
+# Seconds of silence after which ``on_progress`` hears that the build is still running
+# (SPEC 5: at least every 5 s), and how often the waiting thread looks for new lines.
+HEARTBEAT_S = 4.0
+_POLL_S = 0.1
 
 # Environment variables that change what uv resolves: part of the spec hash, so a
 # different index never reuses a folder built from another one. PIP_* are listed
@@ -236,11 +247,14 @@ class EnvironmentBuilder:
     """Builds specs into ``envs_dir/<spec_hash>``; see the module docstring for the steps."""
 
     def __init__(self, envs_dir: Path, logs_dir: Path, *, timeout: float = 900.0,
-                 confine_step: ConfineStep | None = None) -> None:
+                 confine_step: ConfineStep | None = None,
+                 settings_file: Path | None = None) -> None:
         self.envs_dir = envs_dir.absolute()
         self.logs_dir = logs_dir.absolute()
         self.timeout = timeout
         self.confine_step = confine_step
+        # root/coordex.toml: its [build.env] is read at the start of every build.
+        self.settings_file = settings_file
         self._guard = threading.Lock()
         self._thread_locks: dict[str, threading.Lock] = {}
 
@@ -315,10 +329,17 @@ class EnvironmentBuilder:
                 lock.acquire(timeout=0)
             except Timeout:
                 _emit(on_progress, f"Waiting for another process building {label}...")
-                try:
-                    lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
-                except Timeout:
-                    raise self._lock_timeout(label)
+                waited = time.monotonic()
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._lock_timeout(label)
+                    try:
+                        lock.acquire(timeout=min(remaining, HEARTBEAT_S))
+                        break
+                    except Timeout:
+                        _emit(on_progress, f"... still waiting for another process building "
+                              f"{label} ({time.monotonic() - waited:.0f} s)")
             try:
                 yield
             finally:
@@ -342,7 +363,8 @@ class EnvironmentBuilder:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._clear_leftovers(spec_hash)
         tmp = self.envs_dir / f"{TMP_PREFIX}{spec_hash}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        log = _BuildLog(self.log_path(spec_hash), on_progress)
+        environ = build_environ(read_settings(self.settings_file).build_env, uv_version())
+        log = _BuildLog(self.log_path(spec_hash), on_progress, label)
         started = time.monotonic()
         try:
             log.line(f"=== build of {label} ({spec_hash}) pid={os.getpid()} "
@@ -357,14 +379,15 @@ class EnvironmentBuilder:
             self._run(log, deadline, label, spec,
                       [uv, "venv", "--relocatable", "--no-project", *_UV_COMMON,
                        "--no-python-downloads", "--python", interpreter.executable, str(tmp)],
-                      tmp)
+                      tmp, environ)
             python = self.python_in(tmp)
             requirements_file = tmp / "coordex-requirements.txt"
             requirements_file.write_text(spec.requirements_txt(), encoding="utf-8")
             if spec.requirements:
                 self._run(log, deadline, label, spec,
                           [uv, "pip", "install", *_UV_COMMON, "--python", str(python),
-                           f"--link-mode={LINK_MODE}", "-r", str(requirements_file)], tmp)
+                           f"--link-mode={LINK_MODE}", "-r", str(requirements_file)], tmp,
+                          environ)
                 self._check_imports(log, deadline, label, spec, python, tmp)
             installed = self._freeze(uv, python, deadline, tmp)
             duration_ms = round((time.monotonic() - started) * 1000, 3)
@@ -395,10 +418,10 @@ class EnvironmentBuilder:
                                                                            step)
 
     def _run(self, log: _BuildLog, deadline: float, label: str, spec: EnvironmentSpec,
-             command: list[str], folder: Path) -> None:
+             command: list[str], folder: Path, environ: Mapping[str, str]) -> None:
         log.line("$ " + " ".join(_display(c) for c in command))
         command = self._confined(command, folder, "uv")
-        env = dict(os.environ)
+        env = dict(environ)
         env.pop("VIRTUAL_ENV", None)  # --python names the target; never the caller's venv
         env["NO_COLOR"] = "1"
         # Its own session (``_reap.spawn``): a timeout stops uv and its children, and
@@ -410,7 +433,7 @@ class EnvironmentBuilder:
         reader = threading.Thread(target=log.pump, args=(process.stdout,), daemon=True)
         reader.start()
         try:
-            returncode = self._wait(process, reader, deadline)
+            returncode = self._wait(process, reader, deadline, log)
         except BaseException:
             _reap.stop(process, "uv build")
             raise
@@ -427,16 +450,22 @@ class EnvironmentBuilder:
                 log=log.tail(),
             )
         reader.join(timeout=5)
+        log.deliver()
         # uv has exited: this ends what it may have left in its session and tells the
         # keeper to stop watching it.
         _reap.stop(process, "uv build")
         if returncode != 0:
-            raise _uv_failed(label, spec, log.tail(), returncode, self.envs_dir)
+            raise _uv_failed(label, spec, log.tail(), returncode, self.envs_dir,
+                             environ, self._settings_name())
+
+    def _settings_name(self) -> str:
+        return str(self.settings_file) if self.settings_file is not None else "coordex.toml"
 
     @staticmethod
     def _wait(process: subprocess.Popen[bytes], reader: threading.Thread,
-              deadline: float) -> int | None:
-        """uv's exit status, or None at the deadline.
+              deadline: float, log: _BuildLog) -> int | None:
+        """uv's exit status, or None at the deadline; meanwhile uv's lines (and a
+        heartbeat while it is silent) go to ``on_progress`` from this thread.
 
         ``Popen.wait(timeout=...)`` polls with sleeps of up to 50 ms, which added ~25 ms
         per uv call; the reader thread ends the moment uv closes its output (it exits),
@@ -447,11 +476,13 @@ class EnvironmentBuilder:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return process.poll()
-            reader.join(timeout=min(remaining, 0.5))
+            reader.join(timeout=min(remaining, _POLL_S))
+            log.deliver()
             if not reader.is_alive():
                 return process.wait()
             if process.poll() is not None:
                 return process.returncode
+            log.heartbeat()
 
     def _check_imports(self, log: _BuildLog, deadline: float, label: str,
                        spec: EnvironmentSpec, python: Path, folder: Path) -> None:
@@ -466,7 +497,7 @@ class EnvironmentBuilder:
             stderr=subprocess.STDOUT, cwd=str(python.parent.parent),
             env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"})
         try:
-            output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            output = self._communicate(process, deadline, log)
         except subprocess.TimeoutExpired:
             _reap.stop(process, "import check")
             process.communicate()
@@ -501,6 +532,20 @@ class EnvironmentBuilder:
                      f"{failure['error']}")
         if failed:
             raise _import_failed(label, failed, log.tail())
+
+    @staticmethod
+    def _communicate(process: subprocess.Popen[bytes], deadline: float, log: _BuildLog) -> bytes:
+        """The import check's output, with a heartbeat while it runs (an import of a big
+        package can take many seconds)."""
+        while True:
+            try:
+                output, _ = process.communicate(
+                    timeout=max(0.0, min(HEARTBEAT_S, deadline - time.monotonic())))
+                return output
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+                log.heartbeat(force=True, doing="importing the installed packages")
 
     def _freeze(self, uv: str, python: Path, deadline: float, folder: Path) -> list[str]:
         command = [uv, "pip", "freeze", *_UV_COMMON, "--python", str(python)]
@@ -550,12 +595,22 @@ class EnvironmentBuilder:
 
 
 class _BuildLog:
-    """The build log file plus an in-memory tail; forwards each line to ``on_progress``."""
+    """The build log file plus an in-memory tail; hands each line to ``on_progress``.
 
-    def __init__(self, path: Path, on_progress: ProgressCallback | None) -> None:
+    Lines written on the thread that made the log go to ``on_progress`` at once; lines
+    from other threads (the pump reading uv) wait in ``_pending`` until that thread
+    calls :meth:`deliver`, so the callback always runs on the caller's thread.
+    """
+
+    def __init__(self, path: Path, on_progress: ProgressCallback | None,
+                 label: str = "environment") -> None:
         self._file = path.open("a", encoding="utf-8")
         self._tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._on_progress = on_progress
+        self._owner = threading.get_ident()
+        self._pending: deque[str] = deque()
+        self._label = label
+        self._started = self._last = time.monotonic()
         self._lock = threading.Lock()
 
     def line(self, text: str) -> None:
@@ -567,7 +622,28 @@ class _BuildLog:
                     self._file.flush()
                 except OSError:  # a full disk: keep the tail, so uv's own reason is seen
                     pass
-        _emit(self._on_progress, text)
+            self._pending.append(text)
+        if threading.get_ident() == self._owner:
+            self.deliver()
+
+    def deliver(self) -> None:
+        """Send the queued lines to ``on_progress``, in order (the owner thread only)."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                text = self._pending.popleft()
+                self._last = time.monotonic()
+            _emit(self._on_progress, text)
+
+    def heartbeat(self, *, force: bool = False, doing: str = "uv is working") -> None:
+        """A progress line (not logged) when nothing was sent for :data:`HEARTBEAT_S`."""
+        now = time.monotonic()
+        if not force and now - self._last < HEARTBEAT_S:
+            return
+        self._last = now
+        _emit(self._on_progress, f"... still building {self._label}: {now - self._started:.0f} s "
+              f"so far ({doing})")
 
     def pump(self, stream: Any) -> None:
         for raw in iter(stream.readline, b""):
@@ -623,7 +699,7 @@ def _disk_full(label: str, envs_dir: Path, tail: str) -> CoordexError:
 
 
 def _uv_failed(label: str, spec: EnvironmentSpec, tail: str, returncode: int,
-               envs_dir: Path) -> CoordexError:
+               envs_dir: Path, environ: Mapping[str, str], settings: str) -> CoordexError:
     if any(marker in tail.lower() for marker in _NO_SPACE):
         return _disk_full(label, envs_dir, tail)
     lines = tail.splitlines()
@@ -633,10 +709,14 @@ def _uv_failed(label: str, spec: EnvironmentSpec, tail: str, returncode: int,
     reason_lines = lines[start:] if start is not None else lines[-6:]
     reason = "\n".join(line for line in reason_lines if line.strip()
                        and not line.startswith("==="))
+    outside = messages.build_outside_spec(label, reason, settings)
+    if outside is not None:
+        outside.extra["log"] = tail
+        return outside
     named = [n for n in spec.names() if n in reason.lower()]
     what = (f"the requirement(s) for {', '.join(repr(n) for n in named)}" if named
             else "the requirements uv names")
-    offline = "network was disabled" in reason or os.environ.get("UV_OFFLINE")
+    offline = "network was disabled" in reason or environ.get("UV_OFFLINE")
     where = (" Offline, uv can only use its cache and file:// URLs." if offline else "")
     return CoordexError(
         "environment",

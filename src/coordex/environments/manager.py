@@ -35,6 +35,7 @@ from typing import Any
 from ..core.coordinates import MAX_VENV_ID, is_valid_text
 from ..core.errors import CoordexError, is_error, make_error
 from ..core.spec import EnvironmentSpec, parse_spec
+from .build_env import read_settings, settings_file
 from .builder import (
     MARKER,
     ConfineStep,
@@ -91,7 +92,8 @@ class EnvironmentManager:
             self._store = EnvironmentStore(self.root / DB_NAME)
             self._builder = EnvironmentBuilder(self.envs_dir, self.root / "logs",
                                                timeout=build_timeout,
-                                               confine_step=confine_step)
+                                               confine_step=confine_step,
+                                               settings_file=settings_file(self.root))
         self._lock = threading.Lock()
         self._id_locks: dict[int, threading.Lock] = {}
         self._ready: dict[int, _Ready] = {}
@@ -118,7 +120,8 @@ class EnvironmentManager:
         try:
             parsed = parse_spec(spec)
             checked = _check_name(name)
-            spec_hash = parsed.spec_hash(hash_inputs(find_interpreter(parsed.requires_python)))
+            spec_hash = parsed.spec_hash(hash_inputs(find_interpreter(parsed.requires_python),
+                                                     self._hash_environ()))
             try:
                 record, created = self._store.add(
                     kind=parsed.kind, spec_text=spec, normalised=parsed.normalised(),
@@ -304,10 +307,16 @@ class EnvironmentManager:
                       interpreter: Interpreter) -> str:
         # Inputs besides the spec (uv upgraded, index changed) may differ from when the
         # row was created: then the same venv_id moves to a new folder.
-        spec_hash = spec.spec_hash(hash_inputs(interpreter))
+        spec_hash = spec.spec_hash(hash_inputs(interpreter, self._hash_environ()))
         if spec_hash != record.spec_hash:
             self._store.set_hash(record.venv_id, spec_hash)
         return spec_hash
+
+    def _hash_environ(self) -> dict[str, str]:
+        """What a build here sees of the index settings: ``[build.env]`` of
+        ``root/coordex.toml`` over this process's environment (raises ``validation`` for
+        a file coordex cannot read as meant)."""
+        return {**os.environ, **read_settings(settings_file(self.root)).build_env}
 
     def _touch(self, venv_id: int) -> None:
         now = time.time()
