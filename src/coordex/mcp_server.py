@@ -38,6 +38,7 @@ import re
 import socket
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -113,34 +114,57 @@ class OutputRelay:
     """Collects output chunks from the executor's threads for the async progress pump.
 
     ``on_output`` must return at once (it runs on the executor's reader threads), so it
-    only records; the pump sends at most one notification per interval with the newest
-    output, and ``progress`` is the number of characters seen so far (always rising).
+    only records. Build lines (stream ``"build"``: uv's, and the heartbeat while it is
+    silent) are each sent as a notification of their own, in order; the run's output is
+    sent at most once per interval as its newest part, a change of stream always
+    starting a new line. ``progress`` is the number of characters seen so far, raised by
+    one where needed so that it rises with every notification (as MCP requires).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen = 0
-        self._sent = 0
+        self._output_sent = 0
+        self._output_seen = 0
+        self._progress = 0
         self._tail = ""
+        self._stream = ""
+        self._lines: deque[str] = deque()
 
     def __call__(self, stream: str, text: str) -> None:
         with self._lock:
+            if stream == "build":
+                for line in text.splitlines() or [""]:
+                    self._seen += len(line) + 1
+                    self._lines.append(f"[build] {line}")
+                return
             self._seen += len(text)
+            self._output_seen += len(text)
             prefix = "" if stream in ("stdout", "") else f"[{stream}] "
+            if self._tail and not self._tail.endswith("\n"):
+                # A chunk goes on the line the last one left open, unless the stream changed.
+                prefix = "" if stream == self._stream else "\n" + prefix
+            self._stream = stream
             self._tail = (self._tail + prefix + text)[-PROGRESS_TAIL_CHARS:]
 
-    def take(self) -> tuple[int, str] | None:
+    def take(self) -> list[tuple[int, str]]:
+        """What to send now: each build line not sent yet, then the newest output if any
+        came since the last take; each with its progress value."""
         with self._lock:
-            if self._seen == self._sent:
-                return None
-            self._sent = self._seen
-            return self._seen, self._tail
+            updates = [(self._next(), line) for line in self._lines]
+            self._lines.clear()
+            if self._output_seen != self._output_sent:
+                self._output_sent = self._output_seen
+                updates.append((self._next(), self._tail))
+            return updates
+
+    def _next(self) -> int:
+        self._progress = max(self._seen, self._progress + 1)
+        return self._progress
 
 
 async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
-    update = relay.take()
-    if update is not None:
-        progress, message = update
+    for progress, message in relay.take():
         # A no-op when the client sent no progress token.
         await ctx.session.report_progress(float(progress), None, message)
 

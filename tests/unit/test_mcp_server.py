@@ -47,15 +47,29 @@ def test_images_become_image_content_and_leave_the_text_short() -> None:
 
 def test_output_relay_sends_only_news_with_a_rising_count() -> None:
     relay = OutputRelay()
-    assert relay.take() is None
+    assert relay.take() == []
     relay("stdout", "a\n")
     relay("stderr", "b\n")
-    first = relay.take()
-    assert first is not None and first[0] == 4 and first[1].endswith("[stderr] b\n")
-    assert relay.take() is None
+    [first] = relay.take()
+    assert first[0] == 4 and first[1].endswith("a\n[stderr] b\n")
+    assert relay.take() == []
     relay("stdout", "x" * 5000)
-    second = relay.take()
-    assert second is not None and second[0] > first[0] and len(second[1]) <= 1000
+    [second] = relay.take()
+    assert second[0] > first[0] and len(second[1]) <= 1000
+
+
+def test_output_relay_sends_build_lines_one_each_and_never_glues_streams() -> None:
+    relay = OutputRelay()
+    relay("build", "Resolved 3 packages in 2ms")
+    relay("stdout", "partial")
+    relay("build", "Installed 3 packages in 5ms")
+    relay("stderr", "warning\n")
+    sent = relay.take()
+    assert [message for _, message in sent] == [
+        "[build] Resolved 3 packages in 2ms", "[build] Installed 3 packages in 5ms",
+        "partial\n[stderr] warning\n"]
+    values = [value for value, _ in sent]
+    assert values == sorted(set(values))
 
 
 def test_parse_tokens() -> None:
