@@ -70,3 +70,126 @@ def test_parallel_own_read_only_calls_never_raise(ex: Executor) -> None:
     assert errors == [], errors[:3]
     assert results and all("error" not in r for r in results), \
         [r for r in results if "error" in r][:3]
+
+
+# -- a read-only copy holds nothing of coordex or of the session's children -----------
+
+_FDS = """
+import os
+def _kinds():
+    out = []
+    for name in os.listdir('/proc/self/fd'):
+        try:
+            out.append(os.readlink('/proc/self/fd/' + name))
+        except OSError:
+            pass
+    return out
+_kinds()
+"""
+
+
+def _pipe_inode(fd: int) -> str:
+    return f"pipe:[{os.fstat(fd).st_ino}]"
+
+
+def test_copy_holds_neither_the_keepers_pipe_nor_a_poller(ex: Executor) -> None:
+    """Security N11 and N13: the keeper's pipe and the output pump's epoll were inherited."""
+    from coordex.backends import _reap
+
+    assert "error" not in ex.execute_code("sleep 0", language="bash", state_mode="stateful")
+    keeper = _reap.keeper()._proc
+    assert keeper is not None and keeper.stdin is not None
+    keeper_pipe = _pipe_inode(keeper.stdin.fileno())
+    assert "error" not in ex.execute_code("x = 1", state_mode="stateful", session_name="p")
+    result = ex.execute_code(_FDS, state_mode="read_only", session_name="p")
+    assert "error" not in result, result
+    held = result["result"]
+    assert keeper_pipe not in held, held
+    assert not [k for k in held if k.startswith("anon_inode:")], held
+
+
+def test_copy_cannot_drive_a_child_of_the_session(ex: Executor, tmp_path: Path) -> None:
+    """Security N14: a copy wrote commands into a shell the session had started."""
+    target = tmp_path / "written-by-copy"
+    setup = ("import subprocess\n"
+             "sh = subprocess.Popen(['sh'], stdin=subprocess.PIPE, stdout=subprocess.PIPE)")
+    assert "error" not in ex.execute_code(setup, state_mode="stateful", session_name="c")
+    attack = (f"import os\n"
+              f"try:\n"
+              f"    os.write(sh.stdin.fileno(), b'echo x > {target}\\n')\n"
+              f"    sent = 'sent'\n"
+              f"except OSError as exc:\n"
+              f"    sent = type(exc).__name__\n"
+              f"sent")
+    result = ex.execute_code(attack, state_mode="read_only", session_name="c")
+    assert "error" not in result, result
+    assert result["result"] != "'sent'", result
+    end = ex.execute_code("sh.stdin.close(); sh.wait(5); out = sh.stdout.read()\n"
+                          "sh.stdout.close()\nout", state_mode="stateful", session_name="c")
+    assert end["result"] == "b''", end
+    assert not target.exists()
+
+
+_SYSV = """
+import ctypes, ctypes.util
+libc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+"""
+
+
+def test_copy_cannot_write_the_sessions_sysv_segment(ex: Executor) -> None:
+    """Security N12: a copy re-attached the session's System V segment and wrote it."""
+    setup = _SYSV + (
+        "shmid = libc.shmget(0, 4096, 0o1600)\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+        "addr = libc.shmat(shmid, None, 0)\n"
+        "ctypes.memmove(addr, b'ORIG', 4)\n"
+        "shmid")
+    made = ex.execute_code(setup, state_mode="stateful", session_name="v")
+    assert "error" not in made and int(made["result"]) >= 0, made
+    try:
+        attack = ("again = libc.shmat(shmid, None, 0)\n"
+                  "ok = again not in (None, ctypes.c_void_p(-1).value)\n"
+                  "if ok: ctypes.memmove(again, b'CHGD', 4)\n"
+                  "ok")
+        result = ex.execute_code(attack, state_mode="read_only", session_name="v")
+        assert "error" not in result, result
+        after = ex.execute_code("ctypes.string_at(addr, 4)", state_mode="stateful",
+                                session_name="v")
+        assert result["result"] == "False" or after["result"] == "b'ORIG'", (result, after)
+        if after["result"] != "b'ORIG'":
+            assert result["isolation"]["objects"] is False, result
+    finally:
+        ex.execute_code("libc.shmdt(ctypes.c_void_p(addr)); libc.shmctl(shmid, 0, None)",
+                        state_mode="stateful", session_name="v")
+
+
+_BACKGROUND = """
+import os, subprocess, time
+p = subprocess.Popen(['sleep', '60'])
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    for fd in (0, 1, 2):
+        os.close(fd)
+    time.sleep(60)
+    os._exit(0)
+[p.pid, pid]
+"""
+
+
+def test_a_copys_background_children_end_with_it(ex: Executor) -> None:
+    """Security N19: a read-only call that forks returned only at its timeout, and what
+    it started kept running after."""
+    assert "error" not in ex.execute_code("x = 1", state_mode="stateful", session_name="b")
+    started = time.monotonic()
+    result = ex.execute_code(_BACKGROUND, state_mode="read_only", session_name="b",
+                             timeout=20)
+    took = time.monotonic() - started
+    assert "error" not in result, result
+    pids = [int(p) for p in result["result"].strip("[]").split(",")]
+    try:
+        assert took < 5, took
+        assert _gone(pids) == []
+    finally:
+        _kill(pids)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ..worker import _coordex_copy as copier
 from ._keeper import live_processes
 
 logger = logging.getLogger("coordex.processes")
@@ -280,6 +281,7 @@ class Keeper:
         # Closing its stdin with nothing listed: it exits at once, killing nothing.
         with contextlib.suppress(OSError):
             assert proc.stdin is not None
+            copier.release(proc.stdin.fileno())
             proc.stdin.close()
         try:
             proc.wait(STEP_SECONDS)
@@ -320,6 +322,9 @@ class Keeper:
             return
         # Everything watched so far (a keeper that died is replaced with the full list).
         assert self._proc.stdin is not None
+        # Held: a read-only copy forked later must not inherit it (with it a copy could
+        # make the keeper kill any process of this user, or forget a session's).
+        copier.hold(self._proc.stdin.fileno())
         with contextlib.suppress(OSError):
             os.write(self._proc.stdin.fileno(),
                      b"".join(b"+%d\n" % sid for sid in sorted(self._watched)))

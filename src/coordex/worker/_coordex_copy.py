@@ -155,7 +155,12 @@ def seal_descriptors(keep: Iterable[int], discarded: bool) -> None:
     an overlay is reopened there with its old flags and offset: the code's writes land
     in the throwaway layer. Every other one is reopened read-only at the same offset, so
     writes fail, and so the copy's reads move its own file position, not the session's.
-    Pipes, sockets and devices are left as they are. Run after protection.
+    Every channel to another process (:func:`_is_channel`: a pipe, a unix socket, a
+    pseudo-terminal, an epoll instance, an eventfd or pidfd) is replaced by a read-only
+    ``/dev/null`` under the same number: reads see end of file, writes fail with
+    ``EBADF``, so the copy cannot drive a process the session started, nor reach
+    coordex through a descriptor nobody held. Network sockets and other devices are left
+    as they are. Run after protection.
     """
     import fcntl
 
@@ -174,6 +179,8 @@ def seal_descriptors(keep: Iterable[int], discarded: bool) -> None:
         except OSError:
             continue  # the listing's own descriptor, or already closed
         if not stat.S_ISREG(st.st_mode):
+            if _is_channel(fd, st.st_mode):
+                _replace_with_null(fd)
             continue
         try:
             offset = os.lseek(fd, 0, os.SEEK_CUR)
@@ -198,6 +205,179 @@ def seal_descriptors(keep: Iterable[int], discarded: bool) -> None:
             os.dup2(replacement, fd, inheritable=inheritable)
         finally:
             os.close(replacement)
+
+
+def _is_channel(fd: int, mode: int) -> bool:
+    """Whether ``fd`` leads to another process rather than to a file or the network."""
+    if stat.S_ISFIFO(mode):
+        return True
+    if stat.S_ISSOCK(mode):
+        import socket
+
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            return True
+        try:
+            return sock.family not in (socket.AF_INET, socket.AF_INET6)
+        finally:
+            sock.detach()
+    try:
+        target = os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return False
+    # epoll (a copy could add its descriptors to the host's set), eventfd, pidfd
+    # (pidfd_send_signal), signalfd, inotify; a pseudo-terminal's either end.
+    return target.startswith(("anon_inode:", "/dev/pts/")) or target == "/dev/ptmx"
+
+
+def _replace_with_null(fd: int) -> None:
+    import fcntl
+
+    try:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        inheritable = not fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        os.dup2(null, fd, inheritable=inheritable)
+    except OSError:
+        pass
+    finally:
+        os.close(null)
+
+
+# -- in a copy: System V shared memory and background children ---------------------------
+
+_CLONE_NEWIPC = 0x08000000
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def wall_off_sysv() -> bool:
+    """Make the System V segments of this machine unreachable from the copy.
+
+    Segments it has attached are made private by :func:`privatize_shared_mappings`;
+    this stops it from attaching one again (``shmat(shmid)``) and writing the session's
+    memory through it: a private IPC namespace where the copy may make one (root, or a
+    user namespace from protection), else a check that no segment is attachable.
+    Returns whether that held (``objects`` is false otherwise).
+    """
+    try:
+        listed = _read_proc("/proc/sysvipc/shm").count("\n") > 1
+    except OSError:
+        listed = False  # no SysV IPC in this kernel, or no /proc: nothing to reach
+    if not listed:
+        return True
+    try:
+        if _libc().unshare(_CLONE_NEWIPC) == 0:
+            return True
+    except (AttributeError, OSError):
+        pass
+    return not _attachable_sysv()
+
+
+def _attachable_sysv() -> bool:
+    """Whether a System V segment listed in /proc lets this process attach it."""
+    try:
+        lines = _read_proc("/proc/sysvipc/shm").splitlines()[1:]
+    except OSError:
+        return False
+    uid = os.geteuid()
+    groups = set(os.getgroups()) | {os.getegid()}
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 12:
+            continue
+        perms = int(fields[2], 8)
+        owner, group, creator, creator_group = (int(f) for f in fields[8:12])
+        if uid == 0 or uid in (owner, creator):
+            return True
+        if (perms & 0o060) and groups & {group, creator_group}:
+            return True
+        if perms & 0o006:
+            return True
+    return False
+
+
+def adopt_orphans() -> None:
+    """In a copy, before user code: orphans of what it starts become its children
+    (``PR_SET_CHILD_SUBREAPER``), so :func:`end_descendants` finds every one, those that
+    left with ``setsid`` or a double fork included."""
+    try:
+        _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (AttributeError, OSError):
+        pass
+
+
+def end_descendants(settle: float = 2.0) -> int:
+    """In a copy whose code ended: SIGKILL every process it started, and reap them.
+
+    A background child would otherwise keep the copy's output pipes open (the call
+    returned only at its timeout) and go on running after the call. Returns how many
+    were ended. Costs one listing of this process's children when there are none.
+    """
+    import signal
+    import time
+
+    ended = set()  # type: set
+    deadline = time.monotonic() + settle
+    while True:
+        _reap_all()
+        found = _descendants(os.getpid())
+        if not found:
+            return len(ended)
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.add(pid)
+            except OSError:
+                pass
+        if time.monotonic() > deadline:
+            return len(ended)
+        time.sleep(0.001)
+
+
+def _reap_all() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return
+
+
+def _children(pid: int) -> List[int]:
+    found = []  # type: List[int]
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(c) for c in _read_proc("/proc/%d/task/%s/children" % (pid, task)).split()]
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _descendants(pid: int) -> List[int]:
+    """Every live descendant of ``pid``, parents before their children."""
+    found = []  # type: List[int]
+    frontier = _children(pid)
+    while frontier:
+        found += frontier
+        nxt = []  # type: List[int]
+        for child in frontier:
+            nxt += _children(child)
+        frontier = [p for p in nxt if p not in found]
+    return found
+
+
+def _libc() -> Any:
+    return _memory_calls()
 
 
 def _reopen_through_overlay(fd: int, flags: int, st: Any) -> int:
@@ -609,6 +789,7 @@ def _values_main(in_fd: int, out_fd: int) -> int:
     import types
 
     interrupt_on_sigint()
+    adopt_orphans()
     link = Link(out_fd, in_fd)
     size = struct.unpack("!Q", _read_exact(in_fd, 8))[0]
     payload = pickle.loads(_read_exact(in_fd, size))
@@ -649,8 +830,8 @@ def _values_main(in_fd: int, out_fd: int) -> int:
     namespace.update(packed["values"])
     for name in payload.get("capabilities") or []:
         namespace[name] = CapabilityStub(name, link)
-    isolation = {"names": True, "objects": True, "files": files, "copy": "values",
-                 "left_out": left_out}
+    isolation = {"names": True, "objects": wall_off_sysv(), "files": files,
+                 "copy": "values", "left_out": left_out}
     link.send(wire.message("copy_ready", isolation=isolation))
     before = dict(namespace)
     outcome = run_cell(payload["code"], namespace, payload["output_limit"])
@@ -665,6 +846,7 @@ def _values_main(in_fd: int, out_fd: int) -> int:
         except BaseException:
             pass
     outcome.update(type="done", id="copy", isolation=isolation)
+    end_descendants()  # what the code started ends with the copy
     link.send(outcome)
     return 0
 

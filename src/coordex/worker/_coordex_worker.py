@@ -523,12 +523,13 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
                 os.close(fd)
             _State.channel = None
         link = _State.copy_link = copier.Link(out_fd, in_fd)
+        copier.adopt_orphans()
         copier.interrupt_on_sigint()
         files = protect(msg.get("protect") or [], msg.get("scratch"), mapping)
         for fd in mapping or ():
             os.close(fd)
         copier.seal_descriptors((0, 1, 2, out_fd, in_fd), discarded=files == "discarded")
-        private = copier.privatize_shared_mappings()
+        private = copier.privatize_shared_mappings() & copier.wall_off_sysv()
         isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
         link.send(wire.message("copy_ready", isolation=isolation))
         before = namespace.copy()
@@ -540,6 +541,7 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
             outcome["written"] = _State.isolation.written()
         outcome.update(isolation=isolation, id=msg["id"], type="done")
         _flush_user_streams()
+        copier.end_descendants()  # what the code started ends with the copy
         link.send(outcome)
         copier.step_aside()
         os.close(out_fd)

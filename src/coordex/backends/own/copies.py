@@ -191,6 +191,10 @@ def _child(session: own.NamespaceSession, request: RunRequest,
     code = 70
     try:
         copier.close_held((*keep, *(mapping or ())))
+        # Its own process group (the parent's SIGKILL at the deadline reaches what the
+        # code started), and every orphan of it its child, ended before it exits.
+        os.setpgid(0, 0)
+        copier.adopt_orphans()
         # Freeze what the session holds: a collection in the copy would walk (and so
         # copy page by page) every object the session owns.
         gc.freeze()
@@ -216,7 +220,9 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         for fd in mapping or ():
             os.close(fd)
         copier.seal_descriptors((0, 1, 2, link_w, link_r), discarded=files == "discarded")
-        private = copier.privatize_shared_mappings()
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)  # the host loop's, now /dev/null
+        private = copier.privatize_shared_mappings() & copier.wall_off_sysv()
         link = copier.Link(link_w, link_r)
         namespace = session.namespace
         for name in capability_names:
@@ -245,6 +251,10 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         for target in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 target.flush()
+        # What the code started ends with the copy: a background child would hold the
+        # output pipes (the call returning only at its timeout) and outlive the call.
+        with contextlib.suppress(BaseException):
+            copier.end_descendants()
         for fd in (1, 2, link_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -288,6 +298,7 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
                 interrupted_at = now
             if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
                 own._signal(pid, signal.SIGKILL)
+                _kill_group(pid)  # a fork copy leads a group: what it started, too
                 break
             wait = deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE
             if request.cancel is not None:
@@ -332,6 +343,12 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
         if tail:
             (out if name == "stdout" else err).write(tail)
     return cell, reported, interrupted_at is not None, out, err
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _no_capabilities(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:

@@ -378,6 +378,11 @@ class _FdPump:
 
     def _pump(self) -> None:
         sel = selectors.DefaultSelector()
+        # Held: a read-only copy that kept this epoll instance could add its own
+        # descriptors to it under our fds' numbers (and stall every fd 1 write here).
+        poller = sel.fileno() if hasattr(sel, "fileno") else -1
+        if poller >= 0:
+            copier.hold(poller)
         for fd, (r, _) in self._pipes.items():
             sel.register(r, selectors.EVENT_READ, fd)
         sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -397,6 +402,8 @@ class _FdPump:
                             if text:
                                 sink(text)
         finally:
+            if poller >= 0:
+                copier.release(poller)
             sel.close()
 
     def close(self) -> None:
