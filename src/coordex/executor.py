@@ -39,6 +39,7 @@ from .core.errors import CoordexError, validation
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
 from .log import LOG_FILE, CallLog
 from .log.calls import log_off_error, note_changes, record_call
+from .log.running import RunningCalls, where
 from .sessions import SessionTable
 
 PlaceKey = tuple[str, int | None]
@@ -129,6 +130,9 @@ class Executor:
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
         self._call_log = self._open_call_log(log, log_max_rows)
+        # Calls in flight, for the page (SPEC 11): their output so far, and interrupt.
+        self.running_calls = RunningCalls(
+            self._call_log.reserve if self._call_log is not None else None)
         self._ui: Any = None
         _LIVE.add(self)
 
@@ -205,6 +209,7 @@ class Executor:
         """
         started = time.perf_counter()
         coordinate: Coordinate | None = None
+        seq: int | None = None  # the call's log row, where one was reserved while it ran
         try:
             code = coords.check_code(code)
             coordinate = coords.check_coordinate(language, state_mode, session_id,
@@ -214,18 +219,26 @@ class Executor:
                 raise validation("on_output must be a callable taking (stream, text).",
                                  "Pass a function like lambda stream, text: ..., or None.")
             self._check_open()
-            request = RunRequest(code, limit, on_output, output_limit, cancel=cancel)
-            self._progress.callback = on_progress
-            active = self._active_session(coordinate) if nested else None
-            if active is None:
-                outcome, session = self._dispatch(coordinate, request)
-            else:
-                outcome, session = self._run_in_active(active, coordinate, request)
+            if cancel is None and self._ui is not None:  # the page may interrupt it
+                cancel = threading.Event()
+            running = self.running_calls.start(
+                where(coordinate.language, coordinate.venv_id, coordinate.session_id,
+                      coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
+            try:
+                request = RunRequest(code, limit, running.output, output_limit, cancel=cancel)
+                self._progress.callback = on_progress
+                active = self._active_session(coordinate) if nested else None
+                if active is None:
+                    outcome, session = self._dispatch(coordinate, request)
+                else:
+                    outcome, session = self._run_in_active(active, coordinate, request)
+            finally:
+                seq = self.running_calls.finish(running)
         except CoordexError as exc:
             result = _error_record(exc, coordinate, started)
         else:
             result = self._shape(outcome, session, coordinate, started)
-        return self._record_call(result, code, coordinate)
+        return record_call(self._call_log, result, code, coordinate, seq)
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
         if coordinate.venv_id is not None:
@@ -250,6 +263,8 @@ class Executor:
             place = self._place(key.language, key.venv_id)
             try:
                 outcome = sessions.attempts(place, "stateful", lambda: session.run(request))
+                if self._call_log is not None:
+                    note_changes(outcome.get("rebound"), outcome.get("deleted"))
             finally:
                 self._table.finish(key, call, outcome)
             return outcome, record
@@ -501,20 +516,23 @@ class Executor:
 
     def history(self, language: str | None = None, session_id: int | None = None,
                 session_name: str | None = None, venv_id: int | None = None,
-                limit: int = 50) -> dict[str, Any]:
+                limit: int = 50, seq: int | None = None) -> dict[str, Any]:
         """The newest ``limit`` calls in the log under ``root``, newest last (SPEC 11).
 
         Each record: ``seq, at, language, venv_id, session_id, session_name, state_mode,
         code, duration_ms, outcome`` (``"ok"`` or the ``error_type``) ``, state_lost``.
         Filters left as ``None`` match everything. Calls of every process that shares
-        this ``root`` are listed.
+        this ``root`` are listed. With ``seq``: ``{"call": {...}}``, that one call with
+        everything its row keeps (stdout, stderr, result, error, suggestion, exit_code,
+        isolation, changed, ...); ``not_found`` when the log no longer holds it.
         """
         from .log.calls import history
 
         try:
             if self._call_log is None:
                 raise log_off_error("history")
-            return history(self._call_log, language, session_id, session_name, venv_id, limit)
+            return history(self._call_log, language, session_id, session_name, venv_id, limit,
+                           seq)
         except CoordexError as exc:
             return exc.to_dict()
 

@@ -186,7 +186,7 @@ def test_a_read_only_log_costs_the_rows_not_the_calls(root: Path) -> None:
         ex.execute_code("0")
         ex._call_log.flush()
         # The database refuses writes (as a read-only file or folder would make it).
-        ex._call_log._conn.execute("PRAGMA query_only = ON")
+        ex._call_log._sqlite.connection().execute("PRAGMA query_only = ON")
         assert ex.execute_code("1 + 1")["result"] == "2"
         ex._call_log.flush()
         assert ex._call_log.dropped == 1 and "readonly" in ex._call_log.problem.lower()
@@ -207,13 +207,42 @@ def test_rebuild_after_close_in_the_own_interpreter(ex: Executor) -> None:
     ex.close_session(session_name="w")
     rebuilt = ex.rebuild_session(session_name="w")
     seqs = [c["seq"] for c in ex.history(session_name="w")["calls"]]
+    # The failed call is not replayed, but named: it may have changed the state first.
     assert rebuilt == {"replayed": 2, "failed_at": None, "calls": seqs[:2],
+                       "skipped_failed": [seqs[3]],
                        "session": {"language": "python", "venv_id": None, "session_id": 1,
                                    "session_name": "w"}}
     assert ex.execute_code("rows", state_mode="stateful", session_name="w")["result"] == "[1, 2, 3]"
     # The rebuilt session has lost nothing: a second rebuild has nothing to do.
     again = ex.rebuild_session(session_name="w")
     assert again["error_type"] == "validation"
+
+
+def test_a_not_found_answer_does_not_hide_the_calls_before_it(ex: Executor) -> None:
+    for code in ("acc = [1]", "acc.append(2)"):
+        ex.execute_code(code, state_mode="stateful", session_name="mine")
+    ex.close_session(session_name="mine")
+    # The model reads the closed session, is told it does not exist, asks for it back.
+    gone = ex.execute_code("acc", state_mode="read_only", session_name="mine")
+    assert gone["error_type"] == "not_found"
+    assert ex.execute_code("x", state_mode="read_only")["error_type"] == "validation"
+    rebuilt = ex.rebuild_session(session_name="mine")
+    assert rebuilt["replayed"] == 2 and rebuilt["failed_at"] is None, rebuilt
+    assert rebuilt["session"]["session_name"] == "mine" and rebuilt["skipped_failed"] == []
+    r = ex.execute_code("acc", state_mode="stateful", session_name="mine")
+    assert r["result"] == "[1, 2]"
+
+
+def test_a_not_found_answer_in_a_new_run_does_not_hide_the_last_run(root: Path) -> None:
+    with Executor(root=root) as first:
+        first.execute_code("saved = 41 + 1", state_mode="stateful", session_name="kept")
+    with Executor(root=root) as second:
+        gone = second.execute_code("saved", state_mode="read_only", session_name="kept")
+        assert gone["error_type"] == "not_found"
+        rebuilt = second.rebuild_session(session_name="kept")
+        assert rebuilt["replayed"] == 1, rebuilt
+        r = second.execute_code("saved", state_mode="stateful", session_name="kept")
+        assert r["result"] == "42"
 
 
 def test_a_replay_stops_at_the_first_call_that_fails(ex: Executor, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ result does not show it) and which logged call a rebuild is replaying.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -21,7 +22,7 @@ from ..core import coordinates as coords
 from ..core import messages
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
-from .store import CallLog, LogReader, decode_row, rows_where
+from .store import COLUMNS, CallLog, LogReader, decode_row, rows_where
 
 _notes = threading.local()
 
@@ -36,13 +37,22 @@ MAX_LIMIT = 10_000
 NAMES_LIMIT = 200
 
 
+# Names coordex or the interpreter sets, never the code's own doing: the last value of
+# an expression (IPython's ``_``) and the module's own dunders.
+_NOT_THE_CODES = frozenset({"_", "__", "___", "__builtins__", "__name__", "__doc__",
+                            "__package__", "__loader__", "__spec__", "functions"})
+# coordex's own files in ``root`` (the log, the library, the environments' registry):
+# a copy sees them change because coordex writes them, never because the code did.
+_OWN_FILES = ("log.sqlite3", "library.sqlite3", "environments.sqlite3")
+
+
 def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
     """What the read-only copy about to be recorded on this thread changed: names it
     rebound or deleted, and files it wrote in protected folders (all discarded).
 
     ``rebound`` may instead be a callable returning ``(rebound, deleted)``: a place
-    whose names cost a parse (a bash copy's) hands that over, and the log's writer
-    thread calls it when it writes the row, off the call's path.
+    whose names cost a parse (a bash copy's) hands that over, and the log works it out
+    after the row is written, off the call's path.
     """
     if callable(rebound):
         names = rebound
@@ -57,13 +67,21 @@ def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
 
 
 def _changes(rebound: Any, deleted: Any, written: Any) -> dict[str, Any] | None:
-    """The row's ``changed`` column: None when the copy changed nothing."""
+    """The row's ``changed`` column: None when the code changed nothing."""
+    rebound = [n for n in rebound or () if n not in _NOT_THE_CODES]
+    deleted = [n for n in deleted or () if n not in _NOT_THE_CODES]
+    written = [p for p in written or () if not _own_file(p)]
     if not (rebound or deleted or written):
         return None
-    changed = {"rebound": _capped(rebound), "deleted": _capped(deleted)}
+    changed: dict[str, Any] = {"rebound": _capped(rebound), "deleted": _capped(deleted)}
     if written:
         changed["written"] = list(written)
     return changed
+
+
+def _own_file(path: Any) -> bool:
+    name = os.path.basename(str(path))
+    return any(name == own or name.startswith(own + "-") for own in _OWN_FILES)
 
 
 def _capped(names: Any) -> list[str]:
@@ -77,9 +95,10 @@ def note_replay(seq: int, code: str) -> None:
 
 
 def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
-                coordinate: Coordinate | None) -> dict[str, Any]:
-    """Queue the row for one finished call; returns ``result`` (its suggestion may now
-    name ``rebuild_session``)."""
+                coordinate: Coordinate | None, seq: int | None = None) -> dict[str, Any]:
+    """Write the row of one finished call (completing row ``seq`` if the call's row was
+    reserved while it ran) before the call returns; returns ``result`` (its suggestion
+    may now name ``rebuild_session``)."""
     if log is None:
         return result
     try:
@@ -110,10 +129,18 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             session_id, session_name = session.get("session_id"), session.get("session_name")
         state_mode = result.get("state_mode") or (
             coordinate.state_mode if coordinate is not None else None)
-        log.record((time.time() - duration / 1000.0, "call", language, venv_id, session_id,
-                    session_name, state_mode, code if isinstance(code, str) else None,
-                    duration, error_type or "ok", result.get("exit_code"), state_lost,
-                    result.get("retried"), result.get("isolation"), changed, replay_of))
+        log.append({
+            "at": time.time() - duration / 1000.0, "kind": "call", "language": language,
+            "venv_id": venv_id, "session_id": session_id, "session_name": session_name,
+            "state_mode": state_mode, "code": code if isinstance(code, str) else None,
+            "duration_ms": duration, "outcome": error_type or "ok",
+            "exit_code": result.get("exit_code"), "state_lost": state_lost,
+            "retried": result.get("retried"), "isolation": result.get("isolation"),
+            "changed": changed, "replay_of": replay_of,
+            "stdout": result.get("stdout") or None, "stderr": result.get("stderr") or None,
+            "result": result.get("result"), "error": result.get("error"),
+            "suggestion": result.get("suggestion"), "traceback": result.get("traceback")},
+            seq)
     except Exception:  # the log never costs the call
         pass
     return result
@@ -144,11 +171,81 @@ def check_filters(language: Any, session_id: Any, session_name: Any, venv_id: An
 
 
 def history(log: CallLog | LogReader, language: Any = None, session_id: Any = None,
-            session_name: Any = None, venv_id: Any = None, limit: Any = 50) -> dict[str, Any]:
-    """``{"calls": [...]}``, newest last (SPEC section 11). Raises CoordexError."""
+            session_name: Any = None, venv_id: Any = None, limit: Any = 50,
+            seq: Any = None) -> dict[str, Any]:
+    """``{"calls": [...]}``, newest last, or with ``seq`` ``{"call": {...}}`` (SPEC
+    section 11). Raises CoordexError."""
+    if seq is not None:
+        return {"call": one_call(log, seq)}
     where, params = rows_where(check_filters(language, session_id, session_name, venv_id, limit))
     rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)} FROM calls WHERE {where} "
                 f"ORDER BY seq DESC LIMIT ?", [*params, limit])
+    rows.reverse()
+    return {"calls": [decode_row(row) for row in rows]}
+
+
+# What ``history(seq=N)`` and the page's ``calls/SEQ`` show of one call: every column
+# but the writer's name.
+DETAIL_KEYS = tuple(c for c in COLUMNS if c != "owner")
+
+
+def one_call(log: CallLog | LogReader, seq: Any) -> dict[str, Any]:
+    """Everything the log keeps of call ``seq``. Raises CoordexError."""
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise validation(f"seq must be a positive integer, got {seq!r}.",
+                         "Pass the seq of a call that history() lists.")
+    rows = read(log, f"SELECT {', '.join(DETAIL_KEYS)} FROM calls WHERE seq = ? AND "
+                "kind = 'call'", [seq])
+    if not rows:
+        newest = read(log, "SELECT MIN(seq) AS low, MAX(seq) AS high FROM calls", [])
+        low, high = (newest[0]["low"], newest[0]["high"]) if newest else (None, None)
+        held = f"it holds calls {low} to {high}" if high is not None else "it is empty"
+        raise CoordexError("not_found", f"The call log holds no call {seq}; {held}.",
+                           "Call history() to see the seqs it holds (the oldest rows go "
+                           "first once the log is full).")
+    return decode_row(rows[0])
+
+
+# The page's filters (SPEC 11's GET calls): equality on these columns, plus ``text``.
+OUTCOMES = ("ok", "validation", "not_found", "capacity", "execution", "timeout", "crashed",
+            "environment")
+
+
+def calls_page(log: CallLog | LogReader, *, language: Any = None, session_id: Any = None,
+               session_name: Any = None, venv_id: Any = None, outcome: Any = None,
+               state_mode: Any = None, text: Any = None, after_seq: Any = None,
+               limit: Any = 200) -> dict[str, Any]:
+    """The page's list of calls: history's records with filters on outcome, state mode,
+    text (in the code, output or error) and ``after_seq`` (only newer calls, to follow
+    the log as it grows). Newest last. Raises CoordexError."""
+    filters = check_filters(language, session_id, session_name, venv_id, limit)
+    if state_mode is not None:
+        coords.check_state_mode(state_mode)
+        filters.append(("state_mode", state_mode))
+    where, params = rows_where(filters)
+    if outcome is not None:
+        if outcome == "running":
+            where += " AND outcome IS NULL"
+        elif outcome == "error":
+            where += " AND outcome IS NOT NULL AND outcome != 'ok'"
+        elif outcome in OUTCOMES:
+            where += " AND outcome = ?"
+            params.append(outcome)
+        else:
+            raise validation(f"outcome must be one of {', '.join(OUTCOMES)}, 'error' or "
+                             f"'running', got {outcome!r}.", "Pass one of those, or none.")
+    if after_seq is not None:
+        if isinstance(after_seq, bool) or not isinstance(after_seq, int):
+            raise validation(f"after_seq must be an integer, got {after_seq!r}.",
+                             "Pass the highest seq the page already shows.")
+        where += " AND seq > ?"
+        params.append(after_seq)
+    if text:
+        where += (" AND (instr(code, ?) OR instr(stdout, ?) OR instr(stderr, ?) OR "
+                  "instr(error, ?) OR instr(result, ?))")
+        params += [str(text)] * 5
+    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)}, exit_code FROM calls "
+                f"WHERE {where} ORDER BY seq DESC LIMIT ?", [*params, limit])
     rows.reverse()
     return {"calls": [decode_row(row) for row in rows]}
 

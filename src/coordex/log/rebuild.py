@@ -28,11 +28,32 @@ from typing import Any
 Row = dict[str, Any]
 
 
+# Answers given before anything ran: the call never reached the session.
+NOT_RUN = frozenset({"validation", "not_found", "capacity"})
+
+
+def ran_in_session(row: Row) -> bool:
+    """Whether a row is of something that happened to the session itself: a stateful
+    call that reached it, a read-only call that found its process dead (its state was
+    lost), a close or a rebuild. A ``not_found``, ``validation`` or ``capacity`` answer,
+    read-only and stateless calls neither start nor end a life."""
+    kind = row.get("kind")
+    if kind in ("close", "rebuild"):
+        return True
+    if kind != "call" or row.get("outcome") in NOT_RUN:
+        return False
+    mode = row.get("state_mode")
+    return mode == "stateful" or (mode == "read_only" and bool(row.get("state_lost")))
+
+
 def lives(rows: list[Row]) -> list[list[Row]]:
-    """``rows`` of one session split into lives (see the module docstring)."""
+    """``rows`` of one session split into lives (see the module docstring); rows of
+    calls that did not run in the session (:func:`ran_in_session`) are left out."""
     result: list[list[Row]] = []
     current: list[Row] = []
     for row in rows:
+        if not ran_in_session(row):
+            continue
         starts_over = row.get("kind") == "rebuild" or bool(row.get("state_lost"))
         if starts_over and current:
             result.append(current)
@@ -67,6 +88,21 @@ def lost_calls(rows: list[Row], *, live: bool) -> list[Row] | None:
         rows: the session's log rows, oldest first.
         live: the session is open in this run and its process is alive.
     """
+    life = lost_life(rows, live=live)
+    return None if life is None else [row for row in life if replayable(row)]
+
+
+def failed_in(life: list[Row]) -> list[int]:
+    """Seqs of the stateful calls of ``life`` that failed (or never finished): they may
+    have changed the state before they failed, and are not replayed."""
+    return [row["seq"] for row in life
+            if row.get("kind") == "call" and row.get("state_mode") == "stateful"
+            and row.get("outcome") != "ok" and not row.get("state_lost")]
+
+
+def lost_life(rows: list[Row], *, live: bool) -> list[Row] | None:
+    """The life whose state was lost (its rows, oldest first), or None when nothing
+    was lost; see :func:`lost_calls`."""
     history = lives(rows)
     if not history:
         return None
@@ -79,7 +115,7 @@ def lost_calls(rows: list[Row], *, live: bool) -> list[Row] | None:
         history = history[:-1]
     if not history:
         return []
-    return [row for row in history[-1] if replayable(row)]
+    return history[-1]
 
 
 def unfinished_rebuild(rows: list[Row]) -> list[int] | None:

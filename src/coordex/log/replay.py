@@ -18,7 +18,7 @@ from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, make_error
 from ..core.messages import session_arguments
 from .calls import note_replay, read
-from .rebuild import lost_calls, replay_failed, unfinished_rebuild
+from .rebuild import failed_in, lost_life, ran_in_session, replay_failed, replayable, unfinished_rebuild
 from .store import CallLog, decode_row, rows_where
 
 _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, state_mode, "
@@ -31,7 +31,7 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     """Replay the calls that built a lost or closed session. Raises CoordexError."""
     coordinate = coords.check_coordinate(language, "stateful", session_id, session_name, venv_id)
     rows = _session_rows(log, coordinate)
-    if not rows:
+    if not any(ran_in_session(row) for row in rows):
         raise _nothing_logged(log, coordinate)
     mine = rows[0]["owner"] == log.owner
     open_record = _open_session(executor, coordinate) if mine else None
@@ -39,8 +39,9 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     plan = coordinate.language == "python" and coordinate.venv_id is None and \
         not coordinate.session_name and not coordinate.session_id
     retry = unfinished_rebuild(rows)
+    life = None if retry is not None else lost_life(rows, live=live or (plan and mine))
     calls = _rows_by_seq(log, retry) if retry is not None else \
-        lost_calls(rows, live=live or (plan and mine))
+        None if life is None else [row for row in life if replayable(row)]
     identity = _identity(coordinate, rows)
     where = session_arguments(identity)
     if calls is None:
@@ -57,6 +58,7 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     log.event("rebuild", identity, {"replays": [row["seq"] for row in calls]})
     report = _replay(executor, coordinate, identity, calls)
     report["calls"] = [row["seq"] for row in calls]
+    report["skipped_failed"] = failed_in(life) if life is not None else []
     return report
 
 
@@ -122,14 +124,22 @@ def _session_rows(log: CallLog, coordinate: Coordinate) -> list[dict[str, Any]]:
     else:
         filters.append(("session_id", coordinate.session_id or 0))
     where, params = rows_where(filters)
-    owners = read(log, f"SELECT owner FROM calls WHERE {where} AND owner = ? LIMIT 1",
+    ran = f"{where} AND {_RAN_IN_SESSION}"
+    owners = read(log, f"SELECT owner FROM calls WHERE {ran} AND owner = ? LIMIT 1",
                   [*params, log.owner]) or \
-        read(log, f"SELECT owner FROM calls WHERE {where} ORDER BY seq DESC LIMIT 1", params)
+        read(log, f"SELECT owner FROM calls WHERE {ran} ORDER BY seq DESC LIMIT 1", params)
     if not owners:
         return []
     rows = read(log, f"SELECT {_ROW_COLUMNS} FROM calls WHERE {where} AND owner = ? "
                 "ORDER BY seq", [*params, owners[0]["owner"]])
     return [decode_row(row) for row in rows]
+
+
+# rebuild.ran_in_session as SQL: which run's rows a rebuild reads is decided by rows of
+# things that happened to the session, never by a not_found answer about it.
+_RAN_IN_SESSION = ("(kind IN ('close', 'rebuild') OR (kind = 'call' AND (outcome IS NULL OR "
+                   "outcome NOT IN ('validation', 'not_found', 'capacity')) AND "
+                   "(state_mode = 'stateful' OR (state_mode = 'read_only' AND state_lost = 1))))")
 
 
 def _rows_by_seq(log: CallLog, seqs: list[int]) -> list[dict[str, Any]]:
@@ -154,7 +164,7 @@ def _open_session(executor: Any, coordinate: Coordinate) -> dict[str, Any] | Non
 
 
 def _identity(coordinate: Coordinate, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    last = rows[-1]
+    last = [row for row in rows if ran_in_session(row)][-1]
     return {"language": coordinate.language, "venv_id": coordinate.venv_id,
             "session_id": last.get("session_id") if coordinate.session_id is None
             else coordinate.session_id,
