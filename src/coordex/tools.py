@@ -18,7 +18,12 @@ no keyword strict mode refuses (``default``, ``minLength``, ``maxLength``: their
 moves into the description), and free-form JSON values (``call_function``'s ``args`` and
 ``kwargs``) carried as JSON text. In every dialect ``null`` for an argument means
 "omitted" - the router drops it before dispatch - so a strict model that must send
-every key can always say "not this one".
+every key can always say "not this one". For ``anthropic`` the strict schema is further
+written the way Anthropic's strict tool use reads it (:func:`anthropic_strict`: ``anyOf``
+instead of type arrays, limits in words), so its SDK's own transform leaves it as it is.
+No rendered schema carries a ``default``: the description says it
+(:func:`described_defaults`), since the OpenAI Agents SDK's strict conversion keeps a
+``default`` that strict endpoints refuse.
 
 :func:`call_tool` maps a tool call (name + argument dict or JSON text, as a model sent
 it) onto the :class:`~coordex.Executor` method behind it, so an MCP server, an OpenAI
@@ -555,10 +560,69 @@ def strict_parameters(tool: ToolSpec) -> dict[str, Any]:
             "additionalProperties": False}
 
 
+def described_defaults(tool: ToolSpec) -> dict[str, Any]:
+    """``tool.parameters`` with each ``default`` said in its description instead.
+
+    A ``default`` that is not null survives the OpenAI Agents SDK's strict conversion
+    (``convert_schemas_to_strict`` over the MCP schemas) and Azure's strict mode refuses
+    it; in words the model reads the same thing. The property stays non-nullable: a
+    model that must send it sends the default.
+    """
+    schema = copy.deepcopy(tool.parameters)
+    for prop in schema["properties"].values():
+        if "default" in prop:
+            default = prop.pop("default")
+            prop["description"] += f" Default: {default!r}."
+    return schema
+
+
+# JSON Schema limits Anthropic's strict tool use does not take; its SDK's own transform
+# moves them into the description, and so do we, in words.
+_LIMIT_WORDS = {"minimum": ">= {}", "exclusiveMinimum": "> {}", "maximum": "<= {}",
+                "exclusiveMaximum": "< {}", "minItems": "at least {} items",
+                "maxItems": "at most {} items"}
+
+
+def anthropic_strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """A strict schema as Anthropic's strict tool use reads it: what its SDK's
+    ``transform_schema`` leaves unchanged.
+
+    A type array (``["integer", "null"]``) becomes ``anyOf`` of single types; an ``enum``
+    stands without a ``type`` (the enum says it all); numeric and item limits become a
+    sentence of the description (coordex checks them itself).
+    """
+    out = dict(schema)
+    limits = [_LIMIT_WORDS[key].format(out.pop(key)) for key in list(_LIMIT_WORDS)
+              if key in out and not (key == "minItems" and out[key] in (0, 1))]
+    if limits and "description" in out:
+        out["description"] += f" Must be {' and '.join(limits)}."
+    if "enum" in out:
+        out.pop("type", None)
+        return out
+    kinds = out.get("type")
+    if isinstance(kinds, list):
+        description = out.pop("description", None)
+        body = {k: v for k, v in out.items() if k != "type"}
+        variants = [anthropic_strict({"type": kind, **(body if kind != "null" else {})})
+                    for kind in kinds]
+        out = {"anyOf": variants}
+        if description is not None:
+            out["description"] = description
+        return out
+    if kinds == "object":
+        out["properties"] = {k: anthropic_strict(v) for k, v in out.get("properties", {}).items()}
+        out["additionalProperties"] = False
+    elif kinds == "array" and isinstance(out.get("items"), dict):
+        out["items"] = anthropic_strict(out["items"])
+    return out
+
+
 def render(tool: ToolSpec, format: ToolFormat, strict: bool = False,
            default_timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     """One tool in one dialect; the schema is copied so callers may mutate it freely."""
-    schema = strict_parameters(tool) if strict else copy.deepcopy(tool.parameters)
+    schema = strict_parameters(tool) if strict else described_defaults(tool)
+    if strict and format == "anthropic":
+        schema = anthropic_strict(schema)
     schema = _fill_timeout(schema, default_timeout)
     description = _fill_timeout(tool.description, default_timeout)
     if format == "openai":
@@ -906,7 +970,8 @@ def build_environment(
 
 __all__ = [
     "DEFAULT_TIMEOUT", "ERROR_RESULT", "FORMATS", "MCP_DEFAULT_TIMEOUT", "TOOLS", "TOOL_NAMES",
-    "ToolFormat", "ToolSpec", "build_environment", "call_tool", "check_arguments",
+    "ToolFormat", "ToolSpec", "anthropic_strict", "build_environment", "call_tool",
+    "check_arguments", "described_defaults",
     "decode_arguments", "escape_strings", "get_tool", "internal_error", "json_normal",
     "mcp_annotations",
     "output_schema", "render", "route", "strict_parameters", "tool_definitions",

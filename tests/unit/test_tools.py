@@ -21,6 +21,7 @@ from coordex.tools import (
     build_environment,
     call_tool,
     check_arguments,
+    described_defaults,
     tool_definitions,
 )
 
@@ -66,7 +67,7 @@ def test_the_dialects_carry_the_same_schema(fmt: str) -> None:
                               "annotations"}
             assert d["title"] == tool.title
             schema = d["inputSchema"]
-        assert schema == filled(tool.parameters, "50 s" if fmt == "mcp" else "60 s")
+        assert schema == filled(described_defaults(tool), "50 s" if fmt == "mcp" else "60 s")
         assert schema is not tool.parameters  # callers may mutate their copy
 
 
@@ -257,7 +258,7 @@ def test_library_tools_are_defined_in_every_dialect(fmt: str) -> None:
     assert set(LIBRARY_TOOLS) <= set(rendered)
     schemas = {name: schema_of(rendered[name], fmt) for name in LIBRARY_TOOLS}
     for name, schema in schemas.items():
-        assert schema == filled(next(t for t in TOOLS if t.name == name).parameters,
+        assert schema == filled(described_defaults(next(t for t in TOOLS if t.name == name)),
                                 "50 s" if fmt == "mcp" else "60 s")
         assert schema["additionalProperties"] is False
         assert all(p.get("description") for p in schema["properties"].values()), name
