@@ -971,8 +971,7 @@ def build_environment(
 __all__ = [
     "DEFAULT_TIMEOUT", "ERROR_RESULT", "FORMATS", "MCP_DEFAULT_TIMEOUT", "TOOLS", "TOOL_NAMES",
     "ToolFormat", "ToolSpec", "anthropic_strict", "build_environment", "call_tool",
-    "check_arguments", "described_defaults",
-    "decode_arguments", "escape_strings", "get_tool", "internal_error", "json_normal",
-    "mcp_annotations",
+    "check_arguments", "decode_arguments", "described_defaults", "escape_strings", "get_tool",
+    "internal_error", "json_normal", "mcp_annotations",
     "output_schema", "render", "route", "strict_parameters", "tool_definitions",
 ]
