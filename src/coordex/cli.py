@@ -358,7 +358,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_log(args: argparse.Namespace) -> int:
     from .core.errors import CoordexError
-    from .log import LOG_FILE
+    from .log import LOG_FILE, show
     from .log.calls import history, read
     from .log.stats import STATS_COLUMNS, summarize
     from .log.store import LogReader, decode_row
@@ -370,8 +370,21 @@ def cmd_log(args: argparse.Namespace) -> int:
             report = summarize(rows)
             if args.json:
                 print(json.dumps(report, indent=2))
+                return EXIT_OK
+            sessions, places, totals = show.stats_tables(report)
+            columns = ["calls", "errors", "state_losses", "rebuilds", "read_only_changed"]
+            print("per session:")
+            _print_table(sessions, ["session", "place", *columns])
+            print("\nper coordinate:")
+            _print_table(places, ["place", "state_mode", *columns])
+            print("\n" + totals)
+            return EXIT_OK
+        if args.seq is not None:
+            one = history(source, seq=args.seq)
+            if args.json:
+                print(json.dumps(one, indent=2, default=str))
             else:
-                _print_stats(report)
+                print("\n".join(show.call_detail(one["call"])))
             return EXIT_OK
         name = args.session
         by_id = name is not None and name.isdigit()
@@ -380,53 +393,15 @@ def cmd_log(args: argparse.Namespace) -> int:
     except CoordexError as exc:
         _show_error(exc.to_dict())
         return EXIT_FAILURE
-    if args.json:
+    if args.json:  # JSON escapes every control character itself
         print(json.dumps(calls, indent=2, default=str))
         return EXIT_OK
     if not calls["calls"]:
         _say(f"no calls in the log under {base_root(args.home)}.")
         return EXIT_OK
-    _print_table([_call_line(c) for c in calls["calls"]],
+    _print_table([show.call_line(c) for c in calls["calls"]],
                  ["seq", "at", "where", "state_mode", "outcome", "ms", "code"])
     return EXIT_OK
-
-
-def _call_line(call: dict[str, Any]) -> dict[str, Any]:
-    import time
-
-    where = call["language"] or "?"
-    if call["venv_id"] is not None:
-        where += f" venv {call['venv_id']}"
-    if call["session_name"] is not None:
-        where += f" {call['session_name']!r}"
-    elif call["session_id"] is not None:
-        where += f" #{call['session_id']}"
-    first = (call["code"] or "").strip().splitlines()[:1]
-    code = first[0] if first else ""
-    outcome = call["outcome"] + (" (state lost)" if call["state_lost"] else "")
-    return {"seq": call["seq"], "at": time.strftime("%m-%d %H:%M:%S", time.localtime(call["at"])),
-            "where": where, "state_mode": call["state_mode"], "outcome": outcome,
-            "ms": f"{call['duration_ms']:.1f}" if call["duration_ms"] is not None else "",
-            "code": code[:60] + ("..." if len(code) > 60 else "")}
-
-
-def _print_stats(report: dict[str, Any]) -> None:
-    def errors(bucket: dict[str, Any]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in sorted(bucket["errors"].items())) or "-"
-
-    columns = ["calls", "errors", "state_losses", "rebuilds", "read_only_changed"]
-    print("per session:")
-    _print_table([{"session": s["session_name"] or f"#{s['session_id']}",
-                   "place": s["language"] + ("" if s["venv_id"] is None else f" venv {s['venv_id']}"),
-                   **s, "errors": errors(s)} for s in report["sessions"]], ["session", "place", *columns])
-    print("\nper coordinate:")
-    _print_table([{"place": c["language"] + ("" if c["venv_id"] is None else f" venv {c['venv_id']}"),
-                   **c, "errors": errors(c)} for c in report["coordinates"]],
-                 ["place", "state_mode", *columns])
-    totals = report["totals"]
-    print(f"\n{totals['calls']} calls, errors: {errors(totals)}, {totals['state_losses']} state "
-          f"losses, {totals['rebuilds']} rebuilds, {totals['read_only_changed']} read-only calls "
-          "whose copy changed something.")
 
 
 # --- env -----------------------------------------------------------------------------------
@@ -638,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true",
                    help="per session and per coordinate: calls, errors by type, state "
                    "losses, rebuilds, read-only calls whose copy changed something")
+    p.add_argument("--seq", type=_positive_int, metavar="N",
+                   help="one call with everything the log keeps of it (output, result, "
+                   "error, suggestion, isolation, changed names)")
     p.set_defaults(func=cmd_log)
 
     p = sub.add_parser("demo", parents=[common], help="run the four-coordinate walkthrough",

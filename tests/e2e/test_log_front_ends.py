@@ -175,3 +175,35 @@ def test_mcp_ui_serves_the_page_next_to_stdio_and_rebuild_session_is_a_tool(tmp_
     assert out["rebuilt"]["replayed"] == 1 and out["rebuilt"]["failed_at"] is None
     assert "m" in {s["session_name"] for s in out["sessions"]["sessions"]}
     assert out["value"]["result"] == "7"
+
+
+def test_coordex_log_escapes_what_the_code_wrote(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    trap = "\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J\x1b[1;1Hcoordex: all calls ok\x1b[8m"
+    with Executor(root=home) as ex:
+        ex.execute_code(f"x = 1  # {trap}", state_mode="stateful", session_name="esc\x1b[31m")
+        ex.execute_code(f"print({trap!r})")
+        seq = ex.history()["calls"][-1]["seq"]
+    env = child_env(home)
+    for argv in (("log",), ("log", "--seq", str(seq)), ("log", "--json"), ("log", "--stats")):
+        done = run_cli(*argv, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout and "\x07" not in done.stdout, argv
+    table = run_cli("log", env=env).stdout
+    assert "\\x1b]52;c;" in table
+    detail = run_cli("log", "--seq", str(seq), env=env).stdout
+    assert "--- stdout" in detail and "\\x1b[2J" in detail and "all calls ok" in detail
+
+
+def test_coordex_log_stats_reads_every_log(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Executor(root=home) as ex:
+        ex.execute_code("x", state_mode="read_only")  # the seed's own wrong coordinate
+        ex.execute_code("1", language="ruby")  # type: ignore[arg-type]
+        ex.execute_code("y = 1", state_mode="stateful", session_name="s")
+        ex.execute_code("y", state_mode="read_only", session_name="nope")
+    env = child_env(home)
+    done = run_cli("log", "--stats", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "validation 2" in done.stdout and "not_found 1" in done.stdout
+    assert "4 calls" in done.stdout

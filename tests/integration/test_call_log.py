@@ -557,3 +557,50 @@ def test_history_refuses_impossible_coordinates_as_a_call_does(ex: Executor) -> 
         r = ex.history(**kw)  # type: ignore[arg-type]
         assert r["error_type"] == "validation", (kw, r)
         assert r["suggestion"]
+
+
+# --- what a row keeps --------------------------------------------------------------------
+
+
+def test_a_row_keeps_what_the_call_returned(ex: Executor) -> None:
+    ok = ex.execute_code("import sys; print('to out'); print('to err', file=sys.stderr); 6 * 7",
+                         state_mode="stateful", session_name="kept")
+    bad = ex.execute_code("raise ValueError('no good')", state_mode="stateful",
+                          session_name="kept")
+    loud = ex.execute_code("print('a' * 100_000 + 'THE END')")
+    seqs = [c["seq"] for c in ex.history()["calls"]]
+    first = ex.history(seq=seqs[0])["call"]
+    assert (first["stdout"], first["stderr"], first["result"]) == ("to out\n", "to err\n", "42")
+    assert first["outcome"] == "ok" and first["session_name"] == "kept"
+    assert first["changed"] == {"rebound": ["sys"], "deleted": []}
+    second = ex.history(seq=seqs[1])["call"]
+    assert second["outcome"] == "execution" and second["error"] == bad["error"]
+    assert second["suggestion"] == bad["suggestion"] and "no good" in second["traceback"]
+    third = ex.history(seq=seqs[2])["call"]
+    # 16 KiB of each stream: its head and its tail, with what was left out said between.
+    assert len(third["stdout"].encode()) <= 16 * 1024 and loud["stdout"].startswith("a" * 100)
+    assert third["stdout"].startswith("a" * 1000) and third["stdout"].endswith("THE END\n")
+    assert "left out" in third["stdout"]
+    missing = ex.history(seq=10_000)
+    assert missing["error_type"] == "not_found" and "history()" in missing["suggestion"]
+    assert ex.history(seq="1")["error_type"] == "validation"
+    assert ok["result"] == "42"
+
+
+def test_changed_holds_only_what_the_code_did(tmp_path: Path) -> None:
+    from coordex.backends import isolation
+
+    home = tmp_path / "home"
+    root = home / ".local" / "share" / "coordex"  # the default root lies under HOME
+    with Executor(root=root, read_only_paths=[".", str(home)]) as ex:
+        ex.execute_code("x = [1]", state_mode="stateful", session_name="c")
+        ex.execute_code("x", state_mode="stateful", session_name="c")  # binds `_` only
+        ex.execute_code("len(x)", state_mode="read_only", session_name="c")
+        ex.execute_code("x.append(2); y = 3", state_mode="read_only", session_name="c")
+        calls = ex.history()["calls"]
+        changed = [ex.history(seq=c["seq"])["call"]["changed"] for c in calls]
+    assert changed[0] == {"rebound": ["x"], "deleted": []}
+    assert changed[1] is None and changed[2] is None
+    assert changed[3]["rebound"] == ["y"]
+    if isolation.best_mode() == "discarded":
+        assert "written" not in changed[3], changed[3]  # never coordex's own log files
