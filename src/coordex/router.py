@@ -41,6 +41,10 @@ def add_confinement_options(parser: argparse.ArgumentParser, *, tenants: bool,
                        help="calls a confined host runs at once (default 8)")
     group.add_argument("--no-network", action="store_true",
                        help="confined hosts get loopback only")
+    group.add_argument("--readable", action="append", default=[], metavar="DIR",
+                       help="a folder of this machine confined hosts may read (bound "
+                       "read-only at its own path; repeatable), e.g. a wheelhouse. Nothing "
+                       "else of the machine is in their view but its program folders")
     if tenants:
         group.add_argument("--allow-unconfined", action="store_true",
                            help="serve several tenants even where no confinement holds")
@@ -137,6 +141,7 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
     return ConfinedExecutor(folder, environments=environments, memory_limit=args.memory_limit,
                             network=not args.no_network, max_calls=args.max_calls,
                             hide=[str(p) for p in hidden], name=name or "default",
+                            readable=getattr(args, "readable", None) or (),
                             lazy=lazy, nodes=nodes, **executor_args)
 
 
@@ -185,7 +190,8 @@ def tenant_nodes(args: argparse.Namespace, name: str) -> Any:
 
     return NodeRelay(args.cluster, {"name": name, "memory_limit": args.memory_limit,
                                     "network": not args.no_network,
-                                    "max_calls": args.max_calls})
+                                    "max_calls": args.max_calls,
+                                    "readable": list(getattr(args, "readable", None) or ())})
 
 
 def join_cluster_for_tenants(address: str) -> tuple[Any, list[str], str | None]:

@@ -275,8 +275,14 @@ class ConfinedExecutor:
         max_processes: processes the host may have (default 512): a pids cgroup, else
             ``RLIMIT_NPROC`` set inside the host's user namespace (this host's count
             alone); at level ``landlock`` that count is the user's, every host's together.
-        hide: further folders and files the host must not see (a server passes its
-            root and its tokens file).
+        hide: further folders and files the host must never see, even beneath a
+            folder it is given (a server passes its root and its tokens file).
+        readable: further folders (or files) of the machine the host may read, bound
+            read-only into its view at their own paths (a wheelhouse, a data set).
+            Nothing else of the machine exists in its view but the system's program
+            folders, a few files of ``/etc``, the Python installation and coordex.
+        user: ``(uid, gid, name)`` the host runs as; default: the server's user, or,
+            where that is root, a user of the host's own (:mod:`.identity`).
         level: the strongest confinement to try (``"namespaces+landlock"``,
             ``"landlock"``, ``"none"``); default the best this machine gives.
         name: a label for the host's cgroups.
@@ -301,7 +307,9 @@ class ConfinedExecutor:
                  environments: str | os.PathLike[str] | None = None,
                  memory_limit: int | None = None, network: bool = True,
                  max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
-                 hide: Sequence[str | os.PathLike[str]] = (), level: str | None = None,
+                 hide: Sequence[str | os.PathLike[str]] = (),
+                 readable: Sequence[str | os.PathLike[str]] = (),
+                 user: tuple[int, int, str] | None = None, level: str | None = None,
                  name: str = "host", env: Mapping[str, str] | None = None,
                  lazy: bool = False, nodes: Any = None, serve: str = "executor",
                  **executor_args: Any) -> None:
@@ -335,8 +343,14 @@ class ConfinedExecutor:
         self._argv += ["--level", level if level is not None else best_level()]
         for path in hide:
             self._argv += ["--hide", str(path)]
-        for path in readable_paths():
+        for path in [*readable_paths(), *(str(Path(p).expanduser().absolute()) for p in readable)]:
             self._argv += ["--readable", path]
+        self.readable = tuple(str(Path(p).expanduser().absolute()) for p in readable)
+        from .identity import tenant_user
+
+        self.user = user if user is not None else tenant_user(str(self.folder), name)
+        if self.user is not None:
+            self._argv += ["--user", ":".join(str(x) for x in self.user)]
         self._env = self._host_env(env)
         self._lock = threading.Lock()
         self._host: _Host | None = None
@@ -558,17 +572,25 @@ def _how_it_ended(code: int | None) -> str:
 
 
 def readable_paths() -> list[str]:
-    """What a host must read in the ``landlock`` level: Python and coordex's folders."""
+    """What a host reads beyond the system's folders: the Python installation (its
+    prefixes, the interpreter's folder, the folders on ``sys.path`` that hold packages),
+    coordex's own folder and uv's. Not the current folder, which ``python -m`` puts on
+    ``sys.path`` and which may be anything of the operator's (the server's root)."""
     import coordex
 
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
-             os.path.dirname(os.path.dirname(os.path.abspath(coordex.__file__)))}
-    paths |= {p for p in sys.path if p and os.path.isdir(p)}
+    package = os.path.dirname(os.path.dirname(os.path.abspath(coordex.__file__)))
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)),
+             package}
+    cwd = os.path.realpath(os.getcwd())
+    paths |= {p for p in sys.path
+              if p and os.path.isdir(p) and os.path.realpath(p) != cwd}
     try:
         import uv  # the builder's uv binary
 
         paths.add(os.path.dirname(os.path.abspath(uv.__file__)))
-    except ImportError:
+        paths.add(os.path.dirname(uv.find_uv_bin()))
+    except (ImportError, FileNotFoundError):
         pass
     return sorted(paths)
 

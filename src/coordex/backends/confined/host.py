@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import jail, wire
+from . import identity, jail, wire
 from .jail import JailSpec, Level, LimitReport, Limits
 from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
 
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("auto", *jail.LEVELS), default="auto",
                    help="the strongest confinement to try (default: the best here)")
     p.add_argument("--name", default="host", help="name for the host's cgroups")
+    p.add_argument("--user", help="UID:GID:NAME the jail runs as (a root server's tenant)")
     p.add_argument("--executor", default="{}", help="JSON object of Executor arguments")
     p.add_argument("--serve", choices=("executor", "node"), default="executor",
                    help="what runs in the jail: an Executor, or a cluster node's sessions of "
@@ -76,10 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in (folder, root, environments):
         if path is not None:
             os.makedirs(path, exist_ok=True)
+    user = _parse_user(args.user)
+    hidden = tuple(os.path.realpath(h) for h in args.hide)
+    # Never a folder that is or holds a hidden one (the server started from its root).
+    readable = tuple(p for p in args.readable if not any(
+        jail.iso._within(h, os.path.realpath(p)) or jail.iso._within(os.path.realpath(p), h)
+        for h in hidden))
     spec = JailSpec(folder=folder, writable=(root,) if root != folder else (),
-                    hidden=tuple(args.hide), readable=tuple(args.readable),
+                    hidden=hidden, readable=readable,
                     network=not args.no_network, tmpfs_size=args.memory_limit or None,
-                    environments=environments)
+                    environments=environments, user=user)
     level = _level(args.level, spec)
     # Imported here, once, before the forks: the keeper, init, builder and host share
     # the pages.
@@ -95,36 +102,105 @@ def main(argv: Sequence[str] | None = None) -> int:
     jail.join_cgroups(limits, os.getpid())  # the keeper too: everything forked inherits
     jail.apply_rlimits(limits)
     error = ""
-    if level == "namespaces+landlock":
-        try:
-            jail.enter_namespaces(spec.network)
-            jail.build_view(spec)
-        except OSError as exc:  # e.g. blocked after the probe: say so, confine less
-            error = f"namespaces: {exc}"
-            level = "landlock" if jail.best_level() == "landlock" and jail.landlock_covers(
-                spec) else "none"
-    jail.apply_process_rlimit(limits)  # inside the user namespace: this host's count
+    if user is not None:
+        identity.hand_over([p for p in (folder, root, environments) if p], user[0], user[1])
+        if level != "namespaces+landlock" and not all(
+                identity.reachable(p, user[0], user[1]) for p in (folder, root)):
+            error = (f"the tenant's folder {folder!r} cannot be reached by its user "
+                     f"{user[0]} (a folder above it is closed to others): make those "
+                     "folders searchable (chmod o+x) or keep the server's root elsewhere")
+            level = "none"
     scratch = None
     if level != "namespaces+landlock":
         # No private /tmp here: a scratch folder of its own, removed by the keeper.
         import tempfile
 
         scratch = tempfile.mkdtemp(prefix=f"coordex-{args.name}-")
+        if user is not None:
+            os.chown(scratch, user[0], user[1])
         _use_scratch(scratch)
-    init = os.fork()
-    if init == 0:
+    told_r, told_w = os.pipe()  # warden -> keeper: "my namespaces are made, map me"
+    mapped_r, mapped_w = os.pipe()  # keeper -> warden: "mapped"
+    warden = os.fork()
+    if warden == 0:
         _close_quietly(args.lifeline)
-        os._exit(_init(level, spec, args, root, limits, error))
-    for fd in (args.fd_in, args.fd_out):
+        os.close(told_r)
+        os.close(mapped_w)
+        _exit_with(_warden, level, spec, args, root, limits, error, (told_w, mapped_r))
+    for fd in (args.fd_in, args.fd_out, told_w, mapped_r):
         _close_quietly(fd)
     try:
-        return _keep(init, args.lifeline)
+        if user is not None and os.read(told_r, 1) == b"u":
+            try:
+                identity.map_writer(warden, user[0], user[1])()
+                os.write(mapped_w, b"m")
+            except OSError as exc:
+                os.write(mapped_w, f"!{exc}".encode()[:200])
+        os.close(told_r)
+        os.close(mapped_w)
+        return _keep(warden, args.lifeline)
     finally:
         if scratch is not None:
             import shutil
 
             shutil.rmtree(scratch, ignore_errors=True)
         jail.leave_cgroups(limits)
+
+
+def _parse_user(text: str | None) -> tuple[int, int, str] | None:
+    if not text:
+        return None
+    uid, gid, name = text.split(":", 2)
+    return int(uid), int(gid), name
+
+
+def _warden(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
+            limits: LimitReport, error: str, sync: tuple[int, int]) -> int:
+    """The jail's maker: its namespaces and view, its user; then init, whose end is its
+    own. It dies with the keeper, and init dies with it."""
+    jail.die_with_parent()
+    told, mapped = sync
+    user = spec.user
+    became = False
+    if user is not None:
+        os.setgroups([])  # root's groups are no tenant's (and no setgroups() inside)
+    if level == "namespaces+landlock":
+        def map_ids() -> None:
+            os.write(told, b"u")
+            answer = os.read(mapped, 200)
+            if answer != b"m":
+                raise OSError(1, f"identity map: {answer.decode(errors='replace') or 'no answer'}")
+
+        try:
+            jail.enter_namespaces(spec.network, map_ids if user is not None else None)
+            handles = jail.open_view(spec)
+            if user is not None:
+                identity.become(user[0], user[1])
+                became = True
+            jail.build_view(spec, handles)
+        except OSError as exc:  # e.g. blocked after the probe: say so, confine less
+            error = f"namespaces: {exc}"
+            level = "landlock" if jail.best_level() == "landlock" and jail.landlock_covers(
+                spec) else "none"
+    os.close(told)
+    os.close(mapped)
+    if user is not None and not became:
+        identity.become(user[0], user[1])
+    jail.apply_process_rlimit(limits)  # inside the user namespace: this host's count
+    init = os.fork()
+    if init == 0:
+        _exit_with(_init, level, spec, args, root, limits, error)
+    for fd in (args.fd_in, args.fd_out):
+        _close_quietly(fd)
+    while True:
+        try:
+            pid, status = os.waitpid(init, 0)
+        except ChildProcessError:
+            return 1
+        except InterruptedError:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        return code if code >= 0 else 128 - code
 
 
 def _use_scratch(scratch: str) -> None:
@@ -147,7 +223,8 @@ def _level(wanted: str, spec: JailSpec) -> Level:
 
 
 def _keep(init: int, lifeline: int | None) -> int:
-    """The keeper: wait for init to end, or for the lifeline to close and end it."""
+    """The keeper: wait for the warden to end, or for the lifeline to close and end it
+    (init, its child, dies with it; the kernel then ends the pid namespace)."""
     pidfd = os.pidfd_open(init)
     watched = [pidfd] + ([lifeline] if lifeline is not None else [])
     while True:

@@ -8,31 +8,34 @@ the Executor. Three processes make one host, four with an environments folder::
 
 ``namespaces+landlock`` (user namespaces work):
     the keeper makes and joins the host's cgroups (:func:`make_limits`,
-    :func:`join_cgroups`; rlimits where no cgroup can be had), unshares a user, mount
-    and pid namespace (and a network namespace with ``network=False``), and rebuilds the
-    file view (:func:`build_view`): a private ``/tmp`` and ``/dev/shm``, an empty tmpfs
-    over every hidden folder (the server's root with every tenant in it), an empty file
-    over every hidden file (the tokens file), the tenant's own folders and its
-    environments folder bound back in. The init forks the builder first, which seals
-    a view of its own (:func:`seal_for_builder`: everything read-only but the
-    environments folder) and restricts itself with Landlock (:func:`builder_spec`);
-    each process a build starts gets a nested domain of its own that writes only that
-    build's folder (:func:`confine_build_step`).
-    The init process then seals that view in a mount namespace of its own
-    (:func:`seal_view`: everything read-only but the tenant's folders, ``/tmp`` and
-    ``/dev/shm``; the environments folder read-only even inside those), mounts a
-    ``/proc`` of the new pid namespace (no process outside is visible, so none can be
-    signalled, traced or read) and brings loopback up in an empty network namespace.
+    :func:`join_cgroups`; rlimits where no cgroup can be had) and forks the *warden*,
+    which unshares a user, mount, pid, IPC and UTS namespace (and a network namespace
+    with ``network=False``) and builds the file view by allow-list (:mod:`.view`: a new
+    root holding only what the host was given). A root server runs each tenant as a user
+    of its own (:mod:`.identity`): the keeper writes the warden's identity map, and the
+    warden takes that user before it forks anything. The warden's child is the pid
+    namespace's init. The init forks the builder first, which enters the view with only
+    the environments folder writable and restricts itself with Landlock
+    (:func:`builder_spec`); each process a build starts gets a nested domain of its own
+    that writes only that build's folder (:func:`confine_build_step`). The init then
+    enters the view itself (everything read-only but the tenant's folders, ``/tmp`` and
+    ``/dev/shm``; the environments folder read-only even inside those), with a ``/proc``
+    of the new pid namespace (no process outside is visible, so none can be signalled,
+    traced, reniced or read) and loopback up in an empty network namespace.
     The host then restricts itself with Landlock (:func:`restrict`): writes only
     beneath its folders, ``/tmp``, ``/dev/shm`` and a few devices; signals and abstract
-    unix sockets scoped to its own processes (ABI 6); and no mount can be changed any
-    more, so the hiding tmpfs cannot be lifted.
+    unix sockets scoped to its own processes (ABI 6); a seccomp filter refuses to change
+    the limits, priority or CPU affinity of any process but the caller; and every
+    capability goes, so no mount can be changed any more.
 ``landlock`` (no user namespaces, Landlock ABI >= 6):
-    no new view; Landlock refuses reads as well as writes outside an allow-list (the
-    system folders, the Python installation, the tenant's folders; the environments
-    folder for reads only, writable to the builder alone) and scopes signals and
-    abstract sockets. A hidden path that lies beneath an allowed one cannot be
-    hidden this way, so the level is only claimed when none does.
+    no new view; Landlock refuses reads as well as writes outside the same allow-list
+    (:func:`.view.landlock_reads`; the environments folder for reads only, writable to
+    the builder alone), scopes signals and abstract sockets, and the same seccomp
+    filter keeps the limits, priority and affinity of other processes out of reach. A
+    root server still runs each tenant as its own user. A hidden path that lies beneath
+    an allowed one cannot be hidden this way, so the level is only claimed when none
+    does. What this level cannot stop (no /proc of its own: command lines stay
+    readable) is in the README's threat model.
 ``none``:
     nothing holds; the server says so and refuses several tenants.
 
@@ -64,6 +67,8 @@ from .. import isolation as iso
 Level = Literal["namespaces+landlock", "landlock", "none"]
 LEVELS: tuple[Level, ...] = ("namespaces+landlock", "landlock", "none")
 
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
@@ -75,11 +80,11 @@ _LL_READ_DIR = 1 << 3
 _LL_READ = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
 _LL_IOCTL_DEV = 1 << 15  # ABI 5
 
-# Read-only in the "landlock" level: what a Python and a bash need to run.
-SYSTEM_READ = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
-               "/opt", "/proc", "/sys", "/dev", "/run")
-# Devices the code may write (terminals and sinks), as for read-only calls.
+# Devices the code may write (terminals and sinks), as for read-only calls. At the
+# ``landlock`` level the machine's /dev/pts is shared by every tenant: there a host may
+# open /dev/ptmx (a new terminal, reached through its master) but no /dev/pts/N by name.
 DEVICES = iso._DEVICES
+LANDLOCK_DEVICES = tuple(d for d in iso._DEVICES if d != "/dev/pts")
 
 
 @dataclass(frozen=True)
@@ -89,10 +94,11 @@ class JailSpec:
     Attributes:
         folder: the working folder and home; writable.
         writable: further folders of the tenant (its data root when that is elsewhere).
-        hidden: folders and files made invisible (empty) in the host's view.
-        readable: folders the host must be able to read in the ``landlock`` level
-            (the Python installation, coordex itself); in ``namespaces+landlock`` every
-            folder not hidden stays readable.
+        hidden: folders and files never shown, even where they lie beneath a folder
+            that is (the server's root, its tokens file).
+        readable: folders and files the host reads beyond the system's (the Python
+            installation, coordex itself, what the operator names with ``--readable``):
+            bound read-only into the view, or allowed by Landlock.
         network: False leaves only loopback (a network namespace of its own).
         tmpfs_size: bytes each private ``/tmp`` and ``/dev/shm`` may hold (None: the
             kernel's default, half of RAM). Files there are memory, and an rlimit does
@@ -100,6 +106,8 @@ class JailSpec:
         environments: the folder of the tenant's built environments (with their store
             and uv cache). The host sees it read-only; only the builder process (see
             :func:`seal_for_builder`, :func:`builder_spec`) may write there.
+        user: (uid, gid, name) the jail runs as where the server is root; None keeps
+            the server's user.
     """
 
     folder: str
@@ -109,6 +117,7 @@ class JailSpec:
     network: bool = True
     tmpfs_size: int | None = None
     environments: str | None = None
+    user: tuple[int, int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,8 +172,10 @@ def landlock_covers(spec: JailSpec) -> bool:
     """True when no hidden path lies beneath a path the ``landlock`` level must allow,
     and the environments folder lies beneath no writable one (Landlock only adds
     rights beneath a folder: it cannot make a part of a writable folder read-only)."""
+    from .view import landlock_reads
+
     own = [spec.folder, *spec.writable]
-    allowed = [*SYSTEM_READ, *spec.readable, *own,
+    allowed = [*landlock_reads(spec.readable), *own,
                *([spec.environments] if spec.environments else [])]
     if spec.environments and any(iso._within(os.path.realpath(spec.environments),
                                              os.path.realpath(w)) for w in own):
@@ -291,6 +302,18 @@ def apply_process_rlimit(report: LimitReport) -> None:
                            (report.limit_processes, report.limit_processes))
 
 
+def _end_members(path: str) -> None:
+    """SIGKILL what is still in a host's cgroup (a process that outlived its jail's
+    init, or one of a level without a pid namespace)."""
+    import signal
+
+    with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as f:
+        for pid in f.read().split():
+            if int(pid) != os.getpid():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
 def leave_cgroups(report: LimitReport) -> None:
     """Move this process out of the host's cgroups and remove them.
 
@@ -303,6 +326,7 @@ def leave_cgroups(report: LimitReport) -> None:
         parent = os.path.dirname(os.path.dirname(path))
         with contextlib.suppress(OSError):
             iso._write(os.path.join(parent, "cgroup.procs"), str(os.getpid()))
+        _end_members(path)
         for _ in range(100):
             try:
                 os.rmdir(path)
@@ -315,127 +339,76 @@ def leave_cgroups(report: LimitReport) -> None:
 
 # ------------------------------------------------------------------------ namespaces
 
-def enter_namespaces(network: bool) -> None:
-    """unshare user + mount + pid (+ net) namespaces, mapping only our own uid/gid.
+def enter_namespaces(network: bool, map_ids: Callable[[], None] | None = None) -> None:
+    """unshare user + mount + pid + IPC + UTS (+ net) namespaces and map one identity.
 
     Children forked afterwards live in the new pid namespace; the first is its init.
-    Mapping one id (not the full identity map a read-only copy gets) means files of
-    other users show as ``nobody`` and no id can be switched to inside.
+    ``map_ids`` writes this process's identity map from outside (a root server mapping
+    the tenant's own user, see :mod:`.identity`); without it the process maps its own
+    uid and gid. Mapping one id (not the full identity map a read-only copy gets) means
+    files of other users show as ``nobody`` and no id can be switched to inside.
     """
     uid, gid = os.geteuid(), os.getegid()
-    flags = iso._CLONE_NEWUSER | iso._CLONE_NEWNS | _CLONE_NEWPID
+    flags = (iso._CLONE_NEWUSER | iso._CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC
+             | _CLONE_NEWUTS)
     if not network:
         flags |= _CLONE_NEWNET
-    iso._check(iso._libc().unshare(flags), "unshare(user, mount, pid)")
-    iso._write("/proc/self/setgroups", "deny")
-    iso._write("/proc/self/uid_map", f"{uid} {uid} 1")
-    iso._write("/proc/self/gid_map", f"{gid} {gid} 1")
+    iso._check(iso._libc().unshare(flags), "unshare(user, mount, pid, ipc, uts)")
+    if map_ids is not None:
+        map_ids()
+    else:
+        iso._write("/proc/self/setgroups", "deny")
+        iso._write("/proc/self/uid_map", f"{uid} {uid} 1")
+        iso._write("/proc/self/gid_map", f"{gid} {gid} 1")
+    with contextlib.suppress(OSError):
+        socket.sethostname("coordex")
 
 
-def build_view(spec: JailSpec) -> None:
-    """Rebuild the file view in our mount namespace (see the module docstring)."""
-    iso._mount(None, "/", None, iso._MS_REC | iso._MS_PRIVATE)
-    keep = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
-    # The environments folder is brought back too (read-only once sealed), as a mount of
-    # its own, so that the builder's view alone can make it writable; last, since it
-    # may lie beneath a hidden folder inside the tenant's (the server's root in $HOME).
-    environments = os.path.realpath(spec.environments) if spec.environments else None
-    bound = keep + ([environments] if environments else [])
-    # Handles on the folders to bring back, taken before anything covers them.
-    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in bound if os.path.isdir(p)}
-    hidden = sorted({os.path.realpath(h) for h in spec.hidden if os.path.lexists(h)})
-    carried = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in _carried(spec)}
-    handles.update(carried)
+def open_view(spec: JailSpec) -> dict[str, int]:
+    """``O_PATH`` handles on every folder and file the view binds, opened while this
+    process can still reach them all (a root server's warden, before it takes the
+    tenant's user: the server's root is closed to that user)."""
+    handles: dict[str, int] = {}
     try:
-        for path in ("/tmp", "/dev/shm"):
-            if os.path.isdir(path):
-                size = f",size={spec.tmpfs_size}" if spec.tmpfs_size else ""
-                iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV,
-                           "mode=1777" + size)
-        for path, fd in carried.items():  # read-only once sealed (seal_view)
-            _bind(fd, path)
-        inside = [h for h in hidden if any(iso._within(h, k) and h != k for k in keep)]
-        # Hidden paths above the tenant's folders are covered first and the folders bound
-        # back; hidden paths inside them (a tokens file kept there) are covered after.
-        for path in [h for h in hidden if h not in inside]:
-            _cover(path)
-        for path, fd in handles.items():
-            # Bound even where not covered: each writable folder must be a mount of its
-            # own to stay writable once the rest is made read-only (seal_view).
-            if path != environments and path not in carried:
-                _bind(fd, path)
-        for path in inside:
-            _cover(path)
-        if environments in handles:
-            _bind(handles[environments], environments)
-    finally:
+        for bind in view_plan(spec).binds:
+            handles[bind.path] = os.open(bind.path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
         for fd in handles.values():
+            os.close(fd)
+        raise
+    return handles
+
+
+def build_view(spec: JailSpec, handles: dict[str, int] | None = None) -> None:
+    """Build the jail's new root (:func:`.view.stage`) in this mount namespace: the
+    allow-list of :mod:`.view` plus the tenant's folders and its environments. Files
+    made there are this process's, so a root server's warden calls it as the tenant."""
+    from . import view
+
+    try:
+        view.stage(view_plan(spec), home=spec.folder, user=spec.user,
+                   tmpfs_size=spec.tmpfs_size, handles=handles)
+    finally:
+        for fd in (handles or {}).values():
             os.close(fd)
 
 
-def _carried(spec: JailSpec) -> list[str]:
-    """Folders the host must read (Python, coordex: ``spec.readable``) that lie in
-    ``/tmp`` or ``/dev/shm``, which the jail replaces with private ones: a checkout or a
-    virtual environment there is bound back, read-only. Not the tenant's own folders,
-    and nothing holding or inside a hidden path."""
-    own = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
-    hidden = [os.path.realpath(h) for h in spec.hidden]
-    found: list[str] = []
-    for path in sorted({os.path.realpath(p) for p in spec.readable}):
-        if (os.path.isdir(path) and any(iso._within(path, s) for s in ("/tmp", "/dev/shm"))
-                and path not in ("/tmp", "/dev/shm")
-                and not any(iso._within(path, f) or iso._within(f, path) for f in own)
-                and not any(iso._within(path, h) or iso._within(h, path) for h in hidden)
-                and not any(iso._within(path, f) for f in found)):
-            found.append(path)
-    return found
+def view_plan(spec: JailSpec) -> Any:
+    from . import view
 
-
-def _bind(fd: int, path: str) -> None:
-    os.makedirs(path, exist_ok=True)  # inside a covering tmpfs
-    iso._mount(f"/proc/self/fd/{fd}", path, None, iso._MS_BIND | iso._MS_REC)
-
-
-def _cover(path: str) -> None:
-    if not os.path.lexists(path):
-        return  # already out of sight (under the private /tmp)
-    if os.path.isdir(path):
-        iso._mount("tmpfs", path, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=0755,size=1m")
-    else:
-        iso._mount("/dev/null", path, None, iso._MS_BIND)
-
-
-def seal_view(spec: JailSpec) -> None:
-    """In a mount namespace of the init's own: everything read-only but the tenant's
-    folders, ``/tmp`` and ``/dev/shm``.
-
-    Landlock refuses writes but not chmod/chown/utime; a read-only view refuses those too
-    (a tenant mapped to root owns root's files). The keeper's namespace stays writable,
-    so it can still remove the host's cgroups at the end.
-    """
-    iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
-    _set_read_only("/", True)
-    keep = {os.path.realpath(p) for p in (spec.folder, *spec.writable)}
-    for path in (*sorted(keep), "/tmp", "/dev/shm"):
-        if os.path.isdir(path):
-            _set_read_only(path, False)
-    if spec.environments:  # again, in case it lies beneath a folder made writable
-        _set_read_only(os.path.realpath(spec.environments), True)
-    for path in _carried(spec):  # Python or coordex in /tmp: read, never written
-        _set_read_only(path, True)
+    return view.plan(spec.readable, (spec.folder, *spec.writable), spec.hidden,
+                     spec.environments)
 
 
 def seal_for_builder(spec: JailSpec) -> None:
-    """The builder's view, in a mount namespace of its own (before Landlock): everything
-    read-only but the environments folder, and a ``/proc`` of the jail's pid namespace.
-    The init forks the builder before it seals its own view. (The builder's scratch
-    space lies in the environments folder, where the host cannot swap files under a
-    build.)"""
+    """The builder's view: the jail's, with only the environments folder writable (and a
+    ``/proc`` of the jail's pid namespace). The init forks the builder before it enters
+    the view itself. (The builder's scratch space lies in the environments folder, where
+    the host cannot swap files under a build.)"""
+    from . import view
+
     assert spec.environments
-    iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
-    _set_read_only("/", True)
-    _set_read_only(os.path.realpath(spec.environments), False)
-    iso._mount("proc", "/proc", "proc", iso._MS_NOSUID | iso._MS_NODEV | 8)  # 8: MS_NOEXEC
+    view.enter([os.path.realpath(spec.environments)])
 
 
 def builder_spec(spec: JailSpec) -> JailSpec:
@@ -466,21 +439,16 @@ def confine_build_step(cache: str, scratch: str) -> Callable[[list[str], Any, st
     return confine
 
 
-def _set_read_only(path: str, read_only: bool) -> None:
-    flag = iso._MOUNT_ATTR_RDONLY
-    attr = (ctypes.c_uint64 * 4)(flag if read_only else 0, 0 if read_only else flag, 0, 0)
-    iso._check(iso._syscall(iso._NR_MOUNT_SETATTR, ctypes.c_int(iso._AT_FDCWD),
-                            os.fsencode(path), ctypes.c_uint(iso._AT_RECURSIVE),
-                            ctypes.byref(attr), ctypes.c_size_t(32)), f"mount_setattr {path!r}")
-
-
 def init_namespace(spec: JailSpec) -> None:
-    """In the pid namespace's init: the sealed view, a /proc of its own, loopback up
-    without network."""
-    seal_view(spec)
-    iso._mount("proc", "/proc", "proc", iso._MS_NOSUID | iso._MS_NODEV | 8)  # 8: MS_NOEXEC
-    network = spec.network
-    if not network:
+    """In the pid namespace's init: the view with the tenant's folders, ``/tmp`` and
+    ``/dev/shm`` writable (the environments folder read-only even inside them), a
+    ``/proc`` of its own, loopback up without network."""
+    from . import view
+
+    own = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
+    view.enter([*own, "/tmp", "/dev/shm"],
+               [os.path.realpath(spec.environments)] if spec.environments else [])
+    if not spec.network:
         _loopback_up()
 
 
@@ -521,13 +489,16 @@ def restrict(level: Level, spec: JailSpec) -> None:
     own = [spec.folder, *spec.writable]
     rules: list[tuple[str, int]] = [(p, handled) for p in own]
     if level == "landlock":
+        from .view import landlock_reads
+
         scratch = os.environ.get("TMPDIR", "")
         rules += [(scratch, handled)] if scratch else []
-        rules += [(p, read | ioctl) for p in (*SYSTEM_READ, *spec.readable)]
+        rules += [(p, read | ioctl) for p in landlock_reads(spec.readable)]
         rules += [(spec.environments, read | ioctl)] if spec.environments else []
+        rules += [(d, handled) for d in LANDLOCK_DEVICES]
     else:
         rules += [("/", read | ioctl), ("/tmp", handled), ("/dev/shm", handled)]
-    rules += [(d, handled) for d in DEVICES]
+        rules += [(d, handled) for d in DEVICES]
     attr = (ctypes.c_uint64 * 3)(handled, 0, scoped)
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     ruleset = iso._check(iso._syscall(iso._NR_LANDLOCK_CREATE_RULESET, ctypes.byref(attr),
@@ -542,7 +513,60 @@ def restrict(level: Level, spec: JailSpec) -> None:
                                 ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
+    keep_to_own_processes()
     drop_capabilities()
+
+
+# Calls that change another process's limits, priority or CPU placement, per machine:
+# (audit arch, {syscall number: what it may target}). "pid": only itself (pid 0);
+# "prio": setpriority(PRIO_PROCESS, 0) only; "ioprio": ioprio_set(IOPRIO_WHO_PROCESS, 0)
+# only. Landlock scopes signals and ptrace but not these; in a pid namespace no process
+# outside can be named anyway, and the filter holds where there is none (``landlock``).
+_OTHERS_SYSCALLS: dict[str, tuple[int, dict[int, str]]] = {
+    "x86_64": (0xC000003E, {302: "pid", 141: "prio", 203: "pid", 142: "pid", 144: "pid",
+                            314: "pid", 251: "ioprio"}),
+    "aarch64": (0xC00000B7, {261: "pid", 140: "prio", 122: "pid", 118: "pid", 119: "pid",
+                             274: "pid", 30: "ioprio"}),
+    "riscv64": (0xC00000F3, {261: "pid", 140: "prio", 122: "pid", 118: "pid", 119: "pid",
+                             274: "pid", 30: "ioprio"}),
+}
+_FILTERS: list[Any] = []  # the programs' buffers, kept alive for the process's life
+
+
+def keep_to_own_processes() -> None:
+    """A seccomp filter: ``prlimit``, ``setpriority``, ``sched_setaffinity``,
+    ``sched_setparam``, ``sched_setscheduler``, ``sched_setattr`` and ``ioprio_set``
+    work on the calling process alone (pid 0), and fail with EPERM on any other: a
+    tenant's code can still lower its own priority or limits, never another's. Code of
+    another ABI of the machine (32-bit, x32), whose numbers differ, gets ENOSYS for every
+    call: it does not run in a jail. Needs no_new_privs."""
+    table = _OTHERS_SYSCALLS.get(iso._MACHINE)
+    if table is None:
+        return
+    arch, calls = table
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    arg = {0: 16, 1: 24}  # seccomp_data.args[i], low 32 bits (little-endian)
+    prog: list[tuple[int, int, int, int]] = [
+        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, enosys),  # another ABI: nothing runs
+        (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, enosys),  # x32 numbers: the same
+    ]
+    for nr, kind in calls.items():
+        if kind == "pid":
+            block = [(ld, 0, 0, arg[0]), (jeq, 0, 1, 0), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+        else:
+            first = 0 if kind == "prio" else 1
+            block = [(ld, 0, 0, arg[0]), (jeq, 0, 3, first), (ld, 0, 0, arg[1]), (jeq, 0, 1, 0),
+                     (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+        prog.append((jeq, 0, len(block), nr))
+        prog += block  # every block ends in a return: the next test still holds the number
+    prog.append((ret, 0, 0, allow))
+    raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    _FILTERS.append(buf)
+    fprog = struct.pack("@HP", len(prog), ctypes.addressof(buf))
+    iso._check(iso._libc().prctl(iso._PR_SET_SECCOMP, iso._SECCOMP_MODE_FILTER,
+                                 ctypes.c_char_p(fprog), 0, 0), "seccomp")
 
 
 _PR_CAPBSET_DROP = 24
@@ -600,6 +624,7 @@ __all__ = [
     "Limits",
     "apply_process_rlimit",
     "apply_rlimits",
+    "open_view",
     "best_level",
     "build_view",
     "builder_spec",

@@ -100,7 +100,8 @@ class TenantNodeHost:
             network=bool(tenant.get("network", True)),
             max_calls=int(tenant.get("max_calls") or DEFAULT_MAX_CALLS),
             max_processes=int(tenant.get("max_processes") or DEFAULT_MAX_PROCESSES),
-            hide=[str(root), *ray_secrets()], level=self.level, name=f"{self.name}-node", serve="node",
+            hide=[str(root), *ray_secrets()], readable=list(tenant.get("readable") or ()),
+            level=self.level, name=f"{self.name}-node", serve="node",
             # Under the node's root, which the jail hides: bound back read-only, built by
             # the jail's builder (the tenant's code on the node cannot change it).
             environments=root / "environments" / "tenants" / self.name,

@@ -1,0 +1,131 @@
+"""Who a jail runs as (SPEC 9, "Identity").
+
+An unprivileged server's hosts keep its user: they can be no one else. A root server
+never runs a tenant as root: each tenant's host runs as a user and group of its own,
+numbered from its folder's real path (so the same tenant of the same server gets the
+same user at every start, and its files stay its own), in a range the operator may set
+with ``COORDEX_TENANT_IDS=START-END`` (default :data:`DEFAULT_RANGE`; keep it apart from
+the machine's users and its ``/etc/subuid`` ranges). Two folders whose numbers collide
+would share a user; with a range of 2**24 ids and a hundred tenants the odds are about
+one in three thousand, and the server says so at start when it sees it
+(:func:`collisions`).
+
+The keeper (root, outside) hands the tenant's folders over to that user
+(:func:`hand_over`) and, at the ``namespaces+landlock`` level, writes the jail's
+identity map (:func:`map_writer`); the warden then takes the user itself before it
+forks anything (:func:`become`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterable, Sequence
+
+DEFAULT_RANGE = (1_500_000_000, 1_500_000_000 + (1 << 24))
+
+
+def id_range(text: str | None = None) -> tuple[int, int]:
+    """The range ``COORDEX_TENANT_IDS`` names (``START-END``, END excluded), or the
+    default; raises ValueError on a malformed or unsafe range."""
+    text = os.environ.get("COORDEX_TENANT_IDS", "") if text is None else text
+    if not text.strip():
+        return DEFAULT_RANGE
+    start_text, _, end_text = text.partition("-")
+    try:
+        start, end = int(start_text), int(end_text)
+    except ValueError:
+        raise ValueError(f"COORDEX_TENANT_IDS must be START-END, got {text!r}") from None
+    if not 1000 <= start < end <= 4_294_967_294:
+        raise ValueError(f"COORDEX_TENANT_IDS {text!r}: ids must lie in 1000..4294967294, "
+                         "START below END")
+    return start, end
+
+
+def tenant_user(folder: str, name: str, *, ids: tuple[int, int] | None = None,
+                euid: int | None = None) -> tuple[int, int, str] | None:
+    """(uid, gid, name) for the host of ``folder`` where this process is root, else None."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return None
+    start, end = ids or id_range()
+    digest = hashlib.sha256(os.path.realpath(folder).encode("utf-8", "surrogateescape"))
+    number = start + int.from_bytes(digest.digest()[:8], "big") % (end - start)
+    return number, number, _user_name(name)
+
+
+def _user_name(name: str) -> str:
+    clean = "".join(c if c.isalnum() or c in "-_" else "_" for c in name.lower())[:24]
+    return clean if clean and clean[0].isalpha() else f"t_{clean}"[:24]
+
+
+def collisions(folders: Iterable[str], ids: tuple[int, int] | None = None) -> list[tuple[str, str]]:
+    """Pairs of folders whose hosts would run as the same user."""
+    seen: dict[int, str] = {}
+    pairs = []
+    for folder in folders:
+        user = tenant_user(folder, "x", ids=ids, euid=0)
+        assert user is not None
+        if user[0] in seen:
+            pairs.append((seen[user[0]], folder))
+        seen.setdefault(user[0], folder)
+    return pairs
+
+
+def hand_over(paths: Sequence[str], uid: int, gid: int) -> None:
+    """Make ``paths`` (and all they hold) the tenant's, where they are not yet: a folder
+    a root server made, or one kept from before tenants had users of their own. Its
+    top folder is made the user's alone (0700), so no other tenant reaches it even by
+    name (the ``landlock`` level)."""
+    for top in paths:
+        try:
+            st = os.lstat(top)
+        except OSError:
+            continue
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            for folder, dirs, files in os.walk(top):
+                for name in (*dirs, *files):
+                    os.lchown(os.path.join(folder, name), uid, gid)
+            os.chown(top, uid, gid)
+        os.chmod(top, stat.S_IMODE(os.stat(top).st_mode) & ~0o077 | 0o700)
+
+
+def reachable(path: str, uid: int, gid: int) -> bool:
+    """True when ``uid`` may walk to ``path`` (every folder above it searchable)."""
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return False
+        mode = st.st_mode
+        if not (mode & 0o001 or (st.st_uid == uid and mode & 0o100)
+                or (st.st_gid == gid and mode & 0o010)):
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
+
+
+def map_writer(pid: int, uid: int, gid: int) -> Callable[[], None]:
+    """What the keeper (root, outside) writes for the warden ``pid`` once it has made
+    its user namespace: the tenant's user and group map to themselves, nothing else
+    (the warden's own root then has no name inside and no file of root's is its own)."""
+
+    def write() -> None:
+        for file, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/{pid}/{file}", "w") as f:
+                f.write(text)
+
+    return write
+
+
+def become(uid: int, gid: int) -> None:
+    """Take the tenant's user and group for good (real, effective and saved ids)."""
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+__all__ = ["DEFAULT_RANGE", "become", "collisions", "hand_over", "id_range", "map_writer",
+           "reachable", "tenant_user"]
