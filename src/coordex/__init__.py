@@ -3,6 +3,21 @@
 from typing import TYPE_CHECKING, Any
 
 from .core.errors import CoordexError
+from .core.shapes import (
+    CloseResult,
+    EnvironmentBuilt,
+    EnvironmentCreated,
+    EnvironmentList,
+    HistoryResult,
+    InspectResult,
+    Language,
+    RebuildResult,
+    RunResult,
+    SessionsResult,
+    StateMode,
+    ToolFormat,
+    UIResult,
+)
 from .executor import Executor
 from .library.errors import CallError
 
@@ -10,7 +25,12 @@ if TYPE_CHECKING:
     from .aio import AsyncExecutor
     from .backends.confined import ConfinedExecutor
 
-__all__ = ["AsyncExecutor", "CallError", "ConfinedExecutor", "CoordexError", "Executor"]
+__all__ = [
+    "AsyncExecutor", "CallError", "CloseResult", "ConfinedExecutor", "CoordexError",
+    "EnvironmentBuilt", "EnvironmentCreated", "EnvironmentList", "Executor", "HistoryResult",
+    "InspectResult", "Language", "RebuildResult", "RunResult", "SessionsResult", "StateMode",
+    "ToolFormat", "UIResult",
+]
 __version__ = "0.1.0"
 
 

@@ -13,6 +13,20 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .core.shapes import (
+    CloseResult,
+    EnvironmentBuilt,
+    EnvironmentCreated,
+    EnvironmentList,
+    HistoryResult,
+    InspectResult,
+    Language,
+    RebuildResult,
+    RunResult,
+    SessionsResult,
+    StateMode,
+    UIResult,
+)
 from .executor import Executor
 
 
@@ -35,10 +49,17 @@ class AsyncExecutor:
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)
 
-    async def execute_code(self, code: str, **kwargs: Any) -> dict[str, Any]:
+    async def execute_code(self, code: str, language: Language = "python",
+                           state_mode: StateMode = "stateless", session_id: int | None = None,
+                           session_name: str | None = None, venv_id: int | None = None,
+                           timeout: float | None = None,
+                           on_output: Callable[[str, str], None] | None = None, *,
+                           on_progress: Callable[[str], None] | None = None) -> RunResult:
         """``Executor.execute_code``; cancelling the task interrupts the code."""
-        cancel = kwargs.setdefault("cancel", threading.Event())
-        task = asyncio.ensure_future(asyncio.to_thread(self.sync.execute_code, code, **kwargs))
+        cancel = threading.Event()
+        task = asyncio.ensure_future(asyncio.to_thread(
+            self.sync.execute_code, code, language, state_mode, session_id, session_name,
+            venv_id, timeout, on_output, on_progress=on_progress, cancel=cancel))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -47,32 +68,44 @@ class AsyncExecutor:
             await asyncio.wait([task])
             raise
 
-    async def list_sessions(self) -> dict[str, Any]:
+    async def list_sessions(self) -> SessionsResult:
         return await asyncio.to_thread(self.sync.list_sessions)
 
-    async def inspect_session(self, **kwargs: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(self.sync.inspect_session, **kwargs)
+    async def inspect_session(self, language: Language = "python", session_id: int | None = None,
+                              session_name: str | None = None,
+                              venv_id: int | None = None) -> InspectResult:
+        return await asyncio.to_thread(self.sync.inspect_session, language, session_id,
+                                       session_name, venv_id)
 
-    async def close_session(self, **kwargs: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(self.sync.close_session, **kwargs)
+    async def close_session(self, language: Language = "python", session_id: int | None = None,
+                            session_name: str | None = None,
+                            venv_id: int | None = None) -> CloseResult:
+        return await asyncio.to_thread(self.sync.close_session, language, session_id,
+                                       session_name, venv_id)
 
-    async def history(self, **kwargs: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(self.sync.history, **kwargs)
+    async def history(self, language: Language | None = None, session_id: int | None = None,
+                      session_name: str | None = None, venv_id: int | None = None,
+                      limit: int = 50, seq: int | None = None) -> HistoryResult:
+        return await asyncio.to_thread(self.sync.history, language, session_id, session_name,
+                                       venv_id, limit, seq)
 
-    async def rebuild_session(self, **kwargs: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(self.sync.rebuild_session, **kwargs)
+    async def rebuild_session(self, language: Language = "python", session_id: int | None = None,
+                              session_name: str | None = None,
+                              venv_id: int | None = None) -> RebuildResult:
+        return await asyncio.to_thread(self.sync.rebuild_session, language, session_id,
+                                       session_name, venv_id)
 
-    async def serve_ui(self, port: int = 0) -> dict[str, Any]:
+    async def serve_ui(self, port: int = 0) -> UIResult:
         return await asyncio.to_thread(self.sync.serve_ui, port)
 
-    async def create_environment(self, spec: str, name: str | None = None) -> dict[str, Any]:
+    async def create_environment(self, spec: str, name: str | None = None) -> EnvironmentCreated:
         return await asyncio.to_thread(self.sync.environments.create, spec, name)
 
-    async def build_environment(self, venv_id: int,
-                                on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    async def build_environment(self, venv_id: int, on_progress: Callable[[str], None] | None = None,
+                                ) -> EnvironmentBuilt:
         return await asyncio.to_thread(self.sync.environments.build, venv_id, on_progress)
 
-    async def list_environments(self) -> dict[str, Any]:
+    async def list_environments(self) -> EnvironmentList:
         return await asyncio.to_thread(self.sync.environments.list)
 
     async def call_tool(self, name: str,

@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from . import sessions
 from .backends._reap import keeper as _process_keeper
@@ -37,12 +37,31 @@ from .core import messages
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
+from .core.shapes import (
+    CloseResult,
+    EnvironmentBuilt,
+    EnvironmentCreated,
+    EnvironmentList,
+    HistoryResult,
+    InspectResult,
+    Language,
+    RebuildResult,
+    RunResult,
+    SessionsResult,
+    StateMode,
+    ToolFormat,
+    UIResult,
+)
 from .log import LOG_FILE, CallLog
 from .log.calls import log_off_error, note_changes, record_call
 from .log.running import RunningCalls, where
 from .sessions import SessionTable
 
+if TYPE_CHECKING:
+    from .library.functions import FunctionLibrary
+
 PlaceKey = tuple[str, int | None]
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def default_root() -> Path:
@@ -169,12 +188,13 @@ class Executor:
 
     # ------------------------------------------------------------------ execute_code
 
-    def execute_code(self, code: str, language: str = "python", state_mode: str = "stateless",
+    def execute_code(self, code: str, language: Language = "python",
+                     state_mode: StateMode = "stateless",
                      session_id: int | None = None, session_name: str | None = None,
                      venv_id: int | None = None, timeout: float | None = None,
                      on_output: OutputCallback | None = None, *,
                      on_progress: Callable[[str], None] | None = None,
-                     cancel: threading.Event | None = None) -> dict[str, Any]:
+                     cancel: threading.Event | None = None) -> RunResult:
         """Run ``code`` at one coordinate and return the SPEC result or error dict.
 
         Args:
@@ -194,9 +214,9 @@ class Executor:
                 is then interrupted as on a timeout, in every place (state kept; killed
                 only if it ignores the interrupt past the grace period).
         """
-        return self._execute(code, language, state_mode, session_id, session_name, venv_id,
-                             timeout, on_output, on_progress, cancel, self.output_limit,
-                             nested=False)
+        return cast(RunResult, self._execute(
+            code, language, state_mode, session_id, session_name, venv_id, timeout, on_output,
+            on_progress, cancel, self.output_limit, nested=False))
 
     def _execute(self, code: Any, language: Any, state_mode: Any, session_id: Any,
                  session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
@@ -427,12 +447,12 @@ class Executor:
 
     # ------------------------------------------------------------------ sessions API
 
-    def list_sessions(self) -> dict[str, Any]:
+    def list_sessions(self) -> SessionsResult:
         """All open sessions with their provenance, and the cap (none once closed)."""
         records: list[dict[str, Any]] = []
         max_sessions = self._table.registry.max_sessions
         if self._table.closed:
-            return {"sessions": records, "max_sessions": max_sessions}
+            return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
         for entry, session in self._table.entries():
             record = entry.record()
             if session is not None:
@@ -442,11 +462,11 @@ class Executor:
                 if node:  # placed on a cluster node
                     record["node"] = node
             records.append(record)
-        return {"sessions": records, "max_sessions": max_sessions}
+        return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
 
-    def inspect_session(self, language: str = "python", session_id: int | None = None,
+    def inspect_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
-                        venv_id: int | None = None) -> dict[str, Any]:
+                        venv_id: int | None = None) -> InspectResult:
         """What a session holds. Without a session: session 0 of that place.
 
         Python: ``{"names": [{"name","type","repr","bound_at_call","calls_ago"}], ...}``
@@ -458,29 +478,29 @@ class Executor:
                                                  session_name, venv_id)
             with self._table.reading(coordinate, self.timeout, None) as (key, slot):
                 if slot is None or slot.session is None:
-                    return _busy_outcome()["error"]
+                    return cast(InspectResult, _busy_outcome()["error"])
                 report = dict(slot.session.inspect())
             failure = report.get("error")
             if isinstance(failure, dict) and "error_type" in failure:
                 # One failure shape in every place: the error dict itself.
                 failure = dict(failure)
                 failure["session"] = self._table.record(key)
-                return failure
+                return cast(InspectResult, failure)
             if "error_type" in report:
-                return report
+                return cast(InspectResult, report)
             if key.language == "python":
                 for item in report.get("names", []):
                     bound, ago = self._table.provenance(key, item["name"])
                     item["bound_at_call"], item["calls_ago"] = bound, ago
                 report.setdefault("capabilities", sorted(self._capabilities))
             report["session"] = self._table.record(key)
-            return report
+            return cast(InspectResult, report)
         except CoordexError as exc:
-            return exc.to_dict()
+            return cast(InspectResult, exc.to_dict())
 
-    def close_session(self, language: str = "python", session_id: int | None = None,
+    def close_session(self, language: Language = "python", session_id: int | None = None,
                       session_name: str | None = None,
-                      venv_id: int | None = None) -> dict[str, Any]:
+                      venv_id: int | None = None) -> CloseResult:
         """Close one session and end its process. Needs a session; never session 0 of
         the own interpreter's Python (the plan namespace)."""
         try:
@@ -497,9 +517,9 @@ class Executor:
                 session.close()
             if self._call_log is not None:
                 self._call_log.event("close", record)
-            return {"closed": True, "session": record}
+            return cast(CloseResult, {"closed": True, "session": record})
         except CoordexError as exc:
-            return exc.to_dict()
+            return cast(CloseResult, exc.to_dict())
 
     # ------------------------------------------------------------------ the call log
 
@@ -514,9 +534,9 @@ class Executor:
         where state was lost (the wording: ``coordex.core.messages.rebuild_hint``)."""
         return record_call(self._call_log, result, code, coordinate)
 
-    def history(self, language: str | None = None, session_id: int | None = None,
+    def history(self, language: Language | None = None, session_id: int | None = None,
                 session_name: str | None = None, venv_id: int | None = None,
-                limit: int = 50, seq: int | None = None) -> dict[str, Any]:
+                limit: int = 50, seq: int | None = None) -> HistoryResult:
         """The newest ``limit`` calls in the log under ``root``, newest last (SPEC 11).
 
         Each record: ``seq, at, language, venv_id, session_id, session_name, state_mode,
@@ -531,14 +551,14 @@ class Executor:
         try:
             if self._call_log is None:
                 raise log_off_error("history")
-            return history(self._call_log, language, session_id, session_name, venv_id, limit,
-                           seq)
+            return cast(HistoryResult, history(self._call_log, language, session_id, session_name,
+                                               venv_id, limit, seq))
         except CoordexError as exc:
-            return exc.to_dict()
+            return cast(HistoryResult, exc.to_dict())
 
-    def rebuild_session(self, language: str = "python", session_id: int | None = None,
+    def rebuild_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
-                        venv_id: int | None = None) -> dict[str, Any]:
+                        venv_id: int | None = None) -> RebuildResult:
         """Bring back a session whose state was lost (or that was closed) from the log.
 
         Replays into a fresh session, in order, the stateful calls that succeeded and
@@ -559,12 +579,12 @@ class Executor:
             self._check_open()
             if self._call_log is None:
                 raise log_off_error("rebuild_session")
-            return rebuild_session(self, self._call_log, language, session_id, session_name,
-                                   venv_id)
+            return cast(RebuildResult, rebuild_session(self, self._call_log, language, session_id,
+                                                       session_name, venv_id))
         except CoordexError as exc:
-            return exc.to_dict()
+            return cast(RebuildResult, exc.to_dict())
 
-    def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
+    def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).
 
         Returns ``{"url": ...}``: open it in a browser; it carries the token once, the
@@ -578,11 +598,17 @@ class Executor:
             with self._lock:
                 if self._ui is None:
                     self._ui = start_ui(self, host, port)
-                return {"url": self._ui.url}
+                return cast(UIResult, {"url": self._ui.url})
         except CoordexError as exc:
-            return exc.to_dict()
+            return cast(UIResult, exc.to_dict())
 
     # ------------------------------------------------------------------ capabilities
+
+    @overload
+    def capability(self, fn: _F, *, name: str | None = None) -> _F: ...
+
+    @overload
+    def capability(self, fn: None = None, *, name: str | None = None) -> Callable[[_F], _F]: ...
 
     def capability(self, fn: Callable[..., Any] | None = None, *,
                    name: str | None = None) -> Any:
@@ -641,18 +667,20 @@ class Executor:
                 venv_id, [(e["venv_id"], e.get("name")) for e in listed])
 
     @property
-    def functions(self) -> Any:
+    def functions(self) -> FunctionLibrary:
         """The stored-function library (SPEC section 5)."""
         with self._lock:
             if self._functions is None:
                 from .library.functions import FunctionLibrary
 
                 self._functions = FunctionLibrary(self)
-            return self._functions
+            library: FunctionLibrary = self._functions
+            return library
 
     # ------------------------------------------------------------------ tool schemas
 
-    def tool_definitions(self, format: str = "openai", strict: bool = False) -> Any:
+    def tool_definitions(self, format: ToolFormat = "openai",
+                         strict: bool = False) -> list[dict[str, Any]]:
         """Tool definitions for ``"openai"``, ``"openai-responses"``, ``"anthropic"`` or ``"mcp"``.
 
         ``strict=True`` gives schemas OpenAI's strict mode accepts (every property
@@ -661,7 +689,10 @@ class Executor:
         """
         from .tools import tool_definitions
 
-        return tool_definitions(format, strict=strict, default_timeout=self.timeout)
+        # A bad format or strict comes back as the validation error dict, as SPEC 2 has
+        # every method do; the type says what a well-typed call gets.
+        return cast(list[dict[str, Any]],
+                    tool_definitions(format, strict=strict, default_timeout=self.timeout))
 
     def call_tool(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
         """Route one tool call exactly as a model produced it; never raises.
@@ -734,14 +765,14 @@ class Environments:
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
 
-    def create(self, spec: str, name: str | None = None) -> dict[str, Any]:
-        return self._guard(lambda m: m.create(spec, name))
+    def create(self, spec: str, name: str | None = None) -> EnvironmentCreated:
+        return cast(EnvironmentCreated, self._guard(lambda m: m.create(spec, name)))
 
-    def list(self) -> dict[str, Any]:
-        return self._guard(lambda m: m.list())
+    def list(self) -> EnvironmentList:
+        return cast(EnvironmentList, self._guard(lambda m: m.list()))
 
-    def build(self, venv_id: int, on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-        return self._guard(lambda m: m.build(venv_id, on_progress=on_progress))
+    def build(self, venv_id: int, on_progress: Callable[[str], None] | None = None) -> EnvironmentBuilt:
+        return cast(EnvironmentBuilt, self._guard(lambda m: m.build(venv_id, on_progress=on_progress)))
 
     def remove_unused(self) -> dict[str, Any]:
         """Delete built environment folders that no stored environment refers to."""

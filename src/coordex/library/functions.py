@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from ..core import coordinates as coords
 from ..core.errors import CoordexError, nearest, quoted_list
@@ -370,6 +370,18 @@ class FunctionLibrary:
                 self._store_obj.close()
 
     # -- defining -----------------------------------------------------------------------
+
+    @overload
+    def define(self, fn: Callable[..., Any], *, env: str | None = None,
+               name: str | None = None) -> StoredFunction: ...
+
+    @overload
+    def define(self, fn: None = None, *, env: str | None = None, source: str,
+               name: str | None = None) -> StoredFunction: ...
+
+    @overload
+    def define(self, fn: None = None, *, env: str | None = None, source: None = None,
+               name: str | None = None) -> Callable[[Callable[..., Any]], StoredFunction]: ...
 
     def define(self, fn: Callable[..., Any] | None = None, *, env: str | None = None,
                source: str | None = None, name: str | None = None) -> Any:
