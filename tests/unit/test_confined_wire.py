@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,21 +77,82 @@ def test_memory_sizes(text: str, size: int) -> None:
 
 def test_landlock_cannot_hide_what_lies_under_an_allowed_folder() -> None:
     assert landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/srv/secret",)))
-    assert not landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/etc/coordex-tokens",)))
+    # /etc is not allowed whole any more: a tokens file there stays out of reach.
+    assert landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/etc/coordex-tokens",)))
+    assert not landlock_covers(JailSpec(folder="/srv/t/a", hidden=("/usr/share/coordex",)))
 
 
-def test_python_or_coordex_in_tmp_is_carried_into_the_private_tmp(tmp_path: Path) -> None:
-    # A checkout or a virtual environment in /tmp would vanish under the jail's private
-    # /tmp (the host then fails to import): such readable folders are bound back,
-    # read-only; never the tenant's own, nor anything holding or inside a hidden path.
-    from coordex.backends.confined.jail import _carried
+def test_the_view_holds_the_allow_list_and_never_a_hidden_path(tmp_path: Path) -> None:
+    from coordex.backends.confined.view import plan
 
-    if not str(tmp_path.resolve()).startswith("/tmp/"):
-        pytest.skip("the temporary folder is not in /tmp here")
-    for sub in ("venv/lib", "tenant/pkg", "secret/pkg", "other"):
+    for sub in ("venv/lib", "tenant/pkg", "root/tenants/a", "other", "data"):
         (tmp_path / sub).mkdir(parents=True)
-    spec = JailSpec(folder=str(tmp_path / "tenant"), hidden=(str(tmp_path / "secret"),),
-                    readable=(str(tmp_path / "venv"), str(tmp_path / "venv" / "lib"),
-                              str(tmp_path / "tenant" / "pkg"), str(tmp_path / "secret" / "pkg"),
-                              "/usr", str(tmp_path / "missing")))
-    assert _carried(spec) == [str((tmp_path / "venv").resolve())]
+    (tmp_path / "venv" / "python").symlink_to("/usr/bin/env")
+    (tmp_path / "link").symlink_to("data")
+    view = plan(readable=[str(tmp_path / "venv"), str(tmp_path / "venv" / "lib"),
+                          str(tmp_path / "root"), str(tmp_path / "link"),
+                          str(tmp_path / "missing")],
+                writable=[str(tmp_path / "root" / "tenants" / "a")],
+                hidden=[str(tmp_path / "root")])
+    real = str(tmp_path.resolve())
+    bound = {b.path: b.writable for b in view.binds}
+    assert bound[real + "/venv"] is False and real + "/venv/lib" not in bound  # seen through
+    assert real + "/data" in bound and (real + "/link", "data") in view.links
+    # The server's root is never bound, nor anything in it (the tenant's folder of a
+    # server lies there: it is the caller's to bind it apart, from a handle).
+    assert not any(p.startswith(real + "/root") for p in bound)
+    assert real + "/other" not in bound and real + "/missing" not in bound
+    assert bound["/usr"] is False and "/etc/shadow" not in bound and "/root" not in bound
+    assert all(not p.startswith("/etc/") or p[5:].split("/")[0] in {
+        n.split("/")[0] for n in ETC} or p.startswith("/etc/alternatives") for p in bound)
+
+
+ETC = ("nsswitch.conf", "hosts", "host.conf", "resolv.conf", "gai.conf", "services", "protocols",
+       "ssl", "ca-certificates", "ca-certificates.conf", "pki", "localtime", "timezone",
+       "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "os-release", "mime.types",
+       "bash.bashrc", "profile", "inputrc", "gitconfig", "environment", "locale.alias",
+       "locale.gen")
+
+
+def test_the_seccomp_filter_keeps_a_process_to_itself() -> None:
+    import resource
+    import subprocess
+
+    from coordex.backends.confined.jail import keep_to_own_processes
+    from coordex.backends.isolation import _PR_SET_NO_NEW_PRIVS, _libc
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the forked child reports through the pipe
+            code = 70
+            try:
+                _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+                keep_to_own_processes()
+                found = []
+                for call in (lambda: os.setpriority(os.PRIO_PROCESS, other.pid, 5),
+                             lambda: resource.prlimit(other.pid, resource.RLIMIT_CORE, (0, 0)),
+                             lambda: os.sched_setaffinity(other.pid, {0}),
+                             lambda: os.setpriority(os.PRIO_USER, 0, 5)):
+                    try:
+                        call()
+                        found.append("done")
+                    except OSError as exc:
+                        found.append(exc.errno)
+                os.nice(1)
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                os.sched_setaffinity(0, os.sched_getaffinity(0))
+                os.write(write, repr(found).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        answer = os.read(read, 200).decode()
+        os.close(read)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and answer == "[1, 1, 1, 1]", answer
+        assert os.getpriority(os.PRIO_PROCESS, other.pid) == 0
+    finally:
+        other.kill()
+        other.wait()

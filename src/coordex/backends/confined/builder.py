@@ -24,8 +24,10 @@ import contextlib
 import itertools
 import os
 import queue
+import re
 import socket
 import threading
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -116,12 +118,37 @@ def _refusal(why: str) -> dict[str, Any]:
                       "check the machine's Landlock and namespace support.", log="")
 
 
+_FILE_URL = re.compile(r"file://(/[^\s\"',;\]#]+)")
+
+
+def outside_the_view(spec_text: str) -> list[str]:
+    """The paths of the spec's ``file://`` requirements that do not exist in the jail's
+    view (the builder sees what the host sees, read-only, beside its own folder)."""
+    paths = [urllib.parse.unquote(m.group(1)) for m in _FILE_URL.finditer(spec_text)]
+    return [p for p in dict.fromkeys(paths) if not os.path.exists(p)]
+
+
+def _outside(paths: list[str]) -> dict[str, Any]:
+    shown = ", ".join(repr(p) for p in paths[:3])
+    return make_error(
+        "environment", f"The spec names {shown} by file://, which is outside this jail: a "
+        "confined host sees its own folder, the system's program folders and the folders "
+        "the operator names with --readable, nothing else of the machine.",
+        "Copy the file into your own folder and name it there (file:///<your folder>/...), "
+        "or ask the operator to start coordex with --readable DIR for the folder that holds "
+        "it.", log="")
+
+
 def _run(manager: Any, op: str, args: Any, progress: Any) -> Any:
     """One operation of the manager; whatever goes wrong comes back as an error dict."""
     if not isinstance(args, dict):
         args = {}
     venv_id = args.get("venv_id")
     try:
+        if op in ("create", "build_spec"):
+            missing = outside_the_view(str(args.get("spec") or args.get("spec_text") or ""))
+            if missing:
+                return _outside(missing)
         if op == "create":
             return manager.create(args.get("spec"), args.get("name"))
         if op == "list":

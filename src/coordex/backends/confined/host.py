@@ -320,6 +320,12 @@ def _exit_with(main: Callable[..., int], *args: Any) -> None:
     code = 70
     try:
         code = main(*args)
+    except BaseException:
+        import traceback
+
+        with contextlib.suppress(Exception):  # to the owner, who shows it as the reason
+            traceback.print_exc()
+            sys.stderr.flush()
     finally:
         os._exit(code)
 

@@ -81,10 +81,11 @@ _LL_READ = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
 _LL_IOCTL_DEV = 1 << 15  # ABI 5
 
 # Devices the code may write (terminals and sinks), as for read-only calls. At the
-# ``landlock`` level the machine's /dev/pts is shared by every tenant: there a host may
-# open /dev/ptmx (a new terminal, reached through its master) but no /dev/pts/N by name.
+# ``landlock`` level the machine's /dev/pts is shared by every tenant (and the kernel
+# checks a new terminal's other end against Landlock like a path): there a host gets no
+# pseudo-terminal at all, rather than a way into another tenant's.
 DEVICES = iso._DEVICES
-LANDLOCK_DEVICES = tuple(d for d in iso._DEVICES if d != "/dev/pts")
+LANDLOCK_DEVICES = tuple(d for d in iso._DEVICES if d not in ("/dev/pts", "/dev/ptmx"))
 
 
 @dataclass(frozen=True)
@@ -495,7 +496,8 @@ def restrict(level: Level, spec: JailSpec) -> None:
         rules += [(scratch, handled)] if scratch else []
         rules += [(p, read | ioctl) for p in landlock_reads(spec.readable)]
         rules += [(spec.environments, read | ioctl)] if spec.environments else []
-        rules += [(d, handled) for d in LANDLOCK_DEVICES]
+        # At their real paths (a rule follows no link: /dev/ptmx is often pts/ptmx).
+        rules += [(os.path.realpath(d), handled) for d in LANDLOCK_DEVICES]
     else:
         rules += [("/", read | ioctl), ("/tmp", handled), ("/dev/shm", handled)]
         rules += [(d, handled) for d in DEVICES]
@@ -513,7 +515,7 @@ def restrict(level: Level, spec: JailSpec) -> None:
                                 ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
-    keep_to_own_processes()
+    keep_to_own_processes(shared_ipc=level == "landlock")
     drop_capabilities()
 
 
@@ -530,16 +532,24 @@ _OTHERS_SYSCALLS: dict[str, tuple[int, dict[int, str]]] = {
     "riscv64": (0xC00000F3, {261: "pid", 140: "prio", 122: "pid", 118: "pid", 119: "pid",
                              274: "pid", 30: "ioprio"}),
 }
+# System V IPC and POSIX message queues, refused where the host has no IPC namespace of
+# its own (``landlock``): there every tenant would share the machine's.
+_IPC_SYSCALLS: dict[str, tuple[int, ...]] = {
+    "x86_64": (29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241),
+    "aarch64": (*range(180, 182), *range(186, 198)),
+    "riscv64": (*range(180, 182), *range(186, 198)),
+}
 _FILTERS: list[Any] = []  # the programs' buffers, kept alive for the process's life
 
 
-def keep_to_own_processes() -> None:
+def keep_to_own_processes(shared_ipc: bool = False) -> None:
     """A seccomp filter: ``prlimit``, ``setpriority``, ``sched_setaffinity``,
     ``sched_setparam``, ``sched_setscheduler``, ``sched_setattr`` and ``ioprio_set``
     work on the calling process alone (pid 0), and fail with EPERM on any other: a
     tenant's code can still lower its own priority or limits, never another's. Code of
     another ABI of the machine (32-bit, x32), whose numbers differ, gets ENOSYS for every
-    call: it does not run in a jail. Needs no_new_privs."""
+    call: it does not run in a jail. With ``shared_ipc`` (no IPC namespace of its own)
+    System V IPC and POSIX message queues fail with EPERM too. Needs no_new_privs."""
     table = _OTHERS_SYSCALLS.get(iso._MACHINE)
     if table is None:
         return
@@ -560,6 +570,8 @@ def keep_to_own_processes() -> None:
                      (ret, 0, 0, allow), (ret, 0, 0, eperm)]
         prog.append((jeq, 0, len(block), nr))
         prog += block  # every block ends in a return: the next test still holds the number
+    for nr in _IPC_SYSCALLS.get(iso._MACHINE, ()) if shared_ipc else ():
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
     prog.append((ret, 0, 0, allow))
     raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))

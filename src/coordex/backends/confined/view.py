@@ -113,7 +113,7 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
     links: list[tuple[str, str]] = []
     wanted: dict[str, bool] = {}
 
-    def add(path: str, write: bool) -> None:
+    def add(path: str, write: bool, own: bool = False) -> None:
         if not path or not os.path.lexists(path):
             return
         found: list[tuple[str, str]] = []
@@ -121,8 +121,11 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
             real = resolve(os.path.abspath(path), found)
         except OSError:
             return
-        if not os.path.exists(real) or any(_within(h, real) or _within(real, h)
-                                           for h in real_hidden):
+        if not os.path.exists(real):
+            return
+        # The tenant's own folders may lie in a hidden one (a server's root holds them);
+        # nothing else may be or hold or lie in one.
+        if any(_within(h, real) or (_within(real, h) and not own) for h in real_hidden):
             return
         links.extend(found)
         wanted[real] = wanted.get(real, False) or write
@@ -134,9 +137,9 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
     for path in readable:
         add(path, False)
     for path in writable:
-        add(path, True)
+        add(path, True, own=True)
     if environments:
-        add(environments, False)
+        add(environments, False, own=True)
     binds: list[Bind] = []
     for path in sorted(wanted, key=lambda p: (p.count("/"), p)):
         # Beneath a folder already bound with the same rights: seen through it.
@@ -163,10 +166,7 @@ def landlock_reads(readable: Iterable[str]) -> list[str]:
         links: list[tuple[str, str]] = []
         with contextlib.suppress(OSError):
             if os.path.lexists(path):
-                paths.append(resolve(path, links))
-                # The links themselves are read to be followed (``/bin``, ``/etc/localtime``).
-                paths += [os.path.dirname(link) or "/" for link, _ in links
-                          if os.path.dirname(link) in ("/", "/etc")]
+                paths.append(resolve(path, links))  # Landlock does not stop a walk
     return sorted(set(paths) - {"/"})
 
 
