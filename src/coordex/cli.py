@@ -518,6 +518,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(home=args.home, keep=args.keep)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .eval.command import run
+
+    return run(args)
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"coordex {__version__}")
     return EXIT_OK
@@ -646,6 +652,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = fn_sub.add_parser("show", parents=[common], help="show one stored function")
     p.add_argument("name", help="the function's name")
     p.set_defaults(func=cmd_functions_show)
+
+    p = sub.add_parser("eval", help="measure how coordinates are chosen over long tasks",
+                       description="Run the task suite under a policy (SPEC 13) and write "
+                       "report.json, report.md and report.png into --out; prints the table.")
+    p.add_argument("--policy", choices=("fresh", "kept", "reference", "model"),
+                   default="reference",
+                   help="fresh: every call stateless; kept: every call stateful in one session; "
+                   "reference: coordinates chosen by hand per step; model: an OpenAI-compatible "
+                   "endpoint chooses (default reference)")
+    p.add_argument("--tasks", metavar="NAME,...", help="only these tasks (see --list)")
+    p.add_argument("--out", metavar="DIR", default="coordex-eval",
+                   help="where the reports go (default ./coordex-eval); runs of other policies "
+                   "kept there are compared")
+    p.add_argument("--scale", type=_positive_float, default=1.0, metavar="X",
+                   help="data size: 1 the default run, 0.02 a quick one")
+    p.add_argument("--list", action="store_true", help="name the tasks, one a line")
+    p.add_argument("--base-url", metavar="URL",
+                   help="model: the endpoint's base URL, before /chat/completions")
+    p.add_argument("--model", metavar="NAME", help="model: the model's name")
+    p.add_argument("--max-turns", type=_positive_int, default=40, metavar="N",
+                   help="model: requests per task before it fails (default 40)")
+    p.add_argument("--request-timeout", type=_positive_float, default=300.0, metavar="SECONDS",
+                   help="model: seconds per request (default 300); the key is read from "
+                   "OPENAI_API_KEY")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
