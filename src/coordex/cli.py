@@ -160,14 +160,27 @@ LEAVE_GRACE = 1.0
 # --- mcp -----------------------------------------------------------------------------------
 
 
-def cmd_mcp(args: argparse.Namespace) -> int:
-    import anyio
+def _load_mcp_sdk(failed: list[BaseException]) -> None:
+    try:
+        import coordex.mcp_server  # noqa: F401 - loaded here, used by the main thread
+    except BaseException as exc:  # the main thread reports it
+        failed.append(exc)
 
-    from .mcp_server import claim_stdio, serve_stdio
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import threading
+
+    from .mcp_hello import claim_stdio, greet
 
     # First, before the executor starts a thread or child: nothing may reach fd 1 but us.
     wire = claim_stdio()
     _terminate_as_interrupt()
+    # The MCP SDK takes ~0.5 s to import: it loads while initialize is answered (SPEC 8).
+    failed: list[BaseException] = []
+    loading = threading.Thread(target=_load_mcp_sdk, args=(failed,), daemon=True,
+                               name="coordex-load-mcp")
+    loading.start()
+    greeting = greet(wire)
     try:
         if args.confine:
             from . import router
@@ -190,9 +203,17 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             ex.close()
             return EXIT_USAGE
         _say(f"the page with this server's sessions and call log: {page['url']}")
+    loading.join()
+    if failed:
+        ex.close()
+        raise failed[0]
+    import anyio
+
+    from .mcp_server import serve_stdio
+
     interrupted = False
     try:
-        anyio.run(serve_stdio, ex, wire)
+        anyio.run(serve_stdio, ex, wire, greeting)
     except KeyboardInterrupt:
         interrupted = True
     finally:

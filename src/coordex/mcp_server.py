@@ -36,7 +36,6 @@ import json
 import os
 import re
 import socket
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from . import __version__
+from .mcp_hello import INSTRUCTIONS, SERVER_NAME, Greeting, WireFds, claim_stdio
 from .tools import (
     MCP_DEFAULT_TIMEOUT,
     TOOL_NAMES,
@@ -67,14 +67,6 @@ from .tools import (
 PROGRESS_INTERVAL = 0.25
 PROGRESS_TAIL_CHARS = 1000
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-INSTRUCTIONS = (
-    "coordex runs Python or bash code for you. Use execute_code with state_mode='stateful' "
-    "and a session_name for work of several steps, 'stateless' for one-off checks and "
-    "'read_only' to look at a session without changing it. Keep functions you will reuse "
-    "with define_function and run them with call_function (the same three state modes). "
-    "Errors carry a 'suggestion': follow it."
-)
 
 
 # --- results ---------------------------------------------------------------------------
@@ -230,7 +222,7 @@ async def run_tool(
     return result
 
 
-def build_server(executor: Any, name: str = "coordex",
+def build_server(executor: Any, name: str = SERVER_NAME,
                  limiter: anyio.CapacityLimiter | None = None) -> Server[Any]:
     """A low-level MCP server exposing every coordex tool over ``executor``."""
 
@@ -270,37 +262,6 @@ def build_server(executor: Any, name: str = "coordex",
 # --- stdio -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class WireFds:
-    """The private descriptors that carry the stdio protocol after :func:`claim_stdio`."""
-
-    read_fd: int
-    write_fd: int
-
-
-def claim_stdio() -> WireFds:
-    """Move the protocol off fds 0/1 so nothing else can read or write it.
-
-    The wire is duplicated to private, close-on-exec descriptors (children never
-    inherit them); fd 1 then points at stderr and fd 0 at /dev/null, so stray writes to
-    fd 1 (``os.write(1, ...)``, a child's stdout) land on stderr and a stray read gets
-    end-of-file. Call it first thing, before any thread or child process starts.
-    """
-    sys.stdout.flush()
-    read_fd = os.dup(0)  # os.dup returns a non-inheritable descriptor
-    write_fd = os.dup(1)
-    null = os.open(os.devnull, os.O_RDONLY)
-    try:
-        os.dup2(null, 0)
-    finally:
-        os.close(null)
-    os.dup2(2, 1)
-    from .worker._coordex_copy import hold
-
-    hold(read_fd, write_fd)  # read-only copies of Python sessions close the wire
-    return WireFds(read_fd, write_fd)
-
-
 # An escaped backslash, a surrogate pair, or a lone surrogate, as JSON escapes.
 _JSON_SURROGATE = re.compile(
     r"\\\\|\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})|\\u(d[89a-f][0-9a-f]{2})", re.I)
@@ -332,18 +293,69 @@ class _EscapedLines(io.TextIOBase):
         return escape_json_surrogates(self._inner.readline(-1 if size is None else size))
 
 
-async def serve_stdio(executor: Any, wire: WireFds) -> None:
-    """Serve one MCP client over the claimed descriptors until it closes stdin."""
+class _ReadFirst(io.RawIOBase):
+    """A descriptor's bytes, after the ``first`` bytes someone already read from it.
+
+    Never closes the descriptor: the SDK's reader thread may still block on it at exit.
+    """
+
+    def __init__(self, fd: int, first: bytes) -> None:
+        super().__init__()
+        self._fd = fd
+        self._first = first
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._first:
+            n = min(len(buffer), len(self._first))
+            buffer[:n] = self._first[:n]
+            self._first = self._first[n:]
+            return n
+        data = os.read(self._fd, len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+class _Answered(io.TextIOBase):
+    """The wire as the SDK writes it, less its answer to the ``initialize`` that
+    :func:`coordex.mcp_hello.greet` answered already."""
+
+    def __init__(self, inner: io.TextIOWrapper, greeting: Greeting) -> None:
+        super().__init__()
+        self._inner = inner
+        self._greeting = greeting
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self._greeting.drops(text):
+            return len(text)
+        return self._inner.write(text)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+
+async def serve_stdio(executor: Any, wire: WireFds, greeting: Greeting | None = None) -> None:
+    """Serve one MCP client over the claimed descriptors until it closes stdin.
+
+    ``greeting``: what :func:`coordex.mcp_hello.greet` read and answered before the SDK
+    was loaded; the SDK reads it first and its second answer is dropped.
+    """
     server = build_server(executor)
-    # closefd=False: the SDK's reader thread may still block on the descriptor at exit.
-    reader = io.TextIOWrapper(
-        os.fdopen(wire.read_fd, "rb", closefd=False), encoding="utf-8", errors="replace"
-    )
+    greeting = greeting if greeting is not None else Greeting()
+    reader = io.TextIOWrapper(io.BufferedReader(_ReadFirst(wire.read_fd, greeting.read)),
+                              encoding="utf-8", errors="replace")
     writer = io.TextIOWrapper(
         os.fdopen(wire.write_fd, "wb", closefd=False), encoding="utf-8", write_through=True
     )
     lines = _EscapedLines(reader)
-    async with stdio_server(stdin=anyio.wrap_file(cast(Any, lines)), stdout=anyio.wrap_file(writer)) as (
+    answered = _Answered(writer, greeting)
+    async with stdio_server(stdin=anyio.wrap_file(cast(Any, lines)),
+                            stdout=anyio.wrap_file(cast(Any, answered))) as (
         read_stream,
         write_stream,
     ):

@@ -1,0 +1,96 @@
+"""``coordex mcp`` answers ``initialize`` before the MCP SDK is loaded (SPEC 8).
+
+Clients start the server often and wait for ``initialize``; importing the SDK takes
+about half a second, so :mod:`coordex.mcp_hello` answers the handshake while the SDK
+loads, with exactly the answer the SDK gives, and hands the request to the SDK after.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._procs import child_env
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def initialize(version: str, request_id: int | str = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "initialize",
+            "params": {"protocolVersion": version, "capabilities": {},
+                       "clientInfo": {"name": "test", "version": "1"}}}
+
+
+SDK_ONLY = ("import anyio, coordex\n"
+            "from coordex.mcp_server import claim_stdio, serve_stdio\n"
+            "wire = claim_stdio()\n"
+            "with coordex.Executor() as ex:\n"
+            "    anyio.run(serve_stdio, ex, wire)\n")
+
+
+def exchange(home: Path, messages: list[dict[str, Any]], answers: int, *,
+             sdk_only: bool = False) -> list[tuple[float, dict[str, Any]]]:
+    """Send ``messages`` at once; the first ``answers`` replies, each with its delay.
+    ``sdk_only``: a server that leaves the handshake to the SDK from the start."""
+    command = ["-c", SDK_ONLY] if sdk_only else ["-m", "coordex", "mcp"]
+    process = subprocess.Popen([sys.executable, *command], env=child_env(home),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    assert process.stdin is not None and process.stdout is not None
+    started = time.perf_counter()
+    try:
+        process.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
+        process.stdin.flush()
+        replies = []
+        for _ in range(answers):
+            line = process.stdout.readline()
+            replies.append((time.perf_counter() - started, json.loads(line)))
+        return replies
+    finally:
+        process.stdin.close()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+
+
+@pytest.mark.parametrize("version", ["2024-11-05", "2025-06-18", "2025-11-25", "1999-01-01"])
+def test_the_early_answer_is_the_sdks_answer_and_the_session_goes_on(tmp_path: Path,
+                                                                    version: str) -> None:
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+
+    from coordex.mcp_hello import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE, initialize_result
+
+    assert (HANDSHAKE_VERSIONS, LATEST_HANDSHAKE) == (HANDSHAKE_PROTOCOL_VERSIONS,
+                                                      LATEST_HANDSHAKE_VERSION)
+    session = [initialize(version, "init-7"),
+               {"jsonrpc": "2.0", "method": "notifications/initialized"},
+               {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}]
+    [(_, sdk_answer), _] = exchange(tmp_path / "sdk", session, answers=2, sdk_only=True)
+    [(_, answer), (_, listed)] = exchange(tmp_path / "early", session, answers=2)
+    assert answer == sdk_answer
+    assert answer["result"] == initialize_result(initialize(version)["params"])
+    # The SDK took the handshake over: the next request is served, the answer not repeated.
+    assert listed["id"] == 2 and "execute_code" in json.dumps(listed["result"])
+
+
+def test_initialize_is_answered_long_before_the_sdk_is_ready(tmp_path: Path) -> None:
+    [(answered, hello), (listed, tools)] = exchange(tmp_path, [
+        initialize("2025-06-18"), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}], answers=2)
+    assert hello["id"] == 1 and tools["id"] == 2
+    assert answered < 0.6 * listed, (answered, listed)
+
+
+def test_a_malformed_initialize_is_left_to_the_sdk(tmp_path: Path) -> None:
+    [(_, answer)] = exchange(tmp_path, [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                         "params": {"protocolVersion": 5}}], answers=1)
+    assert answer["id"] == 1 and "error" in answer
