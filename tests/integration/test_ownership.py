@@ -193,3 +193,41 @@ def test_a_copys_background_children_end_with_it(ex: Executor) -> None:
         assert _gone(pids) == []
     finally:
         _kill(pids)
+
+
+def _launchers() -> list[int]:
+    """Pids of the bash sessions' launcher servers among this process's children."""
+    from ..conftest import child_pids
+
+    found = []
+    for pid in child_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"launcher.py" in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_bash_copy_is_never_left_unprotected(ex: Executor, tmp_path: Path) -> None:
+    """Soak N3: when the launcher failed, the code ran in a plain subshell
+    (``files: "none"``) and its writes stayed on disk. A copy is made again instead."""
+    from coordex.backends import isolation
+
+    if isolation.best_mode() == "none":
+        pytest.skip("no protection on this machine")
+    work = tmp_path / "work"
+    work.mkdir()
+    assert "error" not in ex.execute_code(f"cd {work}", language="bash",
+                                          state_mode="stateful")
+    first = ex.execute_code("echo hi", language="bash", state_mode="read_only",
+                            session_id=0)
+    assert first["isolation"]["files"] != "none", first
+    for round_ in range(3):
+        for pid in _launchers():
+            os.kill(pid, signal.SIGKILL)
+        result = ex.execute_code(f"echo x > left{round_}", language="bash",
+                                 state_mode="read_only", session_id=0)
+        assert not (work / f"left{round_}").exists(), result
+        assert result["isolation"]["files"] != "none", result

@@ -251,7 +251,9 @@ class LauncherServer:
                 pass
             return True
 
-        return _reap.stop(self._proc, "launcher server", ask=hang_up)
+        step = _reap.stop(self._proc, "launcher server", ask=hang_up)
+        hang_up()  # a server found dead was never asked: its socket is closed here
+        return step
 
     def _take(self) -> tuple[bytes, int, int] | None:
         if len(self._buffer) < HEADER.size:
@@ -338,6 +340,10 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
                                      map_identity=isolation.identity_asker(*mapping)
                                      if mapping else None)
             report.write(mode)
+        if mode not in ("discarded", "refused"):
+            # Protection works on this machine (the host asked for it) but did not hold
+            # this once: the code must not run unprotected. The host makes another copy.
+            raise RuntimeError("protection did not hold in this copy")
         if request.get("uppers"):
             send_uppers(isolation, layers)
         else:

@@ -109,6 +109,8 @@ _STATELESS_STEPS = _reap.Steps(interrupt=False)
 # Starting bash and inspecting it are ours, not the user's: generous fixed limits.
 START_TIMEOUT = 15.0
 INSPECT_TIMEOUT = 15.0
+# Protected copies tried for one read-only call before it fails (never runs unprotected).
+COPY_ATTEMPTS = 3
 # Our pipe ends inside bash sit at fd >= 200: users `exec 3>file`, bash itself saves
 # fds at 10 and up, so the low numbers are theirs.
 PRIVATE_FD_FLOOR = 200
@@ -576,6 +578,7 @@ class _CopySlot:
     files: str = "none"
     launched: bool = False
     failure: str | None = None
+    unprotected: str | None = None  # why no copy could be protected (the code did not run)
     written: list[str] = field(default_factory=list)  # in protected folders (discarded)
     # With report_changes: what tells the names it rebound and deleted, or None.
     changed: Callable[[], tuple[list[str], list[str]]] | None = None
@@ -1265,7 +1268,14 @@ class ShellSession:
                 if self._standby is not None:
                     self._standby.discard(self._launcher)
                     self._standby = None
-            if copy is not None and copy.failure is not None:
+            if copy is not None and copy.unprotected is not None:
+                outcome["exit_code"] = None
+                outcome["error"] = make_error(
+                    "crashed", f"The read-only copy could not be protected "
+                    f"({copy.unprotected}); the code did not run.",
+                    "The session itself is unchanged: run the read-only call again.",
+                    state_lost=False)
+            elif copy is not None and copy.failure is not None:
                 outcome["exit_code"] = None
                 outcome["error"] = make_error(
                     "crashed", f"The read-only copy could not be watched to its end "
@@ -1297,59 +1307,87 @@ class ShellSession:
 
         It takes the waiting copy when that one still fits the session (else launches
         one now) and, once the call is over, launches the next one, which protects
-        itself while the session is idle. Where the server cannot be started (or died
-        before the code ran), the plain subshell runs the code (``files: "none"``).
+        itself while the session is idle. A copy that could not be protected this once
+        (the server died, or protection failed in the copy, which then does not run the
+        code) is made again, up to :data:`COPY_ATTEMPTS` times within the deadline;
+        then ``slot.unprotected`` says why and the code has not run. Protection is
+        never given up silently: no unprotected subshell runs the code here.
         """
         deadline = time.monotonic() + request.timeout
-        server = self._launcher_server()
+        reason = "the launcher server could not be started"
+        for _attempt in range(COPY_ATTEMPTS):
+            server = self._launcher_server()
+            if server is None:
+                break
+            try:
+                streams = self._run_protected(server, slot, request, deadline)
+            except launcher.LauncherError as exc:
+                reason = str(exc) or "the launcher server stopped answering"
+                self._launcher = None  # the next attempt starts a new one
+                server.close()
+                if self._standby is not None:
+                    self._standby.discard(None)
+                    self._standby = None
+                if time.monotonic() >= deadline:
+                    break
+                continue
+            if slot.files != "none" or not slot.launched or slot.failure is not None:
+                return streams
+            # Launched, but its protection did not hold: it exited without running the
+            # code (launcher.py). Another copy, another try.
+            reason = "protection did not hold in the copy"
+            if time.monotonic() >= deadline:
+                break
+        slot.files, slot.unprotected = "none", reason
+        return _Stream("stdout", request), _Stream("stderr", request), _Ending()
+
+    def _run_protected(self, server: launcher.LauncherServer, slot: _CopySlot,
+                       request: RunRequest, deadline: float,
+                       ) -> tuple[_Stream, _Stream, _Ending]:
+        """One protected copy on ``server`` (raises LauncherError if it failed)."""
         copy, self._standby = self._standby, None
         current = self._dumped == self._state_version
-        if copy is not None and (server is None or (copy.ready and not current)
+        if copy is not None and ((copy.ready and not current)
                                  or not copy.fits(self._shell, request.protect_paths,
                                                   request.report_changes)):
             copy.discard(server)
             copy = None
-        if server is not None:
-            try:
-                if self._ro_folder is None:
-                    self._ro_folder = _ProtectedCopy.make_folder()
-                if copy is None:
-                    copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder,
-                                          changes=request.report_changes)
-                    copy.launch(server, self._shell)
-                self._copy = copy
-                try:
-                    streams = copy.run(server, self._shell, request, deadline)
-                finally:
-                    self._copy = None
-                slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
-                    copy.files()
-                if slot.files == "discarded":  # as a Python copy lists only then
-                    slot.written = copy.written
-                if copy.changes and copy.launched:  # before the next copy empties its file
-                    slot.changed = copy.changed()
-                if copy.flags is not None:  # it dumped: the state file is current now
-                    self._dumped, self._dump_flags = self._state_version, copy.flags
-                copy.clear_scratch()
-                if not self._closed and self._shell.alive():
-                    ready = self._dumped == self._state_version and not self._dump_flags
-                    self._standby = _ProtectedCopy(self._bash, request.protect_paths,
-                                                   self._ro_folder, ready=ready,
-                                                   changes=request.report_changes)
-                    self._standby.launch(server, self._shell)
-                return streams
-            except launcher.LauncherError:
-                self._launcher = None  # the next call starts a new one
-                server.close()
-                self._standby = None
-                slot.files = "none"  # the code did not run; the subshell below is not protected
-        return self._shell.run(self.read_only_command(request.code, request.scratch), request)
+        if self._ro_folder is None:
+            self._ro_folder = _ProtectedCopy.make_folder()
+        if copy is None:
+            copy = _ProtectedCopy(self._bash, request.protect_paths, self._ro_folder,
+                                  changes=request.report_changes)
+            copy.launch(server, self._shell)
+        self._copy = copy
+        try:
+            streams = copy.run(server, self._shell, request, deadline)
+        finally:
+            self._copy = None
+        slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
+            copy.files()
+        if slot.files == "discarded":  # as a Python copy lists only then
+            slot.written = copy.written
+        if copy.changes and copy.launched:  # before the next copy empties its file
+            slot.changed = copy.changed()
+        if copy.flags is not None:  # it dumped: the state file is current now
+            self._dumped, self._dump_flags = self._state_version, copy.flags
+        copy.clear_scratch()
+        if not self._closed and self._shell.alive():
+            ready = self._dumped == self._state_version and not self._dump_flags
+            self._standby = _ProtectedCopy(self._bash, request.protect_paths,
+                                           self._ro_folder, ready=ready,
+                                           changes=request.report_changes)
+            self._standby.launch(server, self._shell)
+        return streams
 
     def _launcher_server(self) -> launcher.LauncherServer | None:
         """The session's launcher server, started on first use (None: cannot start)."""
         if self._launcher is not None and not self._launcher.alive():
             self._launcher.close()
             self._launcher = None
+            if self._standby is not None:  # the dead server's child: never started
+                self._standby.discard(None)
+                self._standby = None
         if self._launcher is None:
             try:
                 self._launcher = launcher.LauncherServer(self._env)
