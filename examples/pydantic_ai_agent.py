@@ -35,7 +35,7 @@ STEPS: list[tuple[str, dict[str, Any]]] = [
                       "session_name": "sales"}),
     ("execute_code", {"code": "echo $((120 + 80 + 45))", "language": "bash"}),
     ("inspect_session", {"session_name": "sales"}),
-    # A misspelt session: the error reaches the model as a retry carrying the suggestion.
+    # A misspelt session: the error dict reaches the model, suggestion included.
     ("execute_code", {"code": "rows[0]", "state_mode": "read_only", "session_name": "sale"}),
 ]
 
@@ -55,11 +55,23 @@ def scripted_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
     return ModelResponse(parts=[TextPart(json.dumps(done, default=str))])
 
 
-async def run(env: dict[str, str] | None = None) -> list[Any]:
-    """The four steps through a real ``coordex mcp``; the results the model saw."""
+def coordex_toolset(env: dict[str, str] | None = None) -> MCPToolset:
+    """coordex as the README's recipe has it.
+
+    ``tool_error_behavior="failed"``: an error result (a cell that raised, a wrong
+    coordinate) goes back to the model as the tool's result, error dict and suggestion
+    included. With the default ("retry") each error spends one of the tool's retries
+    (1 by default), so two failing cells in a row end the run with
+    ``UnexpectedModelBehavior`` - and failing cells are routine for a code tool.
+    """
     server = StdioTransport(command=sys.executable, args=["-m", "coordex", "mcp"],
                             env=env if env is not None else dict(os.environ))
-    agent = Agent(FunctionModel(scripted_model), toolsets=[MCPToolset(server)])
+    return MCPToolset(server, tool_error_behavior="failed")
+
+
+async def run(env: dict[str, str] | None = None) -> list[Any]:
+    """The four steps through a real ``coordex mcp``; the results the model saw."""
+    agent = Agent(FunctionModel(scripted_model), toolsets=[coordex_toolset(env)])
     async with agent:
         result = await agent.run("How are sales spread across regions?")
     return list(json.loads(result.output))
