@@ -448,6 +448,13 @@ def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None
 
 
 def cmd_env_list(args: argparse.Namespace) -> int:
+    from .environments.manager import DB_NAME
+
+    if not (base_root(args.home) / DB_NAME).exists():  # a listing creates nothing
+        print(json.dumps({"environments": []}, indent=2) if args.json else
+              "No environments yet. Create one with 'coordex env create SPEC', "
+              "environments.create(spec) or the create_environment tool.")
+        return EXIT_OK
     with open_executor(args) as ex:
         envs = ex.environments
         listing = envs.list()
@@ -457,8 +464,8 @@ def cmd_env_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(listing, indent=2))
     elif not listing.get("environments"):
-        print("No environments yet. Create one with execute_code(venv_id=...) after "
-              "environments.create(spec), or the create_environment tool.")
+        print("No environments yet. Create one with 'coordex env create SPEC', "
+              "environments.create(spec) or the create_environment tool.")
     else:
         _print_table(listing["environments"],
                      ("venv_id", "name", "built", "spec_hash", "last_used_at"))
@@ -470,11 +477,54 @@ def _print_build_line(stream: str, text: str) -> None:
     sys.stderr.flush()
 
 
+def cmd_env_create(args: argparse.Namespace) -> int:
+    spec = args.spec
+    if spec == "-":
+        spec = sys.stdin.read()
+    elif "\n" not in spec and Path(spec).is_file():  # a pyproject.toml, script or list
+        spec = Path(spec).read_text(encoding="utf-8")
+    with open_executor(args) as ex:
+        made = ex.environments.create(spec, args.name)
+    if _is_error(made):
+        _show_error(made)
+        return EXIT_FAILURE
+    print(json.dumps(made, indent=2))
+    return EXIT_OK
+
+
+def cmd_env_show(args: argparse.Namespace) -> int:
+    with open_executor(args) as ex:
+        shown = ex.environments.show(args.venv_id)
+    if _is_error(shown):
+        _show_error(dict(shown))
+        return EXIT_FAILURE
+    if args.json:
+        print(json.dumps(shown, indent=2))
+        return EXIT_OK
+    name = f" ({shown['name']!r})" if shown.get("name") else ""
+    print(f"venv_id {shown['venv_id']}{name}, built: {'yes' if shown['built'] else 'no'}")
+    if shown.get("path"):
+        print(f"path: {shown['path']}")
+    print("spec:")
+    print(_indent(shown["spec"].rstrip("\n")))
+    if shown["built"]:
+        print("packages:")
+        print(_indent("\n".join(f"{p['name']}=={p['version']}" for p in shown["packages"])
+                      or "(none)"))
+    else:
+        print("packages: not built yet (coordex env build ID, or the first call builds it)")
+    return EXIT_OK
+
+
 def cmd_env_build(args: argparse.Namespace) -> int:
     from .tools import build_environment
 
     with open_executor(args) as ex:
         envs = ex.environments
+        known = envs.show(args.venv_id)
+        if _is_error(known):
+            _show_error(dict(known))
+            return EXIT_FAILURE
         _say(f"building environment {args.venv_id} with uv ...")
         result = build_environment(envs, args.venv_id, _print_build_line)
     if _is_error(result):
@@ -653,11 +703,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the temporary data folder")
     p.set_defaults(func=cmd_demo)
 
-    env = sub.add_parser("env", help="list, build or clean dedicated environments")
+    env = sub.add_parser("env", help="create, list, show, build or clean dedicated environments")
     env_sub = env.add_subparsers(dest="env_command", metavar="ACTION", required=True)
+    p = env_sub.add_parser("create", parents=[common], help="register an environment spec",
+                           description="Register an environment spec (built on first use, or "
+                           "with 'coordex env build ID'); an equal spec keeps its venv_id.")
+    p.add_argument("spec", metavar="SPEC|FILE",
+                   help="a requirements line or list, or a file holding a pyproject.toml, a "
+                   "PEP 723 script or a requirements list ('-' reads stdin)")
+    p.add_argument("--name", help="a name for the environment")
+    p.set_defaults(func=cmd_env_create)
     p = env_sub.add_parser("list", parents=[common], help="list environments")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_env_list)
+    p = env_sub.add_parser("show", parents=[common],
+                           help="show an environment's spec and its packages and versions")
+    p.add_argument("venv_id", type=int, metavar="ID", help="venv_id from 'coordex env list'")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=cmd_env_show)
     p = env_sub.add_parser("build", parents=[common], help="build an environment now")
     p.add_argument("venv_id", type=int, metavar="ID", help="venv_id from 'coordex env list'")
     p.set_defaults(func=cmd_env_build)

@@ -42,6 +42,7 @@ from .core.shapes import (
     EnvironmentBuilt,
     EnvironmentCreated,
     EnvironmentList,
+    EnvironmentShown,
     HistoryResult,
     InspectResult,
     Language,
@@ -770,6 +771,10 @@ class Environments:
 
     def list(self) -> EnvironmentList:
         return cast(EnvironmentList, self._guard(lambda m: m.list()))
+
+    def show(self, venv_id: int) -> EnvironmentShown:
+        """One environment's spec, whether it is built, and its packages and versions."""
+        return cast(EnvironmentShown, self._guard(lambda m: m.show(venv_id)))
 
     def build(self, venv_id: int, on_progress: Callable[[str], None] | None = None) -> EnvironmentBuilt:
         return cast(EnvironmentBuilt, self._guard(lambda m: m.build(venv_id, on_progress=on_progress)))

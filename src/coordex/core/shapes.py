@@ -144,6 +144,7 @@ class RebuildResult(ErrorFields, total=False):
     failed_at: int | None
     session: SessionRecord
     calls: list[int]
+    skipped_failed: list[int]
     failure: dict[str, Any]
 
 
@@ -179,6 +180,26 @@ class EnvironmentList(ErrorFields, total=False):
     environments: list[EnvironmentInfo]
 
 
+class PackageInfo(TypedDict):
+    name: str
+    version: str
+
+
+class EnvironmentShown(ErrorFields, total=False):
+    """``environments.show``: the spec and, once built, the packages in it."""
+
+    venv_id: int
+    name: str | None
+    spec: str
+    requirements: list[str]
+    spec_hash: str
+    built: bool
+    path: str | None
+    packages: list[PackageInfo]
+    created_at: float
+    last_used_at: float | None
+
+
 class EnvironmentBuilt(ErrorFields, total=False):
     """``environments.build``: ``cached`` True when it was built already."""
 
@@ -192,7 +213,8 @@ class EnvironmentBuilt(ErrorFields, total=False):
 
 __all__ = [
     "CloseResult", "EnvironmentBuilt", "EnvironmentCreated", "EnvironmentInfo",
-    "EnvironmentList", "ErrorFields", "HistoryRecord", "HistoryResult", "Image", "InspectResult",
-    "Isolation", "Language", "NameInfo", "RebuildResult", "RunResult", "SessionInfo",
-    "SessionRecord", "SessionsResult", "StateMode", "ToolFormat", "UIResult",
+    "EnvironmentList", "EnvironmentShown", "ErrorFields", "HistoryRecord", "HistoryResult",
+    "Image", "InspectResult", "Isolation", "Language", "NameInfo", "PackageInfo",
+    "RebuildResult", "RunResult", "SessionInfo", "SessionRecord", "SessionsResult",
+    "StateMode", "ToolFormat", "UIResult",
 ]

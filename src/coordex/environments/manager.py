@@ -159,6 +159,38 @@ class EnvironmentManager:
             for r in self._store.all()
         ]}
 
+    def show(self, venv_id: int) -> dict[str, Any]:
+        """One environment: its spec, whether it is built, and the packages in it.
+
+        Returns:
+            ``{"venv_id", "name", "spec", "requirements", "spec_hash", "built", "path",
+            "packages": [{"name", "version"}...], "created_at", "last_used_at"}``
+            (``packages`` from the installed distributions' metadata, empty until built), or a
+            ``validation``/``not_found`` error dict.
+        """
+        if self._remote is not None:
+            return dict(self._remote.call("show", {"venv_id": venv_id}))
+        try:
+            if not _is_id(venv_id):
+                raise CoordexError(
+                    "validation", f"venv_id must be an integer from 0 to {MAX_VENV_ID}, got "
+                    f"{venv_id!r}"[:200] + ".", "Use a venv_id that environments.list() shows.")
+            record = self._store.get(venv_id)
+            if record is None:
+                raise self._not_found(venv_id)
+            spec = parse_spec(record.spec_text)
+        except CoordexError as exc:
+            return exc.to_dict()
+        built = self._builder.is_built(record.spec_hash)
+        return {
+            "venv_id": record.venv_id, "name": record.name, "spec": record.spec_text,
+            "requirements": list(spec.requirements), "spec_hash": record.spec_hash,
+            "built": built,
+            "path": str(self._builder.folder(record.spec_hash)) if built else None,
+            "packages": _installed(self._builder.folder(record.spec_hash)) if built else [],
+            "created_at": record.created_at, "last_used_at": record.last_used_at,
+        }
+
     def exists(self, venv_id: int) -> bool:
         if venv_id in self._known:
             return True
@@ -378,6 +410,20 @@ class EnvironmentManager:
         if self.shared_envs:
             result["kept_shared"] = True
         return result
+
+
+def _installed(folder: Path) -> list[dict[str, str]]:
+    """The distributions installed in the environment at ``folder``, from their metadata."""
+    from importlib import metadata
+
+    found: dict[str, str] = {}
+    for site in [*folder.glob("lib/python*/site-packages"), folder / "Lib" / "site-packages"]:
+        if site.is_dir():
+            for dist in metadata.distributions(path=[str(site)]):
+                name = dist.metadata.get("Name")
+                if name:
+                    found[name] = dist.version
+    return [{"name": name, "version": found[name]} for name in sorted(found, key=str.lower)]
 
 
 def _raise_if_error(value: Any) -> Any:
