@@ -56,6 +56,12 @@ def write_json(path: str, value: Any) -> str:
     return path
 
 
+def read_csv(path: str) -> list[dict[str, str]]:
+    """The rows of a CSV file with a header line, as dicts of text."""
+    with open(path, newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
 def read_json(path: str) -> Any:
     with open(path, encoding="utf-8") as file:
         return json.load(file)
@@ -191,8 +197,13 @@ def drift(smoothed: dict[str, list[float]]) -> dict[str, float]:
 
 
 def read_corpus(folder: str) -> dict[str, str]:
-    return {name: open(os.path.join(folder, name), encoding="utf-8").read()
-            for name in sorted(os.listdir(folder)) if name.endswith(".txt")}
+    """Each ``*.txt`` document of ``folder``: name -> text."""
+    docs = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".txt"):
+            with open(os.path.join(folder, name), encoding="utf-8") as file:
+                docs[name] = file.read()
+    return docs
 
 
 def _stem(word: str) -> str:

@@ -262,7 +262,7 @@ def _check_exports(ws: Path, facts: dict[str, Any]) -> Verdict:
     astray = [n for n in missing if (ws / "scratch" / n).is_file()]
     files = Verdict(False, ("OUTDIR",) if astray else (),
                     f"out/{', out/'.join(missing)} missing"
-                    + (" (written into scratch/ by the left-over OUTDIR)" if astray else ""))
+                    + (" (written into scratch/ by the left-over 'OUTDIR')" if astray else ""))
     return all_of(summary, files)
 
 
@@ -494,13 +494,13 @@ FORECAST = Task(
     name="trend-forecast",
     title="A price trend and thirty days ahead",
     brief="Fit a trend to {ws}/prices.csv and forecast into {ws}/out/forecast.json.",
-    builders={"prices": ((), 'import csv\nprices = [float(r["price"]) for r in '
-                             'csv.DictReader(open("{ws}/prices.csv"))]'),
+    builders={"prices": ((), 'prices = [float(r["price"]) for r in kit.read_csv("{ws}/prices.csv")]'),
               "trend": (("prices",), f"trend = kit.fit_trend(prices, {_ROUNDS})")},
     steps=(
         Step("Look at {ws}/prices.csv's first lines and count them.",
              "head -3 {ws}/prices.csv; wc -l {ws}/prices.csv", "stateless", "bash"),
-        Step("Read the prices (column 'price', in day order) into a list `prices`; keep it.",
+        Step("Read the prices (column 'price', in day order; kit.read_csv reads a CSV file) "
+             "into a list of numbers `prices`; keep it.",
              "len(prices)", needs=("prices",)),
         Step(f"Fit a trend to all prices with kit.fit_trend(prices, {_ROUNDS}) (slow) as "
              "`trend` ([slope, intercept]); keep it.",
@@ -679,8 +679,8 @@ VARIANCE = Task(
     brief="Compare the ledger {ws}/ledger.csv with the budget {ws}/budget.csv into "
           "{ws}/out/variance.json.",
     builders={**_LEDGER,
-              "budget": ((), 'import csv\nbudget = {r["account"]: float(r["budget"]) for r in '
-                             'csv.DictReader(open("{ws}/budget.csv"))}'),
+              "budget": ((), 'budget = {r["account"]: float(r["budget"]) for r in '
+                             'kit.read_csv("{ws}/budget.csv")}'),
               "actual": (("ledger",), 'actual = kit.totals_by(ledger, "account")'),
               "variance": (("actual", "budget"),
                            "variance = {a: round(actual[a] - budget[a], 2) for a in sorted(budget)}")},
@@ -688,7 +688,8 @@ VARIANCE = Task(
         Step("Show {ws}/budget.csv.", "cat {ws}/budget.csv", "stateless", "bash"),
         Step(f"Load the ledger with kit.load_ledger('{{ws}}/ledger.csv') {_LOAD} as `ledger`; "
              "keep it.", 'print(len(ledger), "rows")', needs=("ledger",)),
-        Step("Read the budget into `budget` (account -> amount); keep it.",
+        Step("Read the budget into `budget` (account -> amount as a number; kit.read_csv "
+             "reads a CSV file); keep it.",
              "budget", needs=("budget",)),
         Step("An attempt you will abandon: round every amount of `ledger` to whole units in "
              "place (row['amount'] = round(row['amount'])) and see how much the total moves.",

@@ -1,0 +1,293 @@
+"""``coordex eval`` end to end, in process through the command line's ``main``.
+
+The fixed policies run the real suite on tiny data: ``reference`` succeeds, ``fresh``
+redoes work and ``kept`` trips on the planted stale values - if not, the suite does not
+measure what it claims. ``--policy model`` runs against a real HTTP endpoint on
+127.0.0.1 whose "model" is a script (tests/fakes/chat_server.py): one that works well,
+one that makes the classic mistakes, one that never stops, and broken endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordex import Executor
+from coordex.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fakes.chat_server import TOKENS_PER_REPLY, ChatServer, Raw, tool_call
+
+SCALE = "0.02"
+TASK_KEYS = {"name", "steps", "success", "wall_s", "redo_s", "stale_errors",
+             "calls_by_coordinate", "tokens", "choices"}
+CHOICE_KEYS = {"step", "language", "state_mode", "session", "venv_id"}
+
+
+def run_eval(out: Path, *args: str) -> int:
+    return main(["eval", "--out", str(out), "--scale", SCALE, *args])
+
+
+def load(out: Path) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    return report
+
+
+def check_shape(report: dict[str, Any]) -> None:
+    assert set(report) == {"policy", "model", "tasks", "total"}
+    assert set(report["total"]) == {"tasks", "succeeded", "wall_s", "redo_s", "stale_errors",
+                                    "tokens"}
+    for task in report["tasks"]:
+        assert set(task) == TASK_KEYS
+        for choice in task["choices"]:
+            assert set(choice) == CHOICE_KEYS
+        for key in task["calls_by_coordinate"]:
+            assert re.fullmatch(r"(python|bash)/(stateless|stateful|read_only)/(own|venv\d+)", key)
+
+
+# --- the fixed policies ----------------------------------------------------------------
+
+
+def test_policies_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    tasks = "ledger-audit,warehouse-exports"
+    for policy in ("fresh", "kept", "reference"):
+        assert run_eval(out, "--policy", policy, "--tasks", tasks) == 0
+        report = load(out)
+        check_shape(report)
+        assert report["policy"] == policy and report["model"] is None
+        assert [t["name"] for t in report["tasks"]] == tasks.split(",")
+        if policy == "fresh":
+            fresh = report
+        elif policy == "kept":
+            kept = report
+    reference = report
+
+    # The reference's coordinates get every task right, with nothing redone.
+    assert reference["total"]["succeeded"] == 2
+    assert reference["total"]["redo_s"] == 0 and reference["total"]["stale_errors"] == 0
+    # A fresh sandbox each call gets there too, by loading again and again.
+    assert fresh["total"]["succeeded"] == 2
+    assert fresh["total"]["redo_s"] > 0
+    assert fresh["tasks"][0]["calls_by_coordinate"] == {"bash/stateless/own": 2,
+                                                         "python/stateless/own": 7}
+    # One interpreter kept for good picks up what the abandoned attempts left behind.
+    assert kept["total"]["succeeded"] == 0
+    assert [t["stale_errors"] for t in kept["tasks"]] == [1, 1]
+    assert kept["total"]["redo_s"] == 0
+
+    # Coordinates step by step, as the reference chose them (from the call log).
+    audit = reference["tasks"][0]
+    assert [(c["step"], c["language"], c["state_mode"], c["session"]) for c in audit["choices"]][:4] \
+        == [(1, "bash", "stateless", None), (2, "python", "stateful", "ledger-audit"),
+            (3, "python", "read_only", "ledger-audit"), (4, "python", "read_only", "ledger-audit")]
+
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err
+    assert "left-over 'OUTDIR'" in printed.err  # why kept failed, in words
+    assert re.search(r"^total\s+18\s+2/2", printed.out, re.MULTILINE)
+    text = (out / "report.md").read_text()
+    assert "## Policies side by side" in text
+    for policy in ("| fresh | 2/2", "| kept | 0/2", "| reference | 2/2"):
+        assert policy in text
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_whole_suite_under_the_fixed_policies(tmp_path: Path) -> None:
+    """Every task (the pinned one builds its two environments with uv, offline)."""
+    out = tmp_path / "all"
+    totals = {}
+    for policy in ("fresh", "kept", "reference"):
+        assert run_eval(out, "--policy", policy) == 0
+        report = load(out)
+        check_shape(report)
+        assert len(report["tasks"]) >= 12
+        assert all(t["steps"] >= 8 for t in report["tasks"])
+        totals[policy] = report
+    reference, fresh, kept = totals["reference"], totals["fresh"], totals["kept"]
+    assert all(t["success"] for t in reference["tasks"]), reference["tasks"]
+    assert reference["total"]["stale_errors"] == 0
+    assert all(t["stale_errors"] >= 1 and not t["success"] for t in kept["tasks"])
+    assert fresh["total"]["redo_s"] > 0 and fresh["total"]["succeeded"] == 12
+    pinned = next(t for t in reference["tasks"] if t["name"] == "pinned-totals")
+    assert {k.split("/")[2] for k in pinned["calls_by_coordinate"]} >= {"own", "venv1", "venv2"}
+
+
+def test_list_and_bad_command_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert len(names) >= 12 and "ledger-audit" in names and "pinned-totals" in names
+
+    assert run_eval(tmp_path, "--tasks", "ledger-audt") == 2
+    err = capsys.readouterr().err
+    assert "no task named 'ledger-audt'" in err and "'ledger-audit'" in err
+
+    assert run_eval(tmp_path, "--policy", "model") == 2
+    assert "--base-url URL and --model NAME" in capsys.readouterr().err
+    assert run_eval(tmp_path, "--policy", "model", "--model", "m", "--base-url", "localhost:1") == 2
+    assert "http:// or https://" in capsys.readouterr().err
+    assert not (tmp_path / "report.json").exists()
+
+
+# --- the model policy, against a scripted endpoint -------------------------------------
+
+
+def workspace(body: dict[str, Any]) -> str:
+    prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    found = re.search(r"(\S+)/ledger\.csv", prompt)
+    assert found, prompt
+    return found.group(1)
+
+
+def tools_done(body: dict[str, Any]) -> int:
+    return sum(m["role"] == "tool" for m in body["messages"])
+
+
+def scripted(plan: list[tuple[str, Any]]) -> Any:
+    """A model that makes the calls of ``plan`` one a turn ({ws} filled in), then stops."""
+    def script(body: dict[str, Any]) -> dict[str, Any]:
+        done = tools_done(body)
+        if done >= len(plan):
+            return {"content": "All steps are done."}
+        name, arguments = plan[done]
+        if isinstance(arguments, dict):
+            arguments = {k: v.replace("{ws}", workspace(body)) if isinstance(v, str) else v
+                         for k, v in arguments.items()}
+        return {"tool_calls": [tool_call(done, name, arguments)]}
+    return script
+
+
+LOAD = "from coordex.eval import kit\nledger = kit.load_ledger('{ws}/ledger.csv')\nlen(ledger)"
+ATTEMPT = "ledger = [r for r in ledger if r['date'] < '2025-04']\nlen(ledger)"
+WRITE = ("kit.write_json('{ws}/out/audit.json', {'totals': kit.totals_by(ledger, 'account'), "
+         "'by_month': kit.monthly(ledger)})")
+
+
+def test_model_that_chooses_well(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-key")
+    plan = [("execute_code", {"code": LOAD, "state_mode": "stateful", "session_name": "audit"}),
+            ("execute_code", {"code": ATTEMPT, "state_mode": "read_only", "session_name": "audit"}),
+            ("execute_code", {"code": "wc -l {ws}/ledger.csv", "language": "bash"}),
+            ("inspect_session", {"session_name": "audit"}),
+            ("execute_code", {"code": WRITE, "state_mode": "stateful", "session_name": "audit"})]
+    with ChatServer(scripted(plan)) as server:
+        assert run_eval(tmp_path, "--policy", "model", "--base-url", server.base_url,
+                        "--model", "scripted", "--tasks", "ledger-audit") == 0
+    report = load(tmp_path)
+    check_shape(report)
+    assert report["policy"] == "model" and report["model"] == "scripted"
+    task = report["tasks"][0]
+    assert task["success"] and task["stale_errors"] == 0 and task["redo_s"] == 0
+    assert task["tokens"] == report["total"]["tokens"] == 6 * TOKENS_PER_REPLY
+    # Every code-running call, in order, at the coordinate the model chose.
+    assert [(c["step"], c["language"], c["state_mode"], c["session"]) for c in task["choices"]] == [
+        (1, "python", "stateful", "audit"), (2, "python", "read_only", "audit"),
+        (3, "bash", "stateless", None), (4, "python", "stateful", "audit")]
+    assert task["calls_by_coordinate"] == {"bash/stateless/own": 1, "python/read_only/own": 1,
+                                           "python/stateful/own": 2}
+
+    # The endpoint saw coordex's own tools, the key, and each result as a tool message.
+    first = server.requests[0]
+    with Executor(root=tmp_path / "defs") as ex:
+        ours = ex.tool_definitions(format="openai")
+    assert [t["function"]["name"] for t in first["tools"]] == [t["function"]["name"] for t in ours]
+    assert [t["function"]["parameters"]["properties"].keys() for t in first["tools"]] == \
+        [t["function"]["parameters"]["properties"].keys() for t in ours]
+    assert first["model"] == "scripted"
+    assert server.headers[0]["Authorization"] == "Bearer sk-test-key"
+    answers = [m for m in server.requests[-1]["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in answers] == [f"call_{n}" for n in range(5)]
+    assert '"isolation"' in answers[1]["content"]  # the read-only look came back as such
+    transcript = json.loads((tmp_path / "transcripts" / "ledger-audit.json").read_text())
+    assert transcript[-1] == {"role": "assistant", "content": "All steps are done."}
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_model_that_makes_the_classic_mistakes(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A tool that does not exist, an impossible coordinate, arguments that are not JSON,
+    and the abandoned attempt run in the one session kept for good."""
+    plan = [("run_python", {"code": "1 + 1"}),
+            ("execute_code", {"code": "len(ledger)", "state_mode": "read_only"}),
+            ("execute_code", '{"code": "1 + ", "state_mode": '),
+            ("execute_code", {"code": LOAD, "state_mode": "stateful"}),
+            ("execute_code", {"code": ATTEMPT, "state_mode": "stateful"}),
+            ("execute_code", {"code": WRITE, "state_mode": "stateful"})]
+    with ChatServer(scripted(plan)) as server:
+        assert run_eval(tmp_path, "--policy", "model", "--base-url", server.base_url,
+                        "--model", "careless", "--tasks", "ledger-audit") == 0
+    task = load(tmp_path)["tasks"][0]
+    assert not task["success"] and task["stale_errors"] == 1
+    answers = [json.loads(m["content"]) for m in server.requests[-1]["messages"]
+               if m["role"] == "tool"]
+    assert answers[0]["error_type"] == "not_found" and "execute_code" in answers[0]["suggestion"]
+    assert answers[1]["error_type"] == "validation"
+    assert answers[2]["error_type"] == "validation"
+    assert all("error_type" not in a for a in answers[3:])
+    err = capsys.readouterr().err
+    assert "left-over 'ledger'" in err and "Traceback" not in err
+
+
+def test_model_that_never_stops(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def busy(body: dict[str, Any]) -> dict[str, Any]:
+        return {"tool_calls": [tool_call(tools_done(body), "list_sessions", {})]}
+
+    with ChatServer(busy) as server:
+        assert run_eval(tmp_path, "--policy", "model", "--base-url", server.base_url,
+                        "--model", "busy", "--max-turns", "3", "--tasks", "fx-report") == 0
+        assert len(server.requests) == 3
+    task = load(tmp_path)["tasks"][0]
+    assert not task["success"] and task["tokens"] == 3 * TOKENS_PER_REPLY
+    assert task["choices"] == []  # list_sessions runs no code
+    err = capsys.readouterr().err
+    assert "--max-turns 3" in err and "Traceback" not in err
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_endpoint_that_cannot_be_reached(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    assert run_eval(tmp_path, "--policy", "model", "--base-url", url, "--model", "m",
+                    "--tasks", "ledger-audit,fx-report") == 1
+    report = load(tmp_path)
+    assert [t["success"] for t in report["tasks"]] == [False, False]
+    err = capsys.readouterr().err
+    assert f"cannot reach {url}/chat/completions" in err and "Check --base-url" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("answer", "words", "code"), [
+    (Raw(500, '{"error": {"message": "overloaded"}}'), "answered HTTP 500", 0),
+    (Raw(200, "<html>not json</html>"), "did not answer with JSON", 0),
+    (Raw(200, '{"object": "chat.completion"}'), "without 'choices'", 0),
+    (Raw(401, '{"error": {"message": "bad key"}}'), "Set OPENAI_API_KEY", 1),
+])
+def test_endpoint_that_answers_badly(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     answer: Raw, words: str, code: int) -> None:
+    with ChatServer(lambda body: answer) as server:
+        assert run_eval(tmp_path, "--policy", "model", "--base-url", server.base_url,
+                        "--model", "m", "--tasks", "ledger-audit") == code
+    assert not load(tmp_path)["tasks"][0]["success"]
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_base_url_without_its_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with ChatServer(lambda body: {"content": "hi"}) as server:
+        root = server.base_url.removesuffix("/v1")
+        assert run_eval(tmp_path, "--policy", "model", "--base-url", root, "--model", "m",
+                        "--tasks", "ledger-audit") == 1
+    err = capsys.readouterr().err
+    assert "answered HTTP 404" in err and "Traceback" not in err
