@@ -275,10 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     else:
-        token = secrets.token_urlsafe(32)
-        named = {"": token}
-        _say("COORDEX_TOKEN is not set; this run's bearer token (shown once):")
-        print(f"  {token}", file=sys.stderr, flush=True)
+        named = {"": secrets.token_urlsafe(32)}
     router.hide_secrets_from_sessions()
     problem = router.short_tokens(named)
     if problem is not None:
@@ -303,6 +300,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return EXIT_FAILURE
+    if not (args.tokens or env_token):  # shown once it can be used: the port is ours
+        _say("COORDEX_TOKEN is not set; this run's bearer token (shown once):")
+        print(f"  {named['']}", file=sys.stderr, flush=True)
     _terminate_as_interrupt()
     tenants_cluster = None  # with several tenants the server holds the one connection
     if args.cluster and (args.tokens or args.confine):  # every confined tenant
