@@ -537,7 +537,9 @@ class Executor:
 
     def history(self, language: Language | None = None, session_id: int | None = None,
                 session_name: str | None = None, venv_id: int | None = None,
-                limit: int = 50, seq: int | None = None) -> HistoryResult:
+                limit: int = 50, seq: int | None = None, *, outcome: str | None = None,
+                state_mode: StateMode | None = None, text: str | None = None,
+                after_seq: int | None = None) -> HistoryResult:
         """The newest ``limit`` calls in the log under ``root``, newest last (SPEC 11).
 
         Each record: ``seq, at, language, venv_id, session_id, session_name, state_mode,
@@ -546,14 +548,18 @@ class Executor:
         this ``root`` are listed. With ``seq``: ``{"call": {...}}``, that one call with
         everything its row keeps (stdout, stderr, result, error, suggestion, exit_code,
         isolation, changed, ...); ``not_found`` when the log no longer holds it.
+        ``outcome`` (``"ok"``, an ``error_type``, ``"error"`` or ``"running"``),
+        ``state_mode``, ``text`` (found in the code, output, result or error) and
+        ``after_seq`` (newer calls only) narrow the list further, as the page does.
         """
         from .log.calls import history
 
         try:
             if self._call_log is None:
                 raise log_off_error("history")
-            return cast(HistoryResult, history(self._call_log, language, session_id, session_name,
-                                               venv_id, limit, seq))
+            return cast(HistoryResult, history(
+                self._call_log, language, session_id, session_name, venv_id, limit, seq,
+                outcome=outcome, state_mode=state_mode, text=text, after_seq=after_seq))
         except CoordexError as exc:
             return cast(HistoryResult, exc.to_dict())
 

@@ -193,7 +193,12 @@ async def run_tool(
 
     def work() -> dict[str, Any]:
         if forward is not None:
-            return cast(dict[str, Any], forward(name, arguments, on_output=relay, cancel=cancel))
+            from .log.running import tracked
+
+            # The page lists the calls a confined host runs from here, where they pass.
+            with tracked(executor, name, arguments, relay, cancel) as on_output:
+                return cast(dict[str, Any], forward(name, arguments, on_output=on_output,
+                                                    cancel=cancel))
         return call_tool(executor, name, arguments, on_output=relay, cancel=cancel)
 
     def guarded() -> dict[str, Any]:
@@ -441,9 +446,13 @@ class BearerTenantApp:
         self.path = path.rstrip("/") or "/"
         from .ui import UIApp
 
-        # The page (SPEC 11): a token may come as ?token= or a cookie there, not only as
-        # a Bearer header; it shows the token's tenant alone.
-        self.ui = UIApp(lambda token: getattr(self.tenant_for(f"Bearer {token}"), "executor", None))
+        # The page (SPEC 11): a token may come as ?token= once, then the browser's keys;
+        # it shows the token's tenant alone, with the Host/Origin rules of /mcp.
+        checks = getattr(self.tenants[0].manager, "security_settings", None) \
+            if self.tenants else None
+        self.ui = UIApp(lambda token: getattr(self.tenant_for(f"Bearer {token}"), "executor", None),
+                        allowed_hosts=getattr(checks, "allowed_hosts", None),
+                        allowed_origins=getattr(checks, "allowed_origins", None))
 
     def tenant_for(self, authorization: str | None) -> Tenant | None:
         presented = b""

@@ -136,9 +136,17 @@ def test_serve_shows_each_tenant_its_own_page(tmp_path: Path) -> None:
             page = browser.get(f"{base}/ui", params={"token": "bob-token-0123456789"})
             assert page.status_code == 200 and "<title>coordex" in page.text
             assert "token" not in str(page.url)  # the redirect dropped it from the URL
-            assert "HttpOnly" in page.history[0].headers["set-cookie"]
-            # From now on the cookie alone is the browser's pass.
-            assert browser.get(f"{base}/ui/api/sessions").status_code == 200
+            cookie = page.history[-1].headers["set-cookie"]
+            assert "HttpOnly" in cookie and "bob-token" not in cookie
+            key = page.history[-1].headers["location"].split("#key=")[1]
+            # From now on the cookie and the page's key are the browser's pass.
+            assert browser.get(f"{base}/ui/api/sessions").status_code == 401
+            mine = browser.get(f"{base}/ui/api/sessions", headers={"X-Coordex-Key": key})
+            assert mine.status_code == 200 and "vault" not in mine.text
+        # The Host check of /mcp holds for /ui too.
+        evil = httpx.get(f"{base}/ui/api/sessions", params={"token": "bob-token-0123456789"},
+                         headers={"Host": "evil.example"})
+        assert evil.status_code == 421
 
 
 def test_mcp_ui_serves_the_page_next_to_stdio_and_rebuild_session_is_a_tool(tmp_path: Path) -> None:

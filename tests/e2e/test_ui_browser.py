@@ -1,25 +1,26 @@
-"""The page in a real headless browser (Debian's chromium): it shows a session that was
-just created, what it holds with its staleness, and the call log; the token passed once
-in the URL is kept in a cookie. Without chromium the tests skip, except in CI."""
+"""The page in a real headless browser (Debian's chromium, driven over the DevTools
+protocol): a call's output appears while it runs, a click interrupts it, a call opens
+to everything it returned, the filters narrow the log, a session is closed and rebuilt
+from the page, and the token passed once is gone from the address bar. Without chromium
+the tests skip, except in CI."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from coordex import Executor
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+from ._cdp import Browser
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-dev-shm-usage"]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
@@ -33,52 +34,176 @@ def chromium() -> str:
     pytest.skip("chromium is not installed")
 
 
-def browse(chromium: str, profile: Path, url: str, *action: str) -> str:
-    done = subprocess.run([chromium, *FLAGS, f"--user-data-dir={profile}",
-                           "--virtual-time-budget=5000", *action, url],
-                          capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+def _rows(browser: Browser, table: str) -> list[str]:
+    rows: list[str] = browser.js(
+        f"[...document.querySelectorAll('#{table} tbody tr')].map(r => r.innerText)")
+    return rows
 
 
-def test_the_page_shows_a_session_just_created(chromium: str, tmp_path: Path) -> None:
+def test_a_running_call_shows_its_output_and_a_click_interrupts_it(chromium: str,
+                                                                   tmp_path: Path) -> None:
     with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("done = 0", state_mode="stateful", session_name="audit")
         url = ex.serve_ui()["url"]
-        ex.execute_code("ledger = [3, 1, 2]\ntotal = sum(ledger)", state_mode="stateful",
+        outcome: dict[str, Any] = {}
+
+        def long_call() -> None:
+            outcome.update(ex.execute_code(
+                "import time\nfor step in range(600):\n    print('step', step, flush=True)\n"
+                "    done = step\n    time.sleep(0.05)", state_mode="stateful",
+                session_name="audit"))
+
+        worker = threading.Thread(target=long_call, daemon=True)
+        browser = Browser(chromium, tmp_path / "profile", url)
+        try:
+            browser.wait_for("document.getElementById('status').textContent.startsWith('updated')")
+            # The token came once in the URL; it is gone from the address bar.
+            assert "token" not in browser.js("location.href")
+            assert "key=" not in browser.js("location.href")
+            worker.start()
+            started = time.monotonic()
+            browser.wait_for("document.querySelector('#running .run pre.out')"
+                             " && document.querySelector('#running .run pre.out')"
+                             ".innerText.includes('step 3')")
+            busy = browser.wait_for("[...document.querySelectorAll('#sessions tbody tr')]"
+                                    ".find(r => r.innerText.includes('audit'))"
+                                    "?.innerText.includes('busy')")
+            assert busy and time.monotonic() - started < 5
+            # While the session is busy the page still answers at once.
+            polled = time.monotonic()
+            browser.wait_for("(async () => { const t0 = performance.now();"
+                             " await fetch('api/sessions', {headers: {'X-Coordex-Key':"
+                             " localStorage.getItem('coordex-key')}}); return"
+                             " performance.now() - t0 < 1000; })()")
+            assert time.monotonic() - polled < 2
+            shot = tmp_path / "running.png"
+            browser.screenshot(shot)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+            browser.click("#running button[data-act=interrupt]")
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            assert "Interrupt call" in browser.js("document.getElementById('modal-text').textContent")
+            assert worker.is_alive()  # nothing happens before the person confirms
+            browser.click("#modal-ok")
+            worker.join(timeout=20)
+            assert not worker.is_alive()
+            assert outcome["error_type"] == "timeout" and outcome["state_lost"] is False
+            assert outcome["stdout"].startswith("step 0\n")
+            browser.wait_for("document.getElementById('running').innerText"
+                             ".includes('Nothing is running')")
+        finally:
+            browser.close()
+        # Interrupted, not killed: the session kept what the code did before.
+        kept = ex.execute_code("done", state_mode="stateful", session_name="audit")
+        assert int(kept["result"]) >= 3
+
+
+def test_a_call_opens_to_everything_it_returned_and_the_filters_narrow_the_log(
+        chromium: str, tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("ledger = [3, 1, 2]", state_mode="stateful", session_name="audit")
+        ex.execute_code("print('sorted'); ledger.sort(); ledger", state_mode="stateful",
                         session_name="audit")
-        ex.execute_code("ledger.sort()", state_mode="stateful", session_name="audit")
-        ex.execute_code("cd /tmp && export STAGE=load", language="bash", state_mode="stateful",
-                        session_name="etl")
-        dom = browse(chromium, tmp_path / "profile", url, "--dump-dom")
-        assert "What audit holds" in dom and "What etl holds" in dom
-        assert "<code>ledger</code>" in dom and "[1, 2, 3]" in dom
-        assert "<code>STAGE</code>" in dom
-        assert "ledger.sort()" in dom  # the call log
-        assert 'id="status">updated' in dom  # the last refresh reached the server
-        # The token came once in the URL; the browser kept it as a cookie and the page
-        # reached the JSON endpoints with it, not with the URL.
-        bare = url.split("?")[0]
-        assert httpx.get(bare).status_code == 401
-        later = browse(chromium, tmp_path / "profile", bare, "--dump-dom")
-        assert "What audit holds" in later
+        ex.execute_code("ledger.append(4)", state_mode="read_only", session_name="audit")
+        ex.execute_code("1 / 0", state_mode="stateful", session_name="audit")
+        ex.execute_code("cd /tmp && export STAGE=load && echo loaded", language="bash",
+                        state_mode="stateful", session_name="etl")
+        browser = Browser(chromium, tmp_path / "profile", ex.serve_ui()["url"])
+        try:
+            browser.wait_for("document.querySelectorAll('#calls tbody tr').length === 5")
+            failed = ex.history(session_name="audit")["calls"][-1]["seq"]
+            browser.click(f"#calls tbody tr[data-seq='{failed}']")
+            drawer = browser.wait_for("document.getElementById('drawer').className === 'open'"
+                                      " && document.getElementById('drawer').innerText"
+                                      ".includes('ZeroDivisionError') &&"
+                                      " document.getElementById('drawer').innerText")
+            assert "SUGGESTION" in drawer.upper() and "1 / 0" in drawer
+            browser.js("document.querySelector('#drawer button').click()")
+            # A read-only call shows its isolation and what its copy changed.
+            read_only = ex.history(session_name="audit")["calls"][2]["seq"]
+            browser.click(f"#calls tbody tr[data-seq='{read_only}']")
+            drawer = browser.wait_for("document.getElementById('drawer').innerText"
+                                      ".includes('isolation') &&"
+                                      " document.getElementById('drawer').innerText")
+            assert '"names":true' in drawer.replace(" ", "")
+            browser.js("document.querySelector('#drawer button').click()")
+            # Filters: errors only, then text, then one session.
+            browser.js("{ const o = document.getElementById('f-outcome'); o.value = 'error';"
+                       " o.dispatchEvent(new Event('change')) }")
+            browser.wait_for("document.querySelectorAll('#calls tbody tr').length === 1")
+            assert "1 / 0" in _rows(browser, "calls")[0]
+            browser.js("{ const o = document.getElementById('f-outcome'); o.value = '';"
+                       " o.dispatchEvent(new Event('change'));"
+                       " const t = document.getElementById('f-text'); t.value = 'sorted';"
+                       " t.dispatchEvent(new Event('input')) }")
+            browser.wait_for("document.querySelectorAll('#calls tbody tr').length === 1 &&"
+                             " document.querySelector('#calls tbody tr').innerText"
+                             ".includes('ledger.sort()')")
+            browser.js("{ const t = document.getElementById('f-text'); t.value = '';"
+                       " t.dispatchEvent(new Event('input')) }")
+            browser.click("#sessions tbody tr[data-session=etl]")
+            holds = browser.wait_for("document.getElementById('holdings').innerText"
+                                     ".includes('STAGE') &&"
+                                     " document.getElementById('holdings').innerText")
+            assert "/tmp" in holds
+            browser.wait_for("document.querySelectorAll('#calls tbody tr').length === 1 &&"
+                             " document.querySelector('#calls tbody tr').innerText"
+                             ".includes('export STAGE')")
+        finally:
+            browser.close()
 
 
-def test_the_log_grows_on_the_page(chromium: str, tmp_path: Path) -> None:
+def test_a_session_is_closed_and_rebuilt_from_the_page(chromium: str, tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("rows = [1, 2]", state_mode="stateful", session_name="work")
+        ex.execute_code("rows.append(3)", state_mode="stateful", session_name="work")
+        browser = Browser(chromium, tmp_path / "profile", ex.serve_ui()["url"])
+        try:
+            browser.wait_for("!!document.querySelector('#sessions tbody tr[data-session=work]')")
+            browser.click("#sessions tbody tr[data-session=work] button[data-act=close]")
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            browser.click("#modal-cancel")  # cancelled: nothing happens
+            time.sleep(0.3)
+            assert "work" in {s["session_name"] for s in ex.list_sessions()["sessions"]}
+            browser.click("#sessions tbody tr[data-session=work] button[data-act=close]")
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            browser.click("#modal-ok")
+            browser.wait_for("document.getElementById('notice').textContent.startsWith('closed')")
+            assert "work" not in {s["session_name"] for s in ex.list_sessions()["sessions"]}
+            # A closed session is gone from the list; rebuild it through the API the
+            # page uses, as a program would, with the page's own keys.
+            answer = browser.js(
+                "fetch('api/rebuild', {method: 'POST', headers: {'Content-Type':"
+                " 'application/json', 'X-Coordex-Key': localStorage.getItem('coordex-key')},"
+                " body: JSON.stringify({language: 'python', session_name: 'work'})})"
+                ".then(r => r.json())")
+            assert answer["replayed"] == 2 and answer["failed_at"] is None, answer
+            browser.wait_for("!!document.querySelector('#sessions tbody tr[data-session=work]')")
+            browser.click("#sessions tbody tr[data-session=work] button[data-act=rebuild]")
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            assert "run again" in browser.js("document.getElementById('modal-text').textContent")
+        finally:
+            browser.close()
+        assert ex.execute_code("rows", state_mode="stateful",
+                               session_name="work")["result"] == "[1, 2, 3]"
+
+
+def test_the_keys_stay_with_the_page(chromium: str, tmp_path: Path) -> None:
     with Executor(root=tmp_path / "home") as ex:
         url = ex.serve_ui()["url"]
-        ex.execute_code("first_step = 1", state_mode="stateful", session_name="grow")
-        before = browse(chromium, tmp_path / "profile", url, "--dump-dom")
-        assert "first_step = 1" in before and "second_step" not in before
-        time.sleep(0.05)
-        ex.execute_code("second_step = 2", state_mode="stateful", session_name="grow")
-        after = browse(chromium, tmp_path / "profile", url.split("?")[0], "--dump-dom")
-        assert "second_step = 2" in after
-
-
-def test_a_screenshot_of_the_page(chromium: str, tmp_path: Path) -> None:
-    with Executor(root=tmp_path / "home") as ex:
-        ex.execute_code("x = 41", state_mode="stateful", session_name="audit")
-        shot = tmp_path / "page.png"
-        browse(chromium, tmp_path / "profile", ex.serve_ui()["url"], "--window-size=1400,800",
-               f"--screenshot={shot}")
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        bare = url.split("?")[0]
+        browser = Browser(chromium, tmp_path / "profile", url)
+        try:
+            browser.wait_for("document.getElementById('status').textContent.startsWith('updated')")
+            # The cookie is HttpOnly: the page's own scripts cannot read it.
+            assert "coordex_ui" not in browser.js("document.cookie")
+            # The API without the page's second key: refused, though the cookie is sent.
+            assert browser.js("fetch('api/sessions').then(r => r.status)") == 401
+        finally:
+            browser.close()
+        assert httpx.get(bare).status_code == 401
+        # The same browser opening the bare address later still has its keys.
+        again = Browser(chromium, tmp_path / "profile", bare)
+        try:
+            again.wait_for("document.getElementById('status').textContent.startsWith('updated')")
+        finally:
+            again.close()

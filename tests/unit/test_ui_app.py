@@ -1,84 +1,82 @@
-"""The page's handler without a server: the token rules and the JSON endpoints."""
+"""The page's pure rules: the Host/Origin checks, the browsers' keys and their cookie,
+and how a request's path and arguments are read."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from coordex.ui.app import COOKIE, UIApp, cookie_name, single_tenant
-
-TOKEN = "tok-0123456789abcdef"
+from coordex.ui import access, api
+from coordex.ui.app import Request
 
 
-class FakeExecutor:
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
-        self.asked: list[tuple[str, dict[str, Any]]] = []
-
-    def list_sessions(self) -> dict[str, Any]:
-        return {"sessions": [{"session_name": self.tag}], "max_sessions": 20}
-
-    def inspect_session(self, **kwargs: Any) -> dict[str, Any]:
-        self.asked.append(("inspect_session", kwargs))
-        return {"names": []}
-
-    def history(self, **kwargs: Any) -> dict[str, Any]:
-        self.asked.append(("history", kwargs))
-        return {"calls": []}
+def test_host_and_origin_are_checked_as_on_mcp() -> None:
+    checks = access.Checks()
+    assert checks.refuse("GET", {"host": "127.0.0.1:8000"}) is None
+    assert checks.refuse("GET", {"host": "localhost"}) is None
+    assert checks.refuse("GET", {"host": "evil.example"})[0] == 421  # type: ignore[index]
+    assert checks.refuse("GET", {"host": "127.0.0.1:8000.evil"})[0] == 421  # type: ignore[index]
+    refused = checks.refuse("GET", {"host": "127.0.0.1:8000", "origin": "http://evil.example"})
+    assert refused is not None and refused[0] == 403
+    assert checks.refuse("DELETE", {"host": "127.0.0.1:1"})[0] == 405  # type: ignore[index]
+    named = access.Checks(["box.lan:*"], ["http://box.lan:*"])
+    assert named.refuse("GET", {"host": "box.lan:9"}) is None
+    assert named.refuse("GET", {"host": "127.0.0.1:9"}) is not None
 
 
-def test_without_the_token_everything_is_401() -> None:
-    app = UIApp(single_tenant(FakeExecutor("a"), TOKEN))
-    for path in ("/ui", "/ui/", "/ui/api/sessions", "/ui/api/history"):
-        assert app.handle("GET", path, "", {}).status == 401
-        assert app.handle("GET", path, "token=wrong", {}).status == 401
-        assert app.handle("GET", path, "", {"cookie": f"{COOKIE}=wrong"}).status == 401
+def test_a_post_from_a_browser_must_come_from_the_page() -> None:
+    checks = access.Checks()
+    own = {"host": "127.0.0.1:8000", "content-type": "application/json"}
+    assert checks.refuse_post({**own, "origin": "http://127.0.0.1:8000"}, by_cookie=True) is None
+    assert checks.refuse_post({**own, "sec-fetch-site": "same-origin"}, by_cookie=True) is None
+    assert checks.refuse_post(own, by_cookie=True)[0] == 403  # type: ignore[index]
+    other_port = {**own, "origin": "http://127.0.0.1:9999", "sec-fetch-site": "same-site"}
+    assert checks.refuse_post(other_port, by_cookie=True)[0] == 403  # type: ignore[index]
+    assert checks.refuse_post(own, by_cookie=False) is None  # a program with the token
+    form = {**own, "content-type": "application/x-www-form-urlencoded"}
+    assert checks.refuse_post(form, by_cookie=False)[0] == 415  # type: ignore[index]
 
 
-def test_the_token_once_in_the_url_then_a_cookie() -> None:
-    app = UIApp(single_tenant(FakeExecutor("a"), TOKEN))
-    first = app.handle("GET", "/ui", f"token={TOKEN}", {})
-    assert first.status == 303
-    headers = dict(first.headers)
-    assert headers["Location"] == "/ui/"
-    cookie = headers["Set-Cookie"]
-    assert cookie.startswith(f"{cookie_name(TOKEN)}={TOKEN};") and "HttpOnly" in cookie
-    assert "SameSite=Strict" in cookie
-    jar = f"other=1; {COOKIE}_old=stale; {cookie_name(TOKEN)}={TOKEN}"
-    page = app.handle("GET", "/ui/", "", {"cookie": jar})
-    assert page.status == 200 and page.content_type.startswith("text/html")
-    assert b"<script>" in page.body
-    sessions = app.handle("GET", "/ui/api/sessions", "", {"authorization": f"Bearer {TOKEN}"})
-    assert json.loads(sessions.body)["sessions"] == [{"session_name": "a"}]
+def test_the_cookie_holds_a_key_never_the_token_and_is_named_per_port() -> None:
+    keys = access.Keys()
+    cookie_key, page_key = keys.issue("the-token-0123456789")
+    assert "the-token" not in cookie_key + page_key and cookie_key != page_key
+    header = access.set_cookie("127.0.0.1:8123", cookie_key, "/ui")
+    assert header.startswith(f"coordex_ui_8123={cookie_key};")
+    for part in ("HttpOnly", "SameSite=Strict", "Path=/ui"):
+        assert part in header
+    assert access.cookie_name("[::1]:70") == "coordex_ui_70"
+    assert access.cookie_name("localhost") == "coordex_ui_80"
+    jar = {"cookie": f"coordex_ui_9999=other; coordex_ui_8123={cookie_key}"}
+    assert access.cookie_value(jar, "127.0.0.1:8123") == cookie_key
+    # Both keys are needed; the cookie alone opens the page (which holds no data).
+    assert keys.token_for(cookie_key, page_key) == "the-token-0123456789"
+    assert keys.token_for(cookie_key, "") is None
+    assert keys.token_for(cookie_key, "guess") is None
+    assert keys.token_for_cookie(cookie_key) == "the-token-0123456789"
 
 
-def test_the_page_loads_nothing_from_elsewhere() -> None:
-    app = UIApp(single_tenant(FakeExecutor("a"), TOKEN))
-    page = app.handle("GET", "/ui/", "", {"cookie": f"{COOKIE}={TOKEN}"})
-    assert b"src=" not in page.body and b"href=" not in page.body
-    assert "default-src 'none'" in dict(page.all_headers())["Content-Security-Policy"]
+def test_old_keys_are_forgotten() -> None:
+    keys = access.Keys(limit=2, age=3600)
+    first = keys.issue("t1")
+    keys.issue("t2")
+    keys.issue("t3")
+    assert keys.token_for(*first) is None
+    stale = access.Keys(age=-1)
+    assert stale.token_for(*stale.issue("t")) is None
 
 
-def test_each_token_sees_its_own_executor() -> None:
-    tenants = {"alice-token-0123456789": FakeExecutor("alice"),
-               "bob-token-0123456789": FakeExecutor("bob")}
-    app = UIApp(tenants.get)
-    for token, executor in tenants.items():
-        r = app.handle("GET", "/ui/api/sessions", "", {"cookie": f"{cookie_name(token)}={token}"})
-        assert json.loads(r.body)["sessions"][0]["session_name"] == executor.tag
-
-
-def test_the_endpoints_pass_the_session_filter_on() -> None:
-    ex = FakeExecutor("a")
-    app = UIApp(single_tenant(ex, TOKEN))
-    cookie = {"cookie": f"{COOKIE}={TOKEN}"}
-    assert app.handle("GET", "/ui/api/history", "language=bash&session_id=2&limit=5", cookie).status == 200
-    assert app.handle("GET", "/ui/api/inspect", "session_id=1&venv_id=3", cookie).status == 200
-    assert ex.asked == [
-        ("history", {"language": "bash", "session_name": None, "limit": 5, "session_id": 2,
-                     "venv_id": None}),
-        ("inspect_session", {"language": "python", "session_name": None, "session_id": 1,
-                             "venv_id": 3}),
-    ]
-    assert app.handle("GET", "/ui/api/nothing", "", cookie).status == 404
-    assert app.handle("POST", "/ui/api/sessions", "", cookie).status == 405
+def test_routes_and_arguments() -> None:
+    assert api.route("GET", "api/sessions") == (api.sessions, False)
+    assert api.route("POST", "api/rebuild") == (api.rebuild, True)
+    assert api.route("GET", "api/calls/12") == (api.one_call, False)
+    assert api.route("POST", "api/sessions") == 405
+    assert api.route("GET", "api/interrupt") == 405
+    assert api.route("GET", "api/nothing") is None
+    query = {"session_id": ["2"], "venv_id": [""], "limit": ["x"], "token": ["t"], "text": [""]}
+    found = api.arguments(Request("GET", "/ui/api/calls", query, {}), "api/calls")
+    assert found == {"session_id": 2, "venv_id": None, "limit": "x", "text": None}
+    posted = api.arguments(Request("POST", "/ui/api/close", {}, {}, b'{"session_name": "a"}'),
+                           "api/close")
+    assert posted == {"session_name": "a"}
+    bad = api.arguments(Request("POST", "/ui/api/close", {}, {}, b"[1]"), "api/close")
+    assert not isinstance(bad, dict) and bad.status == 400
+    one = api.arguments(Request("GET", "/ui/api/calls/7", {}, {}), "api/calls/7")
+    assert one == {"seq": 7}

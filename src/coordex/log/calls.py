@@ -172,11 +172,14 @@ def check_filters(language: Any, session_id: Any, session_name: Any, venv_id: An
 
 def history(log: CallLog | LogReader, language: Any = None, session_id: Any = None,
             session_name: Any = None, venv_id: Any = None, limit: Any = 50,
-            seq: Any = None) -> dict[str, Any]:
+            seq: Any = None, **narrower: Any) -> dict[str, Any]:
     """``{"calls": [...]}``, newest last, or with ``seq`` ``{"call": {...}}`` (SPEC
-    section 11). Raises CoordexError."""
+    section 11); ``narrower`` filters are :func:`calls_page`'s. Raises CoordexError."""
     if seq is not None:
         return {"call": one_call(log, seq)}
+    if any(v is not None for v in narrower.values()):
+        return calls_page(log, language=language, session_id=session_id,
+                          session_name=session_name, venv_id=venv_id, limit=limit, **narrower)
     where, params = rows_where(check_filters(language, session_id, session_name, venv_id, limit))
     rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)} FROM calls WHERE {where} "
                 f"ORDER BY seq DESC LIMIT ?", [*params, limit])

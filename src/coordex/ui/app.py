@@ -1,36 +1,53 @@
 """The page for a person (SPEC section 11), as a handler with no server in it.
 
-:class:`UIApp` turns one HTTP request (method, path, query, headers) into a
-:class:`Response`; :mod:`coordex.ui.server` serves it from a thread for
-``Executor.serve_ui`` and ``coordex mcp --ui``, and :mod:`coordex.ui.asgi` mounts it in
-``coordex serve``. Which executor a request sees is decided by its token alone
-(``lookup(token)``), so one app can serve every tenant of a server, each its own.
+:class:`UIApp` turns one HTTP request into a :class:`Response`; :mod:`coordex.ui.server`
+serves it from a thread for ``Executor.serve_ui`` and ``coordex mcp --ui``, and
+:mod:`coordex.ui.asgi` mounts it in ``coordex serve``. Which executor a request sees is
+decided by its token alone (``lookup(token)``), so one app serves every tenant of a
+server, each its own.
 
-Routes under the prefix (default ``/ui``): the page itself, and JSON endpoints
-``api/sessions`` (``list_sessions()``), ``api/inspect`` (``inspect_session(...)``) and
-``api/history`` (``history(...)``). The executor only needs those three methods.
+Routes under the prefix (default ``/ui``): the page, and the JSON API it alone uses
+(:mod:`coordex.ui.api`): ``GET api/sessions``, ``api/calls``, ``api/calls/SEQ``,
+``api/running``, ``api/inspect``; ``POST api/interrupt``, ``api/close``, ``api/rebuild``.
 
-The token: a browser passes it once as ``?token=...``; the answer sets it in a cookie
-(HttpOnly, SameSite=Strict) and, for the page, redirects to the same URL without it, so
-it does not stay in the address bar or the history. ``Authorization: Bearer`` works too.
-Anything else gets 401.
+Who may ask (:mod:`coordex.ui.access`): a program sends ``Authorization: Bearer
+<token>``. A browser passes the token once, as ``?token=...`` on the page's address; the
+answer sets a cookie holding a random key of the server's own (never the token) and
+sends the browser to the page with a second key in the address's fragment, which the
+page keeps in its origin's storage and sends as a header with every API request.
+Cookies do not tell ports apart, so a listener on another port of the same host gets
+the cookie, but never the second key: both are needed. ``Host`` and ``Origin`` are
+checked as on ``/mcp``, a cross-site ``?token=`` is refused, and a ``POST`` needs a
+same-origin request.
+
+Nothing here waits on a session: the executor's methods run on threads of the tenant's
+own (:class:`TenantThreads`, a few per tenant) and an answer that takes longer than a
+deadline is given up with a ``timeout`` answer, so one tenant's slow page never holds
+another's, nor the server's stop.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-from collections.abc import Callable, Mapping
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.cookies import CookieError, SimpleCookie
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs
 
-COOKIE = "coordex_ui"
-COOKIE_AGE = 7 * 24 * 3600  # kept across browser restarts, as Jupyter's is
-MAX_COOKIES = 8  # tokens tried per request: a bound on the work a request can cause
+from . import access, api
+
+# Seconds a read (sessions, calls, inspect) may take before the page is told to try
+# again, and an action (close, rebuild: a rebuild replays calls) before it is told the
+# action goes on and the log will show its outcome.
+READ_DEADLINE = 2.5
+ACTION_DEADLINE = 30.0
+THREADS_PER_TENANT = 4
+MAX_BODY = 64 * 1024
+
 _SECURITY_HEADERS = [
     ("Cache-Control", "no-store"),
     ("X-Content-Type-Options", "nosniff"),
@@ -39,7 +56,7 @@ _SECURITY_HEADERS = [
     # Everything the page needs is in it; it may only talk back to its own origin.
     ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
      "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
-     "frame-ancestors 'none'"),
+     "frame-ancestors 'none'; form-action 'none'; base-uri 'none'"),
 ]
 
 
@@ -55,112 +72,219 @@ class Response:
                 *_SECURITY_HEADERS, *self.headers]
 
 
+def json_response(status: int, value: Any) -> Response:
+    return Response(status, json.dumps(value, default=str).encode("utf-8"))
+
+
+def text_response(status: int, text: str, headers: Sequence[tuple[str, str]] = ()) -> Response:
+    return Response(status, text.encode("utf-8"), "text/plain; charset=utf-8", list(headers))
+
+
 @functools.cache
 def _page() -> bytes:
     return resources.files("coordex.ui").joinpath("page.html").read_bytes()
 
 
-def _json(status: int, value: Any) -> Response:
-    return Response(status, json.dumps(value, default=str).encode("utf-8"))
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes = b""
 
 
-def _int(values: dict[str, list[str]], name: str) -> int | str | None:
-    raw = values.get(name, [""])[0]
-    if raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return raw  # the executor's validation quotes it back
+Reply = Callable[[Response], None]
+
+
+class TenantThreads:
+    """A few threads per tenant for the page's calls into its executor.
+
+    A job runs on a daemon thread of its own (so a host that never answers holds one
+    thread, never the server's stop); at most ``size`` run at once per executor, and a
+    request past that is answered at once that the page's threads are busy.
+    """
+
+    def __init__(self, size: int = THREADS_PER_TENANT) -> None:
+        self.size = size
+        self._slots: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = \
+            weakref.WeakKeyDictionary()
+        self._by_id: dict[int, threading.BoundedSemaphore] = {}  # executors without weakrefs
+        self._lock = threading.Lock()
+
+    def _slot(self, executor: Any) -> threading.BoundedSemaphore:
+        with self._lock:
+            try:
+                slot = self._slots.get(executor)
+                if slot is None:
+                    slot = self._slots[executor] = threading.BoundedSemaphore(self.size)
+            except TypeError:
+                slot = self._by_id.setdefault(id(executor), threading.BoundedSemaphore(self.size))
+            return slot
+
+    def submit(self, executor: Any, job: Callable[[], Response], reply: Reply) -> bool:
+        """Run ``job`` for ``executor`` and ``reply`` with its response; False (nothing
+        started) when the tenant's threads are all busy."""
+        slot = self._slot(executor)
+        if not slot.acquire(blocking=False):
+            return False
+
+        def run() -> None:
+            try:
+                response = job()
+            except Exception as exc:  # a coordex bug reaches the page as data
+                response = json_response(500, {
+                    "error": f"The page's request failed: {type(exc).__name__}: {exc}",
+                    "error_type": "execution", "suggestion": "Reload the page."})
+            finally:
+                slot.release()
+            reply(response)
+
+        threading.Thread(target=run, name="coordex-ui-job", daemon=True).start()
+        return True
 
 
 class UIApp:
-    """The page and its JSON endpoints over whichever executor a token names.
+    """The page and its JSON API over whichever executor a token names.
 
     Args:
         lookup: ``lookup(token)`` -> the executor that token may see, or None. It must
             compare tokens in constant time.
         prefix: the path the page lives at.
+        allowed_hosts / allowed_origins: ``Host`` and ``Origin`` values accepted (a
+            ``:*`` suffix matches any port); default: loopback names only.
     """
 
-    def __init__(self, lookup: Callable[[str], Any | None], prefix: str = "/ui") -> None:
+    def __init__(self, lookup: Callable[[str], Any | None], prefix: str = "/ui",
+                 allowed_hosts: Sequence[str] | None = None,
+                 allowed_origins: Sequence[str] | None = None,
+                 threads_per_tenant: int = THREADS_PER_TENANT) -> None:
         self.lookup = lookup
         self.prefix = prefix.rstrip("/")
+        self.checks = access.Checks(allowed_hosts, allowed_origins)
+        self.keys = access.Keys()
+        self.threads = TenantThreads(threads_per_tenant)
 
     def handles(self, path: str) -> bool:
         return path == self.prefix or path.startswith(self.prefix + "/")
 
-    def handle(self, method: str, path: str, query_string: str,
-               headers: Mapping[str, str]) -> Response:
-        """Answer one request. ``headers`` keys are lower-case."""
-        query = parse_qs(query_string, keep_blank_values=True)
-        from_query = query.pop("token", [""])[0]
-        executor = self.lookup(from_query) if from_query else None
-        for token in (() if from_query else
-                      (*_cookie_tokens(headers.get("cookie", "")),
-                       _bearer(headers.get("authorization", "")))):
-            executor = self.lookup(token) if token else None
-            if executor is not None:
-                break
-        if executor is None:
-            return Response(401, b"Unauthorized: open the URL with ?token=... once.\n",
-                            "text/plain; charset=utf-8",
-                            [("WWW-Authenticate", 'Bearer realm="coordex"')])
-        extra: list[tuple[str, str]] = []
-        if from_query:
-            extra.append(("Set-Cookie", f"{cookie_name(from_query)}={from_query}; HttpOnly; "
-                          f"SameSite=Strict; Path={self.prefix or '/'}; Max-Age={COOKIE_AGE}"))
-        if method not in ("GET", "HEAD"):
-            return Response(405, b"Only GET.\n", "text/plain; charset=utf-8", extra)
-        rest = path[len(self.prefix):].strip("/")
+    # -- the two ways in ------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query_string: str, headers: Mapping[str, str],
+               body: bytes = b"") -> Response:
+        """Answer one request, waiting for it (``headers`` keys lower-case)."""
+        done = threading.Event()
+        box: list[Response] = []
+
+        def reply(response: Response) -> None:
+            if not box:
+                box.append(response)
+            done.set()
+
+        wait = self.start(Request(method, path, parse_qs(query_string, keep_blank_values=True),
+                                  headers, body), reply)
+        if not done.wait(wait):
+            return _late(wait)
+        return box[0]
+
+    def start(self, request: Request, reply: Reply) -> float:
+        """Begin answering ``request``; ``reply`` is called once with the response, now
+        or from a tenant's thread. Returns the seconds to wait for it before answering
+        :func:`late` instead."""
+        refused = self.checks.refuse(request.method, request.headers)
+        if refused is not None:
+            reply(text_response(*refused))
+            return 0.0
+        rest = request.path[len(self.prefix):].strip("/")
         if rest == "":
-            # Keep the token out of the address bar from now on, and end the page's URL
-            # with "/" so its relative "api/..." requests land under the prefix.
-            if from_query or not path.endswith("/"):
-                clean = self.prefix + "/" + (("?" + urlencode(query, doseq=True)) if query else "")
-                return Response(303, b"", "text/plain", [*extra, ("Location", clean)])
-            return Response(200, _page(), "text/html; charset=utf-8", extra)
-        response = self._api(executor, rest, query)
-        response.headers.extend(extra)
-        return response
+            reply(self._page(request))
+            return 0.0
+        executor, by_cookie = self._who(request)
+        if executor is None:
+            reply(_unauthorized())
+            return 0.0
+        if request.method == "POST":
+            refused = self.checks.refuse_post(request.headers, by_cookie)
+            if refused is not None:
+                reply(text_response(*refused))
+                return 0.0
+        route = api.route(request.method, rest)
+        if route is None:
+            reply(text_response(404, f"Not found: {rest!r}. The page is at {self.prefix}/.\n"))
+            return 0.0
+        if isinstance(route, int):
+            reply(text_response(route, "Method not allowed here.\n"))
+            return 0.0
+        handler, is_action = route
+        arguments = api.arguments(request, rest)
+        if isinstance(arguments, Response):
+            reply(arguments)
+            return 0.0
+        quick = api.answer_now(handler, executor, arguments)
+        if quick is not None:
+            reply(quick)
+            return 0.0
+        if not self.threads.submit(executor, lambda: handler(executor, arguments), reply):
+            reply(json_response(503, {
+                "error": "The page's threads for this tenant are all waiting on earlier "
+                "requests (a session or a host that does not answer).",
+                "error_type": "capacity", "suggestion": "Try again in a few seconds."}))
+            return 0.0
+        return ACTION_DEADLINE if is_action else READ_DEADLINE
 
-    def _api(self, executor: Any, rest: str, query: dict[str, list[str]]) -> Response:
-        language = query.get("language", [None])[0] or None
-        session = {"session_id": _int(query, "session_id"), "venv_id": _int(query, "venv_id")}
-        name = query.get("session_name", [None])[0] or None
-        if rest == "api/sessions":
-            return _json(200, executor.list_sessions())
-        if rest == "api/inspect":
-            return _json(200, executor.inspect_session(language=language or "python",
-                                                       session_name=name, **session))
-        if rest == "api/history":
-            limit = _int(query, "limit")
-            return _json(200, executor.history(language=language, session_name=name,
-                                               limit=50 if limit is None else limit, **session))
-        return Response(404, f"Not found: {rest!r}. The page is at {self.prefix}/.\n".encode(),
-                        "text/plain; charset=utf-8")
+    # -- the page and who is asking -------------------------------------------------------
+
+    def _page(self, request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return text_response(405, "Only GET.\n")
+        host = request.headers.get("host", "")
+        token = request.query.get("token", [""])[0]
+        if token:
+            if request.headers.get("sec-fetch-site") == "cross-site":
+                # A link on another site must not log this browser in (as its author).
+                return text_response(403, "The token may not come from a link on another "
+                                     "site. Open the page's URL yourself.\n")
+            if self.lookup(token) is None:
+                return _unauthorized()
+            cookie_key, page_key = self.keys.issue(token)
+            return Response(303, b"", "text/plain", [
+                ("Set-Cookie", access.set_cookie(host, cookie_key, self.prefix)),
+                # The second key travels in the fragment: never sent to any server.
+                ("Location", f"{self.prefix}/#key={page_key}")])
+        if not request.path.endswith("/"):
+            return Response(303, b"", "text/plain", [("Location", self.prefix + "/")])
+        if self.keys.token_for_cookie(access.cookie_value(request.headers, host)) is None:
+            return _unauthorized()
+        return Response(200, _page(), "text/html; charset=utf-8")
+
+    def _who(self, request: Request) -> tuple[Any | None, bool]:
+        """The executor the request may see, and whether a browser's keys said so."""
+        bearer = access.bearer(request.headers.get("authorization", ""))
+        if bearer:
+            return self.lookup(bearer), False
+        token = request.query.get("token", [""])[0]
+        if token and request.method == "GET":  # a program's GET; no cookie is set
+            return self.lookup(token), False
+        host = request.headers.get("host", "")
+        kept = self.keys.token_for(access.cookie_value(request.headers, host),
+                                   request.headers.get(access.PAGE_KEY_HEADER, ""))
+        return (self.lookup(kept) if kept else None), True
 
 
-def cookie_name(token: str) -> str:
-    """The cookie for one token. Cookies do not tell ports apart, so two pages on one
-    host (two programs, two tenants) each need a name of their own."""
-    return f"{COOKIE}_{hashlib.sha256(token.encode('utf-8', 'replace')).hexdigest()[:12]}"
+def _unauthorized() -> Response:
+    return text_response(401, "Unauthorized: open the URL with ?token=... once.\n",
+                         [("WWW-Authenticate", 'Bearer realm="coordex"')])
 
 
-def _cookie_tokens(header: str) -> list[str]:
-    if not header:
-        return []
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except CookieError:
-        return []
-    return [m.value for name, m in jar.items() if name.startswith(COOKIE)][:MAX_COOKIES]
+def _late(waited: float) -> Response:
+    return json_response(504, {
+        "error": f"No answer within {waited:g} s: the executor is busy with this request.",
+        "error_type": "timeout",
+        "suggestion": "It goes on in the background; the page shows its outcome when it "
+        "ends. Try again in a few seconds."})
 
 
-def _bearer(header: str) -> str:
-    scheme, _, credentials = header.partition(" ")
-    return credentials.strip() if scheme.lower() == "bearer" else ""
+late = _late
 
 
 def single_tenant(executor: Any, token: str) -> Callable[[str], Any | None]:

@@ -2,8 +2,9 @@
 
 ``Executor.serve_ui`` and ``coordex mcp --ui PORT`` use this: a standard-library
 threading HTTP server over :class:`~coordex.ui.app.UIApp`, owned by the Executor (it
-stops when the executor closes). Each request runs on its own short-lived thread, so a
-busy session's inspection never holds up the rest of the page.
+stops when the executor closes). Each connection runs on its own short-lived thread;
+what a request asks of the executor runs on the page's few threads of its own
+(:class:`~coordex.ui.app.TenantThreads`), so a busy session never holds up the page.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..core.errors import CoordexError
-from .app import UIApp, single_tenant
+from .app import MAX_BODY, UIApp, single_tenant
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -33,11 +34,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         parts = urlsplit(self.path)
         headers = {k.lower(): v for k, v in self.headers.items()}
-        if self.server.app.handles(parts.path):
-            response = self.server.app.handle(method, parts.path, parts.query, headers)
-        else:
-            response = self.server.app.handle(method, self.server.app.prefix + "/nothing-here",
-                                              parts.query, headers)
+        body = b""
+        length = self.headers.get("Content-Length", "")
+        if method == "POST" and length.isdigit():
+            body = self.rfile.read(min(int(length), MAX_BODY + 1))
+        path = parts.path if self.server.app.handles(parts.path) else \
+            self.server.app.prefix + "/nothing-here"
+        response = self.server.app.handle(method, path, parts.query, headers, body)
         self.send_response(response.status)
         for key, value in response.all_headers():
             self.send_header(key, value)
@@ -65,7 +68,9 @@ class UIServer:
             raise CoordexError(
                 "validation", f"Cannot serve the page on {host}:{port}: {exc.strerror or exc}.",
                 "Pass port=0 to take any free port, or another port that is free.")
-        server.app = UIApp(single_tenant(executor, self.token))
+        hosts, origins = _allowed(host)
+        server.app = UIApp(single_tenant(executor, self.token), allowed_hosts=hosts,
+                           allowed_origins=origins)
         self._server = server
         self._closed = False
         bound_port = server.server_address[1]
@@ -82,6 +87,19 @@ class UIServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def _allowed(host: str) -> tuple[list[str], list[str]]:
+    """The ``Host`` and ``Origin`` values of a page bound to ``host``: loopback names,
+    and the bound name itself when it is another."""
+    from .access import LOOPBACK_HOSTS, LOOPBACK_ORIGINS
+
+    hosts, origins = list(LOOPBACK_HOSTS), list(LOOPBACK_ORIGINS)
+    if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""):
+        shown = f"[{host}]" if ":" in host else host
+        hosts += [shown, f"{shown}:*"]
+        origins += [f"http://{shown}:*", f"http://{shown}"]
+    return hosts, origins
 
 
 def start_ui(executor: Any, host: str = "127.0.0.1", port: int = 0) -> UIServer:

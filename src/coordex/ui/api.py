@@ -1,0 +1,202 @@
+"""The page's JSON API (SPEC section 11), over any executor-like object.
+
+Each route is a function ``(executor, arguments) -> Response`` that the app runs on a
+thread of the tenant's own. Every answer is the executor's own result or error dict.
+What the executor offers is all that is used: ``list_sessions``, ``inspect_session``,
+``close_session``, ``rebuild_session`` and ``history`` (whose filters ``outcome``,
+``state_mode``, ``text`` and ``after_seq`` the page's list of calls uses); the calls in
+flight come from :func:`coordex.log.running.calls_of`, which a confined host's client
+gets from the front end that hands it its calls.
+
+A session with a call in flight is *busy*: the page shows it so and never inspects it
+(an inspection would wait for the call to end).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import CoordexError
+from ..log.running import calls_of
+
+if TYPE_CHECKING:
+    from .app import Request, Response
+
+Handler = Callable[[Any, dict[str, Any]], "Response"]
+
+_SESSION_KEYS = ("language", "venv_id", "session_id", "session_name")
+_INT_ARGUMENTS = ("venv_id", "session_id", "after_seq", "limit", "seq")
+
+
+def _ok(value: Any) -> Response:
+    from .app import json_response
+
+    status = 200
+    if isinstance(value, dict) and "error_type" in value:
+        status = 404 if value["error_type"] == "not_found" else 400 \
+            if value["error_type"] == "validation" else 200
+    return json_response(status, value)
+
+
+def _error(exc: CoordexError) -> Response:
+    return _ok(exc.to_dict())
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def _is_busy(session: dict[str, Any], running: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The call in flight that holds ``session``, if any."""
+    for call in running:
+        if call.get("state_mode") not in ("stateful", "read_only"):
+            continue
+        if (call.get("language"), call.get("venv_id")) != (session.get("language"),
+                                                           session.get("venv_id")):
+            continue
+        if call.get("session_name") is not None:
+            if call["session_name"] == session.get("session_name"):
+                return call
+        elif (call.get("session_id") or 0) == (session.get("session_id") or 0):
+            return call
+    return None
+
+
+def sessions(executor: Any, arguments: dict[str, Any]) -> Response:
+    listed = executor.list_sessions()
+    if "error_type" in listed:
+        return _ok(listed)
+    running = calls_of(executor).running()
+    for session in listed.get("sessions", []):
+        holder = _is_busy(session, running)
+        session["busy"] = holder is not None
+        session["busy_with"] = None if holder is None else holder.get("seq") or holder.get("id")
+    return _ok(listed)
+
+
+def calls(executor: Any, arguments: dict[str, Any]) -> Response:
+    options = {k: arguments[k] for k in (*_SESSION_KEYS, "outcome", "state_mode", "text",
+                                         "after_seq") if arguments.get(k) is not None}
+    options["limit"] = arguments.get("limit") or 200
+    return _ok(executor.history(**options))
+
+
+def one_call(executor: Any, arguments: dict[str, Any]) -> Response:
+    return _ok(executor.history(seq=arguments.get("seq")))
+
+
+def running(executor: Any, arguments: dict[str, Any]) -> Response:
+    return _ok({"running": calls_of(executor).running()})
+
+
+def inspect(executor: Any, arguments: dict[str, Any]) -> Response:
+    session = {k: arguments.get(k) for k in _SESSION_KEYS}
+    session["language"] = session["language"] or "python"
+    listed = executor.list_sessions().get("sessions", [])
+    record = next((s for s in listed if all(
+        session[k] is None or s.get(k) == session[k] for k in _SESSION_KEYS)), session)
+    holder = _is_busy(record, calls_of(executor).running())
+    if holder is not None:
+        return _ok({"busy": True, "running": holder, "session": session})
+    return _ok(executor.inspect_session(**session))
+
+
+# -- acting --------------------------------------------------------------------------------
+
+
+def interrupt(executor: Any, arguments: dict[str, Any]) -> Response:
+    try:
+        return _ok(calls_of(executor).interrupt(arguments.get("seq"), arguments.get("id")))
+    except CoordexError as exc:
+        return _error(exc)
+
+
+def close(executor: Any, arguments: dict[str, Any]) -> Response:
+    return _ok(executor.close_session(**_session(arguments)))
+
+
+def rebuild(executor: Any, arguments: dict[str, Any]) -> Response:
+    return _ok(executor.rebuild_session(**_session(arguments)))
+
+
+def _session(arguments: dict[str, Any]) -> dict[str, Any]:
+    found = {k: arguments.get(k) for k in _SESSION_KEYS}
+    found["language"] = found["language"] or "python"
+    if found["session_name"] is not None:
+        found["session_id"] = None  # the name is what the person picked
+    return found
+
+
+# -- routing -------------------------------------------------------------------------------
+
+# (method, path) -> (handler, is_action)
+_ROUTES: dict[tuple[str, str], tuple[Handler, bool]] = {
+    ("GET", "api/sessions"): (sessions, False),
+    ("GET", "api/calls"): (calls, False),
+    ("GET", "api/history"): (calls, False),
+    ("GET", "api/running"): (running, False),
+    ("GET", "api/inspect"): (inspect, False),
+    ("POST", "api/interrupt"): (interrupt, True),
+    ("POST", "api/close"): (close, True),
+    ("POST", "api/rebuild"): (rebuild, True),
+}
+
+
+def route(method: str, rest: str) -> tuple[Handler, bool] | int | None:
+    """The handler for a request, 405 for a known path asked the wrong way, or None."""
+    method = "GET" if method == "HEAD" else method
+    if rest.startswith("api/calls/"):
+        return (one_call, False) if method == "GET" else 405
+    found = _ROUTES.get((method, rest))
+    if found is not None:
+        return found
+    if any(path == rest for _, path in _ROUTES):
+        return 405
+    return None
+
+
+def arguments(request: Request, rest: str) -> dict[str, Any] | Response:
+    """The request's arguments: the query's, a POST's JSON body, ``calls/SEQ``'s seq.
+    Numbers that do not parse are passed on as text, for the executor's own message."""
+    from .app import MAX_BODY, json_response
+
+    found: dict[str, Any] = {k: v[0] for k, v in request.query.items() if k != "token" and v}
+    if request.method == "POST":
+        if len(request.body) > MAX_BODY:
+            return json_response(413, {"error": "The request body is too large.",
+                                       "error_type": "validation",
+                                       "suggestion": "Send the session's coordinates only."})
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return json_response(400, {"error": "A POST body must be a JSON object.",
+                                       "error_type": "validation",
+                                       "suggestion": 'Send {"seq": N} or the session\'s '
+                                       "language, venv_id and session_id or session_name."})
+        found.update(body)
+    if rest.startswith("api/calls/"):
+        found["seq"] = rest[len("api/calls/"):]
+    for key in _INT_ARGUMENTS:
+        value = found.get(key)
+        if isinstance(value, str):
+            found[key] = None if value == "" else int(value) if _is_int(value) else value
+    for key in ("language", "session_name", "outcome", "state_mode", "text"):
+        if found.get(key) == "":
+            found[key] = None
+    return found
+
+
+def _is_int(text: str) -> bool:
+    return text.isdigit() or (text.startswith("-") and text[1:].isdigit())
+
+
+def answer_now(handler: Handler, executor: Any, arguments: dict[str, Any]) -> Response | None:
+    """Answers that need no thread: the calls in flight and interrupting one only touch
+    the registry in memory (never a session, never the log's file for a confined
+    host's calls)."""
+    if handler is interrupt:
+        return interrupt(executor, arguments)
+    return None
