@@ -34,6 +34,7 @@ from .backends.env import EnvironmentPlace
 from .backends.own import OwnPlace, OwnSession
 from .core import coordinates as coords
 from .core import messages
+from .core.bindings import bound_names
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
@@ -284,6 +285,10 @@ class Executor:
             place = self._place(key.language, key.venv_id)
             try:
                 outcome = sessions.attempts(place, "stateful", lambda: session.run(request))
+                if key.language == "python" and "error" not in outcome:
+                    # ``x = 41`` again is a rebinding though the object is the same one.
+                    outcome["rebound"] = list(dict.fromkeys(
+                        [*(outcome.get("rebound") or ()), *bound_names(request.code)]))
                 if self._call_log is not None:
                     note_changes(outcome.get("rebound"), outcome.get("deleted"))
             finally:
