@@ -420,7 +420,7 @@ def _installed(folder: Path) -> list[dict[str, str]]:
     for site in [*folder.glob("lib/python*/site-packages"), folder / "Lib" / "site-packages"]:
         if site.is_dir():
             for dist in metadata.distributions(path=[str(site)]):
-                name = dist.metadata.get("Name")
+                name = dist.metadata["Name"]
                 if name:
                     found[name] = dist.version
     return [{"name": name, "version": found[name]} for name in sorted(found, key=str.lower)]
