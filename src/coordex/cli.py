@@ -190,6 +190,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             folder = Path(args.confine)
             ex = router.confined_executor(args, folder, name="default", hidden=hidden,
                                           environments=router.environments_folder(
+                                              base_root(args.home), "", folder),
+                                          records=router.records_folder(
                                               base_root(args.home), "", folder))
         else:
             ex = make_executor(args)

@@ -121,7 +121,7 @@ class Executor:
                  envs_dir: str | os.PathLike[str] | None = None,
                  log: bool = True, log_max_rows: int = 100_000,
                  cluster: str | None = None, own_on_caller_thread: bool = False,
-                 environments_manager: Any = None) -> None:
+                 environments_manager: Any = None, records: Any = None) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -141,6 +141,9 @@ class Executor:
         self._capabilities: dict[str, Callable[..., Any]] = {}
         self._environments: Any = environments_manager
         self._functions: Any = None
+        # Where the call log and the function store are written when not under root by
+        # this process (a confined host's owner writes them: backends/confined/records).
+        self._records = records
         self._progress = _Progress()
         import builtins
 
@@ -532,7 +535,12 @@ class Executor:
     def _open_call_log(self, enabled: bool, max_rows: int) -> CallLog | None:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
-        return CallLog(self.root / LOG_FILE, max_rows) if enabled else None
+        if not enabled:
+            return None
+        if self._records is not None:
+            log: CallLog = self._records.call_log(max_rows)
+            return log
+        return CallLog(self.root / LOG_FILE, max_rows)
 
     def _record_call(self, result: dict[str, Any], code: Any,
                      coordinate: Coordinate | None) -> dict[str, Any]:
@@ -685,7 +693,8 @@ class Executor:
             if self._functions is None:
                 from .library.functions import FunctionLibrary
 
-                self._functions = FunctionLibrary(self)
+                self._functions = FunctionLibrary(
+                    self, store=self._records.library_store() if self._records else None)
             library: FunctionLibrary = self._functions
             return library
 

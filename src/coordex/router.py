@@ -128,9 +128,19 @@ def environments_folder(root: Path, name: str, folder: Path) -> Path:
         os.path.realpath(folder).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+def records_folder(root: Path, name: str, folder: Path) -> Path:
+    """Where a confined tenant's call log and stored functions live: beside its
+    environments under the server's root (``records/tenants/NAME``), written by the
+    server alone and read-only in the tenant's jail (SPEC 9)."""
+    environments = environments_folder(root, name, folder)
+    base = root.expanduser().absolute() / "records"
+    return base / environments.parent.name / environments.name
+
+
 def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
                       hidden: Sequence[str | Path], environments: Path | None = None,
-                      lazy: bool = False, nodes: Any = None) -> Any:
+                      records: Path | None = None, lazy: bool = False,
+                      nodes: Any = None) -> Any:
     """A :class:`ConfinedExecutor` for one tenant, from the command-line options;
     ``environments`` is its folder of built environments (see :func:`environments_folder`);
     ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
@@ -138,7 +148,8 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
     from .cli import executor_options
 
     executor_args = executor_options(args)
-    return ConfinedExecutor(folder, environments=environments, memory_limit=args.memory_limit,
+    return ConfinedExecutor(folder, environments=environments, records=records,
+                            memory_limit=args.memory_limit,
                             network=not args.no_network, max_calls=args.max_calls,
                             hide=[str(p) for p in hidden], name=name or "default",
                             readable=getattr(args, "readable", None) or (),
@@ -171,11 +182,13 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
         folder = root / "tenants" / name
         return confined_executor(args, folder, name=name, hidden=hidden, lazy=True,
                                  environments=environments_folder(root, name, folder),
+                                 records=records_folder(root, name, folder),
                                  nodes=tenant_nodes(args, name))
     if getattr(args, "confine", None):
         folder = Path(args.confine)
         return confined_executor(args, folder, name="default", hidden=hidden,
                                  environments=environments_folder(root, "", folder),
+                                 records=records_folder(root, "", folder),
                                  nodes=tenant_nodes(args, "default"))
     return make_in_process()
 
@@ -231,7 +244,7 @@ def tenant_options(args: argparse.Namespace, confined: bool) -> dict[str, Any]:
 
 __all__ = [
     "MIN_TOKEN_LENGTH", "add_confinement_options", "confined_executor", "confinement_level",
-    "confinement_refusal", "environments_folder", "hide_secrets_from_sessions", "join_cluster_for_tenants",
+    "confinement_refusal", "environments_folder", "records_folder", "hide_secrets_from_sessions", "join_cluster_for_tenants",
     "secrets_to_hide", "short_tokens", "startup_warnings", "tenant_executor", "tenant_nodes",
     "tenant_options",
 ]

@@ -105,6 +105,15 @@ def _value(result: dict[str, object]) -> object:
     return json.loads(ast.literal_eval(str(result["result"])))
 
 
+def _on_the_way(folder: str) -> set[str]:
+    import coordex
+
+    given = [sys.prefix, sys.base_prefix, os.path.realpath(sys.executable),
+             os.path.dirname(os.path.dirname(coordex.__file__))]
+    return {Path(os.path.realpath(p)).relative_to(folder).parts[0] for p in given
+            if os.path.realpath(p).startswith(folder + "/")}
+
+
 def test_nothing_of_the_machine_that_was_not_given_exists(room: Room) -> None:
     found = room.server.code(ALICE, f"""
 import json, os
@@ -138,7 +147,8 @@ json.dumps({{
     assert "tokens.txt" not in (seen["base"] or []) and "operator" not in (seen["base"] or [])
     assert "bob" not in (seen["tenants"] or []), seen
     for folder in ("root", "home", "srv"):
-        assert not seen[folder], seen  # absent from the view, or refused
+        # Absent from the view, or holding only the way to the Python installation.
+        assert set(seen[folder] or []) <= _on_the_way(f"/{folder}"), seen
 
 
 def test_bash_finds_nothing_either(room: Room) -> None:
@@ -265,7 +275,7 @@ def test_programs_run_on_the_listed_etc_files(room: Room) -> None:
         "set -e\n"
         "python3 -c 'import ssl, socket, time, pwd, os; ssl.create_default_context(); "
         "socket.getaddrinfo(\"localhost\", 80); time.localtime(); "
-        "print(pwd.getpwuid(os.getuid()).pw_dir)'\n"
+        "print(os.path.expanduser(\"~\"))'\n"
         "uv --version >/dev/null && echo uv-ok\n"
         "git --version >/dev/null && rm -rf repo && git init -q repo && cd repo && "
         "git -c user.name=t -c user.email=t@e commit -q --allow-empty -m x && echo git-ok\n"
@@ -282,3 +292,47 @@ def test_a_spec_naming_a_file_outside_the_view_says_so(room: Room) -> None:
         "spec": f'# /// script\n# dependencies = ["pkg @ file://{outside}"]\n# ///\n'}))[0]
     assert made["is_error"] and made["error_type"] == "environment", made
     assert str(outside) in made["error"] and "--readable" in made["suggestion"], made
+
+
+FORGE = """
+import json, os, sqlite3
+argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+records = argv[argv.index(b'--records') + 1].decode()
+out = int(argv[argv.index(b'--out') + 1])
+found = {}
+try:
+    db = sqlite3.connect(os.path.join(records, 'log.sqlite3'))
+    db.execute("UPDATE calls SET code = 'print(1)'")
+    db.execute("DELETE FROM calls")
+    db.commit()
+    found['sqlite'] = 'written'
+except Exception as exc:
+    found['sqlite'] = type(exc).__name__
+# The host's own line to its owner, forged: rewrite the earlier row's code.
+line = {'type': 'record', 'id': 10**6, 'op': 'log_update',
+        'args': {'seq': SEQ, 'values': {'code': 'import os  # forged', 'outcome': 'ok'}}}
+os.write(out, json.dumps(line).encode() + b'\\n')
+found
+"""
+
+
+def _alice_log(room: Room) -> list[dict[str, object]]:
+    from coordex.log.store import LogReader
+
+    path = room.server.home / "records" / "tenants" / "alice" / "log.sqlite3"
+    return LogReader(path).query("SELECT seq, code FROM calls ORDER BY seq")
+
+
+def test_its_call_log_is_not_its_to_change(room: Room) -> None:
+    made = room.server.code(ALICE, "audited = 1", state_mode="stateful", session_name="audit")
+    assert not made["is_error"], made
+    seq = next(r["seq"] for r in _alice_log(room) if r["code"] == "audited = 1")
+    attack = room.server.code(ALICE, FORGE.replace("SEQ", str(seq)))
+    assert attack["result"] == "{'sqlite': 'OperationalError'}", attack
+    # A host started afresh may not touch its last life's rows at all.
+    room.server.code(ALICE, "import os\nos._exit(3)")
+    room.server.code(ALICE, FORGE.replace("SEQ", str(seq)))
+    codes = {r["seq"]: r["code"] for r in _alice_log(room)}
+    assert codes[seq] == "audited = 1", codes
+    assert not any(str(c).startswith("import os  # forged") for c in codes.values()), codes
+    assert not (room.server.home / "tenants" / "alice" / "log.sqlite3").exists()

@@ -348,10 +348,11 @@ class FunctionLibrary:
     ``functions["list"]``.
     """
 
-    def __init__(self, executor: FunctionRunner) -> None:
+    def __init__(self, executor: FunctionRunner, store: LibraryStore | None = None) -> None:
         self._executor = executor
         self._path = Path(executor.root) / DB_NAME
-        self._store_obj: LibraryStore | None = None
+        # ``store``: one written elsewhere (a confined host's, by its owner).
+        self._store_obj: LibraryStore | None = store
         self._lock = threading.Lock()
         self._venv_ids: dict[str, int] = {}
 

@@ -462,6 +462,8 @@ class CallLog:
         if self.forked:  # the parent's writer may have held the lock when the copy was made
             raise OSError("the call log is not readable from a read-only copy")
         self.flush()
+        if self._writer is not self._sqlite:  # written elsewhere: read it read-only here
+            return LogReader(self.path).query(sql, params)
         with self._lock:
             try:
                 cursor = self._sqlite.connection().execute(sql, tuple(params))

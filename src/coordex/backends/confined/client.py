@@ -50,6 +50,7 @@ class _Pending:
     on_output: OnOutput | None
     done: threading.Event = field(default_factory=threading.Event)
     value: Any = None
+    call: dict[str, Any] | None = None  # method and arguments, for the host's records
 
 
 class _Host:
@@ -57,8 +58,9 @@ class _Host:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str,
                  on_node: Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], None]
-                 | None = None) -> None:
+                 | None = None, records: Any = None) -> None:
         self._on_node = on_node
+        self._records = records
         to_host_r, self._to_host = os.pipe()
         self._from_host, from_host_w = os.pipe()
         lifeline_r, self._lifeline = os.pipe()
@@ -128,6 +130,13 @@ class _Host:
             self.ready = msg
             self._ready.set()
             return
+        if kind == "record":  # the host's records, which only this side writes
+            with self._pending_lock:
+                pending = self._pending.get(msg.get("call"))  # type: ignore[arg-type]
+            value = (self._records.handle(msg["op"], msg["args"], pending and pending.call)
+                     if self._records is not None else {"error": "no records here"})
+            self._send({"type": "record_reply", "id": msg["id"], "value": value})
+            return
         with self._pending_lock:
             pending = self._pending.get(msg["id"])
         if pending is None:
@@ -164,7 +173,7 @@ class _Host:
         stuck beyond its own timeouts (code holding the GIL in C) and is ended.
         """
         call_id = next(self._ids)
-        pending = _Pending(on_output)
+        pending = _Pending(on_output, call={"method": method, "args": args})
         with self._pending_lock:
             if not self.alive:
                 return None
@@ -267,6 +276,9 @@ class ConfinedExecutor:
             uv's cache (default: ``<root>.environments`` beside ``root``). Outside the
             folders above, and read-only to the host: only the jail's builder process
             writes there, so the tenant's code cannot change an environment it runs.
+        records: the folder of the host's call log and stored functions (default:
+            ``<root>.records``), read-only to the host and written by this object
+            (:mod:`.records`): the tenant reads them through the API only.
         memory_limit: bytes for the whole host (default 4 GiB); a cgroup where the
             machine lets coordex make one, else a per-process rlimit
             (``confinement["memory"]`` says which).
@@ -305,6 +317,7 @@ class ConfinedExecutor:
 
     def __init__(self, folder: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
                  environments: str | os.PathLike[str] | None = None,
+                 records: str | os.PathLike[str] | None = None,
                  memory_limit: int | None = None, network: bool = True,
                  max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
                  hide: Sequence[str | os.PathLike[str]] = (),
@@ -336,6 +349,12 @@ class ConfinedExecutor:
             self._argv += ["--serve", serve]
         if self.environments_folder is not None:
             self._argv += ["--environments", str(self.environments_folder)]
+        self.records_folder = (Path(records).expanduser().absolute() if records is not None
+                               else self.root.with_name(self.root.name + ".records"))
+        _check_apart(self.records_folder, (self.folder, self.root))
+        self._records: Any = None
+        if serve == "executor":
+            self._argv += ["--records", str(self.records_folder)]
         self._nodes = nodes
         if nodes is not None:
             self._argv.append("--relay")
@@ -351,6 +370,8 @@ class ConfinedExecutor:
         self.user = user if user is not None else tenant_user(str(self.folder), name)
         if self.user is not None:
             self._argv += ["--user", ":".join(str(x) for x in self.user)]
+        if serve == "executor":
+            self._records = self._open_records(int(executor_args.get("log_max_rows", 100_000)))
         self._env = self._host_env(env)
         self._lock = threading.Lock()
         self._host: _Host | None = None
@@ -382,6 +403,17 @@ class ConfinedExecutor:
                              "may write apart from the host's folder") from None
         return folder
 
+    def _open_records(self, max_rows: int) -> Any:
+        """The host's records, written here (see :mod:`.records`); readable by the host's
+        user alone where that is not this one."""
+        from .records import OwnerRecords
+
+        records = OwnerRecords(self.records_folder, max_rows)
+        if self.user is not None:
+            os.chown(self.records_folder, os.geteuid(), self.user[1])
+            os.chmod(self.records_folder, 0o750)
+        return records
+
     def _host_env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -410,8 +442,10 @@ class ConfinedExecutor:
 
     def _start(self) -> _Host | dict[str, Any]:
         """Start a host; the running one, or an error dict when it cannot start."""
+        if self._records is not None:
+            self._records.new_life()
         host = _Host(self._argv, self._env, str(self.folder),
-                     self._nodes.serve if self._nodes is not None else None)
+                     self._nodes.serve if self._nodes is not None else None, self._records)
         ready = host.wait_ready(READY_TIMEOUT)
         if ready is not None and ready.get("fatal") and str(ready.get("error")).startswith(
                 ("TypeError", "ValueError")):
@@ -541,6 +575,8 @@ class ConfinedExecutor:
             self.close_step = host.close()
         if self._nodes is not None:
             self._nodes.close()
+        if self._records is not None:
+            self._records.close()
 
     def __enter__(self) -> ConfinedExecutor:
         return self

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="the Executor's data folder (default: the folder)")
     p.add_argument("--environments", help="folder of the built environments: read-only to "
                    "the host, written by the jail's builder process")
+    p.add_argument("--records", help="folder of the host's call log and stored functions: "
+                   "read-only to the host, written by its owner ('record' lines)")
     p.add_argument("--in", dest="fd_in", type=int, required=True, help="protocol fd, owner to host")
     p.add_argument("--out", dest="fd_out", type=int, required=True, help="protocol fd, host to owner")
     p.add_argument("--lifeline", type=int, help="fd whose end of file ends the host")
@@ -74,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = os.path.realpath(args.folder)
     root = os.path.realpath(args.root) if args.root else folder
     environments = os.path.realpath(args.environments) if args.environments else None
-    for path in (folder, root, environments):
+    records = os.path.realpath(args.records) if args.records else None
+    for path in (folder, root, environments, records):
         if path is not None:
             os.makedirs(path, exist_ok=True)
     user = _parse_user(args.user)
@@ -86,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = JailSpec(folder=folder, writable=(root,) if root != folder else (),
                     hidden=hidden, readable=readable,
                     network=not args.no_network, tmpfs_size=args.memory_limit or None,
-                    environments=environments, user=user)
+                    environments=environments, user=user, records=records)
     level = _level(args.level, spec)
     # Imported here, once, before the forks: the keeper, init, builder and host share
     # the pages.
@@ -102,14 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     jail.join_cgroups(limits, os.getpid())  # the keeper too: everything forked inherits
     jail.apply_rlimits(limits)
     error = ""
+    if level == "none":
+        # Nothing holds: no jail, so no user of its own either (the server refuses
+        # several tenants at this level unless told --allow-unconfined).
+        user = None
+        spec = dataclasses.replace(spec, user=None)
     if user is not None:
         identity.hand_over([p for p in (folder, root, environments) if p], user[0], user[1])
-        if level != "namespaces+landlock" and not all(
-                identity.reachable(p, user[0], user[1]) for p in (folder, root)):
-            error = (f"the tenant's folder {folder!r} cannot be reached by its user "
-                     f"{user[0]} (a folder above it is closed to others): make those "
-                     "folders searchable (chmod o+x) or keep the server's root elsewhere")
-            level = "none"
     scratch = None
     if level != "namespaces+landlock":
         # No private /tmp here: a scratch folder of its own, removed by the keeper.
@@ -173,19 +176,27 @@ def _warden(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
 
         try:
             jail.enter_namespaces(spec.network, map_ids if user is not None else None)
-            handles = jail.open_view(spec)
+            opened = jail.open_view(spec)
             if user is not None:
                 identity.become(user[0], user[1])
                 became = True
-            jail.build_view(spec, handles)
+            jail.build_view(spec, opened)
         except OSError as exc:  # e.g. blocked after the probe: say so, confine less
             error = f"namespaces: {exc}"
             level = "landlock" if jail.best_level() == "landlock" and jail.landlock_covers(
                 spec) else "none"
     os.close(told)
     os.close(mapped)
-    if user is not None and not became:
-        identity.become(user[0], user[1])
+    if user is not None and not became and level != "none":
+        try:  # no view of its own here: the folders above its own may be closed to it
+            from .view import reach
+
+            reach([spec.folder, *spec.writable, *spec.readable,
+                   *(p for p in (spec.environments, spec.records) if p)], user[0], user[1])
+        except OSError as exc:
+            error, level = f"reaching its folders: {exc}", "none"
+        if level != "none":
+            identity.become(user[0], user[1])
     jail.apply_process_rlimit(limits)  # inside the user namespace: this host's count
     init = os.fork()
     if init == 0:
@@ -340,6 +351,12 @@ def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
     import shutil
 
     assert spec.environments is not None
+    refused = ""
+    if level == "namespaces+landlock":
+        try:  # the jail's view first: the folder's path names it there
+            jail.seal_for_builder(spec)
+        except OSError as exc:
+            refused = f"{type(exc).__name__}: {exc}"
     os.chdir(spec.environments)
     # uv's cache and the builds' scratch space beside the environments, read-only to
     # the host like them: no file a build reads or a later build copies can be swapped.
@@ -352,13 +369,12 @@ def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
     shutil.rmtree(scratch, ignore_errors=True)  # a killed builder's leftovers
     os.makedirs(scratch, exist_ok=True)
     _use_scratch(scratch)
-    refused = ""
     try:
-        if level == "namespaces+landlock":
-            jail.seal_for_builder(spec)
+        if refused:
+            raise OSError(refused)
         jail.restrict(level, jail.builder_spec(spec))
     except OSError as exc:
-        refused = f"{type(exc).__name__}: {exc}"
+        refused = refused or f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(OSError):  # refusing every request, with no power left
             jail.drop_capabilities()
     from pathlib import Path
@@ -401,6 +417,11 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
              "builds": "builder" if channel is not None and level != "none" else "host"}
     out = _Writer(args.fd_out)
     relay = None
+    records = None
+    if spec.records is not None and args.serve != "node":
+        from .records import HostRecords
+
+        records = options["records"] = HostRecords(spec.records, out.send)
     try:
         if args.serve == "node":
             from ..ray.node import NodeHost
@@ -431,7 +452,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     # Read-only copies of its Python sessions close the wire, and the builder channel: a
     # read-only call changes no environment.
     hold(args.fd_in, args.fd_out, *([channel.fileno()] if channel is not None else []))
-    return _Server(executor, args.fd_in, out, max(1, args.max_calls), relay).serve()
+    return _Server(executor, args.fd_in, out, max(1, args.max_calls), relay, records).serve()
 
 
 def _environments(folder: str, options: dict[str, Any], channel: socket.socket | None) -> Any:
@@ -473,9 +494,10 @@ class _Server:
     """Reads calls, runs each on a pool of ``max_calls`` threads, writes replies."""
 
     def __init__(self, executor: Any, fd_in: int, out: _Writer, max_calls: int,
-                 relay: Any = None) -> None:
+                 relay: Any = None, records: Any = None) -> None:
         self.executor = executor
         self.relay = relay
+        self.records = records
         self.fd_in = fd_in
         self.out = out
         self.pool = ThreadPoolExecutor(max_workers=max_calls, thread_name_prefix="coordex-call")
@@ -496,6 +518,10 @@ class _Server:
                         if self.relay is not None:
                             self.relay.answer(msg["id"], msg["value"])
                         continue
+                    if msg["type"] == "record_reply":
+                        if self.records is not None:
+                            self.records.answer(msg["id"], msg["value"])
+                        continue
                     if msg["type"] == "cancel":
                         event = self.cancels.get(msg["id"])
                         if event is not None:
@@ -511,6 +537,8 @@ class _Server:
     def _stop(self, code: int) -> int:
         if self.relay is not None:  # no node_reply can arrive any more: fail fast
             self.relay.detach()
+        if self.records is not None:
+            self.records.detach()
         with contextlib.suppress(Exception):
             self.executor.close()
         os._exit(code)  # call threads may still be blocked in user code
@@ -522,8 +550,11 @@ class _Server:
         if msg.get("stream"):
             def on_output(stream: str, text: str) -> None:
                 self.out.send({"type": "output", "id": call_id, "stream": stream, "text": text})
+        from .records import serving_call
+
         try:
-            value = invoke(self.executor, msg["method"], msg["args"], on_output, cancel)
+            with serving_call(call_id):
+                value = invoke(self.executor, msg["method"], msg["args"], on_output, cancel)
         except Exception as exc:  # a coordex bug still reaches the owner as data
             from ...core.errors import make_error
 

@@ -90,23 +90,6 @@ def hand_over(paths: Sequence[str], uid: int, gid: int) -> None:
         os.chmod(top, stat.S_IMODE(os.stat(top).st_mode) & ~0o077 | 0o700)
 
 
-def reachable(path: str, uid: int, gid: int) -> bool:
-    """True when ``uid`` may walk to ``path`` (every folder above it searchable)."""
-    parent = os.path.dirname(os.path.realpath(path))
-    while True:
-        try:
-            st = os.stat(parent)
-        except OSError:
-            return False
-        mode = st.st_mode
-        if not (mode & 0o001 or (st.st_uid == uid and mode & 0o100)
-                or (st.st_gid == gid and mode & 0o010)):
-            return False
-        if parent == "/":
-            return True
-        parent = os.path.dirname(parent)
-
-
 def map_writer(pid: int, uid: int, gid: int) -> Callable[[], None]:
     """What the keeper (root, outside) writes for the warden ``pid`` once it has made
     its user namespace: the tenant's user and group map to themselves, nothing else
@@ -122,10 +105,19 @@ def map_writer(pid: int, uid: int, gid: int) -> Callable[[], None]:
 
 
 def become(uid: int, gid: int) -> None:
-    """Take the tenant's user and group for good (real, effective and saved ids)."""
+    """Take the tenant's user and group for good (real, effective and saved ids).
+
+    The kernel marks a process that gave up root as not dumpable, which makes its
+    ``/proc/self`` root's: it could no longer read its own descriptors (a bind from
+    ``/proc/self/fd/N``, a subprocess closing its fds). It is the tenant's own process
+    now, so it is made dumpable again.
+    """
+    import ctypes
+
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
+    ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
 
 
 __all__ = ["DEFAULT_RANGE", "become", "collisions", "hand_over", "id_range", "map_writer",
-           "reachable", "tenant_user"]
+           "tenant_user"]

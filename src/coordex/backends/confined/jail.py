@@ -109,6 +109,8 @@ class JailSpec:
             :func:`seal_for_builder`, :func:`builder_spec`) may write there.
         user: (uid, gid, name) the jail runs as where the server is root; None keeps
             the server's user.
+        records: the folder of the host's call log and stored functions, written by
+            its owner: read-only in the view (and to the builder), readable by Landlock.
     """
 
     folder: str
@@ -119,6 +121,7 @@ class JailSpec:
     tmpfs_size: int | None = None
     environments: str | None = None
     user: tuple[int, int, str] | None = None
+    records: str | None = None
 
 
 @dataclass(frozen=True)
@@ -365,32 +368,36 @@ def enter_namespaces(network: bool, map_ids: Callable[[], None] | None = None) -
         socket.sethostname("coordex")
 
 
-def open_view(spec: JailSpec) -> dict[str, int]:
-    """``O_PATH`` handles on every folder and file the view binds, opened while this
-    process can still reach them all (a root server's warden, before it takes the
-    tenant's user: the server's root is closed to that user)."""
+def open_view(spec: JailSpec) -> tuple[Any, dict[str, int]]:
+    """The view's plan and ``O_PATH`` handles on every folder and file it binds, made
+    while this process can still reach them all (a root server's warden, before it
+    takes the tenant's user: the server's root, or a Python under ``/root``, is closed
+    to that user)."""
+    plan = view_plan(spec)
     handles: dict[str, int] = {}
     try:
-        for bind in view_plan(spec).binds:
+        for bind in plan.binds:
             handles[bind.path] = os.open(bind.path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
         for fd in handles.values():
             os.close(fd)
         raise
-    return handles
+    return plan, handles
 
 
-def build_view(spec: JailSpec, handles: dict[str, int] | None = None) -> None:
+def build_view(spec: JailSpec, opened: tuple[Any, dict[str, int]] | None = None) -> None:
     """Build the jail's new root (:func:`.view.stage`) in this mount namespace: the
-    allow-list of :mod:`.view` plus the tenant's folders and its environments. Files
-    made there are this process's, so a root server's warden calls it as the tenant."""
+    allow-list of :mod:`.view` plus the tenant's folders and its environments, from
+    what :func:`open_view` opened (else opened here). Files made there are this
+    process's, so a root server's warden calls it as the tenant."""
     from . import view
 
+    plan, handles = opened if opened is not None else (view_plan(spec), {})
     try:
-        view.stage(view_plan(spec), home=spec.folder, user=spec.user,
-                   tmpfs_size=spec.tmpfs_size, handles=handles)
+        view.stage(plan, home=spec.folder, user=spec.user, tmpfs_size=spec.tmpfs_size,
+                   handles=handles)
     finally:
-        for fd in (handles or {}).values():
+        for fd in handles.values():
             os.close(fd)
 
 
@@ -398,7 +405,7 @@ def view_plan(spec: JailSpec) -> Any:
     from . import view
 
     return view.plan(spec.readable, (spec.folder, *spec.writable), spec.hidden,
-                     spec.environments)
+                     spec.environments, spec.records)
 
 
 def seal_for_builder(spec: JailSpec) -> None:
@@ -409,7 +416,8 @@ def seal_for_builder(spec: JailSpec) -> None:
     from . import view
 
     assert spec.environments
-    view.enter([os.path.realpath(spec.environments)])
+    view.enter([os.path.realpath(spec.environments)],
+               [os.path.realpath(spec.records)] if spec.records else [])
 
 
 def builder_spec(spec: JailSpec) -> JailSpec:
@@ -419,7 +427,7 @@ def builder_spec(spec: JailSpec) -> JailSpec:
     assert spec.environments
     return JailSpec(folder=spec.environments, hidden=spec.hidden, network=spec.network,
                     readable=(*spec.readable, spec.folder, *spec.writable),
-                    tmpfs_size=spec.tmpfs_size)
+                    tmpfs_size=spec.tmpfs_size, records=spec.records)
 
 
 def confine_build_step(cache: str, scratch: str) -> Callable[[list[str], Any, str], list[str]]:
@@ -448,7 +456,7 @@ def init_namespace(spec: JailSpec) -> None:
 
     own = [os.path.realpath(p) for p in (spec.folder, *spec.writable)]
     view.enter([*own, "/tmp", "/dev/shm"],
-               [os.path.realpath(spec.environments)] if spec.environments else [])
+               [os.path.realpath(p) for p in (spec.environments, spec.records) if p])
     if not spec.network:
         _loopback_up()
 
@@ -495,7 +503,7 @@ def restrict(level: Level, spec: JailSpec) -> None:
         scratch = os.environ.get("TMPDIR", "")
         rules += [(scratch, handled)] if scratch else []
         rules += [(p, read | ioctl) for p in landlock_reads(spec.readable)]
-        rules += [(spec.environments, read | ioctl)] if spec.environments else []
+        rules += [(p, read | ioctl) for p in (spec.environments, spec.records) if p]
         # At their real paths (a rule follows no link: /dev/ptmx is often pts/ptmx).
         rules += [(os.path.realpath(d), handled) for d in LANDLOCK_DEVICES]
     else:

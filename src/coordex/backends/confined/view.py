@@ -102,7 +102,7 @@ def resolve(path: str, links: list[tuple[str, str]], depth: int = 0) -> str:
 
 
 def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str],
-         environments: str | None = None) -> Plan:
+         environments: str | None = None, records: str | None = None) -> Plan:
     """What the view holds (see the module docstring); pure but for path look-ups.
 
     A readable path that is or holds a hidden one is left out whole (a server started
@@ -123,9 +123,9 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
             return
         if not os.path.exists(real):
             return
-        # The tenant's own folders may lie in a hidden one (a server's root holds them);
-        # nothing else may be or hold or lie in one.
-        if any(_within(h, real) or (_within(real, h) and not own) for h in real_hidden):
+        # The tenant's own folders may lie in a hidden one (a server's root holds them)
+        # or hold one (covered, below); nothing else may be or hold or lie in one.
+        if not own and any(_within(h, real) or _within(real, h) for h in real_hidden):
             return
         links.extend(found)
         wanted[real] = wanted.get(real, False) or write
@@ -138,8 +138,9 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
         add(path, False)
     for path in writable:
         add(path, True, own=True)
-    if environments:
-        add(environments, False, own=True)
+    for path in (environments, records):
+        if path:
+            add(path, False, own=True)
     binds: list[Bind] = []
     for path in sorted(wanted, key=lambda p: (p.count("/"), p)):
         # Beneath a folder already bound with the same rights: seen through it.
@@ -161,8 +162,9 @@ def landlock_reads(readable: Iterable[str]) -> list[str]:
     """The folders and files Landlock lets a host read at the ``landlock`` level: the
     same list as the view's, each at its real path (a rule follows no link)."""
     paths: list[str] = []
-    for path in (*SYSTEM_DIRS, *(os.path.join("/etc", n) for n in ETC_FILES), *readable,
-                 *SYS_READ, "/proc"):
+    # The machine's passwd and group too: there is no view to write the jail's own in.
+    for path in (*SYSTEM_DIRS, *(os.path.join("/etc", n) for n in (*ETC_FILES, "passwd", "group")),
+                 *readable, *SYS_READ, "/proc"):
         links: list[tuple[str, str]] = []
         with contextlib.suppress(OSError):
             if os.path.lexists(path):
@@ -184,11 +186,17 @@ def stage(view: Plan, *, home: str, user: tuple[int, int, str] | None, tmpfs_siz
     opened = {b.path: os.open(b.path, os.O_PATH | os.O_CLOEXEC)
               for b in view.binds if handles is None or b.path not in handles}
     sources = {**(handles or {}), **opened}
+    kinds = {path: stat.S_ISDIR(os.fstat(fd).st_mode) for path, fd in sources.items()}
     try:
         iso._mount("tmpfs", STAGE, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=0755")
+        # The private /tmp first: a folder given that lies in the machine's /tmp (a
+        # checkout, a tenant's folder) is bound into it at its own path.
+        size = f",size={tmpfs_size}" if tmpfs_size else ""
+        os.makedirs(STAGE + "/tmp")
+        iso._mount("tmpfs", STAGE + "/tmp", "tmpfs", iso._MS_NOSUID | iso._MS_NODEV,
+                   "mode=1777" + size)
         for bind in view.binds:
-            _bind(sources[bind.path], STAGE + bind.path, is_dir=os.path.isdir(
-                f"/proc/self/fd/{sources[bind.path]}"))
+            _bind(sources[bind.path], STAGE + bind.path, is_dir=kinds[bind.path])
         for path, text in view.links:
             target = STAGE + path
             if not os.path.lexists(target):
@@ -198,10 +206,6 @@ def stage(view: Plan, *, home: str, user: tuple[int, int, str] | None, tmpfs_siz
             _cover(STAGE + path)
         _stage_etc(user, home)
         _stage_dev(tmpfs_size)
-        size = f",size={tmpfs_size}" if tmpfs_size else ""
-        os.makedirs(STAGE + "/tmp", exist_ok=True)
-        iso._mount("tmpfs", STAGE + "/tmp", "tmpfs", iso._MS_NOSUID | iso._MS_NODEV,
-                   "mode=1777" + size)
         os.makedirs(STAGE + "/proc", exist_ok=True)
     finally:
         for fd in opened.values():
@@ -261,6 +265,53 @@ def _stage_dev(tmpfs_size: int | None) -> None:
                "mode=1777" + size)
 
 
+# ---------------------------------------------------------------------------- reaching
+
+def reach(paths: Sequence[str], uid: int, gid: int) -> None:
+    """Let ``uid`` reach ``paths`` where a folder above one is closed to it (a server's
+    root of mode 0700, a Python installed under ``/root``), for a root server's host at
+    the ``landlock`` level, which has no view of its own: in a mount namespace of this
+    process's own (root needs no user namespace for one), each such folder is covered
+    by an empty one with the paths beneath it bound back. Landlock then allows what it
+    allows, by the same paths."""
+    real = sorted({os.path.realpath(p) for p in paths if os.path.exists(p)})
+    closed = {a for p in real for a in _above(p) if not _searchable(a, uid, gid)}
+    tops = sorted(a for a in closed if not any(_within(a, b) and a != b for b in closed))
+    if not tops:
+        return
+    iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
+    iso._mount(None, "/", None, iso._MS_REC | iso._MS_PRIVATE)
+    # Handles on mounts of this namespace (a bind takes no mount of another one).
+    handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in real
+               if any(_within(p, t) for t in tops)}
+    try:
+        for top in tops:
+            iso._mount("tmpfs", top, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=0755,size=64k")
+        for path, fd in sorted(handles.items()):
+            _bind(fd, path, is_dir=stat.S_ISDIR(os.fstat(fd).st_mode))
+    finally:
+        for fd in handles.values():
+            os.close(fd)
+
+
+def _above(path: str) -> list[str]:
+    found = []
+    while path != "/":
+        path = os.path.dirname(path)
+        found.append(path)
+    return found
+
+
+def _searchable(folder: str, uid: int, gid: int) -> bool:
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    mode = st.st_mode
+    return bool(mode & 0o001 or (st.st_uid == uid and mode & 0o100)
+                or (st.st_gid == gid and mode & 0o010))
+
+
 # ---------------------------------------------------------------------------- entering
 
 def enter(writable: Sequence[str], read_only: Sequence[str] = ()) -> None:
@@ -292,11 +343,5 @@ def _set_read_only(path: str, read_only: bool) -> None:
                             ctypes.byref(attr), ctypes.c_size_t(32)), f"mount_setattr {path!r}")
 
 
-def is_directory(path: str) -> bool:
-    with contextlib.suppress(OSError):
-        return stat.S_ISDIR(os.stat(path).st_mode)
-    return False
-
-
 __all__ = ["DEVICE_NODES", "ETC_FILES", "STAGE", "SYSTEM_DIRS", "Bind", "Plan", "enter",
-           "landlock_reads", "plan", "resolve", "stage"]
+           "landlock_reads", "plan", "reach", "resolve", "stage"]

@@ -50,6 +50,11 @@ MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # its owner, which holds the cluster connection, to reach that tenant's node actors.
     "node": (HOST_TO_OWNER, ("id", "op", "args"), ()),
     "node_reply": (OWNER_TO_HOST, ("id", "value"), ()),
+    # The host asks its owner to write its records (call log rows, stored functions),
+    # which lie outside its writable view (SPEC 9); ``call`` names the owner's call the
+    # row belongs to. See backends/confined/records.py.
+    "record": (HOST_TO_OWNER, ("id", "op", "args"), ("call",)),
+    "record_reply": (OWNER_TO_HOST, ("id", "value"), ()),
 }
 
 # What a ``call`` may name: the Executor's methods, but ``plan_namespace`` and

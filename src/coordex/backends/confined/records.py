@@ -1,0 +1,274 @@
+"""A confined tenant's records, written by its owner (SPEC 9: "its records are not its
+to change").
+
+The call log and the store of stored functions of a confined host live in a folder of
+the owner's (``records``), outside every writable folder of the jail: the host sees it
+read-only (its ``history``, ``rebuild_session`` and ``functions.list`` read it there) and
+asks its owner to write, over the host wire (``record`` / ``record_reply`` lines):
+
+- ``log_append``: one row, answered with its ``seq`` once it is committed (so a row is
+  durable before the call's result leaves the host, as in any Executor);
+- ``log_update``: columns of a row this host appended in its present life (the row of a
+  call in flight, its ``changed`` worked out later), never an older one, and never its
+  code, language or mode, which are set once, when the row is appended;
+- ``define_function``: one stored function's new version.
+
+The owner knows every call it sent: a row the host appends while an ``execute_code``
+call of the owner's is in flight carries that call's code, language and mode as the
+owner sent them, whatever the host says. Rows of the host's own doing (a session it
+closed) are its word. So a tenant can neither rewrite nor delete what it did before,
+nor put code it never sent into a row of a call it made.
+
+:class:`OwnerRecords` is the owner's side; :class:`HostRecords` the host's, given to its
+Executor (``records=``), which then makes its call log and function store from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ...library.store import FunctionRecord, LibraryStore, _storage_failed
+from ...log.store import LOG_FILE, CallLog, SQLiteWriter
+
+LIBRARY_FILE = "library.sqlite3"
+RECORD_OPS = ("log_append", "log_update", "define_function")
+ANSWER_TIMEOUT = 30.0  # seconds the host waits for its owner to write a record
+_CALL_FIELDS = ("code", "language", "state_mode")  # what the owner sent, kept true
+
+_current = threading.local()
+
+
+@contextlib.contextmanager
+def serving_call(call_id: Any) -> Iterator[None]:
+    """Mark the calling thread as running the owner's call ``call_id`` (its log row is
+    then tied to that call)."""
+    _current.call = call_id
+    try:
+        yield
+    finally:
+        _current.call = None
+
+
+# ------------------------------------------------------------------------- the owner
+
+class OwnerRecords:
+    """The owner's side: the files, and the rules a host's requests must keep.
+
+    Args:
+        folder: the tenant's records folder (made if missing, with both files, so the
+            host can read them from its first call).
+        max_rows: rows the call log keeps.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], max_rows: int = 100_000) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._log = SQLiteWriter(self.folder / LOG_FILE, max_rows)
+        self._library: LibraryStore | None = None
+        self._lock = threading.Lock()
+        # seqs of the present host's life -> whether the row is tied to a call of ours
+        self._appended: dict[int, bool] = {}
+        with self._lock:
+            self._log.connection()
+        self._library = LibraryStore(self.folder / LIBRARY_FILE)
+
+    def new_life(self) -> None:
+        """A new host: rows of the last one are closed to it."""
+        with self._lock:
+            self._appended.clear()
+
+    def handle(self, op: str, args: Any, call: dict[str, Any] | None) -> Any:
+        """Do one request of the host; ``call`` is the owner's call in flight the row
+        belongs to (its method and arguments), if any. Returns the answer's value: a
+        ``seq``, None, a function record, or ``{"error": ...}``."""
+        if not isinstance(args, dict):
+            return {"error": "arguments must be an object"}
+        try:
+            if op == "log_append":
+                row = _plain(args.get("row"))
+                tied = call is not None and call.get("method") == "execute_code"
+                if tied:
+                    sent = call.get("args") or {}  # type: ignore[union-attr]
+                    row.update({k: sent.get(k) for k in _CALL_FIELDS if k in sent})
+                with self._lock:
+                    seq = self._log.append(row)
+                    self._appended[seq] = tied
+                return seq
+            if op == "log_update":
+                seq = args.get("seq")
+                with self._lock:
+                    if seq not in self._appended:
+                        return {"error": f"row {seq!r} is not one this host wrote"}
+                    values = _plain(args.get("values"))
+                    for key in _CALL_FIELDS:  # a row's code is set once, when appended
+                        values.pop(key, None)
+                    self._log.update(seq, values)
+                return None
+            if op == "define_function":
+                assert self._library is not None
+                fields = _plain(args)
+                record, created = self._library.define(
+                    name=str(fields["name"]), source=str(fields["source"]),
+                    env=fields.get("env"), env_key=fields.get("env_key"),
+                    signature=str(fields["signature"]), doc=fields.get("doc"),
+                    now=float(fields["now"]))
+                return {"record": _record_fields(record), "created": created}
+            return {"error": f"unknown record op {op!r}"}
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"error": f"{op}: {type(exc).__name__}: {exc}"[:300]}
+        except (sqlite3.Error, OSError, Exception) as exc:  # the disk: the host says so
+            return {"error": f"{op} failed: {type(exc).__name__}: {exc}"[:300],
+                    "storage": True}
+
+    def close(self) -> None:
+        with self._lock:
+            self._log.close()
+            if self._library is not None:
+                self._library.close()
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError("expected an object")
+    return {str(k): v for k, v in value.items()
+            if v is None or isinstance(v, (str, int, float, bool))}
+
+
+def _record_fields(record: FunctionRecord) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(record)
+
+
+# ------------------------------------------------------------------------- the host
+
+class HostRecords:
+    """The host's side: sends ``record`` lines with ``send`` and waits for the owner's
+    ``record_reply`` (:meth:`answer`); the Executor makes its call log and function
+    store from it (``Executor(records=...)``)."""
+
+    def __init__(self, folder: str, send: Callable[[dict[str, Any]], None]) -> None:
+        self.folder = Path(folder)
+        self._send = send
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._lock = threading.Lock()
+        self._gone = False
+
+    def request(self, op: str, args: dict[str, Any]) -> Any:
+        """The owner's answer; raises OSError when it gives none or refuses."""
+        ident = next(self._ids)
+        done: tuple[threading.Event, list[Any]] = (threading.Event(), [])
+        with self._lock:
+            if self._gone:
+                raise OSError("the owner no longer answers")
+            self._waiting[ident] = done
+        msg = {"type": "record", "id": ident, "op": op, "args": args}
+        call = getattr(_current, "call", None)
+        if call is not None:
+            msg["call"] = call
+        try:
+            self._send(msg)
+            if not done[0].wait(ANSWER_TIMEOUT):
+                raise OSError(f"the owner did not answer {op} in {ANSWER_TIMEOUT:.0f} s")
+        finally:
+            with self._lock:
+                self._waiting.pop(ident, None)
+        value = done[1][0] if done[1] else None
+        if isinstance(value, dict) and "error" in value:
+            raise OSError(str(value["error"]))
+        return value
+
+    def answer(self, ident: Any, value: Any) -> None:
+        with self._lock:
+            waiting = self._waiting.get(ident)
+        if waiting is not None:
+            waiting[1].append(value)
+            waiting[0].set()
+
+    def detach(self) -> None:
+        """The wire is closing: no answer comes any more."""
+        with self._lock:
+            self._gone = True
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for event, _ in waiting:
+            event.set()
+
+    # -- what the Executor makes of it
+
+    def call_log(self, max_rows: int) -> CallLog:
+        return CallLog(self.folder / LOG_FILE, max_rows, writer=_OwnerWriter(self))
+
+    def library_store(self) -> LibraryStore:
+        return _ReadOnlyLibrary(self.folder / LIBRARY_FILE, self)
+
+
+class _OwnerWriter:
+    """A :class:`~coordex.log.store.RowWriter` whose rows the owner writes."""
+
+    def __init__(self, records: HostRecords) -> None:
+        self._records = records
+
+    def append(self, row: dict[str, Any]) -> int:
+        seq = self._records.request("log_append", {"row": row})
+        if not isinstance(seq, int):
+            raise OSError(f"the owner answered {seq!r} for a row")
+        return seq
+
+    def update(self, seq: int, values: dict[str, Any]) -> None:
+        self._records.request("log_update", {"seq": seq, "values": values})
+
+    def close(self) -> None:
+        pass
+
+
+class _ReadOnlyLibrary(LibraryStore):
+    """The function store, read where the owner writes it; ``define`` asks the owner."""
+
+    def __init__(self, path: Path, records: HostRecords) -> None:  # no schema: the owner's
+        self.path = Path(path)
+        self._records = records
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._conn = None
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                                 timeout=5.0, isolation_level=None,
+                                                 check_same_thread=False)
+                    self._pid = os.getpid()
+                    self._conn.execute("PRAGMA trusted_schema = OFF")
+                yield self._conn
+            except (sqlite3.Error, OSError) as exc:
+                if self._conn is not None:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.close()
+                self._conn = None
+                raise _storage_failed(exc, self.path) from exc
+
+    def define(self, *, name: str, source: str, env: str | None, env_key: str | None,
+               signature: str, doc: str | None, now: float) -> tuple[FunctionRecord, bool]:
+        try:
+            value = self._records.request("define_function", {
+                "name": name, "source": source, "env": env, "env_key": env_key,
+                "signature": signature, "doc": doc, "now": now})
+            return FunctionRecord(**value["record"]), bool(value["created"])
+        except (OSError, KeyError, TypeError) as exc:
+            raise _storage_failed(OSError(str(exc)), self.path) from exc
+
+
+__all__ = ["LIBRARY_FILE", "RECORD_OPS", "HostRecords", "OwnerRecords", "serving_call"]
