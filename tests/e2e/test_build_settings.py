@@ -10,6 +10,7 @@ setting, and never tells the model to change a spec that is fine.
 from __future__ import annotations
 
 import http.server
+import shutil
 import socket
 import ssl
 import subprocess
@@ -75,6 +76,8 @@ def test_mcp_started_with_a_clients_environment_builds_from_a_wheelhouse_in_coor
 @pytest.fixture
 def https_index(tmp_path: Path) -> Iterator[str]:
     """An HTTPS index on loopback whose certificate no trust store holds."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (it makes the index's certificate)")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
                     str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],

@@ -64,7 +64,8 @@ def test_openai_strict_schemas_are_what_openais_strict_conversion_makes_of_them(
 
 @pytest.mark.parametrize("fmt", ["mcp", "openai", "openai-responses", "anthropic"])
 def test_no_default_that_is_not_null_survives_the_agents_sdks_strict_conversion(fmt: str) -> None:
-    from agents.strict_schema import ensure_strict_json_schema
+    strict_schema = pytest.importorskip("agents.strict_schema")  # the frameworks extra
+    ensure_strict_json_schema = strict_schema.ensure_strict_json_schema
 
     for name, schema in schemas(fmt, False):
         converted = ensure_strict_json_schema(copy.deepcopy(schema))
