@@ -231,3 +231,84 @@ def test_a_bash_copy_is_never_left_unprotected(ex: Executor, tmp_path: Path) -> 
                                  state_mode="read_only", session_id=0)
         assert not (work / f"left{round_}").exists(), result
         assert result["isolation"]["files"] != "none", result
+
+
+# -- processes the own interpreter's code starts ---------------------------------------
+
+_START_TWO = """
+import os, subprocess, time
+p = subprocess.Popen(['sleep', '60'])
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+[p.pid, child]
+"""
+
+
+# The code below never waits for the Popen it starts, as code a model writes often does:
+# Python warns when such an object goes, whoever ended the process.
+unwaited = pytest.mark.filterwarnings("ignore::ResourceWarning",
+                                      "ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def _pids(result: dict[str, Any]) -> list[int]:
+    assert "error" not in result, result
+    return [int(p) for p in result["result"].strip("[]").split(",")]
+
+
+@unwaited
+def test_own_interpreter_children_end_when_the_executor_closes(root: Path) -> None:
+    """Soak N12: ``Popen`` and ``os.fork`` children of own-interpreter code outlived
+    ``close()``."""
+    ex = Executor(root=root, timeout=30)
+    pids: list[int] = []
+    try:
+        pids += _pids(ex.execute_code(_START_TWO, state_mode="stateful", session_name="k"))
+        pids += _pids(ex.execute_code(_START_TWO))  # stateless
+        pids += _pids(ex.execute_code(
+            "import subprocess\n"
+            "[subprocess.Popen(['sh', '-c', 'sleep 60 & sleep 61; wait']).pid, 0][:1] * 2",
+            state_mode="stateful", session_name="k"))
+        assert all(alive(p) for p in pids)
+    finally:
+        ex.close()
+    try:
+        assert _gone(pids) == []
+    finally:
+        _kill(pids)
+
+
+@unwaited
+def test_own_interpreter_children_end_when_their_session_closes(ex: Executor) -> None:
+    pids = _pids(ex.execute_code(_START_TWO, state_mode="stateful", session_name="k"))
+    other = _pids(ex.execute_code(_START_TWO, state_mode="stateful", session_name="o"))
+    try:
+        assert "error" not in ex.close_session(session_name="k")
+        assert _gone(pids) == []
+        assert all(alive(p) for p in other)
+    finally:
+        _kill(pids)
+
+
+def test_output_after_a_call_returned_reaches_no_other_call(ex: Executor) -> None:
+    """Soak N2: a background writer started by own-interpreter code put its lines into
+    other sessions' results."""
+    started = ex.execute_code(
+        "import subprocess\n"
+        "w = subprocess.Popen(['sh', '-c', 'while :; do echo BGOWN; sleep 0.01; done'])\n"
+        "w.pid", state_mode="stateful", session_name="writer")
+    assert "error" not in started, started
+    try:
+        seen = []
+        for _ in range(15):
+            for kw in ({"state_mode": "stateful", "session_name": "reader"}, {}):
+                r = ex.execute_code("import time; time.sleep(0.03); print('mine')", **kw)
+                assert "error" not in r, r
+                seen.append(r["stdout"])
+        assert all(s == "mine\n" for s in seen), [s for s in seen if s != "mine\n"][:3]
+        later = ex.execute_code("import time; time.sleep(0.03); print('mine')",
+                                state_mode="stateful", session_name="writer")
+        assert "BGOWN" not in later["stdout"], later
+    finally:
+        ex.execute_code("w.kill(); w.wait()", state_mode="stateful", session_name="writer")

@@ -77,9 +77,24 @@ KILL_NOW = Steps(interrupt=False, terminate=False)
 SESSION_STEPS = Steps(whole_session=True)
 
 
+# Set in the environment while own-interpreter code runs (``own/children.py``): what
+# that code starts carries it. What coordex starts is coordex's, so it never does.
+OWNED_ENV = "COORDEX_OWNED"
+
+
+def without_owned_mark(env: Any) -> Any:
+    """``env`` (None: this process's) without :data:`OWNED_ENV`; ``env`` itself when
+    it has none."""
+    source = os.environ if env is None else env
+    if OWNED_ENV not in source:
+        return env
+    return {k: v for k, v in source.items() if k != OWNED_ENV}
+
+
 def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen`` in a new session, registered with the keeper."""
     popen["start_new_session"] = True
+    popen["env"] = without_owned_mark(popen.get("env"))
     proc: subprocess.Popen[Any] = subprocess.Popen(list(argv), **popen)
     keeper().watch(proc.pid)
     return proc
@@ -314,7 +329,7 @@ class Keeper:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(KEEPER_SCRIPT)], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, bufsize=0)
+                start_new_session=True, bufsize=0, env=without_owned_mark(None))
         except OSError as exc:
             logger.warning("could not start the process keeper (%s); processes will not "
                            "be ended if this host dies without closing", exc)
@@ -340,6 +355,7 @@ def keeper() -> Keeper:
 
 __all__ = [
     "DEFAULT_STEPS",
+    "OWNED_ENV",
     "Keeper",
     "Steps",
     "StopStep",
@@ -349,4 +365,5 @@ __all__ = [
     "stop",
     "sweep",
     "sweep_session",
+    "without_owned_mark",
 ]

@@ -42,6 +42,7 @@ from ...worker import _coordex_engine as engine
 from ...worker import _coordex_protocol as wire
 from .. import isolation as iso
 from ..base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+from . import children
 from . import interpreter as own
 
 
@@ -139,7 +140,8 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
             # 3.12+ warns that fork() in a threaded process may deadlock; the copy's
             # known risk (another thread's lock held at fork time) ends at its timeout.
             warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+            with children.copying():  # the copy is coordex's, not a child of the code
+                pid = os.fork()
         if pid == 0:  # pragma: no cover - the child, reported through its link
             for fd in parent_ends:
                 os.close(fd)

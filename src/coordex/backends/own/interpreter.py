@@ -76,7 +76,9 @@ from ...core.errors import ERROR_TYPES, make_error
 from ...core.results import OutputBuffer
 from ...worker import _coordex_copy as copier
 from ...worker import _coordex_engine as engine
+from .._reap import OWNED_ENV
 from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
+from . import children
 
 # fork() copies only the calling thread. On Linux and the BSDs the C library and CPython
 # cope with that; on macOS system frameworks may abort in a child of a threaded process,
@@ -142,6 +144,13 @@ def _target_call() -> _Call | None:
     session = call.session
     current = session.current if session is not None else None
     return current if current is not None else _NOWHERE
+
+
+def _current_mark() -> str | None:
+    """The mark of the session whose code runs on this thread (or started it), if any."""
+    call = _target_call()
+    session = call.session if call is not None else None
+    return session.mark if session is not None else None
 
 
 def _drop(text: str) -> None:
@@ -318,42 +327,59 @@ _STDIN = _RoutedStdin(sys.stdin)
 class _FdPump:
     """Streams what is written to file descriptors 1 and 2 during a call, as it comes.
 
-    During a call fds 1 and 2 point at two pipes (and fd 0 at /dev/null); one reader
-    thread per executor forwards what arrives to the running call's sinks, so output of
-    child processes and C code reaches ``on_output`` live. After the call the fds are
-    restored and the pipes drained before the call returns: the reader routes each chunk
-    under ``_lock``, so once both pipes are empty with the lock held, everything written
-    during the call has been delivered. Writes that arrive between calls (a background
-    process still running) are dropped.
+    Each call gets two new pipes on fds 1 and 2 (and fd 0 on /dev/null); one reader
+    thread per executor forwards what arrives to that call's sinks, so output of child
+    processes and C code reaches ``on_output`` live. After the call the fds are restored
+    and its pipes drained before the call returns: the reader routes each chunk under
+    ``_lock``, so once both pipes are empty with the lock held, everything written
+    during the call has been delivered. Then the call's pipes have no sink: a process
+    the code started that writes to them later (a background job) writes into a pipe
+    that only this reader reads, and what it writes is dropped - it never reaches
+    another call, of this session or another. The reader closes such a pipe when its
+    last writer has gone.
     """
 
     def __init__(self) -> None:
-        self._pipes = {1: os.pipe(), 2: os.pipe()}
-        for r, w in self._pipes.values():
-            os.set_blocking(r, False)
-            os.set_inheritable(w, False)
         self._devnull = os.open(os.devnull, os.O_RDONLY)
         self._saved: dict[int, int] = {}
-        self._sinks: dict[int, Callable[[str], None]] = {}
-        self._decoders = {1: _decoder(), 2: _decoder()}
+        # Read ends of the pipes this pump owns: the current call's and stale ones.
+        self._owned: set[int] = set()
+        self._sinks: dict[int, Callable[[str], None]] = {}  # read end -> the call's sink
+        self._decoders: dict[int, Any] = {}
+        self._current: list[int] = []  # the running call's read ends (stdout, stderr)
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        poller = self._sel.fileno() if hasattr(self._sel, "fileno") else -1
+        # Held: a read-only copy that kept this epoll instance could add its own
+        # descriptors to it under our fds' numbers (and stall every fd 1 write here).
+        self._poller = [poller] if poller >= 0 else []
         self._thread = threading.Thread(target=self._pump, name="coordex-fd-pump", daemon=True)
         self._thread.start()
         copier.hold(*self._held())
 
     def _held(self) -> list[int]:
-        return [*(fd for pair in self._pipes.values() for fd in pair), self._devnull,
-                self._wake_r, self._wake_w]
+        return [self._devnull, self._wake_r, self._wake_w, *self._poller]
 
     def start(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
         _flush_real_streams()
+        pipes = {1: os.pipe(), 2: os.pipe()}
         with self._lock:
-            self._sinks = {1: out, 2: err}
-        for fd, (_, w) in self._pipes.items():
+            for fd, (r, w) in pipes.items():
+                os.set_blocking(r, False)
+                copier.hold(r, w)
+                self._owned.add(r)
+                self._sinks[r] = out if fd == 1 else err
+                self._decoders[r] = _decoder()
+                self._sel.register(r, selectors.EVENT_READ, fd)
+            self._current = [pipes[1][0], pipes[2][0]]
+        for fd, (_, w) in pipes.items():
             self._saved[fd] = os.dup(fd)
             os.dup2(w, fd)
+            copier.release(w)
+            os.close(w)  # fd 1 / fd 2 hold it now; restored, only the code's children do
         self._saved[0] = os.dup(0)
         os.dup2(self._devnull, 0)
 
@@ -366,58 +392,78 @@ class _FdPump:
         deadline = time.monotonic() + 1.0
         while True:
             with self._lock:
-                if not any(_pending(r) for r, _ in self._pipes.values()) \
+                if not any(_pending(r) for r in self._current) \
                         or time.monotonic() > deadline:
-                    for fd, decoder in self._decoders.items():
-                        tail = decoder.decode(b"", final=True)
-                        if tail and fd in self._sinks:
-                            self._sinks[fd](tail)
-                    self._sinks = {}
+                    for r in self._current:
+                        tail = self._decoders.pop(r).decode(b"", final=True)
+                        sink = self._sinks.pop(r, None)
+                        if tail and sink is not None:
+                            sink(tail)
+                        if _at_end(r):  # nothing else writes here: close it now
+                            self._forget(r)
+                    self._current = []
                     return
             time.sleep(0.0002)
 
+    def _forget(self, r: int) -> None:
+        """Stop reading pipe ``r`` and close it (under ``_lock``)."""
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(r)
+        self._owned.discard(r)
+        self._sinks.pop(r, None)
+        self._decoders.pop(r, None)
+        copier.release(r)
+        os.close(r)
+
     def _pump(self) -> None:
-        sel = selectors.DefaultSelector()
-        # Held: a read-only copy that kept this epoll instance could add its own
-        # descriptors to it under our fds' numbers (and stall every fd 1 write here).
-        poller = sel.fileno() if hasattr(sel, "fileno") else -1
-        if poller >= 0:
-            copier.hold(poller)
-        for fd, (r, _) in self._pipes.items():
-            sel.register(r, selectors.EVENT_READ, fd)
-        sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
             while not self._closed:
-                for key, _ in sel.select():
+                for key, _ in self._sel.select():
                     if key.data is None:
                         return
                     with self._lock:
+                        if key.fd not in self._owned:
+                            continue  # closed by stop() after this event came
                         try:
                             data = os.read(key.fd, 65536)
                         except BlockingIOError:
                             continue
-                        sink = self._sinks.get(key.data)
-                        if sink is not None and data:
-                            text = self._decoders[key.data].decode(data)
+                        if not data:  # its last writer has gone
+                            if key.fd not in self._current:
+                                self._forget(key.fd)
+                            continue
+                        sink = self._sinks.get(key.fd)
+                        if sink is not None:
+                            text = self._decoders[key.fd].decode(data)
                             if text:
                                 sink(text)
         finally:
-            if poller >= 0:
-                copier.release(poller)
-            sel.close()
+            self._sel.close()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        copier.release(*self._held())
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2)
-        for r, w in self._pipes.values():
-            os.close(r)
-            os.close(w)
+        copier.release(*self._held())
+        with self._lock:
+            for r in list(self._owned):
+                copier.release(r)
+                os.close(r)
+            self._owned.clear()
         for fd in (self._devnull, self._wake_r, self._wake_w):
             os.close(fd)
+
+
+def _at_end(fd: int) -> bool:
+    """Whether pipe ``fd`` is empty with no writer left (end of file), without blocking."""
+    try:
+        return os.read(fd, 1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _pending(fd: int) -> int:
@@ -684,6 +730,7 @@ class NamespaceSession:
     current: _Call | None = None
     threads: list[weakref.ref[threading.Thread]] = field(default_factory=list)
     owns_namespace: bool = True
+    mark: str = ""  # what the processes its code starts carry (``children``)
 
     @property
     def stuck(self) -> bool:
@@ -709,14 +756,19 @@ def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
     """Enter a session's cwd and environment; on exit record them and restore the host's."""
     host_cwd = _getcwd()
     host_env = environ_snapshot()
+    marked = session is not None and bool(session.mark)
     if session is not None:
         if session.cwd != host_cwd:
             _chdir(session.cwd)
         if session.environ != host_env:
             _apply_environ(session.environ)
+        if marked:  # what the code starts is the session's (``children``)
+            os.environ[OWNED_ENV] = session.mark
     try:
         yield
     finally:
+        if marked:
+            os.environ.pop(OWNED_ENV, None)
         cwd, env = _getcwd(), environ_snapshot()
         if session is not None:
             session.cwd, session.environ = cwd, env
@@ -775,6 +827,8 @@ class OwnInterpreter:
         for key, value in PAGER_ENV.items():
             os.environ.setdefault(key, value)
         _install_thread_origin()
+        self.owned = children.Owned()
+        children.current_mark = _current_mark
         self._fds = _FdPump()
         self._closed = False
         self._runner: _Runner | None = None
@@ -789,7 +843,8 @@ class OwnInterpreter:
         environ = environ_snapshot()
         environ.update(self._pager_environ)
         return NamespaceSession(namespace if namespace is not None else fresh_namespace(),
-                                _getcwd(), environ, owns_namespace=namespace is None)
+                                _getcwd(), environ, owns_namespace=namespace is None,
+                                mark=self.owned.new_mark())
 
     # -- running -----------------------------------------------------------------------
 
@@ -1024,7 +1079,8 @@ class OwnInterpreter:
         return int(box["pid"])
 
     def close(self) -> None:
-        """Interrupt a call still running and end the runners; never raises.
+        """Interrupt a call still running, end the runners and every process the code
+        started (``children``); never raises.
 
         The fd pump is closed here only if no call uses it, else by that call as it
         ends (closing its pipes under it raised ``OSError: [Errno 9]`` in the call).
@@ -1044,6 +1100,8 @@ class OwnInterpreter:
                     self._fds.close()
             finally:
                 OWN_LOCK.release()
+        # What the code started (Popen, os.fork, and what those started) ends too.
+        self.owned.end()
 
 
 def _cancelled(request: RunRequest) -> bool:

@@ -144,11 +144,13 @@ class OwnPlace:
     def release(self, state: NamespaceSession) -> None:
         with self._lock:
             self._sessions = [s for s in self._sessions if s.state is not None]
+        self.own.owned.end(state.mark)  # before the namespace goes (a Popen warns)
         state.close()
 
     def close(self) -> None:
         with self._lock:
             sessions, self._sessions = self._sessions, []
+        self.own.owned.end()  # what the code started, before the namespaces go
         for session in sessions:
             with contextlib.suppress(Exception):
                 session.close()
