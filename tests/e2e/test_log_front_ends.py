@@ -215,3 +215,45 @@ def test_coordex_log_stats_reads_every_log(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "validation 2" in done.stdout and "not_found 1" in done.stdout
     assert "4 calls" in done.stdout
+
+
+def test_serve_shows_a_tenants_running_call_to_that_tenant_alone(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    tokens = tmp_path / "tokens.txt"
+    alice, bob = "alice-token-0123456789", "bob-token-0123456789"
+    tokens.write_text(f"alice {alice}\nbob {bob}\n")
+    os.chmod(tokens, 0o600)
+    with spawn("serve", "--port", "0", "--tokens", str(tokens),
+               env=child_env(tmp_path / "home")) as running:
+        url = running.wait_for(READY).group(1)
+        base = url.removesuffix("/mcp")
+        out: list[dict[str, Any]] = []
+        code = "for i in $(seq 1 200); do echo tick $i; sleep 0.1; done"
+        caller = threading.Thread(target=lambda: out.extend(call_with_sdk(url, alice, [
+            ("execute_code", {"code": code, "language": "bash", "state_mode": "stateful",
+                              "session_name": "loop"})])), daemon=True)
+        caller.start()
+        deadline = time.monotonic() + 30
+        while True:
+            calls = _ui(base, alice, "api/running").json()["running"]
+            if calls and "tick 3" in calls[0]["stdout"]:
+                break
+            assert time.monotonic() < deadline, calls
+            time.sleep(0.2)
+        assert calls[0]["code"] == code and calls[0]["session_name"] == "loop"
+        assert _ui(base, bob, "api/running").json() == {"running": []}
+        sessions = _ui(base, alice, "api/sessions").json()["sessions"]
+        assert next(s for s in sessions if s["session_name"] == "loop")["busy"] is True
+        # Bob cannot interrupt Alice's call; Alice can, with her token.
+        target = {"id": calls[0]["id"]}
+        refused = httpx.post(f"{base}/ui/api/interrupt", json=target,
+                             headers={"Authorization": f"Bearer {bob}"})
+        assert refused.json()["error_type"] == "not_found"
+        done = httpx.post(f"{base}/ui/api/interrupt", json=target,
+                          headers={"Authorization": f"Bearer {alice}"})
+        assert done.json()["interrupted"] is True
+        caller.join(timeout=30)
+        assert out and out[0]["error_type"] == "timeout" and out[0]["state_lost"] is False
+        assert _ui(base, alice, "api/running").json() == {"running": []}
