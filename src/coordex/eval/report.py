@@ -73,7 +73,8 @@ def write(report: dict[str, Any], results: Sequence[TaskResult], out: Path,
 
 
 def _gather(runs: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every report kept in ``runs``, the current one last; the fixed policies first."""
+    """Every report kept in ``runs`` (the current one included): the fixed policies
+    first, then models by name."""
     found = []
     for path in sorted(runs.glob("*.json")):
         try:
@@ -85,8 +86,9 @@ def _gather(runs: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
                 and _names(report) == _names(current)):
             found.append(report)
     order = {"fresh": 0, "kept": 1, "reference": 2}
+    found.append(current)
     found.sort(key=lambda r: (order.get(r["policy"], 3), label(r)))
-    return [*found, current]
+    return found
 
 
 def _names(report: dict[str, Any]) -> list[str]:

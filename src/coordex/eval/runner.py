@@ -249,8 +249,11 @@ def run_suite(tasks: Sequence[Task], policy: str, scale: float, *,
             if gone is not None:
                 result = _failed(task, gone.note, unreachable=True)
             else:
-                result = run_task(task, policy, bench, scale, endpoint=endpoint,
-                                  max_turns=max_turns, transcripts=transcripts)
+                try:
+                    result = run_task(task, policy, bench, scale, endpoint=endpoint,
+                                      max_turns=max_turns, transcripts=transcripts)
+                except Exception as exc:  # a fault of the eval's or coordex's: the run goes on
+                    result = _failed(task, f"the task could not run: {type(exc).__name__}: {exc}")
                 if result.unreachable:
                     gone = result
             results.append(result)
