@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +43,8 @@ class Served:
     running: Running
     url: str
     blocked: str  # the node id that cannot confine
+    home: Path  # the server's root, outside /tmp (a jail's private /tmp would hide it)
+    tokens: Path
 
     def code(self, token: str, code: str, **arguments: Any) -> dict[str, Any]:
         return call_with_sdk(self.url, token, [("execute_code", {"code": code, **arguments})])[0]
@@ -63,7 +67,7 @@ def _blocked_node(local_cluster: LocalCluster) -> Any:
 def served(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Served]:
     node = _blocked_node(local_cluster)
-    base = tmp_path_factory.mktemp("tenants")
+    base = Path(tempfile.mkdtemp(prefix="coordex-cluster-", dir="/var/tmp"))
     tokens = base / "tokens.txt"
     tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
     os.chmod(tokens, 0o600)
@@ -72,9 +76,10 @@ def served(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         with spawn("serve", "--port", "0", "--tokens", str(tokens), "--cluster",
                    local_cluster.address, "--memory-limit", "512M", env=env) as running:
             url = running.wait_for(READY, timeout=120).group(1)
-            yield Served(running, url, node.node_id)
+            yield Served(running, url, node.node_id, base / "server", tokens)
     finally:
         local_cluster.cluster.remove_node(node, allow_graceful=False)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _node_pids(pattern: str) -> list[int]:
@@ -246,3 +251,27 @@ def test_closing_a_tenant_ends_its_hosts_on_nodes_at_once(
     while _node_pids("sleep 983") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _node_pids("sleep 983")
+
+
+def test_nothing_of_the_server_is_in_sight_on_a_node_of_its_machine(
+        served: Served, local_cluster: LocalCluster) -> None:
+    """The nodes run on the server's machine, whose root lies outside /tmp: a tenant's
+    session on a node sees neither the server's root, nor its tokens file, nor another
+    tenant's folder there; its own interpreter on the server sees no node's folders."""
+    made = served.code(BOB, f"open('bob_private.txt', 'w').write({SECRET!r})",
+                       state_mode="stateful")
+    assert made.get("is_error") is False, made
+    assert (served.home / "tenants" / "bob" / "bob_private.txt").read_text() == SECRET
+    on_node = served.code(ALICE, (
+        f"cat {served.tokens} {served.home}/tenants/bob/bob_private.txt; "
+        f"ls {served.home} {served.home}/tenants {served.tokens.parent}; echo done"),
+        language="bash", state_mode="stateful", session_name="probe")
+    assert on_node.get("is_error") is False, on_node
+    assert "done" in on_node["stdout"], on_node
+    for secret in (SECRET, BOB, ALICE, "tokens.txt", "bob"):
+        assert secret not in on_node["stdout"], on_node
+    on_server = served.code(ALICE, (
+        "import os\n"
+        f"[p for p in ({str(local_cluster.home / 'tenants')!r}, {str(served.tokens)!r}) "
+        "if os.path.exists(p)]"))
+    assert on_server["result"] == "[]", on_server

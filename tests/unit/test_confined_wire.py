@@ -98,9 +98,9 @@ def test_the_view_holds_the_allow_list_and_never_a_hidden_path(tmp_path: Path) -
     bound = {b.path: b.writable for b in view.binds}
     assert bound[real + "/venv"] is False and real + "/venv/lib" not in bound  # seen through
     assert real + "/data" in bound and (real + "/link", "data") in view.links
-    # The server's root is never bound, nor anything in it (the tenant's folder of a
-    # server lies there: it is the caller's to bind it apart, from a handle).
-    assert not any(p.startswith(real + "/root") for p in bound)
+    # The server's root is never bound, nor anything in it but the tenant's own folder.
+    assert [p for p in bound if p.startswith(real + "/root")] == [real + "/root/tenants/a"]
+    assert bound[real + "/root/tenants/a"] is True
     assert real + "/other" not in bound and real + "/missing" not in bound
     assert bound["/usr"] is False and "/etc/shadow" not in bound and "/root" not in bound
     assert all(not p.startswith("/etc/") or p[5:].split("/")[0] in {

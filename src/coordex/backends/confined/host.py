@@ -205,7 +205,7 @@ def _warden(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
         _close_quietly(fd)
     while True:
         try:
-            pid, status = os.waitpid(init, 0)
+            _, status = os.waitpid(init, 0)
         except ChildProcessError:
             return 1
         except InterruptedError:

@@ -51,7 +51,22 @@ def tenant_user(folder: str, name: str, *, ids: tuple[int, int] | None = None,
     start, end = ids or id_range()
     digest = hashlib.sha256(os.path.realpath(folder).encode("utf-8", "surrogateescape"))
     number = start + int.from_bytes(digest.digest()[:8], "big") % (end - start)
+    if euid is None and not _mapped(number):
+        return None  # root of a user namespace that has no such user: it can be no one else
     return number, number, _user_name(name)
+
+
+def _mapped(uid: int) -> bool:
+    """True when this process's user namespace has ``uid`` (and the same gid)."""
+    for file in ("/proc/self/uid_map", "/proc/self/gid_map"):
+        try:
+            with open(file) as f:
+                rows = [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+        except (OSError, ValueError):
+            return False
+        if not any(inside <= uid < inside + count for inside, _, count in rows):
+            return False
+    return True
 
 
 def _user_name(name: str) -> str:

@@ -644,7 +644,6 @@ __all__ = [
     "Limits",
     "apply_process_rlimit",
     "apply_rlimits",
-    "open_view",
     "best_level",
     "build_view",
     "builder_spec",
@@ -658,6 +657,7 @@ __all__ = [
     "landlock_covers",
     "leave_cgroups",
     "make_limits",
+    "open_view",
     "restrict",
     "seal_for_builder",
 ]

@@ -102,14 +102,14 @@ class OwnerRecords:
                     self._appended[seq] = tied
                 return seq
             if op == "log_update":
-                seq = args.get("seq")
+                which = args.get("seq")
                 with self._lock:
-                    if seq not in self._appended:
-                        return {"error": f"row {seq!r} is not one this host wrote"}
+                    if not isinstance(which, int) or which not in self._appended:
+                        return {"error": f"row {which!r} is not one this host wrote"}
                     values = _plain(args.get("values"))
                     for key in _CALL_FIELDS:  # a row's code is set once, when appended
                         values.pop(key, None)
-                    self._log.update(seq, values)
+                    self._log.update(which, values)
                 return None
             if op == "define_function":
                 assert self._library is not None

@@ -113,7 +113,7 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
     links: list[tuple[str, str]] = []
     wanted: dict[str, bool] = {}
 
-    def add(path: str, write: bool, own: bool = False) -> None:
+    def add(path: str | None, write: bool, own: bool = False) -> None:
         if not path or not os.path.lexists(path):
             return
         found: list[tuple[str, str]] = []
@@ -138,9 +138,8 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
         add(path, False)
     for path in writable:
         add(path, True, own=True)
-    for path in (environments, records):
-        if path:
-            add(path, False, own=True)
+    for extra in (environments, records):
+        add(extra, False, own=True)
     binds: list[Bind] = []
     for path in sorted(wanted, key=lambda p: (p.count("/"), p)):
         # Beneath a folder already bound with the same rights: seen through it.
@@ -232,7 +231,8 @@ def _stage_etc(user: tuple[int, int, str] | None, home: str) -> None:
     etc = STAGE + "/etc"
     os.makedirs(etc, exist_ok=True)
     uid, gid, name = user if user is not None else (os.getuid(), os.getgid(), "tenant")
-    users = {0: f"root:x:0:0:root:/root:/bin/sh", 65534: "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"}
+    users = {0: "root:x:0:0:root:/root:/bin/sh",
+             65534: "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"}
     users[uid] = f"{name}:x:{uid}:{gid}:{name}:{home}:/bin/bash"
     groups = {0: "root:x:0:", 65534: "nogroup:x:65534:"}
     groups[gid] = f"{name}:x:{gid}:"

@@ -35,6 +35,9 @@ TENANT_METHODS = ("begin", "events", "alive", "count", "close_session", "shutdow
 CALL_BOUND = 600.0
 # Owner threads serving one tenant's requests at once (a request takes a poll at most).
 RELAY_THREADS = 16
+# Actors of its own (sessions whose environment asks for resources) one tenant may hold
+# at once: its code could otherwise ask the owner for any number of them (SPEC 10).
+MAX_DEDICATED = 8
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -260,6 +263,16 @@ class NodeRelay:
         cluster = self._connected()
         if op == "host":
             resources = {str(k): float(v) for k, v in dict(args.get("resources") or {}).items()}
+            cap = int(self.tenant.get("max_dedicated") or MAX_DEDICATED)
+            with self._lock:
+                held = sum(1 for h in self._hosts.values() if h.dedicated)
+            if resources and held >= cap:
+                return {"ok": {"raise": CoordexError(
+                    "environment", f"This tenant holds {held} actors of its own on the "
+                    f"cluster already, the most it may (sessions whose environment asks "
+                    f"for resources: {cap}).",
+                    "Close a session of such an environment (close_session) and run the "
+                    "call again.").to_dict()}}
             try:
                 host = cluster.host(resources)
             except CoordexError as exc:  # no node can take it: the host says why
