@@ -1,5 +1,7 @@
-"""The page that shows a person the sessions and the call log (SPEC section 11):
-``app`` (the handler), ``server`` (a thread for ``serve_ui``), ``asgi`` (for ``serve``)."""
+"""The page for a person watching an agent work (SPEC section 11): ``app`` (the handler:
+routing, the tenant's own threads), ``api`` (the JSON API under ``/ui/api/``),
+``access`` (Host/Origin checks and the browser's keys), ``server`` (a thread for
+``serve_ui``), ``asgi`` (for ``serve``), and ``page.html`` (the page, its only client)."""
 
 from .app import UIApp, single_tenant
 
