@@ -135,6 +135,11 @@ def test_list_and_bad_command_lines(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "http:// or https://" in capsys.readouterr().err
     assert not (tmp_path / "report.json").exists()
 
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    assert run_eval(taken, "--tasks", "log-rotation") == 2
+    assert "cannot write the report into" in capsys.readouterr().err
+
 
 # --- the model policy, against a scripted endpoint -------------------------------------
 

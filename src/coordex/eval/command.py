@@ -3,7 +3,7 @@
 Exit codes as the rest of the command line: 0 the report is written (whatever the tasks'
 outcome: a failed task is a finding, not a failure of the run), 1 the endpoint could not
 be used, 2 a bad command line (an unknown task, ``--policy model`` without ``--base-url``
-or ``--model``).
+or ``--model``, an ``--out`` folder that cannot be written).
 """
 
 from __future__ import annotations
@@ -38,6 +38,18 @@ def _tasks(text: str | None) -> list[str] | str:
             hint = f" Did you mean {near[0]!r}?" if near else ""
             return f"no task named {name!r}.{hint} 'coordex eval --list' names them all."
     return names or [task.name for task in TASKS]
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why ``out`` cannot take the report, or None: checked before hours of work."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".coordex-eval-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +87,11 @@ def _run(args: argparse.Namespace, tasks: list[Any], endpoint: Any) -> int:
     from .runner import run_suite
 
     out = Path(args.out).expanduser()
+    problem = _unwritable(out)
+    if problem:
+        _say(f"cannot write the report into {str(out)!r}: {problem}. Pass --out DIR with a "
+             "folder you can write.")
+        return EXIT_USAGE
     total = len(tasks)
     done: list[TaskResult] = []
     _say(f"{total} task(s), policy {args.policy}"
@@ -92,11 +109,16 @@ def _run(args: argparse.Namespace, tasks: list[Any], endpoint: Any) -> int:
                         transcripts=out / "transcripts" if endpoint is not None else None,
                         on_task=progress)
     report = reports.build(args.policy, args.model if endpoint is not None else None, results)
-    notes = reports.write(report, results, out, args.scale)
     print(reports.table(report))
+    try:
+        notes = reports.write(report, results, out, args.scale)
+    except OSError as exc:
+        _say(f"cannot write the report into {str(out)!r}: {exc.strerror or exc}.")
+        return EXIT_FAILURE
     for note in notes:
         _say(note)
-    _say(f"report.json, report.md and report.png in {out} "
+    written = "report.json, report.md" + ("" if notes else " and report.png")
+    _say(f"{written} in {out} "
          f"({time.monotonic() - started:.0f} s in all)")
     if any(r.unreachable for r in results):
         _say(f"the endpoint could not be used: {next(r.note for r in results if r.unreachable)}")
