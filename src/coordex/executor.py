@@ -56,7 +56,7 @@ from .core.shapes import (
 )
 from .log import LOG_FILE, CallLog
 from .log.calls import log_off_error, note_changes, record_call
-from .log.running import RunningCalls, where
+from .log.running import RunningCalls, interrupted_by_a_person, where
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -263,6 +263,8 @@ class Executor:
             result = _error_record(exc, coordinate, started)
         else:
             result = self._shape(outcome, session, coordinate, started)
+            if running.interrupted:  # a person stopped it from the page
+                result = interrupted_by_a_person(result)
         return record_call(self._call_log, result, code, coordinate, seq)
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:

@@ -196,9 +196,9 @@ async def run_tool(
             from .log.running import tracked
 
             # The page lists the calls a confined host runs from here, where they pass.
-            with tracked(executor, name, arguments, relay, cancel) as on_output:
-                return cast(dict[str, Any], forward(name, arguments, on_output=on_output,
-                                                    cancel=cancel))
+            with tracked(executor, name, arguments, relay, cancel) as watch:
+                return cast(dict[str, Any], watch.done(forward(
+                    name, arguments, on_output=watch.output, cancel=cancel)))
         return call_tool(executor, name, arguments, on_output=relay, cancel=cancel)
 
     def guarded() -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 import time
 import weakref
@@ -163,6 +164,27 @@ class RunningCalls:
         return {"interrupted": True, "seq": call.seq, "id": call.id, "session": call.where}
 
 
+# How a timeout's error begins (coordex.core.messages.timeout); an interrupt from the
+# page is one (SPEC 6: cancel interrupts as a timeout does), but not the code's fault.
+_TIMEOUT_HEAD = re.compile(r"^The code ran past its timeout of [0-9.]+ ?[a-z]*")
+
+
+def interrupted_by_a_person(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` of a call a person interrupted from the page, worded so: its
+    ``timeout`` error says who stopped it (not its timeout) and what to do instead of
+    running it again with a larger timeout. Other results pass unchanged."""
+    if result.get("error_type") != "timeout":
+        return result
+    error = str(result.get("error") or "")
+    head = _TIMEOUT_HEAD.match(error)
+    result["error"] = "The call was interrupted by the person watching (from the page)" + (
+        error[head.end():] if head else ". " + error)
+    result["suggestion"] = (
+        "It was stopped on purpose, not for taking too long: do not run it again as it "
+        "was. Read its output so far (stdout, stderr), then ask, or change course.")
+    return result
+
+
 def where(language: Any, venv_id: Any, session_id: Any, session_name: Any,
           state_mode: Any) -> dict[str, Any]:
     return {"language": language, "venv_id": venv_id, "session_id": session_id,
@@ -187,14 +209,28 @@ def calls_of(executor: Any) -> RunningCalls:
         return found
 
 
+class Watch:
+    """What :func:`tracked` yields: the ``on_output`` to hand over, and ``done(result)``
+    which words the result of a call a person interrupted."""
+
+    def __init__(self, output: OnOutput | None, call: RunningCall | None) -> None:
+        self.output = output
+        self._call = call
+
+    def done(self, result: Any) -> Any:
+        if self._call is not None and self._call.interrupted and isinstance(result, dict):
+            return interrupted_by_a_person(result)
+        return result
+
+
 @contextlib.contextmanager
 def tracked(executor: Any, tool: str, arguments: Any, on_output: OnOutput | None,
-            cancel: threading.Event | None) -> Iterator[OnOutput | None]:
+            cancel: threading.Event | None) -> Iterator[Watch]:
     """Track one tool call a front end forwards to ``executor`` (an ``execute_code``
-    only; other tools pass through); yields the ``on_output`` to hand over."""
+    only; other tools pass through)."""
     if tool != "execute_code" or isinstance(getattr(executor, "running_calls", None),
                                             RunningCalls):
-        yield on_output
+        yield Watch(on_output, None)
         return
     args = arguments if isinstance(arguments, dict) else {}
     registry = calls_of(executor)
@@ -203,6 +239,6 @@ def tracked(executor: Any, tool: str, arguments: Any, on_output: OnOutput | None
                                 args.get("state_mode") or "stateless"),
                           args.get("code"), cancel, on_output)
     try:
-        yield call.output
+        yield Watch(call.output, call)
     finally:
         registry.finish(call)
