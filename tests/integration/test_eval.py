@@ -20,6 +20,7 @@ import pytest
 
 from coordex import Executor
 from coordex.cli import main
+from tests.conftest import assert_no_new_children, child_pids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.chat_server import TOKENS_PER_REPLY, ChatServer, Raw, tool_call
@@ -57,6 +58,7 @@ def check_shape(report: dict[str, Any]) -> None:
 def test_policies_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
     tasks = "ledger-audit,warehouse-exports"
+    before = child_pids()
     for policy in ("fresh", "kept", "reference"):
         assert run_eval(out, "--policy", policy, "--tasks", tasks) == 0
         report = load(out)
@@ -68,6 +70,7 @@ def test_policies_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str
         elif policy == "kept":
             kept = report
     reference = report
+    assert_no_new_children(before)  # every task's shells and workers ended with it
 
     # The reference's coordinates get every task right, with nothing redone.
     assert reference["total"]["succeeded"] == 2
@@ -219,10 +222,12 @@ def test_model_that_chooses_well(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_model_that_makes_the_classic_mistakes(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """A tool that does not exist, an impossible coordinate, arguments that are not JSON,
-    and the abandoned attempt run in the one session kept for good."""
+    an expensive load in a sandbox that forgets it, and the abandoned attempt run in the
+    one session kept for good."""
     plan = [("run_python", {"code": "1 + 1"}),
             ("execute_code", {"code": "len(ledger)", "state_mode": "read_only"}),
             ("execute_code", '{"code": "1 + ", "state_mode": '),
+            ("execute_code", {"code": LOAD}),  # loaded in a sandbox that forgets it
             ("execute_code", {"code": LOAD, "state_mode": "stateful"}),
             ("execute_code", {"code": ATTEMPT, "state_mode": "stateful"}),
             ("execute_code", {"code": WRITE, "state_mode": "stateful"})]
@@ -231,6 +236,12 @@ def test_model_that_makes_the_classic_mistakes(tmp_path: Path,
                         "--model", "careless", "--tasks", "ledger-audit") == 0
     task = load(tmp_path)["tasks"][0]
     assert not task["success"] and task["stale_errors"] == 1
+    assert task["redo_s"] > 0  # the ledger's checks ran twice
+    # Step 2's arguments were not JSON: it chose no coordinate. Step 1 asked for one that
+    # cannot be (read_only without a session), and that is what it chose.
+    assert [(c["step"], c["state_mode"], c["session"]) for c in task["choices"]] == [
+        (1, "read_only", None), (3, "stateless", None), (4, "stateful", 0),
+        (5, "stateful", 0), (6, "stateful", 0)]
     answers = [json.loads(m["content"]) for m in server.requests[-1]["messages"]
                if m["role"] == "tool"]
     assert answers[0]["error_type"] == "not_found" and "execute_code" in answers[0]["suggestion"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from coordex.eval import report
 from coordex.eval.kit import work_done
-from coordex.eval.measures import CallSeen, by_coordinate, choices_from_log, redo_seconds, seen
+from coordex.eval.measures import CallSeen, by_coordinate, choices, redo_seconds, seen
 from coordex.eval.runner import TaskResult, coordinate
 from coordex.eval.suite import BY_NAME, TASKS
 from coordex.eval.tasks import judge, reference_code, same
@@ -109,20 +109,33 @@ def test_a_call_seen_from_its_result_or_its_arguments() -> None:
     assert (call.state_mode, call.session, call.outcome) == ("read_only", "audti", "validation")
 
 
+def _row(seq: int, language: str | None, mode: str | None, sid: int | None,
+         name: str | None, venv_id: int | None = None) -> dict[str, object]:
+    return {"seq": seq, "language": language, "state_mode": mode, "session_id": sid,
+            "session_name": name, "venv_id": venv_id}
+
+
 def test_choices_and_counts_from_log_rows() -> None:
-    rows = [{"seq": 10, "language": "python", "state_mode": "stateful", "session_id": 1,
-             "session_name": "a", "venv_id": None},
-            {"seq": 11, "language": "python", "state_mode": "stateless", "session_id": None,
-             "session_name": None, "venv_id": 2},
-            {"seq": 12, "language": "bash", "state_mode": "stateful", "session_id": 0,
-             "session_name": None, "venv_id": None},
-            {"seq": 13, "language": "python", "state_mode": "stateful", "session_id": 0,
-             "session_name": None, "venv_id": None}]
-    choices = choices_from_log(rows, [(1, 9, 10), (2, 10, 12)])  # seq 13 is no step's
-    assert [(c["step"], c["session"], c["venv_id"]) for c in choices] == [
-        (1, "a", None), (2, None, 2), (2, 0, None)]
-    assert by_coordinate(choices) == {"bash/stateful/own": 1, "python/stateful/own": 1,
-                                      "python/stateless/venv2": 1}
+    rows = [_row(10, "python", "stateful", 1, "a"),
+            _row(11, "python", "stateless", None, None, 2),  # a stored function's own call
+            _row(12, "bash", "stateful", 0, None),
+            _row(13, "python", None, None, None),  # refused before its mode was settled
+            _row(20, "python", "stateful", 0, None)]  # no step's
+    seen_calls = [CallSeen(1, "python", "stateful", "a", None, "ok"),
+                  CallSeen(2, "bash", "stateful", 0, None, "ok"),
+                  CallSeen(3, "python", "read_only", None, None, "validation"),
+                  CallSeen(4, "python", "stateless", None, None, "validation", asked=False),
+                  CallSeen(5, "bash", "stateless", None, None, "ok")]
+    ranges = [(1, 9, 10), (2, 10, 12), (3, 12, 13), (4, 13, 13), (5, 13, 13)]
+    chosen = choices(rows, ranges, seen_calls)
+    assert [(c["step"], c["language"], c["state_mode"], c["session"], c["venv_id"])
+            for c in chosen] == [
+        (1, "python", "stateful", "a", None), (2, "python", "stateless", None, 2),
+        (2, "bash", "stateful", 0, None), (3, "python", "read_only", None, None),
+        (5, "bash", "stateless", None, None)]  # a log without the row: the call as seen
+    assert by_coordinate(chosen) == {"bash/stateful/own": 1, "bash/stateless/own": 1,
+                                     "python/read_only/own": 1, "python/stateful/own": 1,
+                                     "python/stateless/venv2": 1}
 
 
 def test_report_totals_and_table() -> None:

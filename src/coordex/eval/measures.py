@@ -7,8 +7,9 @@ Pure: rows and results in, numbers out.
   done again, and its seconds count as redo time;
 - **calls by coordinate** and **the coordinates chosen, step by step**: from the call
   log's rows (``Executor.history``), which also hold the calls a stored function made on
-  its own; from the runner's own record of each call where the log has none (a log
-  turned off or unreadable).
+  its own; from the runner's own record of a call where the log has no row for it (a
+  log turned off, arguments that were not JSON) or a row without its coordinate (a call
+  refused before its coordinate was settled).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class CallSeen:
     venv_id: int | None
     outcome: str
     work: list[tuple[str, float]] = field(default_factory=list)
+    # Whether the call's arguments could be read (a model's may not be JSON at all).
+    asked: bool = True
 
 
 def seen(step: int, result: Mapping[str, Any], arguments: Mapping[str, Any]) -> CallSeen:
@@ -52,6 +55,7 @@ def seen(step: int, result: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
         venv_id=where.get("venv_id", arguments.get("venv_id")),
         outcome=str(result.get("error_type") or "ok"),
         work=work_done(text),
+        asked=bool(arguments) or bool(where),
     )
 
 
@@ -73,26 +77,41 @@ def coordinate_key(language: Any, state_mode: Any, venv_id: Any) -> str:
     return f"{language or '?'}/{state_mode or '?'}/{env}"
 
 
-def choices_from_log(rows: Sequence[Mapping[str, Any]],
-                     steps: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
-    """The log's ``rows`` as choices, each given the step whose seq range
-    ``(step, after_seq, last_seq]`` holds it."""
-    out = []
-    for row in rows:
-        step = next((s for s, low, high in steps if low < row["seq"] <= high), None)
-        if step is None:
+def _choice(step: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    session = row.get("session_name")
+    return {"step": step, "language": row.get("language"), "state_mode": row.get("state_mode"),
+            "session": session if session is not None else row.get("session_id"),
+            "venv_id": row.get("venv_id")}
+
+
+def _asked(call: CallSeen) -> dict[str, Any]:
+    return {"step": call.step, "language": call.language, "state_mode": call.state_mode,
+            "session": call.session, "venv_id": call.venv_id}
+
+
+def choices(rows: Sequence[Mapping[str, Any]], ranges: Sequence[tuple[int, int, int]],
+            calls: Sequence[CallSeen]) -> list[dict[str, Any]]:
+    """The coordinates chosen, step by step: the log's rows whose seq falls in a step's
+    range ``(step, after_seq, last_seq]`` (a stored function's own calls included).
+
+    The log cannot say everything: a row of a call refused for its coordinate has no
+    state mode (the answer came before one was settled), and a call whose arguments were
+    not even JSON has no row. There the call as the runner saw it speaks: the coordinate
+    it asked for, or nothing when it asked for none it could read. ``ranges`` and
+    ``calls`` go one for one.
+    """
+    out: list[dict[str, Any]] = []
+    for (step, low, high), call in zip(ranges, calls, strict=True):
+        found = [_choice(step, r) for r in rows if low < r["seq"] <= high]
+        if not found:
+            if call.asked:
+                out.append(_asked(call))
             continue
-        session = row.get("session_name")
-        out.append({"step": step, "language": row.get("language"),
-                    "state_mode": row.get("state_mode"),
-                    "session": session if session is not None else row.get("session_id"),
-                    "venv_id": row.get("venv_id")})
+        for choice in found:
+            if choice["language"] is None or choice["state_mode"] is None:
+                choice = _asked(call) if call.asked else choice
+            out.append(choice)
     return out
-
-
-def choices_from_calls(calls: Iterable[CallSeen]) -> list[dict[str, Any]]:
-    return [{"step": c.step, "language": c.language, "state_mode": c.state_mode,
-             "session": c.session, "venv_id": c.venv_id} for c in calls]
 
 
 def by_coordinate(choices: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -25,14 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from . import data
-from .measures import (
-    CallSeen,
-    by_coordinate,
-    choices_from_calls,
-    choices_from_log,
-    redo_seconds,
-    seen,
-)
+from .measures import CallSeen, by_coordinate, redo_seconds, seen
+from .measures import choices as choices_of
 from .model import Endpoint, drive, task_prompt
 from .tasks import Step, Task, Verdict, fill, reference_code
 
@@ -136,10 +130,7 @@ class Steps:
 
     def choices(self) -> list[dict[str, Any]]:
         rows = self.ex.history(limit=10_000).get("calls") or []
-        from_log = choices_from_log(rows, self.ranges)
-        # The log holds every call seen plus the ones stored functions made; fewer rows
-        # than calls seen means it is off or could not be read: use what was seen.
-        return from_log if len(from_log) >= len(self.calls) else choices_from_calls(self.calls)
+        return choices_of(rows, self.ranges, self.calls)
 
 
 def _run_fixed(ex: Any, policy: str, task: Task, ws: Path, venvs: Mapping[str, int],
@@ -209,7 +200,7 @@ def run_task(task: Task, policy: str, bench: Workbench, scale: float, *,
             else:
                 _run_fixed(ex, policy, task, ws, venvs, steps)
             wall = time.perf_counter() - started
-            choices = steps.choices()
+            chosen = steps.choices()
         verdict = task.check(ws, facts)
     finally:
         shutil.rmtree(place, ignore_errors=True)
@@ -218,8 +209,8 @@ def run_task(task: Task, policy: str, bench: Workbench, scale: float, *,
     return TaskResult(
         name=task.name, steps=len(task.steps), success=verdict.success,
         wall_s=round(wall, 3), redo_s=redo_seconds(steps.calls),
-        stale_errors=len(verdict.stale), calls_by_coordinate=by_coordinate(choices),
-        tokens=tokens, choices=choices, note=verdict.reason, stale=verdict.stale,
+        stale_errors=len(verdict.stale), calls_by_coordinate=by_coordinate(chosen),
+        tokens=tokens, choices=chosen, note=verdict.reason, stale=verdict.stale,
         unreachable=unreachable)
 
 
