@@ -126,6 +126,36 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _answer_then_interrupt(executors: list[Any]) -> None:
+    """SIGTERM/SIGINT for ``coordex mcp``: every request in flight is answered first
+    (``mcp_server.stop_answering``, on a thread), then the main thread is interrupted
+    as before; a second signal interrupts at once."""
+    import threading
+
+    from .mcp_server import stop_answering
+
+    state = {"asked": False, "answered": False}
+    main = threading.main_thread().ident
+
+    def answer() -> None:
+        stop_answering(executors)
+        state["answered"] = True
+        # A real signal to the main thread: it wakes the event loop's wait, and runs the
+        # handler below again, which now interrupts.
+        if main is not None:
+            signal.pthread_kill(main, signal.SIGINT)
+
+    def handler(signum: int, frame: object) -> None:
+        if state["asked"] or state["answered"]:
+            raise KeyboardInterrupt
+        state["asked"] = True
+        threading.Thread(target=answer, name="coordex-stop", daemon=True).start()
+
+    with contextlib.suppress(ValueError):  # not in the main thread
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
 def _leave_promptly(code: int) -> int:
     """``code``, once the executors are closed - or exit now if threads would hold it.
 
@@ -213,6 +243,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from .mcp_server import serve_stdio
 
+    _answer_then_interrupt([ex])
     interrupted = False
     try:
         anyio.run(serve_stdio, ex, wire, greeting)

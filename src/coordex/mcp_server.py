@@ -37,6 +37,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from . import __version__
+from .core.errors import make_error
 from .mcp_hello import INSTRUCTIONS, SERVER_NAME, Greeting, WireFds, claim_stdio
 from .tools import (
     MCP_DEFAULT_TIMEOUT,
@@ -167,6 +169,72 @@ async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay
         await _send_progress(ctx, relay)
 
 
+# --- stopping (SPEC section 8) -----------------------------------------------------------
+
+
+class _Stopping:
+    """The requests in flight, and whether the server is stopping.
+
+    At SIGTERM (:func:`stop_answering`) the executors are closed first, so every call in
+    flight returns an error dict at once (its processes ended); each is sent as an
+    answer saying the server is stopping, and only once none is left in flight (or
+    after :data:`ANSWER_SECONDS`) does the transport stop. A request that comes in
+    meanwhile is answered the same way without running.
+    """
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._idle = threading.Condition()
+        self._in_flight = 0
+
+    def enter(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            if self._in_flight <= 0:
+                self._idle.notify_all()
+
+    def wait_answered(self, seconds: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight <= 0, seconds)
+
+
+STOPPING = _Stopping()
+# How long answers to the requests in flight may take at a stop (SPEC: out within 5 s).
+ANSWER_SECONDS = 3.0
+# Once the last one left run_tool: time for the transport to write it.
+WRITE_SECONDS = 0.3
+
+
+def stop_answering(executors: Sequence[Any]) -> None:
+    """Begin the stop: no new call runs, the executors close (every call in flight
+    returns its error dict), and this returns once each has been answered or
+    :data:`ANSWER_SECONDS` passed. Blocks; run it off the event loop. Never raises."""
+    STOPPING.event.set()
+    for executor in executors:
+        with contextlib.suppress(Exception):
+            executor.close()
+    if STOPPING.wait_answered(ANSWER_SECONDS):
+        time.sleep(WRITE_SECONDS)
+
+
+def stopping_result(result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The answer to a request the stop ended (or that came during it): the call's own
+    record with its ``state_lost`` and output kept, its error worded for the stop."""
+    record = dict(result or {})
+    record.update(make_error(
+        record.get("error_type", "crashed") if result else "crashed",
+        "The server is stopping: this call was ended before it finished"
+        if result else "The server is stopping: this call did not run.",
+        "Run the call again once the server is back; sessions do not outlive the "
+        "server, so rebuild_session brings a session's state back from the call log.",
+        state_lost=bool(record.get("state_lost", False))))
+    return record
+
+
 # --- the server ------------------------------------------------------------------------
 
 
@@ -186,6 +254,23 @@ async def run_tool(
     the call finishes in the background (bounded by its timeout) and its result is
     dropped.
     """
+    if STOPPING.event.is_set():
+        return stopping_result()
+    STOPPING.enter()
+    try:
+        result = await _run_tool(executor, name, arguments, ctx, limiter)
+    finally:
+        STOPPING.leave()
+    if STOPPING.event.is_set() and "error" in result:
+        return stopping_result(result)
+    return result
+
+
+async def _run_tool(
+    executor: Any, name: str, arguments: dict[str, Any] | None,
+    ctx: ServerRequestContext[Any, Any] | None,
+    limiter: anyio.CapacityLimiter | None,
+) -> dict[str, Any]:
     relay = OutputRelay()
     cancel = threading.Event()
 
@@ -563,8 +648,31 @@ async def serve_http(app: BearerTenantApp, sock: socket.socket,
     """Run ``app`` under uvicorn on ``sock`` until interrupted; ``on_ready()`` once serving."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    executors = [tenant.executor for tenant in app.tenants]
+
+    class StoppingServer(uvicorn.Server):
+        """At the first SIGTERM/SIGINT the requests in flight are answered (the
+        executors close, each call returns, :func:`stop_answering`) before uvicorn
+        starts its shutdown; a second signal stops at once."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if STOPPING.event.is_set():
+                super().handle_exit(sig, frame)
+                return
+
+            def answer_then_exit() -> None:
+                stop_answering(executors)
+                super(StoppingServer, self).handle_exit(sig, None)
+
+            STOPPING.event.set()
+            threading.Thread(target=answer_then_exit, name="coordex-stop",
+                             daemon=True).start()
+
+    # Streams still open once the answers went (a GET stream, a /ui request) get
+    # this long, then are cancelled: the server is out within 5 s of the signal.
+    config = uvicorn.Config(app, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=1)
+    server = StoppingServer(config)
 
     async def announce() -> None:
         while not server.started:
@@ -581,7 +689,8 @@ async def serve_http(app: BearerTenantApp, sock: socket.socket,
 
 
 __all__ = [
-    "BearerTenantApp", "OutputRelay", "Tenant", "TokenFileError", "WireFds",
-    "bind_socket", "build_server", "claim_stdio", "internal_error", "make_tenant", "parse_tokens", "run_tool",
-    "security_settings", "serve_http", "serve_stdio", "to_tool_result",
+    "STOPPING", "BearerTenantApp", "OutputRelay", "Tenant", "TokenFileError", "WireFds",
+    "bind_socket", "build_server", "claim_stdio", "internal_error", "make_tenant",
+    "parse_tokens", "run_tool", "security_settings", "serve_http", "serve_stdio",
+    "stop_answering", "stopping_result", "to_tool_result",
 ]

@@ -58,7 +58,13 @@ class RunRequest:
     report_changes: bool = False
 
 
-def wait_for(lock: Any, seconds: float, cancel: threading.Event | None) -> bool:
+class Cancel(Protocol):
+    """What ``wait_for`` asks of a cancel event (a ``threading.Event``, or several)."""
+
+    def is_set(self) -> bool: ...
+
+
+def wait_for(lock: Any, seconds: float, cancel: Cancel | None) -> bool:
     """Acquire ``lock`` within ``seconds``; give up early when ``cancel`` is set.
 
     Without a cancel event this is one blocking acquire. With one, the wait is cut into

@@ -831,6 +831,7 @@ class OwnInterpreter:
         children.current_mark = _current_mark
         self._fds = _FdPump()
         self._closed = False
+        self._closing = threading.Event()
         self._runner: _Runner | None = None
         # What runs the call now running (close() interrupts it).
         self._active_runner: _Runner | _Watchdog | None = None
@@ -931,7 +932,9 @@ class OwnInterpreter:
                 self._fds.start(sink_out, sink_err)
                 try:
                     runner.submit(job)
-                    finished = wait_for(runner.done, deadline - time.monotonic(), request.cancel)
+                    # close() stops the wait too: the call answers now, not at its deadline.
+                    finished = wait_for(runner.done, deadline - time.monotonic(),
+                                        _AnyOf(request.cancel, self._closing))
                     if not finished:
                         runner.interrupt()
                         finished = runner.done.acquire(True, INTERRUPT_GRACE)
@@ -954,7 +957,7 @@ class OwnInterpreter:
                 self._fds.close()
             OWN_LOCK.release()
         if self._closed:
-            return _closed_own(out, err)
+            return _closed_own(out, err, still_running=not finished)
         if not finished:
             return _timed_out(out, err, stuck=True, mode=mode, seconds=request.timeout)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
@@ -1088,6 +1091,7 @@ class OwnInterpreter:
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         active = self._active_runner
         if active is not None:
             active.interrupt()  # the call returns an error dict saying the executor closed
@@ -1102,6 +1106,16 @@ class OwnInterpreter:
                 OWN_LOCK.release()
         # What the code started (Popen, os.fork, and what those started) ends too.
         self.owned.end()
+
+
+class _AnyOf:
+    """Set when any of its events is (what ``wait_for`` asks of a cancel event)."""
+
+    def __init__(self, *events: threading.Event | None) -> None:
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
 
 
 def _cancelled(request: RunRequest) -> bool:
@@ -1208,12 +1222,18 @@ def _mode(mode: str) -> messages.Mode:
     return "stateless" if mode == "stateless" else "read_only" if mode == "read_only" else "stateful"
 
 
-def _closed_own(out: OutputBuffer, err: OutputBuffer) -> Outcome:
+def _closed_own(out: OutputBuffer, err: OutputBuffer, *, still_running: bool = False,
+                ) -> Outcome:
     outcome: Outcome = {"stdout": out.getvalue(), "stderr": err.getvalue(),
                         "truncated": out.truncated or err.truncated, "result": None,
                         "exit_code": None, "images": []}
+    # Honest about the agent's process: an interrupt reaches Python code only between
+    # bytecodes, so code blocked in C (a sleep, a read) may still run on after this.
+    what = ("it was interrupted, but it is blocked outside Python and may still run in "
+            "the agent's process until that call returns" if still_running
+            else "it was interrupted")
     outcome["error"] = make_error(
-        "crashed", "The Executor was closed while this code ran; it was interrupted.",
+        "crashed", f"The Executor was closed while this code ran; {what}.",
         "Create a new Executor and run the code again.", state_lost=True,
         stdout=outcome["stdout"], stderr=outcome["stderr"])
     outcome["state_lost"] = True
