@@ -307,3 +307,61 @@ def test_base_url_without_its_path(tmp_path: Path, capsys: pytest.CaptureFixture
                         "--tasks", "ledger-audit") == 1
     err = capsys.readouterr().err
     assert "answered HTTP 404" in err and "Traceback" not in err
+
+
+def _task_of(prompt: str) -> tuple[Any, dict[str, Any]]:
+    """The suite's task whose brief opens ``prompt``, with its workspace and venv ids."""
+    from coordex.eval.suite import TASKS
+
+    for task in TASKS:
+        pattern, seen_ws = "", False
+        for piece in re.split(r"(\{ws\}|\{venv:\w+\})", task.brief):
+            if piece == "{ws}":
+                pattern += "(?P=ws)" if seen_ws else r"(?P<ws>/\S+?)"
+                seen_ws = True
+            elif piece.startswith("{venv:"):
+                pattern += rf"(?P<venv_{piece[6:-1]}>\d+)"
+            else:
+                pattern += re.escape(piece)
+        found = re.match(pattern, prompt)
+        if found:
+            return task, found.groupdict()
+    raise AssertionError(f"no task's brief opens {prompt[:80]!r}")
+
+
+@pytest.mark.slow
+def test_a_model_that_chooses_like_the_reference_gets_every_task_right(tmp_path: Path) -> None:
+    """Through the endpoint and call_tool, each step's reference code at the reference's
+    coordinate: the whole model path agrees with the reference policy on every task."""
+    from coordex.eval.runner import coordinate
+    from coordex.eval.tasks import reference_code
+
+    def reference_model(body: dict[str, Any]) -> dict[str, Any]:
+        prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        task, found = _task_of(prompt)
+        done = tools_done(body)
+        if done == len(task.steps):
+            return {"content": "done"}
+        venvs = {k[5:]: int(v) for k, v in found.items() if k.startswith("venv_")}
+        step = task.steps[done]
+        arguments = {"code": reference_code(task, step, Path(found["ws"]), venvs),
+                     **coordinate("reference", task, step, venvs)}
+        return {"tool_calls": [tool_call(done, "execute_code",
+                                         {k: v for k, v in arguments.items() if v is not None})]}
+
+    with ChatServer(reference_model) as server:
+        assert run_eval(tmp_path, "--policy", "model", "--base-url", server.base_url,
+                        "--model", "reference-script") == 0
+    report = load(tmp_path)
+    check_shape(report)
+    assert report["total"]["succeeded"] == report["total"]["tasks"] >= 12
+    assert report["total"]["redo_s"] == 0 and report["total"]["stale_errors"] == 0
+    from coordex.eval.suite import BY_NAME
+
+    for task in report["tasks"]:
+        steps = BY_NAME[task["name"]].steps
+        assert task["tokens"] == (len(steps) + 1) * TOKENS_PER_REPLY
+        # Each step's call at the step's coordinate (a stored function's own calls besides).
+        for number, step in enumerate(steps, start=1):
+            assert any(c["step"] == number and (c["language"], c["state_mode"])
+                       == (step.language, step.mode) for c in task["choices"]), (task, number)
