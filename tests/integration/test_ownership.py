@@ -312,3 +312,34 @@ def test_output_after_a_call_returned_reaches_no_other_call(ex: Executor) -> Non
         assert "BGOWN" not in later["stdout"], later
     finally:
         ex.execute_code("w.kill(); w.wait()", state_mode="stateful", session_name="writer")
+
+
+def test_own_calls_in_flight_at_close_answer_at_once_and_honestly(root: Path) -> None:
+    """Soak N15: own calls in flight at close() answered when their code ended, said it
+    was interrupted, and the stateless one claimed ``state_lost``."""
+    ex = Executor(root=root, timeout=60)
+    results: dict[str, dict[str, Any]] = {}
+    answered: dict[str, float] = {}
+
+    def call(kind: str, **kw: Any) -> None:
+        results[kind] = ex.execute_code("import time\ntime.sleep(8)", **kw)
+        answered[kind] = time.monotonic()
+
+    threads = [threading.Thread(target=call, args=("stateful",),
+                                kwargs={"state_mode": "stateful", "session_name": "z"}),
+               threading.Thread(target=call, args=("stateless",))]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    closed = time.monotonic()
+    ex.close()
+    for t in threads:
+        t.join(10)
+    assert set(results) == {"stateful", "stateless"}
+    for kind, result in results.items():
+        assert result.get("error_type") == "crashed", result
+        assert answered[kind] - closed < 3.0, (kind, answered[kind] - closed)
+    assert results["stateless"].get("state_lost") is not True, results["stateless"]
+    assert results["stateful"]["state_lost"] is True
+    running = [r for r in results.values() if "may still run" in r["error"]]
+    assert running, results  # the sleep goes on in the agent's process, and it says so

@@ -923,7 +923,7 @@ class OwnInterpreter:
             return _own_busy(out, err)
         try:
             if self._closed:
-                return _closed_own(out, err)
+                return _closed_own(out, err, mode=mode)
             runner = self._take_runner()
             self._active_runner = runner
             if session is not None:
@@ -957,7 +957,8 @@ class OwnInterpreter:
                 self._fds.close()
             OWN_LOCK.release()
         if self._closed:
-            return _closed_own(out, err, still_running=not finished)
+            return _closed_own(out, err, still_running=not finished,
+                               mode=mode)
         if not finished:
             return _timed_out(out, err, stuck=True, mode=mode, seconds=request.timeout)
         return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
@@ -975,7 +976,7 @@ class OwnInterpreter:
         cell: dict[str, Any] | None = None
         try:
             if self._closed:
-                return _closed_own(out, err)
+                return _closed_own(out, err, mode=mode)
             self._active_runner = watchdog
             if session is not None:
                 session.runner, session.current = _ON_CALLER, call
@@ -1009,7 +1010,7 @@ class OwnInterpreter:
                 self._fds.close()
             OWN_LOCK.release()
         if self._closed:
-            return _closed_own(out, err)
+            return _closed_own(out, err, mode=mode)
         if cell is None:
             cell = {"result": None, "error": None, "interrupted": True, "images": []}
         return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"],
@@ -1223,7 +1224,7 @@ def _mode(mode: str) -> messages.Mode:
 
 
 def _closed_own(out: OutputBuffer, err: OutputBuffer, *, still_running: bool = False,
-                ) -> Outcome:
+                mode: str = "stateful") -> Outcome:
     outcome: Outcome = {"stdout": out.getvalue(), "stderr": err.getvalue(),
                         "truncated": out.truncated or err.truncated, "result": None,
                         "exit_code": None, "images": []}
@@ -1232,11 +1233,13 @@ def _closed_own(out: OutputBuffer, err: OutputBuffer, *, still_running: bool = F
     what = ("it was interrupted, but it is blocked outside Python and may still run in "
             "the agent's process until that call returns" if still_running
             else "it was interrupted")
+    lost = mode != "stateless"  # a stateless call had no state to lose (SPEC 6)
     outcome["error"] = make_error(
         "crashed", f"The Executor was closed while this code ran; {what}.",
-        "Create a new Executor and run the code again.", state_lost=True,
+        "Create a new Executor and run the code again.", state_lost=lost,
         stdout=outcome["stdout"], stderr=outcome["stderr"])
-    outcome["state_lost"] = True
+    if lost:
+        outcome["state_lost"] = True
     return outcome
 
 
