@@ -145,10 +145,12 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
     ``environments`` is its folder of built environments (see :func:`environments_folder`);
     ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
     from .backends.confined import ConfinedExecutor
-    from .cli import executor_options
+    from .cli import base_root, executor_options
+    from .environments.build_env import settings_file
 
     executor_args = executor_options(args)
     return ConfinedExecutor(folder, environments=environments, records=records,
+                            build_settings=settings_file(base_root(getattr(args, "home", None))),
                             memory_limit=args.memory_limit,
                             network=not args.no_network, max_calls=args.max_calls,
                             hide=[str(p) for p in hidden], name=name or "default",
@@ -243,8 +245,19 @@ def tenant_options(args: argparse.Namespace, confined: bool) -> dict[str, Any]:
 
 
 __all__ = [
-    "MIN_TOKEN_LENGTH", "add_confinement_options", "confined_executor", "confinement_level",
-    "confinement_refusal", "environments_folder", "records_folder", "hide_secrets_from_sessions", "join_cluster_for_tenants",
-    "secrets_to_hide", "short_tokens", "startup_warnings", "tenant_executor", "tenant_nodes",
+    "MIN_TOKEN_LENGTH",
+    "add_confinement_options",
+    "confined_executor",
+    "confinement_level",
+    "confinement_refusal",
+    "environments_folder",
+    "hide_secrets_from_sessions",
+    "join_cluster_for_tenants",
+    "records_folder",
+    "secrets_to_hide",
+    "short_tokens",
+    "startup_warnings",
+    "tenant_executor",
+    "tenant_nodes",
     "tenant_options",
 ]

@@ -70,6 +70,43 @@ def test_mcp_started_with_a_clients_environment_builds_from_a_wheelhouse_in_coor
     assert seen["ran"].get("result") == "'from the wheelhouse'", seen["ran"]
 
 
+def test_a_confined_tenant_builds_with_the_servers_coordex_toml(tmp_path: Path) -> None:
+    """``coordex mcp --confine DIR``: the jail's builder reads the server's coordex.toml,
+    and the wheelhouse it names (outside the jail's view otherwise) is shown read-only."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="coordex-settings-", dir="/var/tmp"))
+    try:
+        root = base / "home"
+        wheels = tinypkg_wheelhouse(base / "wheels")
+        write_settings(root, {"UV_FIND_LINKS": str(wheels), "UV_NO_INDEX": "1"})
+        params = StdioServerParameters(command=sys.executable, args=[
+            "-m", "coordex", "mcp", "--home", str(root), "--confine", str(base / "work")])
+        seen: dict[str, Any] = {}
+
+        async def main() -> None:
+            async with stdio_client(params) as (read, write), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                with anyio.fail_after(150):
+                    made = await session.call_tool("create_environment", {"spec": "tinypkg==1.0"})
+                    assert isinstance(made.structured_content, dict)
+                    seen["made"] = made.structured_content
+                    ran = await session.call_tool("execute_code", {
+                        "code": "import tinypkg, os\n(tinypkg.VALUE, os.listdir("
+                                f"{str(wheels)!r}) != [], sorted(os.listdir({str(root)!r})))",
+                        "venv_id": made.structured_content["venv_id"]})
+                    seen["ran"] = ran.structured_content
+
+        anyio.run(main)
+        assert "venv_id" in seen["made"], seen["made"]
+        # Of the server's root, only the way to the tenant's own environments and records.
+        assert seen["ran"].get("result") == (
+            "('from the wheelhouse', True, ['environments', 'records'])"), seen["ran"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # -- failures outside the spec ------------------------------------------------------------
 
 

@@ -41,8 +41,13 @@ KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its c
 # The environment a host starts with: nothing of the owner's but these (no tokens).
 # uv's index and offline settings and the proxies pass too: the jail's builder runs uv.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "COORDEX_ISOLATION_FORCE",
-              "UV_OFFLINE", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_PYTHON_DOWNLOADS",
-              "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+              "UV_OFFLINE", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX",
+              "UV_FIND_LINKS", "UV_PYTHON_DOWNLOADS", "UV_SYSTEM_CERTS", "UV_NATIVE_TLS",
+              "SSL_CERT_FILE", "SSL_CERT_DIR", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+              "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy")
+# Of those, the ones that may name a file or folder builds read: shown read-only in the
+# jail's view (the operator set them for coordex's builds).
+PATH_SETTINGS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "UV_FIND_LINKS")
 
 
 @dataclass
@@ -276,6 +281,10 @@ class ConfinedExecutor:
             uv's cache (default: ``<root>.environments`` beside ``root``). Outside the
             folders above, and read-only to the host: only the jail's builder process
             writes there, so the tenant's code cannot change an environment it runs.
+        build_settings: a ``coordex.toml`` whose ``[build.env]`` the jail's builds use
+            (a server passes its own root's); copied into the environments folder, where
+            the builder reads it. Files its settings and :data:`PASSED_ENV` name
+            (``SSL_CERT_FILE``, a local ``UV_FIND_LINKS``) are made readable in the view.
         records: the folder of the host's call log and stored functions (default:
             ``<root>.records``), read-only to the host and written by this object
             (:mod:`.records`): the tenant reads them through the API only.
@@ -318,6 +327,7 @@ class ConfinedExecutor:
     def __init__(self, folder: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
                  environments: str | os.PathLike[str] | None = None,
                  records: str | os.PathLike[str] | None = None,
+                 build_settings: str | os.PathLike[str] | None = None,
                  memory_limit: int | None = None, network: bool = True,
                  max_calls: int = DEFAULT_MAX_CALLS, max_processes: int = DEFAULT_MAX_PROCESSES,
                  hide: Sequence[str | os.PathLike[str]] = (),
@@ -362,7 +372,9 @@ class ConfinedExecutor:
         self._argv += ["--level", level if level is not None else best_level()]
         for path in hide:
             self._argv += ["--hide", str(path)]
-        for path in [*readable_paths(), *(str(Path(p).expanduser().absolute()) for p in readable)]:
+        build_env = self._build_settings(build_settings)
+        for path in [*readable_paths(), *(str(Path(p).expanduser().absolute()) for p in readable),
+                     *_setting_paths({**os.environ, **build_env})]:
             self._argv += ["--readable", path]
         self.readable = tuple(str(Path(p).expanduser().absolute()) for p in readable)
         from .identity import tenant_user
@@ -402,6 +414,26 @@ class ConfinedExecutor:
                              f"({exc.strerror}); pass environments=DIR, a folder this user "
                              "may write apart from the host's folder") from None
         return folder
+
+    def _build_settings(self, path: str | os.PathLike[str] | None) -> dict[str, str]:
+        """Copy ``path`` (a ``coordex.toml``) where the jail's builder reads it; its
+        ``[build.env]``. A file coordex cannot read as meant raises ValueError."""
+        if path is None or self.environments_folder is None:
+            return {}
+        from ...core.errors import CoordexError
+        from ...environments.build_env import read_settings, settings_file
+
+        source = Path(path)
+        target = settings_file(self.environments_folder)
+        try:
+            settings = read_settings(source)
+        except CoordexError as exc:
+            raise ValueError(exc.error) from None
+        if not source.exists():
+            target.unlink(missing_ok=True)
+            return {}
+        target.write_bytes(source.read_bytes())
+        return dict(settings.build_env)
 
     def _open_records(self, max_rows: int) -> Any:
         """The host's records, written here (see :mod:`.records`); readable by the host's
@@ -583,6 +615,17 @@ class ConfinedExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _setting_paths(env: Mapping[str, str]) -> list[str]:
+    """Local files and folders the build settings name (see :data:`PATH_SETTINGS`)."""
+    found = []
+    for name in PATH_SETTINGS:
+        for value in env.get(name, "").replace(",", " ").split():
+            value = value.removeprefix("file://")
+            if os.path.isabs(value) and os.path.exists(value):
+                found.append(value)
+    return found
 
 
 def _check_apart(environments: Path, folders: Sequence[Path]) -> None:
