@@ -5,6 +5,7 @@ tenant's token shows that tenant alone), ``coordex mcp --ui PORT`` and the MCP t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -258,3 +259,50 @@ def test_serve_shows_a_tenants_running_call_to_that_tenant_alone(tmp_path: Path)
         assert out and out[0]["error_type"] == "timeout" and out[0]["state_lost"] is False
         assert "interrupted by the person watching" in out[0]["error"]
         assert _ui(base, alice, "api/running").json() == {"running": []}
+
+
+def test_a_tenants_stuck_page_holds_neither_another_tenant_nor_the_stop(tmp_path: Path) -> None:
+    import signal
+    import threading
+    import time
+
+    from coordex.ui.app import THREADS_PER_TENANT
+
+    tokens = tmp_path / "tokens.txt"
+    alice, bob = "alice-token-0123456789", "bob-token-0123456789"
+    tokens.write_text(f"alice {alice}\nbob {bob}\n")
+    os.chmod(tokens, 0o600)
+    names = [f"s{i}" for i in range(THREADS_PER_TENANT)]
+    # Quick the first time; replayed once the flag file exists, each sleeps 40 s.
+    step = "import os, time\nif os.path.exists('slow'):\n    time.sleep(40)\nn = 1"
+    with spawn("serve", "--port", "0", "--tokens", str(tokens),
+               env=child_env(tmp_path / "home")) as running:
+        url = running.wait_for(READY).group(1)
+        base = url.removesuffix("/mcp")
+        call_with_sdk(url, alice, [
+            *(("execute_code", {"code": step, "state_mode": "stateful", "session_name": n})
+              for n in names),
+            ("execute_code", {"code": "open('slow', 'w').close()"}),
+            *(("close_session", {"session_name": n}) for n in names)])
+        answers: list[int] = []
+
+        def rebuild(name: str) -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                answers.append(httpx.post(f"{base}/ui/api/rebuild", json={"session_name": name},
+                                          headers={"Authorization": f"Bearer {alice}"},
+                                          timeout=60).status_code)
+
+        stuck = [threading.Thread(target=rebuild, args=(n,), daemon=True) for n in names]
+        for thread in stuck:
+            thread.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        full = _ui(base, alice, "api/sessions")
+        assert full.status_code == 503 and time.monotonic() - started < 1.0
+        started = time.monotonic()
+        assert _ui(base, bob, "api/sessions").status_code == 200
+        assert time.monotonic() - started < 1.0
+        stopping = time.monotonic()
+        running.process.send_signal(signal.SIGTERM)
+        running.process.wait(timeout=10)
+        assert time.monotonic() - stopping < 5.0

@@ -33,11 +33,12 @@ _INT_ARGUMENTS = ("venv_id", "session_id", "after_seq", "limit", "seq")
 def _ok(value: Any) -> Response:
     from .app import json_response
 
-    status = 200
-    if isinstance(value, dict) and "error_type" in value:
-        status = 404 if value["error_type"] == "not_found" else 400 \
-            if value["error_type"] == "validation" else 200
-    return json_response(status, value)
+    # The body is the executor's own dict either way; the status only helps a program.
+    kind = value.get("error_type") if isinstance(value, dict) else None
+    return json_response(_STATUS.get(kind, 200), value)
+
+
+_STATUS = {"not_found": 404, "validation": 400}
 
 
 def _error(exc: CoordexError) -> Response:
