@@ -35,7 +35,7 @@ def _ok(value: Any) -> Response:
 
     # The body is the executor's own dict either way; the status only helps a program.
     kind = value.get("error_type") if isinstance(value, dict) else None
-    return json_response(_STATUS.get(kind, 200), value)
+    return json_response(_STATUS.get(str(kind), 200), value)
 
 
 _STATUS = {"not_found": 404, "validation": 400}
