@@ -1,7 +1,9 @@
 """The call log (SPEC section 11): every call recorded under ``root``, and rebuilding a
-session from it. ``store`` is the SQLite file, ``calls`` turns results into rows and
-answers ``history``, ``rebuild`` holds the pure rules of what a rebuild replays,
-``replay`` runs it, ``stats`` counts for ``coordex log --stats``."""
+session from it. ``store`` is the SQLite file and the :class:`~coordex.log.store.RowWriter`
+a row goes through (committed before the call returns), ``calls`` turns results into
+rows and answers ``history``, ``running`` holds the calls in flight for the page,
+``rebuild`` the pure rules of what a rebuild replays, ``replay`` runs it, ``stats``
+counts for ``coordex log --stats`` and ``show`` words what ``coordex log`` prints."""
 
 from .store import LOG_FILE, CallLog
 
