@@ -343,3 +343,53 @@ def test_own_calls_in_flight_at_close_answer_at_once_and_honestly(root: Path) ->
     assert results["stateful"]["state_lost"] is True
     running = [r for r in results.values() if "may still run" in r["error"]]
     assert running, results  # the sleep goes on in the agent's process, and it says so
+
+
+_DYING_HOST = r"""
+import json, os, sys, time
+from coordex import Executor
+ex = Executor(root=sys.argv[1], timeout=60)
+r = ex.execute_code("import subprocess\nprint(subprocess.Popen(['sleep', '305']).pid)")
+own = int(r["stdout"])
+# An os.fork child of own code that lives on: it must not keep the keeper waiting.
+r = ex.execute_code("import os, time\nchild = os.fork()\n"
+                    "if child == 0:\n    time.sleep(60)\n    os._exit(0)\nprint(child)",
+                    state_mode="stateful", session_name="f")
+forked = int(r["stdout"])
+r = ex.execute_code("sleep 306 & echo $!", language="bash", state_mode="stateful")
+with open(sys.argv[2], "w") as f:
+    json.dump({"own_popen": own, "bash_bg": int(r["stdout"]), "forked": forked}, f)
+time.sleep(600)
+"""
+
+
+@unwaited
+def test_own_interpreter_children_end_when_the_host_is_killed(tmp_path: Path) -> None:
+    """SPEC 6: processes coordex started, and those session code started, end within a
+    few seconds of a host SIGKILL - own-interpreter ``Popen`` children included, even
+    while an ``os.fork`` child of that code (which held the keeper's pipe) lives on."""
+    import json
+    import subprocess
+    import sys
+
+    report = tmp_path / "pids.json"
+    host = subprocess.Popen([sys.executable, "-c", _DYING_HOST, str(tmp_path / "home"),
+                             str(report)], stderr=subprocess.DEVNULL)
+    pids: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while not report.exists() or not report.read_text():
+            assert host.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        pids = json.loads(report.read_text())
+        assert all(alive(p) for p in pids.values()), pids
+        host.kill()
+        host.wait(10)
+        left = _gone([pids["own_popen"], pids["bash_bg"]])
+        assert left == [], (left, pids)
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+        _kill(list(pids.values()))

@@ -2,11 +2,14 @@
 
 Run by path, ``python -I -S _keeper.py``, by :mod:`coordex.backends._reap` (standard
 library only). It reads lines on fd 0: ``+SID`` (coordex started a process leading
-session SID) and ``-SID`` (it has been stopped and reaped). It does nothing else while
-the host lives. At end of file - the host exited or was killed, and the kernel closed
-its end of the pipe - every process of every session still listed gets SIGKILL:
-its process group first, then any member that moved to another group of the session.
-Processes that left with ``setsid`` are in no listed session and are left alone.
+session SID) and ``-SID`` (it has been stopped and reaped), ``=MARK`` and ``~MARK`` (a
+prefix of the ``COORDEX_OWNED`` mark that own-interpreter code's processes carry, see
+``own/children.py``). It does nothing else while the host lives. At end of file - the
+host exited or was killed, and the kernel closed its end of the pipe - every process of
+every session still listed gets SIGKILL: its process group first, then any member that
+moved to another group of the session.
+Processes that left with ``setsid`` are in no listed session and are left alone; then
+every process carrying a listed mark gets SIGKILL.
 """
 
 import os
@@ -41,6 +44,24 @@ def members(sids):
     return [pid for pid, _, sid in live_processes() if sid in sids]
 
 
+def owned(prefixes):
+    """Live processes whose environment carries ``COORDEX_OWNED=<one of prefixes>...``:
+    what own-interpreter code started (``own/children.py``)."""
+    found = []
+    keys = [b"COORDEX_OWNED=" + p for p in prefixes]
+    for pid, _, _ in live_processes():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        for entry in data.split(b"\0"):
+            if any(entry.startswith(k) for k in keys):
+                found.append(pid)
+                break
+    return found
+
+
 def end(sids):
     for sid in sids:
         try:
@@ -63,6 +84,7 @@ def main():
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     watched = set()
+    marks = set()
     pending = b""
     while True:
         try:
@@ -76,6 +98,9 @@ def main():
         pending += data
         *lines, pending = pending.split(b"\n")
         for line in lines:
+            if line[:1] in (b"=", b"~"):  # a mark of own-interpreter sessions
+                (marks.add if line[:1] == b"=" else marks.discard)(line[1:])
+                continue
             try:
                 sid = int(line[1:])
             except ValueError:
@@ -86,6 +111,15 @@ def main():
                 watched.discard(sid)
     if watched:
         end(watched)
+    for _ in range(3):  # a process forking as we go may add one
+        left = owned(marks) if marks else []
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     return 0
 
 

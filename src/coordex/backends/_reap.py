@@ -269,6 +269,35 @@ class Keeper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner = 0
         self._watched: set[int] = set()
+        self._marks: set[str] = set()
+        self._orphaned: subprocess.Popen[bytes] | None = None
+        # A fork child of the host (own-interpreter code's os.fork, multiprocessing)
+        # must not hold the pipe: the keeper would see no end of file when the host
+        # dies while that child lives.
+        os.register_at_fork(after_in_child=self._let_go_in_child)
+
+    def _let_go_in_child(self) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return
+        self._orphaned = proc  # kept: its file object must never close the number again
+        self._proc = None
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            os.dup2(null, proc.stdin.fileno(), inheritable=False)
+            os.close(null)
+
+    def mark(self, prefix: str) -> None:
+        """Processes carrying ``COORDEX_OWNED=prefix...`` end if the host dies."""
+        with self._lock:
+            self._marks.add(prefix)
+            self._send(b"=%s\n" % prefix.encode())
+
+    def unmark(self, prefix: str) -> None:
+        with self._lock:
+            if prefix in self._marks:
+                self._marks.discard(prefix)
+                self._send(b"~%s\n" % prefix.encode(), start=False)
 
     @property
     def pid(self) -> int | None:
@@ -290,7 +319,7 @@ class Keeper:
         """End the keeper if no session is watched (it starts again when needed)."""
         with self._lock:
             proc = self._proc
-            if proc is None or self._watched or self._owner != os.getpid():
+            if proc is None or self._watched or self._marks or self._owner != os.getpid():
                 return
             self._proc = None
         # Closing its stdin with nothing listed: it exits at once, killing nothing.
@@ -342,7 +371,8 @@ class Keeper:
         copier.hold(self._proc.stdin.fileno())
         with contextlib.suppress(OSError):
             os.write(self._proc.stdin.fileno(),
-                     b"".join(b"+%d\n" % sid for sid in sorted(self._watched)))
+                     b"".join(b"+%d\n" % sid for sid in sorted(self._watched))
+                     + b"".join(b"=%s\n" % m.encode() for m in sorted(self._marks)))
 
 
 _KEEPER = Keeper()

@@ -17,6 +17,9 @@ How it works:
 - The cost: two environment writes per call (~2 us) and, at close only, one pass over
   ``/proc`` reading each process's stat and environment (about 10 ms for 500
   processes). No thread, no subreaper: the agent's process keeps its usual reaping.
+- If this process dies without closing (SIGKILL), the keeper (``_reap``) ends every
+  process that carries a mark of this interpreter; fork children that did not exec
+  carry none there and are ended only by a close.
 - What escapes: a process started with an explicit ``env`` that drops the mark and then
   leaves its parent (``setsid`` and a double fork) - it carries no mark and has no
   marked ancestor left. Processes other threads of the agent start while an
@@ -34,6 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from ...worker import _coordex_copy as copier
+from .. import _reap
 from .._reap import OWNED_ENV
 
 # How long SIGTERM is given before SIGKILL.
@@ -122,7 +126,20 @@ class Owned:
         self.prefix = f"{os.getpid()}.{secrets.token_hex(6)}:"
         self._serial = 0
         self._lock = threading.Lock()
+        self._armed = False
         _LOG.open()
+
+    def arm(self) -> None:
+        """Before the first call: the keeper ends the marked processes if this process
+        dies without closing (one keeper process per host, started on first need)."""
+        if not self._armed:
+            self._armed = True
+            _reap.keeper().mark(self.prefix)
+
+    def disarm(self) -> None:
+        if self._armed:
+            self._armed = False
+            _reap.keeper().unmark(self.prefix)
 
     def new_mark(self) -> str:
         with self._lock:

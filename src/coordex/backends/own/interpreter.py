@@ -903,6 +903,7 @@ class OwnInterpreter:
             emit(request, "stderr", text)
 
         call = _Call(sink_out, sink_err, session)
+        self.owned.arm()
         if getattr(_local, "in_call", False):
             return self._run_inline(call, namespace, request, out, err, mode)
         watchdog = _inline_ready() if self.inline else None
@@ -1107,6 +1108,7 @@ class OwnInterpreter:
                 OWN_LOCK.release()
         # What the code started (Popen, os.fork, and what those started) ends too.
         self.owned.end()
+        self.owned.disarm()
 
 
 class _AnyOf:
