@@ -609,8 +609,9 @@ class Executor:
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).
 
-        Returns ``{"url": ...}``: open it in a browser; it carries the token once, the
-        page keeps it in a cookie. Loopback unless ``host`` says otherwise; the server
+        Returns ``{"url": ...}``: open it in a browser; it carries the token once, and
+        the browser then holds keys of the page's own (a cookie and a key in the page's
+        storage), never the token. Loopback unless ``host`` says otherwise; the server
         stops with the executor. A second call returns the running page's URL.
         """
         from .ui.server import start_ui
