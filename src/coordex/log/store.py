@@ -169,12 +169,16 @@ class RowWriter(Protocol):
 
 
 class SQLiteWriter:
-    """A :class:`RowWriter` over the log file, in this process. Not thread-safe: the
-    :class:`CallLog` that owns it holds a lock around every use."""
+    """A :class:`RowWriter` over the log file, in this process. Not thread-safe: whoever
+    owns it holds a lock around every use.
 
-    def __init__(self, path: Path, max_rows: int) -> None:
+    ``checkpoints_elsewhere``: the owner runs :meth:`checkpoint` itself, off the path of
+    the calls (as :class:`CallLog` does); otherwise SQLite checkpoints as it commits."""
+
+    def __init__(self, path: Path, max_rows: int, checkpoints_elsewhere: bool = False) -> None:
         self.path = path
         self.max_rows = max_rows
+        self.checkpoints_elsewhere = checkpoints_elsewhere
         self._slack = max_rows // 100
         self._pruned_to = 0
         self._conn: sqlite3.Connection | None = None
@@ -230,8 +234,8 @@ class SQLiteWriter:
                 conn.execute("PRAGMA page_size = 1024")  # a new file's: less per commit
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
-                # Checkpoints (which fsync) run on the log's own thread, not in a call.
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
+                if self.checkpoints_elsewhere:  # (they fsync) not in a call
+                    conn.execute("PRAGMA wal_autocheckpoint = 0")
                 conn.executescript(_SCHEMA)
                 have = {r[1] for r in conn.execute("PRAGMA table_info(calls)")}
                 for column in _RETURNED:
@@ -280,7 +284,7 @@ class CallLog:
         self.dropped = 0
         self.problem: str | None = None
         self.forked = False
-        self._sqlite = SQLiteWriter(self.path, max_rows)
+        self._sqlite = SQLiteWriter(self.path, max_rows, checkpoints_elsewhere=True)
         self._writer: RowWriter = writer if writer is not None else self._sqlite
         # Rows a busy file kept from being written, and ``changed`` columns worked out
         # off the call's path (a bash copy's names cost a parse).
