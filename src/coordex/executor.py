@@ -265,7 +265,9 @@ class Executor:
             result = self._shape(outcome, session, coordinate, started)
             if running.interrupted:  # a person stopped it from the page
                 result = interrupted_by_a_person(result)
-        return record_call(self._call_log, result, code, coordinate, seq)
+        asked = None if coordinate is not None else (language, state_mode, session_id,
+                                                      session_name, venv_id)
+        return record_call(self._call_log, result, code, coordinate, seq, asked)
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
         if coordinate.venv_id is not None:

@@ -46,6 +46,20 @@ def test_every_call_is_a_row_in_order(ex: Executor) -> None:
     assert json.loads(rows[2]["isolation"])["names"] is True
 
 
+def test_a_refused_call_keeps_what_was_asked(ex: Executor) -> None:
+    ex.execute_code("x", state_mode="read_only")
+    ex.execute_code("1", language="ruby", state_mode="stateful", session_name="s")  # type: ignore[arg-type]
+    ex.execute_code("1", state_mode="stateful", session_id=True)  # type: ignore[arg-type]
+    calls = ex.history()["calls"]
+    assert [c["outcome"] for c in calls] == ["validation"] * 3
+    assert [(c["language"], c["state_mode"], c["session_name"], c["session_id"])
+            for c in calls] == [("python", "read_only", None, None),
+                                ("ruby", "stateful", "s", None),
+                                ("python", "stateful", None, None)]
+    # A refused call never counts as a session's call.
+    assert ex.rebuild_session(language="python", session_name="s")["error_type"] == "not_found"
+
+
 def test_history_checks_its_arguments(ex: Executor) -> None:
     for bad in ({"limit": 0}, {"limit": "5"}, {"language": "ruby"}, {"session_id": -1},
                 {"session_id": 1, "session_name": "a"}):

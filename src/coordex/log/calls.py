@@ -95,10 +95,12 @@ def note_replay(seq: int, code: str) -> None:
 
 
 def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
-                coordinate: Coordinate | None, seq: int | None = None) -> dict[str, Any]:
+                coordinate: Coordinate | None, seq: int | None = None,
+                asked: tuple[Any, ...] | None = None) -> dict[str, Any]:
     """Write the row of one finished call (completing row ``seq`` if the call's row was
     reserved while it ran) before the call returns; returns ``result`` (its suggestion
-    may now name ``rebuild_session``)."""
+    may now name ``rebuild_session``). ``asked``: the coordinate's arguments as given,
+    for a call refused before they made a coordinate (its row shows what was asked)."""
     if log is None:
         return result
     try:
@@ -120,15 +122,18 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             replay_of = replay[0]
             _notes.replay = None
         duration = result.get("duration_ms") or 0.0
-        if session is None:
+        if coordinate is None and asked is not None:
+            language, state_mode, session_id, session_name, venv_id = _as_asked(asked)
+        elif session is None:
             language = coordinate.language if coordinate is not None else None
             venv_id = coordinate.venv_id if coordinate is not None else None
             session_id = session_name = None
         else:
             language, venv_id = session.get("language"), session.get("venv_id")
             session_id, session_name = session.get("session_id"), session.get("session_name")
-        state_mode = result.get("state_mode") or (
-            coordinate.state_mode if coordinate is not None else None)
+        if coordinate is not None or asked is None:
+            state_mode = result.get("state_mode") or (
+                coordinate.state_mode if coordinate is not None else None)
         log.append({
             "at": time.time() - duration / 1000.0, "kind": "call", "language": language,
             "venv_id": venv_id, "session_id": session_id, "session_name": session_name,
@@ -144,6 +149,20 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
     except Exception:  # the log never costs the call
         pass
     return result
+
+
+def _as_asked(asked: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A refused call's arguments as its row keeps them: short text and integers only
+    (anything else, a wrong type, reads as not given)."""
+    def text(value: Any) -> str | None:
+        return value[:80] if isinstance(value, str) else None
+
+    def number(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    language, state_mode, session_id, session_name, venv_id = asked
+    return text(language), text(state_mode), number(session_id), text(session_name), \
+        number(venv_id)
 
 
 def log_off_error(what: str) -> CoordexError:

@@ -173,7 +173,7 @@ def _identity(coordinate: Coordinate, rows: list[dict[str, Any]]) -> dict[str, A
 
 def _nothing_logged(log: CallLog, coordinate: Coordinate) -> CoordexError:
     rows = read(log, "SELECT language, venv_id, session_id, session_name, MAX(seq) AS last "
-                "FROM calls WHERE kind = 'call' AND state_mode = 'stateful' GROUP BY language, "
+                f"FROM calls WHERE kind = 'call' AND {_RAN_IN_SESSION} GROUP BY language, "
                 "venv_id, session_id, session_name ORDER BY last DESC LIMIT 20", [])
     known = ", ".join(f"({session_arguments(r)})" for r in rows) or "none"
     wanted = session_arguments({"language": coordinate.language, "venv_id": coordinate.venv_id,
