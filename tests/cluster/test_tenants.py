@@ -275,3 +275,39 @@ def test_nothing_of_the_server_is_in_sight_on_a_node_of_its_machine(
         f"[p for p in ({str(local_cluster.home / 'tenants')!r}, {str(served.tokens)!r}) "
         "if os.path.exists(p)]"))
     assert on_server["result"] == "[]", on_server
+
+
+ASK_FOR_ACTORS = """
+import json, os, time
+argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+out = int(argv[argv.index(b'--out') + 1])
+for n in range(12):
+    line = {'type': 'node', 'id': 10**6 + n, 'op': 'host',
+            'args': {'resources': {'num_cpus': 0.01}}}
+    os.write(out, json.dumps(line).encode() + b'\\n')
+time.sleep(20)
+'asked'
+"""
+
+
+def _alices_node_hosts() -> int:
+    """Alice's confined hosts on the nodes (their keepers: each actor of hers has one)."""
+    pids = set(_node_pids(r".*coordex\.backends\.confined\.host .*--name alice-node .*"))
+    keepers = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        keepers += parent not in pids
+    return keepers
+
+
+def test_a_tenant_cannot_start_actors_of_its_own_without_bound(served: Served) -> None:
+    """The tenant's code writes the host's own requests for dedicated actors to the
+    server's relay, a dozen of them; the server starts at most 8 per tenant."""
+    before = _alices_node_hosts()
+    asked = served.code(ALICE, ASK_FOR_ACTORS, timeout=60)
+    assert asked.get("result") == "'asked'", asked
+    assert 0 < _alices_node_hosts() - before <= 8

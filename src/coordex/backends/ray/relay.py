@@ -236,6 +236,7 @@ class NodeRelay:
         self._hosts: dict[int, _Host] = {}
         self._numbers: dict[int, int] = {}  # id(host) -> its number
         self._next = itertools.count(1)
+        self._starting = 0  # dedicated actors being started
         self._pool = ThreadPoolExecutor(RELAY_THREADS, thread_name_prefix="coordex-relay")
 
     def serve(self, msg: dict[str, Any], reply: Send) -> None:
@@ -264,9 +265,12 @@ class NodeRelay:
         if op == "host":
             resources = {str(k): float(v) for k, v in dict(args.get("resources") or {}).items()}
             cap = int(self.tenant.get("max_dedicated") or MAX_DEDICATED)
-            with self._lock:
-                held = sum(1 for h in self._hosts.values() if h.dedicated)
-            if resources and held >= cap:
+            with self._lock:  # counted with those being started right now, on other threads
+                held = sum(1 for h in self._hosts.values() if h.dedicated) + self._starting
+                refused = bool(resources) and held >= cap
+                if resources and not refused:
+                    self._starting += 1
+            if refused:
                 return {"ok": {"raise": CoordexError(
                     "environment", f"This tenant holds {held} actors of its own on the "
                     f"cluster already, the most it may (sessions whose environment asks "
@@ -275,9 +279,15 @@ class NodeRelay:
                     "call again.").to_dict()}}
             try:
                 host = cluster.host(resources)
-            except CoordexError as exc:  # no node can take it: the host says why
-                return {"ok": {"raise": exc.to_dict()}}
+            except BaseException as exc:
+                if resources:
+                    with self._lock:
+                        self._starting -= 1
+                if isinstance(exc, CoordexError):  # no node can take it: the host says why
+                    return {"ok": {"raise": exc.to_dict()}}
+                raise
             with self._lock:
+                self._starting -= 1 if resources else 0
                 number = self._numbers.get(id(host))
                 if number is None:
                     number = self._numbers[id(host)] = next(self._next)
