@@ -19,16 +19,17 @@ from coordex import Executor
 from coordex.log import LOG_FILE
 from coordex.log.store import LogReader
 
-# Threads making calls of three kinds; each prints "cid" once its call has returned.
+# Threads making calls of three kinds; each reports "cid" once its call has returned.
 CHILD = textwrap.dedent("""
     import os, sys, threading
     from coordex import Executor
     ex = Executor(root=sys.argv[1])
+    report = int(sys.argv[2])  # a pipe of its own: fd 1 is the own interpreter's to capture
     out_lock = threading.Lock()
 
     def say(line):
         with out_lock:
-            os.write(1, (line + "\\n").encode())
+            os.write(report, (line + "\\n").encode())
 
     def work(kind):
         n = 0
@@ -56,22 +57,23 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("run", range(3))
 def test_every_returned_call_is_in_the_log_after_a_sigkill(tmp_path: Path, run: int) -> None:
     root = tmp_path / "root"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
+    read_end, write_end = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(write_end)],
+                             pass_fds=(write_end,), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    os.close(write_end)
+    reports = os.fdopen(read_end, "rb")
     try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"ready\n", child.stderr.read() if child.stderr else ""
+        assert reports.readline() == b"ready\n"
         time.sleep(random.uniform(0.8, 2.5))
         os.kill(child.pid, signal.SIGKILL)
-        returned = [line.strip().decode() for line in child.stdout.read().splitlines()]
+        returned = [line.strip().decode() for line in reports.read().splitlines()]
         child.wait(timeout=10)
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-        for stream in (child.stdout, child.stderr):
-            if stream is not None:
-                stream.close()
+        reports.close()
     returned = [cid for cid in returned if cid and "-" in cid]
     assert len(returned) > 50, "the child made too few calls to tell anything"
     rows = LogReader(root / LOG_FILE).query("SELECT code, outcome FROM calls WHERE kind = 'call'")
