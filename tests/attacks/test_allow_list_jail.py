@@ -277,12 +277,14 @@ def test_programs_run_on_the_listed_etc_files(room: Room) -> None:
         "socket.getaddrinfo(\"localhost\", 80); time.localtime(); "
         "print(os.path.expanduser(\"~\"))'\n"
         "uv --version >/dev/null && echo uv-ok\n"
+        # A program pip installed (a console script whose first line names its Python).
+        f"{os.path.dirname(sys.executable)}/pip --version >/dev/null && echo pip-ok\n"
         "git --version >/dev/null && rm -rf repo && git init -q repo && cd repo && "
         "git -c user.name=t -c user.email=t@e commit -q --allow-empty -m x && echo git-ok\n"
         "hostname\n"), language="bash")
     assert not found["is_error"], found
     lines = found["stdout"].split()
-    assert "uv-ok" in lines and "git-ok" in lines, found
+    assert "uv-ok" in lines and "git-ok" in lines and "pip-ok" in lines, found
     assert lines[0].endswith("/tenants/alice"), found  # its home is its folder
 
 
