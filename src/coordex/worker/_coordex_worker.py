@@ -35,6 +35,7 @@ SIGINT is ignored, so a late interrupt can never end the worker.
 from __future__ import annotations
 
 import _signal
+import io
 import os
 import select
 import signal
@@ -79,6 +80,8 @@ class _State:
     isolation: Any = None  # backends/isolation.py once loaded (see load_isolation)
     isolation_error = ""  # why it could not be loaded
     copy_link: Optional[copier.Link] = None  # in a read-only copy: the link to this worker
+    # fd -> (a private copy, its identity): fds 1 and 2 as the host gave them.
+    std_fds: Dict[int, Tuple[int, Tuple[int, int]]] = {}
 
 
 class Channel:
@@ -310,6 +313,44 @@ def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, An
                                  "traceback": "KeyboardInterrupt\n"}}
     outcome["rebound"], outcome["deleted"] = _changed_names(before, namespace)
     return outcome
+
+
+def keep_std_fds() -> None:
+    """Keep a private copy of fds 1 and 2 (the pipes to the host) for
+    :func:`restore_std_fds`."""
+    import fcntl
+
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            copy = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 200)
+        except OSError:
+            continue
+        _State.std_fds[fd] = (copy, (st.st_dev, st.st_ino))
+
+
+def restore_std_fds() -> None:
+    """Before each call: fds 1 and 2 (and sys.stdout/sys.stderr) are the host's pipes
+    again, whatever an earlier cell did to them (``os.close(1)``, ``sys.stdout.close()``,
+    a redirect): two fstat calls when nothing changed."""
+    for fd, (copy, identity) in _State.std_fds.items():
+        try:
+            st = os.fstat(fd)
+            same = (st.st_dev, st.st_ino) == identity
+        except OSError:
+            same = False
+        if not same:
+            try:
+                os.dup2(copy, fd)
+            except OSError:
+                continue
+        name = "stdout" if fd == 1 else "stderr"
+        stream = getattr(sys, name)
+        if stream is None or getattr(stream, "closed", True) or not same:
+            fresh = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                     errors="backslashreplace", write_through=True)
+            setattr(sys, name, fresh)
+            setattr(sys, "__%s__" % name, fresh)
 
 
 def _changed_names(before: Dict[str, Any], namespace: Dict[str, Any]) -> Tuple[List[str], List[str]]:
@@ -662,6 +703,12 @@ def _prepare_child() -> None:
         os.close(msg_w)
         os.close(result_r)
     _State.standbys = []
+    for copy, _ in _State.std_fds.values():  # fds 1 and 2 are the child's to keep
+        try:
+            os.close(copy)
+        except OSError:
+            pass
+    _State.std_fds = {}
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
@@ -720,6 +767,7 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
             if kind == "capabilities":
                 set_capabilities(namespace, msg["names"])
             elif kind == "run":
+                restore_std_fds()
                 if msg["mode"] == "stateful":
                     outcome = run_stateful(msg, namespace)  # type: Optional[Dict[str, Any]]
                 elif msg["mode"] == "read_only":
@@ -761,6 +809,7 @@ def main(argv: List[str]) -> int:
     sys.path.insert(0, "")
     os.environ.setdefault("MPLBACKEND", "Agg")  # the host sets it (and the pagers) too
     install_signal_handlers()
+    keep_std_fds()
     channel = Channel(in_fd, out_fd)
     _State.channel = channel
     _State.script_module = sys.modules["__main__"]  # our own globals stay apart from the user's

@@ -639,7 +639,9 @@ class _Shell:
         child_err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
         os.close(err_w)
         runner_fd = _anonymous_file()
-        protocol = _Protocol.build(token, child_err, runner_fd)
+        # Above the fixed private numbers (_STATE_FD ... _CHANGES_FD) and both passed fds.
+        protocol = _Protocol.build(token, child_err, runner_fd,
+                                   max(child_err, runner_fd, PRIVATE_FD_FLOOR + 15) + 1)
         try:
             os.write(runner_fd, protocol.runner)
             self._proc = _reap.spawn(

@@ -86,20 +86,26 @@ class ShellProtocol:
     trigger: bytes
 
     @classmethod
-    def build(cls, token: str, stderr_fd: int, runner_fd: int) -> ShellProtocol:
+    def build(cls, token: str, stderr_fd: int, runner_fd: int,
+              stdout_fd: int | None = None) -> ShellProtocol:
+        """``stdout_fd``: where bash keeps a copy of its fd 1 (set up by the first line),
+        which every call's code gets as fd 1 again, whatever an earlier call did to its
+        fd 1 (``exec >&-``); by default one above the others."""
         p = PRIVATE_PREFIX
+        out = max(stderr_fd, runner_fd) + 1 if stdout_fd is None else stdout_fd
         # Sourced, not eval'd in PROMPT_COMMAND directly: only while a file is sourced
         # does bash clean finished foreground jobs out of its job table (else `jobs`
         # and %1 see them), and `return` ends the code as it did in a sourced script.
         # Our fds are closed for the code (its children see 0, 1 and 2 only) and come
         # back after it, whatever it did to those numbers. The eval's redirections
         # come after its trace and its line's set -v echo: those go to the status pipe.
-        runner = (f"\\builtin eval \"${p}code\" </dev/null 2>&{stderr_fd}- "
-                  f"{runner_fd}<&-\n")
+        runner = (f"\\builtin eval \"${p}code\" </dev/null 1>&{out} 2>&{stderr_fd}- "
+                  f"{out}>&- {runner_fd}<&-\n")
         prompt_command = (
             f"\\builtin unset PROMPT_COMMAND; \\builtin . /dev/fd/{runner_fd}; "
             f"PS1=\"\\n${p}record${p}call $? {FLAGS}\\n\" PS0=${p}go")
-        setup = (f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
+        setup = (f"\\exec {out}>&1; "
+                 f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
                  f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
                  f"{p}call=0; ").encode() + sync_line(token, 0)
