@@ -251,7 +251,7 @@ class Executor:
                       coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
             try:
                 request = RunRequest(code, limit, running.output, output_limit, cancel=cancel)
-                self._progress.callback = on_progress
+                self._progress.callback = running.progress(on_progress)  # the page sees builds
                 active = self._active_session(coordinate) if nested else None
                 if active is None:
                     outcome, session = self._dispatch(coordinate, request)

@@ -194,3 +194,24 @@ def test_one_tenants_slow_page_leaves_the_others_alone(tmp_path: Path) -> None:
         for worker in workers:
             worker.join(timeout=30)
         assert answers == [200] * THREADS_PER_TENANT
+
+
+@pytest.mark.slow
+def test_an_environment_built_by_a_call_shows_its_lines_as_the_call_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakes.wheels import ledgerlib_wheel, requirement
+
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    wheel = ledgerlib_wheel(tmp_path / "wheels", "1.0")
+    with Executor(root=tmp_path / "home", timeout=30) as ex:
+        venv_id = ex.environments.create(requirement("ledgerlib", wheel))["venv_id"]
+        seen: list[list[dict[str, Any]]] = []
+
+        def on_progress(line: str) -> None:
+            if not seen:  # what the page would see now, while the build runs
+                seen.append(ex.running_calls.running())
+
+        r = ex.execute_code("import ledgerlib; 1", venv_id=venv_id, on_progress=on_progress)
+        assert r["result"] == "1", r
+    (call,) = seen[0]
+    assert call["venv_id"] == venv_id and call["build"].strip()

@@ -86,6 +86,20 @@ class RunningCall:
         if self._relay is not None:
             self._relay(stream, text)
 
+    def progress(self, relay: Callable[[str], None] | None) -> Callable[[str], None]:
+        """The ``on_progress`` of this call: an environment build's lines, kept as the
+        ``build`` stream (then the caller's own)."""
+        def line(text: str) -> None:
+            with self._lock:
+                kept = self._streams.get("build")
+                if kept is None:
+                    kept = self._streams["build"] = _Stream()
+                kept.add(text if text.endswith("\n") else text + "\n")
+            if relay is not None:
+                relay(text)
+
+        return line
+
     def record(self) -> dict[str, Any]:
         with self._lock:
             out = {name: s.text() for name, s in self._streams.items()}
