@@ -209,6 +209,7 @@ def where(language: Any, venv_id: Any, session_id: Any, session_name: Any,
 # tracked on the front end's side, one registry per executor.
 _FORWARDED: weakref.WeakKeyDictionary[Any, RunningCalls] = weakref.WeakKeyDictionary()
 _FORWARDED_LOCK = threading.Lock()
+_UNREFERENCED: dict[int, RunningCalls] = {}
 
 
 def calls_of(executor: Any) -> RunningCalls:
@@ -217,9 +218,12 @@ def calls_of(executor: Any) -> RunningCalls:
     if isinstance(own, RunningCalls):
         return own
     with _FORWARDED_LOCK:
-        found = _FORWARDED.get(executor)
-        if found is None:
-            found = _FORWARDED[executor] = RunningCalls()
+        try:
+            found = _FORWARDED.get(executor)
+            if found is None:
+                found = _FORWARDED[executor] = RunningCalls()
+        except TypeError:  # an executor-like object that takes no weak reference
+            found = _UNREFERENCED.setdefault(id(executor), RunningCalls())
         return found
 
 
