@@ -46,7 +46,10 @@ async def serve_asgi(app: UIApp, scope: Any, receive: Any, send: Any) -> None:
         def settle() -> None:
             if not answered.done():
                 answered.set_result(response)
-        loop.call_soon_threadsafe(settle)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the server stopped while the executor was answering
+            pass
 
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
     try:
