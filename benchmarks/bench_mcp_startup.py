@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import anyio
-from mcp import ClientSession, StdioServerParameters, stdio_client
-
 from _util import fmt, table
+from mcp import ClientSession, StdioServerParameters, stdio_client
 
 
 async def one_start(home: Path) -> tuple[float, float]:

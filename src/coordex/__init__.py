@@ -23,7 +23,7 @@ from .library.errors import CallError
 
 if TYPE_CHECKING:
     from .aio import AsyncExecutor
-    from .backends.confined import ConfinedExecutor
+    from .hosting import ConfinedExecutor
 
 __all__ = [
     "AsyncExecutor", "CallError", "CloseResult", "ConfinedExecutor", "CoordexError",
@@ -42,7 +42,7 @@ def __getattr__(name: str) -> Any:
 
         return AsyncExecutor
     if name == "ConfinedExecutor":
-        from .backends.confined import ConfinedExecutor
+        from .hosting import ConfinedExecutor
 
         return ConfinedExecutor
     raise AttributeError(f"module 'coordex' has no attribute {name!r}")

@@ -109,6 +109,18 @@ class Executor:
         environments_manager: the environment manager to use instead of one made from
             ``root``, ``envs_dir`` and ``build_timeout`` (a confined host passes one whose
             builds run in its builder process).
+        persist: keep sessions on disk under ``root/snapshots`` so they outlive this
+            process (SPEC section 12): a later Executor on the same ``root`` restores a
+            session on its first call, from its last snapshot plus the stateful calls
+            the log holds after it. Python globals are pickled by value (cloudpickle),
+            modules imported again; bash keeps its cwd, variables, functions, aliases,
+            options and umask. What cannot be pickled is rebuilt by replaying the calls
+            that bound it, else listed in the result's ``restored["left_out"]``.
+        snapshot_interval: seconds between a session's background snapshots; one is
+            written after a stateful call that changed names once this has passed, by
+            a fork of the session's process (the session keeps answering), and at close.
+        persist_max_bytes: a snapshot larger than this is not written; the session is
+            then kept by replaying its calls alone.
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -121,7 +133,9 @@ class Executor:
                  envs_dir: str | os.PathLike[str] | None = None,
                  log: bool = True, log_max_rows: int = 100_000,
                  cluster: str | None = None, own_on_caller_thread: bool = False,
-                 environments_manager: Any = None, records: Any = None) -> None:
+                 environments_manager: Any = None, records: Any = None,
+                 persist: bool = False, snapshot_interval: float = 30.0,
+                 persist_max_bytes: int = 2**31) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -142,7 +156,7 @@ class Executor:
         self._environments: Any = environments_manager
         self._functions: Any = None
         # Where the call log and the function store are written when not under root by
-        # this process (a confined host's owner writes them: backends/confined/records).
+        # this process (a confined host's owner writes them: hosting/records).
         self._records = records
         self._progress = _Progress()
         import builtins
@@ -154,6 +168,7 @@ class Executor:
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
         self._call_log = self._open_call_log(log, log_max_rows)
+        self._persist = self._open_persistence(persist, snapshot_interval, persist_max_bytes)
         # Calls in flight, for the page (SPEC 11): their output so far, and interrupt.
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
@@ -173,7 +188,13 @@ class Executor:
         return self._table.closed
 
     def close(self) -> None:
-        """End every process this executor started: sessions, stateless runners, places."""
+        """End every process this executor started: sessions, stateless runners, places.
+
+        With ``persist``, each session that changed since its last snapshot is written
+        first (at most a few seconds in all; the call log keeps what is not written)."""
+        if self._persist is not None and not self._table.closed:
+            with contextlib.suppress(Exception):
+                self._persist.close()
         sessions = self._table.drain()
         with self._lock:
             places = list(self._places.values())
@@ -267,7 +288,13 @@ class Executor:
                 result = interrupted_by_a_person(result)
         asked = None if coordinate is not None else (language, state_mode, session_id,
                                                       session_name, venv_id)
-        return record_call(self._call_log, result, code, coordinate, seq, asked)
+        result = record_call(self._call_log, result, code, coordinate, seq, asked)
+        if self._persist is not None and coordinate is not None and \
+                coordinate.state_mode == "stateful":
+            from .log.calls import last_seq
+
+            self._persist.after_call(result, last_seq())
+        return result
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
         if coordinate.venv_id is not None:
@@ -283,6 +310,8 @@ class Executor:
 
     def _run_stateful(self, coordinate: Coordinate,
                       request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
+        if self._persist is not None:
+            self._claim_kept(coordinate)
         with self._table.stateful(coordinate, request.timeout, request.cancel,
                                   self._open_session) as (key, session, call):
             record = self._table.record(key)
@@ -290,17 +319,53 @@ class Executor:
                 return _busy_outcome(), record
             outcome: Outcome = {}
             place = self._place(key.language, key.venv_id)
+            restored = None
+            if self._persist is not None and call == 1:  # before the call's code runs
+                restored = self._persist.restore(key, record, session, self.timeout * 5)
             try:
                 outcome = sessions.attempts(place, "stateful", lambda: session.run(request))
+                if restored is not None:
+                    outcome["restored"] = restored
                 if key.language == "python" and "error" not in outcome:
                     # ``x = 41`` again is a rebinding though the object is the same one.
                     outcome["rebound"] = list(dict.fromkeys(
                         [*(outcome.get("rebound") or ()), *bound_names(request.code)]))
                 if self._call_log is not None:
                     note_changes(outcome.get("rebound"), outcome.get("deleted"))
+                if self._persist is not None:
+                    self._persist.note(call, key.language == "bash" or bool(
+                        outcome.get("rebound") or outcome.get("deleted")))
             finally:
                 self._table.finish(key, call, outcome)
             return outcome, record
+
+    def _claim_kept(self, coordinate: Coordinate) -> None:
+        """A kept session named in ``coordinate`` and not yet restored gets its old id."""
+        assert self._persist is not None
+        if coordinate.session_name is None:
+            return
+        kept = self._persist.find_waiting(coordinate.language, coordinate.venv_id, None,
+                                          coordinate.session_name)
+        if kept is None:
+            return
+        key = SessionKey(coordinate.language, coordinate.venv_id, kept.session_id)
+        with self._table.lock:
+            registry = self._table.registry
+            if registry.find(coordinate) is None and key not in registry:
+                with contextlib.suppress(CoordexError):  # capacity: said by the call itself
+                    registry.reserve(key, coordinate.session_name, time.time())
+
+    def _open_persistence(self, persist: bool, interval: float, max_bytes: int) -> Any:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
+            raise ValueError(f"snapshot_interval must be a number of seconds >= 0, got {interval!r}")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"persist_max_bytes must be an integer >= 1, got {max_bytes!r}")
+        if not persist:
+            return None
+        from .persist import Persistence
+
+        return Persistence(self.root, self._table, self._call_log, interval=float(interval),
+                           max_bytes=max_bytes)
 
     def _open_session(self, key: SessionKey) -> Session:
         return self._place(key.language, key.venv_id).open_session()
@@ -357,6 +422,8 @@ class Executor:
                                                 "copy": "none"})
             if outcome.get("state_lost"):
                 record["state_lost"] = True
+            if outcome.get("restored"):
+                record["restored"] = outcome["restored"]
             record["duration_ms"] = _ms(started)
             return record
         extra = {k: v for k, v in outcome.items()
@@ -474,7 +541,11 @@ class Executor:
                 node = getattr(session, "node", None)
                 if node:  # placed on a cluster node
                     record["node"] = node
+            if self._persist is not None:
+                record["held"] = True
             records.append(record)
+        if self._persist is not None:
+            records.extend(self._persist.waiting())
         return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
 
     def inspect_session(self, language: Language = "python", session_id: int | None = None,
@@ -525,9 +596,20 @@ class Executor:
                     "close_session needs a session: pass session_id or session_name.",
                     "Call list_sessions() to see open sessions, then close_session("
                     "language=..., session_name='...') or session_id=<int>.")
+            kept = None if self._persist is None else self._persist.find_waiting(
+                coordinate.language, coordinate.venv_id, coordinate.session_id,
+                coordinate.session_name)
+            if kept is not None and self._table.find(coordinate) is None:
+                assert self._persist is not None
+                self._persist.forget(kept)  # kept on disk only: its snapshot goes
+                return cast(CloseResult, {"closed": True, "session": kept.record()})
             record, session = self._table.remove(coordinate)
             if session is not None:
                 session.close()
+            if self._persist is not None:
+                from .persist import Identity
+
+                self._persist.forget(Identity.of(record))
             if self._call_log is not None:
                 self._call_log.event("close", record)
             return cast(CloseResult, {"closed": True, "session": record})

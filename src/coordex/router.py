@@ -86,8 +86,8 @@ def startup_warnings(host: str, allowed_hosts: Sequence[str], is_loopback: bool)
 
 def confinement_level(hidden: Sequence[str]) -> str:
     """The level a confined host reaches here, given what it must not see."""
-    from .backends.confined.client import readable_paths
-    from .backends.confined.jail import JailSpec, best_level, landlock_covers
+    from .hosting.client import readable_paths
+    from .hosting.jail import JailSpec, best_level, landlock_covers
 
     level = best_level()
     if level == "landlock" and not landlock_covers(
@@ -144,9 +144,9 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
     """A :class:`ConfinedExecutor` for one tenant, from the command-line options;
     ``environments`` is its folder of built environments (see :func:`environments_folder`);
     ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
-    from .backends.confined import ConfinedExecutor
     from .cli import base_root, executor_options
     from .environments.build_env import settings_file
+    from .hosting import ConfinedExecutor
 
     executor_args = executor_options(args)
     return ConfinedExecutor(folder, environments=environments, records=records,
@@ -177,7 +177,7 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
     hidden = secrets_to_hide(root, getattr(args, "tokens", None))
     confined = bool(name or getattr(args, "confine", None))
     if confined and getattr(args, "cluster", None):
-        from .backends.ray.tenant import ray_secrets
+        from .hosting.tenant_node import ray_secrets
 
         hidden += ray_secrets()
     if name:
@@ -201,7 +201,7 @@ def tenant_nodes(args: argparse.Namespace, name: str) -> Any:
     limits its host has here. The server holds the cluster connection, never the host."""
     if not getattr(args, "cluster", None):
         return None
-    from .backends.ray.relay import NodeRelay
+    from .hosting.relay import NodeRelay
 
     return NodeRelay(args.cluster, {"name": name, "memory_limit": args.memory_limit,
                                     "network": not args.no_network,
@@ -217,8 +217,9 @@ def join_cluster_for_tenants(address: str) -> tuple[Any, list[str], str | None]:
     can confine), or None. Raises CoordexError when the cluster cannot be joined.
     """
     from .backends.ray import RayCluster
+    from .hosting.tenant_node import probe
 
-    cluster = RayCluster(address, capabilities=None)
+    cluster = RayCluster(address, capabilities=None, probe=probe)
     levels = cluster.node_levels()
     lines = []
     for node, found in sorted(levels.items(), key=lambda item: item[1].get("host", "")):

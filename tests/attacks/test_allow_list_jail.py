@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from coordex.backends.confined import best_level
+from coordex.hosting import best_level
 from tests.e2e._procs import child_env, spawn
 from tests.e2e.test_confinement import ALICE, BOB, MEMORY_LIMIT, SECRET, Server, as_nobody, write_tokens
 from tests.e2e.test_mcp_http import READY

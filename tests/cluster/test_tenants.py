@@ -232,8 +232,8 @@ def test_a_tenant_host_that_dies_takes_its_processes_on_nodes_with_it(served: Se
 
 def test_closing_a_tenant_ends_its_hosts_on_nodes_at_once(
         local_cluster: LocalCluster, tmp_path: Path) -> None:
-    from coordex.backends.confined import ConfinedExecutor
-    from coordex.backends.ray.relay import NodeRelay
+    from coordex.hosting import ConfinedExecutor
+    from coordex.hosting.relay import NodeRelay
 
     nodes = NodeRelay(local_cluster.address, {"name": "carol", "memory_limit": 512 << 20})
     carol = ConfinedExecutor(tmp_path / "carol", nodes=nodes)
@@ -292,7 +292,7 @@ time.sleep(20)
 
 def _alices_node_hosts() -> int:
     """Alice's confined hosts on the nodes (their keepers: each actor of hers has one)."""
-    pids = set(_node_pids(r".*coordex\.backends\.confined\.host .*--name alice-node .*"))
+    pids = set(_node_pids(r".*coordex\.hosting\.host .*--name alice-node .*"))
     keepers = 0
     for pid in pids:
         try:

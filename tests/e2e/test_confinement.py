@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coordex.backends.confined import best_level
+from coordex.hosting import best_level
 from tests.fakes.wheels import ledgerlib_wheel, requirement
 
 from ._procs import Running, child_env, run_cli, spawn

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from coordex.backends.confined.builder import BuilderClient, serve
 from coordex.core.errors import CoordexError
 from coordex.environments.manager import EnvironmentManager
+from coordex.hosting.builder import BuilderClient, serve
 
 
 class Channel:

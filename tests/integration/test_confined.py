@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from coordex import ConfinedExecutor
-from coordex.backends.confined import best_level
 from coordex.backends.isolation import landlock_abi
+from coordex.hosting import best_level
 from tests.conftest import child_pids
 
 pytestmark = pytest.mark.timeout(120)
@@ -181,7 +181,7 @@ def test_bad_executor_arguments_fail_at_start(tmp_path: Path) -> None:
 
 def test_a_host_stuck_holding_the_gil_is_ended_on_cancel(confined: ConfinedExecutor,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from coordex.backends.confined import client
+    from coordex.hosting import client
 
     monkeypatch.setattr(client, "CANCEL_GRACE", 1.0)
     cancel = threading.Event()

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SCRIPT_HEAD = r"""
 import json, os, re, sys, time
-from coordex.backends.ray.tenant import TenantNodeHost
+from coordex.hosting.tenant_node import TenantNodeHost
 
 def run(host, op, args):
     call = f"{op}-{time.monotonic()}"

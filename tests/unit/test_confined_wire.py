@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from coordex import router
-from coordex.backends.confined import wire
-from coordex.backends.confined.jail import JailSpec, landlock_covers
+from coordex.hosting import wire
+from coordex.hosting.jail import JailSpec, landlock_covers
 
 
 def test_lines_are_ascii_and_checked() -> None:
@@ -83,7 +83,7 @@ def test_landlock_cannot_hide_what_lies_under_an_allowed_folder() -> None:
 
 
 def test_the_view_holds_the_allow_list_and_never_a_hidden_path(tmp_path: Path) -> None:
-    from coordex.backends.confined.view import plan
+    from coordex.hosting.view import plan
 
     for sub in ("venv/lib", "tenant/pkg", "root/tenants/a", "other", "data"):
         (tmp_path / sub).mkdir(parents=True)
@@ -118,8 +118,8 @@ def test_the_seccomp_filter_keeps_a_process_to_itself() -> None:
     import resource
     import subprocess
 
-    from coordex.backends.confined.jail import keep_to_own_processes
     from coordex.backends.isolation import _PR_SET_NO_NEW_PRIVS, _libc
+    from coordex.hosting.jail import keep_to_own_processes
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -165,7 +165,7 @@ def test_the_bash_record_wire_is_documented_with_its_version() -> None:
 
 
 def test_the_confined_host_protocol_is_documented_in_its_part() -> None:
-    from coordex.backends.confined import wire
+    from coordex.hosting import wire
 
     found = re.search(r"Confined host protocol version: \*\*(\d+)\*\*", _part(confined=True))
     assert found is not None and int(found.group(1)) == wire.PROTOCOL_VERSION
@@ -183,7 +183,7 @@ def _expand(name: str) -> list[str]:
 
 
 def test_the_builder_channel_is_documented_in_its_part() -> None:
-    from coordex.backends.confined import wire
+    from coordex.hosting import wire
 
     found = re.search(r"Builder channel version: \*\*(\d+)\*\*", _part(False, builder=True))
     assert found is not None and int(found.group(1)) == wire.BUILDER_PROTOCOL_VERSION

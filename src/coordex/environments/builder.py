@@ -72,7 +72,7 @@ ProgressCallback = Callable[[str], None]
 # ``confine_step(command, folder, step)`` returns the command to run instead, where
 # ``folder`` is the build's own temporary folder and ``step`` is ``"uv"`` (uv, and the
 # sdist build backends it runs) or ``"python"`` (the new environment's interpreter: the
-# import check). See :func:`coordex.backends.confined.jail.confine_build_step`.
+# import check). See :func:`coordex.hosting.jail.confine_build_step`.
 ConfineStep = Callable[[list[str], Path, str], list[str]]
 
 IMPORT_CHECK = Path(__file__).resolve().parent.parent / "worker" / "_coordex_import_check.py"

@@ -12,7 +12,7 @@ built: it answers from an in-memory map after one ``stat`` of the marker file (a
 microseconds), and records ``last_used_at`` at most once a minute.
 
 Who writes: by default this process (the registry and the builds are local). Given a
-``builder`` (a confined host's :class:`~coordex.backends.confined.builder.BuilderClient`),
+``builder`` (a confined host's :class:`~coordex.hosting.builder.BuilderClient`),
 everything that reads the registry or changes the environments folder is asked of the
 builder process, which runs a plain manager of its own: the folder is read-only to the
 code this process runs. The caches and the hot path stay here.

@@ -624,6 +624,20 @@ class WorkerSession:
                 self._replace_quietly()
             return result
 
+    def exchange(self, kind: str, reply_type: str, timeout: float,
+                 **fields: Any) -> dict[str, Any] | None:
+        """Send one message (a ``snapshot`` or ``restore`` of :mod:`coordex.persist`) and
+        return the worker's ``reply_type`` reply; None when the worker did not answer."""
+        with self._lock:
+            proc = self._proc
+            if self._closed or proc is None or not proc.alive():
+                return None
+            reply = proc.converse(message(kind, id=proc.next_id(), **fields), reply_type,
+                                  RunRequest(code="", timeout=timeout), self._capabilities)
+            if reply.died or reply.worker_killed:
+                self._replace_quietly()
+            return reply.message
+
     def close(self) -> None:
         """End the worker (and everything it started); idempotent, safe from any thread."""
         self._closed = True

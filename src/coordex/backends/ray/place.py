@@ -120,7 +120,8 @@ class RayCluster:
     """
 
     def __init__(self, address: str, *, capabilities: Any, build_timeout: float = 900.0,
-                 tenant: dict[str, Any] | None = None) -> None:
+                 tenant: dict[str, Any] | None = None, tenant_actor: type | None = None,
+                 probe: Callable[[], dict[str, str]] | None = None) -> None:
         ray = import_ray()
         self._ray = ray
         from ray import exceptions
@@ -146,12 +147,13 @@ class RayCluster:
         self.capabilities = capabilities
         self.build_timeout = float(build_timeout)
         self.tenant = dict(tenant) if tenant is not None else None
-        if self.tenant is None:
-            self._actor = ray.remote(NodeHost)
-        else:
-            from .tenant import TenantNodeHost
-
-            self._actor = ray.remote(TenantNodeHost)
+        # A tenant's sessions run in its confined host on each node: the hosting side
+        # (coordex.hosting.tenant_node) gives the actor that starts it, and the probe
+        # that says what a node can confine. A place knows neither.
+        if self.tenant is not None and tenant_actor is None:
+            raise ValueError("a tenant's cluster needs the actor that hosts it on a node")
+        self._actor = ray.remote(tenant_actor if self.tenant is not None else NodeHost)
+        self._probe = probe
         self._levels: dict[str, dict[str, str]] = {}  # node id -> its confinement (tenants)
         self._lock = threading.Lock()
         self._shared: dict[str, _Host] = {}  # node id -> the node's shared actor
@@ -245,9 +247,9 @@ class RayCluster:
         if missing:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            from .tenant import probe
-
-            task = self._ray.remote(probe)
+            if self._probe is None:
+                raise ValueError("node_levels needs the probe of what a node can confine")
+            task = self._ray.remote(self._probe)
             refs = [task.options(num_cpus=0, max_retries=0, scheduling_strategy=(
                 NodeAffinitySchedulingStrategy(n, soft=False))).remote() for n in missing]
             for node, ref in zip(missing, refs, strict=True):

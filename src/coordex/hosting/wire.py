@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...worker._coordex_protocol import LineReader, ProtocolError
+from ..worker._coordex_protocol import LineReader, ProtocolError
 
 PROTOCOL_VERSION = 1
 
@@ -52,7 +52,7 @@ MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "node_reply": (OWNER_TO_HOST, ("id", "value"), ()),
     # The host asks its owner to write its records (call log rows, stored functions),
     # which lie outside its writable view (SPEC 9); ``call`` names the owner's call the
-    # row belongs to. See backends/confined/records.py.
+    # row belongs to. See hosting/records.py.
     "record": (HOST_TO_OWNER, ("id", "op", "args"), ("call",)),
     "record_reply": (OWNER_TO_HOST, ("id", "value"), ()),
 }

@@ -1,6 +1,6 @@
 """The confined host program: one Executor in a jail, served over a JSON-lines pipe.
 
-Start it as ``python -m coordex.backends.confined.host --folder DIR --in R --out W
+Start it as ``python -m coordex.hosting.host --folder DIR --in R --out W
 --lifeline L [limits...]`` (or call :func:`main` with that argv): ``R``/``W`` are the
 descriptors of the protocol pipes (:mod:`.wire`), ``L`` the read end of a pipe the owner
 holds open for as long as it wants the host to live. The process tree is the one
@@ -40,7 +40,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m coordex.backends.confined.host",
+    p = argparse.ArgumentParser(prog="python -m coordex.hosting.host",
                                 description="Run one coordex Executor in a jail.")
     p.add_argument("--folder", required=True, help="working folder and home (writable)")
     p.add_argument("--root", help="the Executor's data folder (default: the folder)")
@@ -94,11 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = _level(args.level, spec)
     # Imported here, once, before the forks: the keeper, init, builder and host share
     # the pages.
-    from ... import tools  # noqa: F401
-    from ...executor import Executor  # noqa: F401
+    from .. import tools  # noqa: F401
+    from ..executor import Executor  # noqa: F401
 
     if spec.environments is not None:
-        from ...environments import manager  # noqa: F401
+        from ..environments import manager  # noqa: F401
         from . import builder  # noqa: F401
 
     limits = jail.make_limits(Limits(memory=args.memory_limit or None,
@@ -379,7 +379,7 @@ def _builder(level: Level, spec: JailSpec, args: argparse.Namespace,
             jail.drop_capabilities()
     from pathlib import Path
 
-    from ...environments.manager import EnvironmentManager
+    from ..environments.manager import EnvironmentManager
     from .builder import serve
 
     folder = Path(spec.environments)
@@ -407,7 +407,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
             error, level = f"landlock: {exc}", "none"
             with contextlib.suppress(OSError):  # what confinement is left, best effort
                 jail.drop_capabilities()
-    from ...executor import Executor
+    from ..executor import Executor
 
     options = json.loads(args.executor)
     ready = {"protocol": wire.PROTOCOL_VERSION, "pid": os.getpid(), "confinement": level,
@@ -424,7 +424,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
         records = options["records"] = HostRecords(spec.records, out.send)
     try:
         if args.serve == "node":
-            from ..ray.node import NodeHost
+            from ..backends.ray.node import NodeHost
 
             if spec.environments is not None:
                 options["environments_manager"] = _environments(spec.environments, options,
@@ -433,7 +433,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
             executor: Any = NodeHost(**options, max_calls=max(1, args.max_calls))
         else:
             if args.relay:
-                from ..ray.relay import RelayCluster
+                from .relay import RelayCluster
 
                 relay = options["cluster"] = RelayCluster(out.send)
             if spec.environments is not None:
@@ -447,7 +447,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     if error:
         ready["error"] = error
     out.send(wire.message("ready", **ready))
-    from ...worker._coordex_copy import hold
+    from ..worker._coordex_copy import hold
 
     # Read-only copies of its Python sessions close the wire, and the builder channel: a
     # read-only call changes no environment.
@@ -460,7 +460,7 @@ def _environments(folder: str, options: dict[str, Any], channel: socket.socket |
     here where nothing confines the host anyway (level ``none``)."""
     from pathlib import Path
 
-    from ...environments.manager import EnvironmentManager
+    from ..environments.manager import EnvironmentManager
 
     if channel is None:
         return EnvironmentManager(Path(folder), build_timeout=float(
@@ -556,7 +556,7 @@ class _Server:
             with serving_call(call_id):
                 value = invoke(self.executor, msg["method"], msg["args"], on_output, cancel)
         except Exception as exc:  # a coordex bug still reaches the owner as data
-            from ...core.errors import make_error
+            from ..core.errors import make_error
 
             value = make_error("crashed", f"coordex failed in the host: {type(exc).__name__}: "
                                f"{exc}", "Retry the call once; the session may be lost.",
@@ -569,8 +569,8 @@ class _Server:
 def invoke(executor: Any, method: str, args: Any, on_output: Callable[[str, str], None] | None,
            cancel: threading.Event) -> Any:
     """Run one ``call`` against the Executor; bad arguments come back as error dicts."""
-    from ... import tools
-    from ...core.errors import make_error
+    from .. import tools
+    from ..core.errors import make_error
 
     if not isinstance(args, dict):
         return make_error("validation", f"arguments must be an object, got {args!r:.80}.",

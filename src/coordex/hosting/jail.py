@@ -62,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .. import isolation as iso
+from ..backends import isolation as iso
 
 Level = Literal["namespaces+landlock", "landlock", "none"]
 LEVELS: tuple[Level, ...] = ("namespaces+landlock", "landlock", "none")

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...library.store import FunctionRecord, LibraryStore, _storage_failed
-from ...log.store import LOG_FILE, CallLog, SQLiteWriter
+from ..library.store import FunctionRecord, LibraryStore, _storage_failed
+from ..log.store import LOG_FILE, CallLog, SQLiteWriter
 
 LIBRARY_FILE = "library.sqlite3"
 RECORD_OPS = ("log_append", "log_update", "define_function")

@@ -3,7 +3,7 @@
 :class:`TenantNodeHost` is coordex's actor on a node for one tenant of a server with
 several (``coordex serve --tokens FILE --cluster ADDRESS``). It runs nothing of the
 tenant's itself: it starts, on its node, the same confined host program the server
-runs (:mod:`coordex.backends.confined.host`, SPEC 9) with ``--serve node`` - folder
+runs (:mod:`coordex.hosting.host`, SPEC 9) with ``--serve node`` - folder
 ``COORDEX_HOME/tenants/NAME`` on that node, the rest of the node's coordex folder out of
 sight, the server's memory, process and call limits - and that host runs a
 :class:`~.node.NodeHost` inside the jail. The actor forwards each request of the
@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import make_error
-from ..base import empty_outcome
+from ..backends.base import empty_outcome
+from ..core.errors import make_error
 
 # Seconds past a request's own wait before the actor counts the node's host as stuck.
 FORWARD_SLACK = 30.0
@@ -33,7 +33,7 @@ FORWARD_SLACK = 30.0
 
 def node_root() -> Path:
     """This node's coordex folder (``COORDEX_HOME`` here, else the user data dir)."""
-    from ...executor import default_root
+    from ..executor import default_root
 
     return default_root()
 
@@ -57,7 +57,7 @@ def ray_secrets() -> list[str]:
 
 def node_level(root: Path | None = None) -> str:
     """The confinement a tenant's host reaches on this node, hiding the node's root."""
-    from ...router import confinement_level
+    from ..router import confinement_level
 
     return confinement_level([str(root or node_root()), *ray_secrets()])
 
@@ -85,8 +85,8 @@ class TenantNodeHost:
     """
 
     def __init__(self, tenant: dict[str, Any], build_timeout: float = 900.0) -> None:
-        from ..confined.client import ConfinedExecutor
-        from ..confined.wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
+        from .client import ConfinedExecutor
+        from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
 
         self.name = str(tenant["name"])
         root = node_root()

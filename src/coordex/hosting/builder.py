@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...core.errors import CoordexError, make_error
+from ..core.errors import CoordexError, make_error
 from . import wire
 from .wire import BUILDER_MESSAGES, BUILDER_TO_HOST, HOST_TO_BUILDER
 

@@ -37,7 +37,7 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .. import isolation as iso
+from ..backends import isolation as iso
 
 # Where the new root is built, in the jail's own mount namespace (the machine's /tmp is
 # covered there by it, so nothing of the machine's /tmp reaches the view either).

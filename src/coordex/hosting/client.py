@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import make_error
+from ..core.errors import make_error
 from . import wire
 from .jail import best_level
 from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
@@ -310,7 +310,7 @@ class ConfinedExecutor:
         env: further environment variables for the host (it gets none of the owner's
             but ``PATH``, the locale and ``TERM``).
         lazy: start the host on the first call instead of now.
-        nodes: the tenant's actors on a cluster (a :class:`~coordex.backends.ray.relay.
+        nodes: the tenant's actors on a cluster (a :class:`~coordex.hosting.relay.
             NodeRelay` the owner keeps): the host's bash and environment sessions then
             live on the cluster's nodes, each in a confined host of this tenant there.
         serve: ``"node"`` runs a cluster node's sessions of one tenant in the jail
@@ -347,7 +347,7 @@ class ConfinedExecutor:
         self.network = bool(network)
         self.max_calls = int(max_calls)
         self.timeout = float(executor_args.get("timeout", 60.0))  # the host's default
-        self._argv = [sys.executable, "-I", "-m", "coordex.backends.confined.host",
+        self._argv = [sys.executable, "-I", "-m", "coordex.hosting.host",
                       "--folder", str(self.folder), "--root", str(self.root),
                       "--memory-limit", str(self.memory_limit),
                       "--max-processes", str(int(max_processes)),
@@ -420,8 +420,8 @@ class ConfinedExecutor:
         ``[build.env]``. A file coordex cannot read as meant raises ValueError."""
         if path is None or self.environments_folder is None:
             return {}
-        from ...core.errors import CoordexError
-        from ...environments.build_env import read_settings, settings_file
+        from ..core.errors import CoordexError
+        from ..environments.build_env import read_settings, settings_file
 
         source = Path(path)
         target = settings_file(self.environments_folder)

@@ -9,7 +9,7 @@ unconfined. The server - the host's owner - holds the one connection instead.
 ``RaySession`` drive it exactly as they drive a real one (conversations, capability
 calls and output stay in the host), but every request to an actor travels as a
 ``node`` line to the owner, and its answer comes back as ``node_reply``
-(:mod:`coordex.backends.confined.wire`). On the owner's side :class:`NodeRelay` makes
+(:mod:`coordex.hosting.wire`). On the owner's side :class:`NodeRelay` makes
 the request on one of that tenant's own actors (:class:`.tenant.TenantNodeHost`, which
 runs the sessions in a confined host of the tenant on its node). The owner answers
 requests on its tenant's actors only, so what the tenant's code might write on that
@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...core.errors import CoordexError
-from .place import START_TIMEOUT, NodeLost, RayCluster, _Host
+from ..backends.ray.place import START_TIMEOUT, NodeLost, RayCluster, _Host
+from ..core.errors import CoordexError
 
 # The actor methods a tenant's host may have the owner call (NodeHost's, minus orphans).
 TENANT_METHODS = ("begin", "events", "alive", "count", "close_session", "shutdown")
@@ -254,8 +254,11 @@ class NodeRelay:
     def _connected(self) -> RayCluster:
         with self._lock:
             if self._cluster is None:
+                from .tenant_node import TenantNodeHost, probe
+
                 self._cluster = RayCluster(self.address, capabilities=None,
-                                           build_timeout=self.build_timeout, tenant=self.tenant)
+                                           build_timeout=self.build_timeout, tenant=self.tenant,
+                                           tenant_actor=TenantNodeHost, probe=probe)
             return self._cluster
 
     def _handle(self, op: str, args: Any) -> dict[str, Any]:
