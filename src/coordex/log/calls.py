@@ -134,7 +134,7 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
         if coordinate is not None or asked is None:
             state_mode = result.get("state_mode") or (
                 coordinate.state_mode if coordinate is not None else None)
-        log.append({
+        _notes.seq = log.append({
             "at": time.time() - duration / 1000.0, "kind": "call", "language": language,
             "venv_id": venv_id, "session_id": session_id, "session_name": session_name,
             "state_mode": state_mode, "code": code if isinstance(code, str) else None,
@@ -149,6 +149,13 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
     except Exception:  # the log never costs the call
         pass
     return result
+
+
+def last_seq() -> int | None:
+    """The seq of the row :func:`record_call` wrote last on this thread (once)."""
+    seq = getattr(_notes, "seq", None)
+    _notes.seq = None
+    return seq
 
 
 def _as_asked(asked: tuple[Any, ...]) -> tuple[Any, ...]:

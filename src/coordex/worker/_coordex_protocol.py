@@ -50,6 +50,12 @@ MESSAGES: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
     "inspect": (HOST_TO_WORKER, ("id",), ()),
     "inspect_result": (WORKER_TO_HOST, ("id", "names"), ("capabilities",)),
     "shutdown": (HOST_TO_WORKER, (), ()),
+    # Sessions that outlive their process (coordex.persist, _coordex_snapshot).
+    "snapshot": (HOST_TO_WORKER, ("id", "folder", "pickler", "attempt", "through",
+                                  "max_bytes"), ("identity",)),
+    "snapshot_done": (WORKER_TO_HOST, ("id", "report"), ()),
+    "restore": (HOST_TO_WORKER, ("id", "folder", "pickler"), ("replay",)),
+    "restore_done": (WORKER_TO_HOST, ("id", "report"), ()),
 }
 
 RUN_MODES = ("stateful", "read_only", "stateless")

@@ -781,6 +781,9 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
                     channel.send(outcome)
                 if msg["mode"] == "stateless":
                     fill_standbys(channel)
+            elif kind in ("snapshot", "restore"):  # coordex.persist
+                channel.send(_snapshots().answer(msg, namespace, _user_names(namespace), _fork,
+                                                 _prepare_child, _State.unreaped))
             elif kind == "inspect":
                 names = inspect_names(namespace)
                 channel.send(wire.message("inspect_result", id=msg["id"], names=names,
@@ -790,6 +793,21 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
                 reap_children()
         except KeyboardInterrupt:
             continue  # an interrupt that raced the end of a cell; the host has its answer
+
+
+def _snapshots() -> Any:
+    """_coordex_snapshot.py, loaded by path beside this file on first use."""
+    loaded = sys.modules.get("_coordex_snapshot")
+    if loaded is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "_coordex_snapshot", os.path.join(_HERE, "_coordex_snapshot.py"))
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        sys.modules["_coordex_snapshot"] = loaded
+    return loaded
 
 
 def _parse_fds(argv: List[str]) -> tuple:

@@ -1,0 +1,443 @@
+"""Sessions that outlive their process (SPEC section 12): when snapshots are written, and
+how a kept session comes back.
+
+A session is kept from its first successful stateful call: a marker folder names it
+(:class:`~.store.SnapshotStore`), and from then on the session is always the last
+snapshot in its folder plus the stateful calls the call log holds after it (a marker
+alone: all of them). A snapshot is written
+
+- in the background after a stateful call that changed names, once ``interval`` seconds
+  have passed since the session's last snapshot: one thread of this object takes the
+  session's lock only if it is free and no later call ran, and starts a copy that writes
+  (a fork of the session's process; a bash shell dumps itself in milliseconds), then
+  lets go at once, so the session keeps answering while the copy writes;
+- at close, for every session that changed since its last one, waiting at most
+  ``close_budget`` seconds in all (what is not written by then is kept by the log).
+
+On a session's first call in a new process, :meth:`Persistence.restore` loads the
+snapshot before the call's code runs, replays the calls that bound what could not be
+pickled (``left_out``) and then the calls logged after the snapshot, and says what
+happened in the call's ``restored``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import RunRequest
+from ..core.coordinates import SessionKey
+from ..log.rebuild import replayable
+from ..worker import _coordex_snapshot as snap
+from . import kinds
+from .store import Identity, SnapshotStore
+
+# What a snapshot written at close may take in all: SPEC 8 gives a stop 5 s.
+CLOSE_BUDGET = 3.0
+
+
+@dataclass
+class _Kept:
+    """What this process knows of one kept session."""
+
+    identity: Identity
+    held: bool = False  # open in this process (restored or created here)
+    dirty: bool = False  # changed since its last snapshot
+    last_snapshot: float = field(default_factory=time.monotonic)
+    attempt: int = 0
+    in_flight: tuple[int, float, int | None] | None = None  # (attempt, started, own pid)
+    meta: dict[str, Any] | None = None  # as found at start, for list_sessions
+
+
+class Persistence:
+    """Snapshots of one executor's sessions under ``root/snapshots``.
+
+    ``table`` is the executor's :class:`~coordex.sessions.SessionTable`; ``log`` its call
+    log (None: snapshots alone, nothing is replayed).
+    """
+
+    def __init__(self, root: Path, table: Any, log: Any, *, interval: float,
+                 max_bytes: int) -> None:
+        self.store = SnapshotStore(root)
+        self._table = table
+        self._log = log
+        self.interval = float(interval)
+        self.max_bytes = int(max_bytes)
+        self._lock = threading.Lock()
+        self._kept: dict[str, _Kept] = {}
+        for identity, meta in self.store.kept():
+            self._kept[identity.slug()] = _Kept(identity, meta=meta)
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._notes = threading.local()
+
+    # -- what list_sessions shows -----------------------------------------------------
+
+    def waiting(self) -> list[dict[str, Any]]:
+        """Kept sessions not yet restored in this process (``held: false``)."""
+        with self._lock:
+            kept = [k for k in self._kept.values() if not k.held]
+        with self._table.lock:  # the plan namespace is open from the start: held
+            open_keys = {(e.key.language, e.key.venv_id, e.key.session_id, e.name)
+                         for e in self._table.registry.entries()}
+        kept = [k for k in kept if (k.identity.language, k.identity.venv_id,
+                                    k.identity.session_id, k.identity.session_name)
+                not in open_keys]
+        records = []
+        for item in kept:
+            meta = item.meta or {}
+            records.append({**item.identity.record(), "created_at": meta.get("written_at"),
+                            "last_used_at": meta.get("written_at"), "calls": 0,
+                            "alive": False, "held": False})
+        return records
+
+    def find_waiting(self, language: str, venv_id: int | None, session_id: int | None,
+                     session_name: str | None) -> Identity | None:
+        wanted = Identity(language, venv_id, session_id or 0, session_name)
+        with self._lock:
+            for item in self._kept.values():
+                if not item.held and item.identity.same_session(wanted):
+                    return item.identity
+        return None
+
+    # -- after each call ----------------------------------------------------------------
+
+    def note(self, call: int, changed: bool) -> None:
+        """What the stateful call running on this thread is: its number in its session,
+        and whether it changed names (read by :meth:`after_call`)."""
+        self._notes.call, self._notes.changed = call, changed
+
+    def after_call(self, result: dict[str, Any], seq: int | None) -> None:
+        """A stateful call's result was logged as row ``seq``: keep its session."""
+        call, changed = getattr(self._notes, "call", None), getattr(self._notes, "changed", False)
+        self._notes.call = None
+        if call is None:
+            return
+        record = result.get("session")
+        if not isinstance(record, dict) or record.get("session_id") is None:
+            return
+        identity = Identity.of(record)
+        slug = identity.slug()
+        with self._lock:
+            item = self._kept.get(slug)
+            if item is None or not item.identity.same_session(identity):
+                item = self._kept[slug] = _Kept(identity, held=True)
+                fresh = True
+            else:
+                fresh = not item.held
+                item.held = True
+                item.identity = identity
+        if seq is None:
+            if self._log is not None:
+                return  # the row could not be written: its call is not counted on
+            seq = 0  # no log: the snapshot alone keeps the session
+        if result.get("state_lost"):
+            # Its state was lost before this call; the calls from here on build it.
+            self._try(lambda: self.store.mark(identity, seq + 1))
+            with self._lock:
+                item.dirty, item.last_snapshot = False, time.monotonic()
+            return
+        if "error_type" in result:
+            return
+        if fresh and self.store.meta(identity) is None:
+            self._try(lambda: self.store.mark(identity, seq))
+        if not changed:
+            return
+        with self._lock:
+            item.dirty = True
+            due = time.monotonic() - item.last_snapshot >= self.interval
+        if due:
+            self._submit(lambda: self._background(identity, call, seq))
+
+    def _background(self, identity: Identity, call: int, seq: int) -> None:
+        """Start a snapshot of the session as it was after call ``call`` (row ``seq``),
+        unless it is busy or a later call ran (that call will ask again)."""
+        item = self._kept.get(identity.slug())
+        if item is None or self._busy_writing(item):
+            return
+        found = self._slot(identity)
+        if found is None:
+            return
+        key, slot = found
+        if not slot.lock.acquire(blocking=False):
+            return
+        try:
+            entry = self._table.registry.get(key)
+            if entry is None or entry.calls != call or slot.session is None:
+                return
+            self._start(item, slot.session, seq)
+        finally:
+            slot.lock.release()
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _start(self, item: _Kept, session: Any, through: int) -> None:
+        kind = kinds.kind_of(session)
+        if kind is None:
+            return
+        folder = self.store.folder(item.identity, make=True)
+        meta = self.store.meta(item.identity) or {}
+        item.attempt = max(item.attempt, int(meta.get("attempt") or 0)) + 1
+        # ``since``: the first logged call of the session's life, for a replay of it all.
+        args: dict[str, Any] = {"attempt": item.attempt, "through": through, "max_bytes": self.max_bytes,
+                "identity": {**item.identity.record(), "since": meta.get("since")}}
+        started = time.monotonic()
+        item.dirty, item.last_snapshot = False, started
+        if kind == "own":
+            pid = kinds.fork_own_snapshot(session, folder, **args)
+            item.in_flight = (item.attempt, started, pid)
+        elif kind == "env":
+            if kinds.start_env_snapshot(session, folder, **args):
+                item.in_flight = (item.attempt, started, None)
+        else:
+            kinds.snapshot_bash(session, folder, **args)
+
+    def _busy_writing(self, item: _Kept) -> bool:
+        """Whether a snapshot of ``item`` is still being written (reaps a finished one)."""
+        flight = item.in_flight
+        if flight is None:
+            return False
+        attempt, started, pid = flight
+        done = int((self.store.meta(item.identity) or {}).get("attempt") or 0) >= attempt
+        if pid is not None:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0 and not done:
+                    if time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT:
+                        return True
+                    _kill(pid)
+            done = True
+        elif not done and time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT:
+            return True
+        item.in_flight = None
+        return False
+
+    # -- closing ----------------------------------------------------------------------
+
+    def close(self, budget: float = CLOSE_BUDGET) -> None:
+        """Snapshot every held session that changed since its last snapshot, waiting at
+        most ``budget`` seconds in all; then stop this object's thread."""
+        deadline = time.monotonic() + budget
+        self._closed = True
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            items = [k for k in self._kept.values() if k.held]
+        for item in items:
+            if item.dirty and not self._busy_writing(item):
+                with contextlib.suppress(Exception):
+                    self._at_close(item, deadline)
+        for item in items:
+            while self._busy_writing(item) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            flight = item.in_flight
+            if flight is not None and flight[2] is not None:
+                _kill(flight[2])  # not done in time: the log keeps what it would have
+
+    def _at_close(self, item: _Kept, deadline: float) -> None:
+        found = self._slot(item.identity)
+        if found is None:
+            return
+        _key, slot = found
+        if not slot.lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic()))):
+            return  # a call is running: the log has the calls this snapshot would hold
+        try:
+            through = self._last_seq(item.identity) if self._log is not None else 0
+            if slot.session is not None and through is not None:
+                self._start(item, slot.session, through)
+        finally:
+            slot.lock.release()
+
+    def forget(self, identity: Identity) -> None:
+        """``close_session``: the session and its snapshot are gone."""
+        with self._lock:
+            item = self._kept.pop(identity.slug(), None)
+        if item is not None and item.in_flight is not None and item.in_flight[2] is not None:
+            _kill(item.in_flight[2])
+        self.store.forget(identity)
+
+    # -- restoring ----------------------------------------------------------------------
+
+    def restore(self, key: SessionKey, record: dict[str, Any], session: Any,
+                timeout: float) -> dict[str, Any] | None:
+        """Bring back the kept session ``record`` names into ``session`` (just opened,
+        no code run yet). Returns the call's ``restored``, or None when nothing is kept."""
+        identity = Identity.of(record)
+        with self._lock:
+            item = self._kept.get(identity.slug())
+            if item is None or item.held or not item.identity.same_session(identity):
+                return None
+            item.held = True
+        started = time.monotonic()
+        kind = kinds.kind_of(session)
+        meta = self.store.meta(item.identity) or {}
+        rows = self._rows_after(item.identity, meta.get("through"))
+        folder = self.store.folder(item.identity)
+        report: dict[str, Any] = {}
+        why = None
+        lost_since = _last_loss(rows)
+        if lost_since is not None:
+            rows = rows[lost_since + 1:]
+            why = "the session lost its state after its last snapshot"
+        elif kind is not None and meta.get("file"):
+            left = list(meta.get("left_out") or [])
+            replay = self._binding_calls(item.identity, left, meta.get("through"))
+            if kind == "own":
+                report = kinds.restore_own(session, folder, replay)
+            elif kind == "env":
+                report = kinds.restore_env(session, folder, replay, timeout)
+            else:
+                report = kinds.restore_bash(session, folder)
+            why = report.get("error")
+            if why is not None:  # the whole life is replayed instead
+                rows = self._rows_after(item.identity, (meta.get("since") or 1) - 1)
+                loss = _last_loss(rows)
+                rows = rows if loss is None else rows[loss + 1:]
+        elif meta.get("problem_why"):
+            why = meta["problem_why"]
+        loaded = bool(report) and "error" not in report
+        replayed, failed_at = self._replay(session, [r for r in rows if replayable(r)])
+        replayed += int(report.get("replayed") or 0)  # the calls that bound what was left out
+        item.dirty = bool(replayed) or item.dirty
+        if not loaded and not replayed and not rows and why is None:
+            return None
+        sources = (["snapshot"] if loaded else []) + (["replay"] if replayed or not loaded else [])
+        restored: dict[str, Any] = {
+            "from": "+".join(sources), "ms": round((time.monotonic() - started) * 1000.0, 1),
+            "left_out": list(report.get("left_out") or []) if loaded else [],
+        }
+        if replayed:
+            restored["replayed"] = replayed
+        if failed_at is not None:
+            restored["failed_at"] = failed_at
+        if why is not None:
+            restored["why"] = why
+        return restored
+
+    def _replay(self, session: Any, rows: list[dict[str, Any]]) -> tuple[int, int | None]:
+        done = 0
+        for row in rows:
+            code = row.get("code")
+            if row.get("code_truncated") or not isinstance(code, str):
+                return done, row["seq"]
+            took = (row.get("duration_ms") or 0.0) / 1000.0
+            outcome = session.run(RunRequest(code=code, timeout=max(60.0, 2 * took + 5.0)))
+            if outcome.get("error") or (row.get("exit_code") == 0
+                                        and outcome.get("exit_code") not in (0, None)):
+                return done, row["seq"]
+            done += 1
+        return done, None
+
+    # -- the log ------------------------------------------------------------------------
+
+    def _rows(self, identity: Identity, where: str, params: list[Any]) -> list[dict[str, Any]]:
+        if self._log is None:
+            return []
+        from ..log.calls import read
+        from ..log.store import decode_row, rows_where
+
+        filters: list[tuple[str, Any]] = [("language", identity.language),
+                                          ("venv_id", identity.venv_id),
+                                          ("session_name", identity.session_name)]
+        if identity.session_name is None:
+            filters.append(("session_id", identity.session_id))
+        clause, args = rows_where(filters)
+        try:
+            found = read(self._log, "SELECT seq, kind, state_mode, outcome, state_lost, code, "
+                         "code_truncated, changed, exit_code, duration_ms FROM calls WHERE "
+                         f"{clause} AND {where} ORDER BY seq", [*args, *params])
+        except Exception:
+            return []
+        return [decode_row(row) for row in found]
+
+    def _rows_after(self, identity: Identity, through: Any) -> list[dict[str, Any]]:
+        after = int(through) if isinstance(through, int) else 0
+        return [row for row in self._rows(identity, "seq > ?", [after])
+                if row.get("kind") == "rebuild"
+                or (row.get("kind") == "call" and row.get("state_mode") == "stateful")]
+
+    def _last_seq(self, identity: Identity) -> int | None:
+        rows = self._rows(identity, "kind = 'call' AND state_mode = 'stateful'", [])
+        return rows[-1]["seq"] if rows else None
+
+    def _binding_calls(self, identity: Identity, names: list[str], through: Any) -> list[str]:
+        """The code of the logged calls that last bound each of ``names`` (up to the
+        snapshot, since the session's last loss), oldest first."""
+        if not names or not isinstance(through, int):
+            return []
+        rows = [row for row in self._rows(identity, "seq <= ?", [through])
+                if row.get("kind") == "call" and row.get("state_mode") == "stateful"]
+        loss = _last_loss(rows)
+        if loss is not None:
+            rows = rows[loss + 1:]
+        chosen: dict[int, str] = {}
+        for name in names:
+            for row in reversed(rows):
+                changed = row.get("changed") or {}
+                if replayable(row) and name in (changed.get("rebound") or []) and \
+                        isinstance(row.get("code"), str) and not row.get("code_truncated"):
+                    chosen[row["seq"]] = row["code"]
+                    break
+        return [chosen[seq] for seq in sorted(chosen)]
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _slot(self, identity: Identity) -> tuple[SessionKey, Any] | None:
+        from ..core.coordinates import Coordinate
+
+        coordinate = Coordinate(identity.language, "stateful",  # type: ignore[arg-type]
+                                identity.venv_id,
+                                None if identity.session_name else identity.session_id,
+                                identity.session_name)
+        found: tuple[SessionKey, Any] | None = self._table.find(coordinate)
+        return found
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        if self._closed:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="coordex-snapshots",
+                                                daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with contextlib.suppress(Exception):  # a snapshot never costs a call
+                job()
+
+    @staticmethod
+    def _try(action: Callable[[], None]) -> None:
+        with contextlib.suppress(OSError):
+            action()
+
+
+def _last_loss(rows: list[dict[str, Any]]) -> int | None:
+    """Index of the last row after which the session started over (a loss)."""
+    for index in range(len(rows) - 1, -1, -1):
+        if rows[index].get("state_lost") or rows[index].get("kind") == "rebuild":
+            return index
+    return None
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, 0)
+
+
+__all__ = ["Persistence", "snap"]

@@ -1,0 +1,99 @@
+"""Where snapshots live: one folder per kept session under ``root/snapshots``.
+
+A session is named on disk by what names it for a caller: (language, environment, name)
+for a named session, (language, environment, id) otherwise, so a snapshot is only ever
+restored into the session that wrote it. Each folder holds ``meta.json`` and the data
+file it names (:mod:`coordex.worker._coordex_snapshot` writes both, atomically); a
+folder whose meta names no file is a *marker*: the session is kept by replaying its
+logged calls alone (none was written yet, it was too large, or it failed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..worker import _coordex_snapshot as snap
+
+FOLDER = "snapshots"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What names a kept session: its coordinates and its id."""
+
+    language: str
+    venv_id: int | None
+    session_id: int
+    session_name: str | None
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Identity:
+        return cls(record["language"], record.get("venv_id"), int(record.get("session_id") or 0),
+                   record.get("session_name"))
+
+    def record(self) -> dict[str, Any]:
+        return {"language": self.language, "venv_id": self.venv_id,
+                "session_id": self.session_id, "session_name": self.session_name}
+
+    def slug(self) -> str:
+        place = "own" if self.venv_id is None else f"venv{self.venv_id}"
+        if self.session_name is None:
+            return f"{self.language}-{place}-id{self.session_id}"
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.session_name)[:40]
+        digest = hashlib.sha256(self.session_name.encode("utf-8", "surrogatepass")).hexdigest()
+        return f"{self.language}-{place}-name-{safe}-{digest[:12]}"
+
+    def same_session(self, other: Identity) -> bool:
+        """The same session for a caller: by name if named, else by id."""
+        if (self.language, self.venv_id, self.session_name) != \
+                (other.language, other.venv_id, other.session_name):
+            return False
+        return self.session_name is not None or self.session_id == other.session_id
+
+
+class SnapshotStore:
+    """The folders of kept sessions under ``root/snapshots``."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = Path(root) / FOLDER
+
+    def folder(self, identity: Identity, *, make: bool = False) -> Path:
+        folder = self.path / identity.slug()
+        if make:
+            folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def meta(self, identity: Identity) -> dict[str, Any] | None:
+        return snap.read_meta(str(self.folder(identity)))
+
+    def mark(self, identity: Identity, since: int) -> None:
+        """Keep ``identity`` by replay from log row ``since`` on, with no snapshot."""
+        folder = self.folder(identity, make=True)
+        snap.write_meta(str(folder), dict(identity.record(), format=snap.FORMAT, file=None,
+                                          since=since, through=since - 1, attempt=0,
+                                          problem=None))
+        for old in folder.glob("state-*"):
+            old.unlink(missing_ok=True)
+
+    def kept(self) -> list[tuple[Identity, dict[str, Any]]]:
+        """Every kept session with its meta (folders whose meta cannot be read are skipped)."""
+        found: list[tuple[Identity, dict[str, Any]]] = []
+        if not self.path.is_dir():
+            return found
+        for folder in sorted(self.path.iterdir()):
+            meta = snap.read_meta(str(folder))
+            if meta is None or "language" not in meta:
+                continue
+            try:
+                found.append((Identity.of(meta), meta))
+            except (TypeError, ValueError):
+                continue
+        return found
+
+    def forget(self, identity: Identity) -> None:
+        shutil.rmtree(self.folder(identity), ignore_errors=True)

@@ -1,0 +1,245 @@
+"""Sessions that outlive their process (SPEC 12): a session built under one Executor is
+found, with its values, by the next Executor on the same root - after close, and after
+the process holding it was SIGKILLed (its last snapshot plus the calls logged after it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordex import Executor
+from tests.conftest import assert_no_new_children, child_pids
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    before = child_pids()
+    yield
+    assert_no_new_children(before)
+
+
+def _ok(result: dict) -> dict:
+    assert "error_type" not in result, result
+    return result
+
+
+def _kept(ex: Executor) -> list[dict]:
+    return [s for s in ex.list_sessions()["sessions"] if s.get("held") is False]
+
+
+BUILD = textwrap.dedent("""
+    import math
+    import numpy as np
+    scale = 3
+    def scaled(v):
+        return v * scale
+    class Point:
+        def __init__(self, x):
+            self.x = x
+        def norm(self):
+            return scaled(abs(self.x))
+    p = Point(-4)
+    arr = np.arange(1_000_000, dtype=np.int64)
+    shared = [1, 2]
+    also = {'list': shared}
+""")
+
+
+def test_own_sessions_come_back_after_close(root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code(BUILD, state_mode="stateful"))
+        _ok(ex.execute_code("notes = ['a']", state_mode="stateful", session_name="work"))
+        _ok(ex.execute_code("other = 1", state_mode="stateful", session_name="spare"))
+        _ok(ex.execute_code("notes.append('b')", state_mode="stateful", session_name="work"))
+        (work_id,) = [s["session_id"] for s in ex.list_sessions()["sessions"]
+                      if s["session_name"] == "work"]
+
+    with Executor(root=root, persist=True, max_sessions=2) as ex:
+        kept = {(s["language"], s["session_name"]) for s in _kept(ex)}
+        assert ("python", "work") in kept and ("python", "spare") in kept
+        # Kept sessions do not count toward max_sessions until restored (2 kept + plan).
+        r = _ok(ex.execute_code("scale = 10\n(p.norm(), math.pi > 3, int(arr.sum()), "
+                                "also['list'] is shared, arr.flags.writeable)",
+                                state_mode="stateful"))
+        assert r["result"] == "(40, True, 499999500000, True, True)"
+        assert r["restored"]["from"] == "snapshot" and r["restored"]["left_out"] == []
+        assert isinstance(r["restored"]["ms"], float)
+        r = _ok(ex.execute_code("notes", state_mode="stateful", session_name="work"))
+        assert r["result"] == "['a', 'b']" and r["session"]["session_id"] == work_id
+        assert "restored" not in _ok(ex.execute_code("notes", state_mode="stateful",
+                                                     session_name="work"))
+        # A new session numbered after the kept ones never takes a kept one's state.
+        assert not [s for s in _kept(ex) if s["session_name"] == "work"]
+
+
+def test_a_name_that_cannot_be_pickled_is_rebuilt_by_replaying_its_call(
+        root: Path, tmp_path: Path, no_leftovers: None) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("line one\n")
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code(f"fh = open({str(data)!r})\ncount = 5", state_mode="stateful",
+                            session_name="files"))
+        _ok(ex.execute_code("count += 1\nfh.close()", state_mode="stateful",
+                            session_name="files"))
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("(fh.read(), count)", state_mode="stateful",
+                                session_name="files"))
+        _ok(ex.execute_code("fh.close()", state_mode="stateful", session_name="files"))
+    # The file was opened again by its call; count keeps the value it had (6), not the
+    # 5 the replayed call set.
+    assert r["result"] == "('line one\\n', 6)"
+    assert r["restored"]["from"] == "snapshot+replay" and r["restored"]["left_out"] == []
+
+
+def test_what_no_logged_call_can_rebuild_is_listed_in_left_out(root: Path,
+                                                                no_leftovers: None) -> None:
+    with Executor(root=root, persist=True, log=False) as ex:
+        _ok(ex.execute_code("import threading\nlock = threading.Lock()\nkept = 7",
+                            state_mode="stateful", session_name="s"))
+    with Executor(root=root, persist=True, log=False) as ex:
+        r = _ok(ex.execute_code("(kept, 'lock' in globals(), threading.active_count() > 0)",
+                                state_mode="stateful", session_name="s"))
+    assert r["result"] == "(7, False, True)"
+    assert r["restored"]["left_out"] == ["lock"]
+
+
+def test_bash_keeps_cwd_variables_functions_aliases_options_and_umask(
+        root: Path, tmp_path: Path, no_leftovers: None) -> None:
+    work = tmp_path / "work dir"
+    work.mkdir()
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code(f"cd '{work}'; export EXP=1; LOCAL='two words'; arr=(a b c)\n"
+                            "greet() { echo \"hi $1\"; }\nalias ll='echo listed'\n"
+                            "set -o pipefail; shopt -s extglob; umask 027",
+                            language="bash", state_mode="stateful", session_name="sh"))
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code(
+            "pwd; echo \"$EXP|$LOCAL|${arr[2]}\"; env | grep -c '^LOCAL=' || true; greet bob\n"
+            "shopt -q -o pipefail && echo pipefail; shopt -q extglob && echo extglob; umask\n"
+            "eval ll", language="bash", state_mode="stateful", session_name="sh"))
+    assert r["stdout"].split("\n")[:-1] == [str(work), "1|two words|c", "0", "hi bob",
+                                            "pipefail", "extglob", "0027", "listed"]
+    assert r["restored"]["from"] == "snapshot"
+
+
+def test_close_session_deletes_what_was_kept(root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("a = 1", state_mode="stateful", session_name="gone"))
+        _ok(ex.execute_code("b = 1", state_mode="stateful", session_name="kept"))
+    with Executor(root=root, persist=True) as ex:
+        assert ex.close_session(session_name="gone")["closed"] is True
+        assert [s["session_name"] for s in _kept(ex)] == ["kept"]
+    with Executor(root=root, persist=True) as ex:
+        assert [s["session_name"] for s in _kept(ex)] == ["kept"]
+        r = _ok(ex.execute_code("'a' in globals()", state_mode="stateful", session_name="gone"))
+        assert r["result"] == "False" and "restored" not in r
+
+
+def test_too_large_a_snapshot_is_not_written_and_the_log_keeps_the_session(
+        root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True, persist_max_bytes=1000) as ex:
+        _ok(ex.execute_code("blob = 'x' * 5000\nn = 1", state_mode="stateful", session_name="s"))
+        _ok(ex.execute_code("n += 1", state_mode="stateful", session_name="s"))
+    assert not list((root / "snapshots").glob("*/state-*"))
+    with Executor(root=root, persist=True, persist_max_bytes=1000) as ex:
+        r = _ok(ex.execute_code("(len(blob), n)", state_mode="stateful", session_name="s"))
+    assert r["result"] == "(5000, 2)"
+    assert r["restored"]["from"] == "replay" and r["restored"]["replayed"] == 2
+    assert "persist_max_bytes" in r["restored"]["why"]
+
+
+def test_a_damaged_snapshot_falls_back_to_replay_and_says_why(root: Path,
+                                                              no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("n = 41", state_mode="stateful", session_name="s"))
+    (data,) = (root / "snapshots").glob("*/state-*")
+    data.write_bytes(data.read_bytes()[:-30])  # cut short
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("n + 1", state_mode="stateful", session_name="s"))
+    assert r["result"] == "42"
+    assert r["restored"]["from"] == "replay" and "cut short" in r["restored"]["why"]
+
+
+def test_a_background_snapshot_is_written_while_the_session_answers(
+        root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True, snapshot_interval=0.0) as ex:
+        _ok(ex.execute_code("import numpy as np\nbig = np.ones(20_000_000)",
+                            state_mode="stateful", session_name="s"))
+        meta_file = next((root / "snapshots").glob("*/meta.json"))
+        # The session answers while its copy writes 160 MB.
+        r = _ok(ex.execute_code("1 + 1", state_mode="stateful", session_name="s", timeout=5))
+        assert r["result"] == "2"
+        deadline = time.monotonic() + 30
+        while not json.loads(meta_file.read_text()).get("file") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        meta = json.loads(meta_file.read_text())
+        assert meta["file"] and meta["bytes"] > 160_000_000 and meta["problem"] is None
+
+
+# A process that builds sessions and is then SIGKILLed: its first call is snapshotted
+# (snapshot_interval=0), later ones are only in the log.
+CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    from coordex import Executor
+    ex = Executor(root=sys.argv[1], persist=True, snapshot_interval=float(sys.argv[2]))
+    def run(code, **kw):
+        r = ex.execute_code(code, state_mode="stateful", **kw)
+        assert "error_type" not in r, r
+    run("def bump(v):\\n    return v + 1\\nn = 1", session_name="py")
+    run("N=1; twice() { echo $((N*2)); }", language="bash", session_name="sh")
+    if float(sys.argv[2]) == 0:
+        deadline = time.time() + 30
+        for folder in os.listdir(os.path.join(sys.argv[1], "snapshots")):
+            meta = os.path.join(sys.argv[1], "snapshots", folder, "meta.json")
+            while not json.load(open(meta)).get("file") and time.time() < deadline:
+                time.sleep(0.02)
+    for _ in range(3):
+        run("n = bump(n)", session_name="py")
+        run("N=$((N+1))", language="bash", session_name="sh")
+    os.write(int(sys.argv[3]), b"done\\n")
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("interval", [0.0, 3600.0])
+def test_after_a_sigkill_nothing_a_returned_result_showed_is_lost(
+        root: Path, tmp_path: Path, interval: float, no_leftovers: None) -> None:
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(interval),
+                             str(write_end)], pass_fds=(write_end,), cwd=os.getcwd(),
+                            start_new_session=True)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as report:
+            assert report.readline() == b"done\n"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with Executor(root=root, persist=True) as ex:
+        py = _ok(ex.execute_code("(n, bump(n))", state_mode="stateful", session_name="py"))
+        sh = _ok(ex.execute_code("echo $N; twice", language="bash", state_mode="stateful",
+                                 session_name="sh"))
+    assert py["result"] == "(4, 5)" and sh["stdout"] == "4\n8\n"
+    expected = "snapshot+replay" if interval == 0 else "replay"
+    assert py["restored"]["from"] == expected and sh["restored"]["from"] == expected
+    # Snapshot (first call) plus the three calls after it; or all four calls.
+    assert py["restored"]["replayed"] == (3 if interval == 0 else 4)
+
+
+def test_the_library_does_not_persist_unless_asked(root: Path, no_leftovers: None) -> None:
+    with Executor(root=root) as ex:
+        _ok(ex.execute_code("a = 1", state_mode="stateful", session_name="s"))
+    assert not (root / "snapshots").exists()
+    with Executor(root=root, persist=True) as ex:
+        assert _kept(ex) == []
