@@ -186,11 +186,11 @@ def test_one_tenants_slow_page_leaves_the_others_alone(tmp_path: Path) -> None:
         time.sleep(0.3)
         started = time.monotonic()
         full = app.handle("GET", "/ui/api/sessions", "", host)
-        assert full.status == 503 and time.monotonic() - started < 0.5
+        assert full.status == 503 and time.monotonic() - started < 1.0
         started = time.monotonic()
         theirs = app.handle("GET", "/ui/api/sessions", "", {
             "host": "127.0.0.1:1", "authorization": "Bearer other-token-0123456789"})
-        assert theirs.status == 200 and time.monotonic() - started < 0.5
+        assert theirs.status == 200 and time.monotonic() - started < 1.0
         for worker in workers:
             worker.join(timeout=30)
         assert answers == [200] * THREADS_PER_TENANT
