@@ -418,3 +418,20 @@ def test_an_environments_folder_inside_the_tenants_stays_read_only(tmp_path: Pat
         assert ex.confinement["level"] == "none"
     with pytest.raises(ValueError, match="is or holds"):
         ConfinedExecutor(folder, environments=tmp_path)
+
+
+def test_stored_functions_are_defined_and_called_through_the_wire(
+        confined: ConfinedExecutor) -> None:
+    made = confined.functions.define(source="def double(x):\n    return 2 * x\n")
+    assert made.get("name") == "double" and made.get("version") == 1, made
+    again = confined.functions.define(source="def double(x):\n    return x + x\n")
+    assert again.get("version") == 2, again
+    called = confined.functions.call(name="double", args=[21])
+    assert called.get("value") == 42 and called["function"]["version"] == 2, called
+    assert confined.functions.versions(name="double") == [1, 2]
+    assert confined.functions.show(name="double", version=1)["source"].endswith("2 * x\n")
+    # Written by the owner: the host's folder holds no store of its own.
+    assert not (confined.folder / "library.sqlite3").exists()
+    assert (confined.records_folder / "library.sqlite3").exists()
+    missing = confined.environments.show(venv_id=99)
+    assert missing.get("error_type") == "not_found", missing

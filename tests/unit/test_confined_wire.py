@@ -156,3 +156,30 @@ def test_the_seccomp_filter_keeps_a_process_to_itself() -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def _public(obj: type) -> set[str]:
+    return {n for n in dir(obj) if not n.startswith("_")}
+
+
+def test_a_confined_executor_offers_every_method_of_the_executor() -> None:
+    """One contract: what the Executor offers, the confined executor offers over the
+    wire, but the objects that cannot leave the host's process (hosting.contract)."""
+    from coordex import ConfinedExecutor, Executor
+    from coordex.executor import Environments
+    from coordex.hosting.client import _offered
+    from coordex.hosting.contract import FUNCTIONS_IN_PROCESS_ONLY, IN_PROCESS_ONLY, ExecutorLike
+    from coordex.library.functions import FunctionLibrary
+
+    wanted = _public(Executor) - set(IN_PROCESS_ONLY)
+    # environments and functions are namespaces the confined executor makes per instance.
+    assert wanted - _public(ConfinedExecutor) == {"environments", "functions"}
+    assert wanted - _public(ExecutorLike) - {"environments", "functions"} == set()
+    assert _public(Environments) - {"manager"} <= set(_offered("environments")), \
+        _public(Environments) - set(_offered("environments"))
+    functions = _public(FunctionLibrary) - set(FUNCTIONS_IN_PROCESS_ONLY) - {"close"}
+    assert functions <= set(_offered("functions")), functions - set(_offered("functions"))
+    for method in wire.METHODS:  # and nothing the Executor lacks
+        owner, _, name = method.rpartition(".")
+        holder = {"": Executor, "environments": Environments, "functions": FunctionLibrary}
+        assert hasattr(holder[owner], name), method

@@ -153,6 +153,8 @@ def _run(manager: Any, op: str, args: Any, progress: Any) -> Any:
             return manager.create(args.get("spec"), args.get("name"))
         if op == "list":
             return manager.list()
+        if op == "show":
+            return manager.show(venv_id)
         if op == "exists":
             return manager.exists(venv_id)
         if op == "env_dir":

@@ -391,9 +391,9 @@ class ConfinedExecutor:
         self._closed = False
         self.restarts = 0
         self.close_step: str | None = None
-        self.environments = _Namespace(self, "environments",
-                                       ("create", "list", "build", "remove_unused"))
-        self.functions = _Namespace(self, "functions", ("list", "show"))
+        # What the wire offers, and nothing else: one list (wire.METHODS) for both ends.
+        self.environments = _Namespace(self, "environments", _offered("environments"))
+        self.functions = _Namespace(self, "functions", _offered("functions"))
         if not lazy:
             started = self._start()
             if isinstance(started, dict):
@@ -615,6 +615,10 @@ class ConfinedExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _offered(prefix: str) -> tuple[str, ...]:
+    return tuple(m.split(".", 1)[1] for m in wire.METHODS if m.startswith(prefix + "."))
 
 
 def _setting_paths(env: Mapping[str, str]) -> list[str]:

@@ -585,6 +585,14 @@ def invoke(executor: Any, method: str, args: Any, on_output: Callable[[str, str]
                                    on_output=on_output, cancel=cancel)
         if method == "environments.build":
             return executor.environments.build(**args, on_progress=progress)
+        if method == "functions.define":  # a stored function is an object: its record travels
+            from ..core.errors import CoordexError
+
+            try:
+                record = executor.functions.define(**args).record
+            except CoordexError as exc:
+                return exc.to_dict()
+            return executor.functions.show(record.name, record.version)
         owner_name, _, name = method.rpartition(".")
         owner = getattr(executor, owner_name) if owner_name else executor
         function = getattr(owner, name, None)

@@ -62,8 +62,9 @@ MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 METHODS = (
     "execute_code", "list_sessions", "inspect_session", "close_session", "call_tool",
     "tool_definitions", "history", "rebuild_session", "serve_ui",
-    "environments.create", "environments.list", "environments.build",
-    "environments.remove_unused", "functions.list", "functions.show",
+    "environments.create", "environments.list", "environments.show", "environments.build",
+    "environments.remove_unused", "functions.list", "functions.show", "functions.versions",
+    "functions.define", "functions.call",
 )
 # What a ``call`` may name on a host that serves a cluster node's sessions of one tenant
 # (``--serve node``): the methods of :class:`coordex.backends.ray.node.NodeHost`.
@@ -83,8 +84,8 @@ BUILDER_MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "answer": (BUILDER_TO_HOST, ("id", "value"), ()),
 }
 # What a ``request`` may ask: the environment manager's methods of the same names.
-BUILDER_OPS = ("create", "list", "exists", "env_dir", "describe", "build", "build_spec",
-               "touch", "remove_unused")
+BUILDER_OPS = ("create", "list", "show", "exists", "env_dir", "describe", "build",
+               "build_spec", "touch", "remove_unused")
 
 
 def check(msg: Any, direction: str | None = None,
