@@ -91,6 +91,8 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
         kwargs["envs_dir"] = envs_dir
     if getattr(args, "cluster", None):
         kwargs["cluster"] = args.cluster
+    if hasattr(args, "no_persist"):  # coordex mcp and serve keep sessions (SPEC 12)
+        kwargs["persist"] = not args.no_persist
     return Executor(**kwargs)
 
 
@@ -663,6 +665,10 @@ def _add_confinement_options(parser: argparse.ArgumentParser, *, tenants: bool) 
     add_confinement_options(parser, tenants=tenants, count=_positive_int)
 
 
+_NO_PERSIST_HELP = ("do not keep sessions on disk: by default a session's state is kept "
+                    "under HOME/snapshots and found again after a restart or a crash")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--home", metavar="DIR",
@@ -691,6 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "free); its URL, with the token, is printed to stderr")
     p.add_argument("--ui-host", default="127.0.0.1", metavar="HOST",
                    help="address the page binds to (default 127.0.0.1)")
+    p.add_argument("--no-persist", action="store_true", help=_NO_PERSIST_HELP)
     _add_confinement_options(p, tenants=False)
     p.set_defaults(func=cmd_mcp)
 
@@ -705,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "under HOME/tenants/NAME (replaces COORDEX_TOKEN)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="extra Host name clients may use (DNS-rebinding protection)")
+    p.add_argument("--no-persist", action="store_true", help=_NO_PERSIST_HELP)
     p.add_argument("--cluster", metavar="ADDRESS",
                    help="run bash and environment sessions on a Ray cluster: 'auto' (the "
                    "cluster this machine belongs to), 'ray://HOST:PORT', or an address; "

@@ -1,0 +1,89 @@
+"""An MCP client that restarts its server keeps its sessions (SPEC 12), through the real
+``coordex mcp`` and the MCP SDK's stdio client: the server is closed by its client, then
+SIGKILLed, and each next server answers with every value a returned result showed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from tests.conftest import assert_no_new_children, child_pids
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _server(root: Path, *extra: str) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable,
+                                 args=["-m", "coordex", "mcp", "--home", str(root), *extra],
+                                 env={**os.environ, "COORDEX_HOME": str(root)})
+
+
+async def _calls(params: StdioServerParameters, calls: list[dict[str, Any]],
+                 kill: bool = False) -> list[dict[str, Any]]:
+    """Make ``calls`` (execute_code arguments) in order; with ``kill``, SIGKILL the server
+    (its own interpreter's pid, asked of it) once they returned."""
+    results: list[dict[str, Any]] = []
+    try:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            with anyio.fail_after(60):
+                for arguments in calls:
+                    done = await session.call_tool("execute_code", arguments)
+                    assert isinstance(done.structured_content, dict)
+                    results.append(done.structured_content)
+                if kill:
+                    pid = await session.call_tool("execute_code", {"code": "import os\nos.getpid()"})
+                    assert isinstance(pid.structured_content, dict)
+                    os.kill(int(pid.structured_content["result"]), signal.SIGKILL)
+    except BaseException:
+        if not kill:
+            raise
+    return results
+
+
+def test_sessions_survive_a_client_restart_and_a_sigkill_of_coordex_mcp(tmp_path: Path) -> None:
+    root = tmp_path / "home"
+    before = child_pids()
+    stateful = {"state_mode": "stateful"}
+    first = anyio.run(_calls, _server(root), [
+        {"code": "def double(v):\n    return 2 * v\nrows = [1, 2, 3]", **stateful},
+        {"code": "total = sum([1, 2, 3])", "session_name": "audit", **stateful},
+        {"code": f"cd {tmp_path}; COUNT=1", "language": "bash", **stateful},
+    ])
+    assert all("error_type" not in r for r in first), first
+
+    # Restarted (the client closed the first one: snapshots were written at close); more
+    # work, then the server is SIGKILLed: that work is only in the call log.
+    second = anyio.run(_calls, _server(root), [
+        {"code": "rows.append(double(rows[-1]))", **stateful},
+        {"code": "total += 100", "session_name": "audit", **stateful},
+        {"code": "COUNT=$((COUNT+1))", "language": "bash", **stateful},
+    ], True)
+    assert all("error_type" not in r for r in second), second
+    assert {r["restored"]["from"] for r in second} == {"snapshot"}
+
+    third = anyio.run(_calls, _server(root), [
+        {"code": "(rows, double(5))", **stateful},
+        {"code": "total", "session_name": "audit", **stateful},
+        {"code": "pwd; echo $COUNT", "language": "bash", **stateful},
+    ])
+    assert [r.get("result") for r in third[:2]] == ["([1, 2, 3, 6], 10)", "106"], third
+    assert third[2]["stdout"] == f"{tmp_path}\n2\n", third[2]
+    assert {r["restored"]["from"] for r in third} == {"snapshot+replay"}
+    assert_no_new_children(before)
+
+
+def test_no_persist_keeps_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "home"
+    anyio.run(_calls, _server(root, "--no-persist"), [{"code": "x = 1", "state_mode": "stateful"}])
+    again = anyio.run(_calls, _server(root, "--no-persist"),
+                      [{"code": "'x' in globals()", "state_mode": "stateful"}])
+    assert again[0]["result"] == "False" and "restored" not in again[0]
+    assert not (root / "snapshots").exists()
