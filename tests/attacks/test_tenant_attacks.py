@@ -57,8 +57,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tokens = write_tokens(base, f"{ATTACKER} {ALICE}\nvictim {BOB}\n")
     home = base / "home"
     env = child_env(home, UV_OFFLINE="1")
+    # Another Python of the machine, in the view for the planting attack below (nothing
+    # of the machine is, unless the operator names it).
+    other = _another_python()
+    readable = ["--readable", str(Path(other["executable"]).parent.parent)] if other else []
     with spawn("serve", "--port", "0", "--tokens", str(tokens), "--memory-limit",
-               MEMORY_LIMIT, env=env) as running:
+               MEMORY_LIMIT, *readable, env=env) as running:
         url = running.wait_for(READY).group(1)
         srv = Server(running, url, home, tokens)
         bob = srv.run(BOB, ("execute_code", {"code": f"password = {SECRET!r}",
