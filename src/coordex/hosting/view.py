@@ -2,7 +2,8 @@
 
 At the ``namespaces+landlock`` level the view is a new root, a tmpfs, holding only:
 
-- the system's program folders, read-only (:data:`SYSTEM_DIRS`);
+- the system's program folders, read-only (:data:`SYSTEM_DIRS`), and the machine's CPU
+  list (:data:`SYS_READ`);
 - the few files of ``/etc`` programs need (:data:`ETC_FILES`), read-only, and a
   ``passwd``/``group`` of the jail's own naming only root, nobody and the tenant;
 - ``/dev`` with the sinks and terminals of :data:`DEVICE_NODES`, a ``devpts`` of its
@@ -55,8 +56,7 @@ ETC_FILES = ("nsswitch.conf", "hosts", "host.conf", "resolv.conf", "gai.conf", "
              "os-release", "mime.types", "bash.bashrc", "profile", "inputrc", "gitconfig",
              "environment", "locale.alias", "locale.gen")
 DEVICE_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-# At the landlock level (no new /proc), the few /proc files programs read besides
-# their own /proc/self; and the CPU list os.cpu_count() and BLAS libraries read.
+# The CPU list os.cpu_count() and BLAS libraries read (nothing else of /sys).
 SYS_READ = ("/sys/devices/system/cpu",)
 
 _NR_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(iso._MACHINE, 155)
@@ -134,6 +134,8 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
         add(path, False)
     for name in ETC_FILES:
         add(os.path.join("/etc", name), False)
+    for path in SYS_READ:
+        add(path, False)
     for path in readable:
         add(path, False)
     for path in writable:
