@@ -578,6 +578,8 @@ class Executor:
                     item["bound_at_call"], item["calls_ago"] = bound, ago
                 report.setdefault("capabilities", sorted(self._capabilities))
             report["session"] = self._table.record(key)
+            if self._persist is not None:  # SPEC 12: how it is kept on disk
+                report["kept"] = self._persist.describe(report["session"])
             return cast(InspectResult, report)
         except CoordexError as exc:
             return cast(InspectResult, exc.to_dict())

@@ -243,3 +243,18 @@ def test_the_library_does_not_persist_unless_asked(root: Path, no_leftovers: Non
     assert not (root / "snapshots").exists()
     with Executor(root=root, persist=True) as ex:
         assert _kept(ex) == []
+
+
+def test_inspect_session_says_how_a_session_is_kept(root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True, persist_max_bytes=1000) as ex:
+        _ok(ex.execute_code("small = 1", state_mode="stateful", session_name="small"))
+        _ok(ex.execute_code("blob = 'x' * 5000", state_mode="stateful", session_name="big"))
+        assert ex.inspect_session(session_name="small")["kept"] == \
+            {"snapshot": None, "by": "replay"}
+    with Executor(root=root, persist=True, persist_max_bytes=1000) as ex:
+        _ok(ex.execute_code("small", state_mode="stateful", session_name="small"))
+        _ok(ex.execute_code("len(blob)", state_mode="stateful", session_name="big"))
+        small = ex.inspect_session(session_name="small")["kept"]
+        big = ex.inspect_session(session_name="big")["kept"]
+    assert small["by"] == "snapshot+replay" and small["snapshot"]["bytes"] > 0
+    assert big["snapshot"] is None and "persist_max_bytes=1000" in big["problem"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import threading
 import time
@@ -109,6 +110,21 @@ class Persistence:
                     return item.identity
         return None
 
+    def describe(self, record: dict[str, Any]) -> dict[str, Any]:
+        """How the session ``record`` names is kept, for ``inspect_session``: its last
+        snapshot (or None) and, when the last attempt failed, why."""
+        meta = self.store.meta(Identity.of(record)) or {}
+        snapshot = None
+        if meta.get("file"):
+            snapshot = {"at": meta.get("written_at"), "bytes": meta.get("bytes"),
+                        "through_seq": meta.get("through"), "ms": meta.get("ms"),
+                        "left_out": meta.get("left_out") or []}
+        kept: dict[str, Any] = {"snapshot": snapshot,
+                                "by": "snapshot+replay" if snapshot else "replay"}
+        if meta.get("problem"):
+            kept["problem"] = meta.get("problem_why") or meta["problem"]
+        return kept
+
     # -- after each call ----------------------------------------------------------------
 
     def note(self, call: int, changed: bool) -> None:
@@ -192,6 +208,14 @@ class Persistence:
                 "identity": {**item.identity.record(), "since": meta.get("since")}}
         started = time.monotonic()
         item.dirty, item.last_snapshot = False, started
+        free = _free_bytes(folder)
+        if free is not None and free < int(meta.get("bytes") or 0) + _SPARE_BYTES:
+            # Never fill the disk: the log keeps the session meanwhile.
+            snap.write_meta(str(folder), dict(meta or args["identity"], attempt=item.attempt,
+                                              problem="disk_full", problem_why=(
+                f"only {free} bytes are free where snapshots are kept ({folder.parent}); "
+                "the session is kept by replaying its calls until space is freed")))
+            return
         if kind == "own":
             pid = kinds.fork_own_snapshot(session, folder, **args)
             item.in_flight = (item.attempt, started, pid)
@@ -423,6 +447,17 @@ class Persistence:
     def _try(action: Callable[[], None]) -> None:
         with contextlib.suppress(OSError):
             action()
+
+
+# Room a snapshot leaves free on its disk beyond the size of the last one.
+_SPARE_BYTES = 64 << 20
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def _last_loss(rows: list[dict[str, Any]]) -> int | None:
