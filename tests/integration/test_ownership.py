@@ -427,3 +427,14 @@ def test_a_worker_that_closed_its_fds_1_and_2_prints_again() -> None:
         assert back["stderr"] == "err\n", back
     finally:
         session.close()
+
+
+def test_a_copy_survives_a_proc_file_of_a_process_gone(ex: Executor) -> None:
+    """Found by the soak: a /proc file the session held open, of a process that has
+    ended since, made the copy's reopen fail (ESRCH) and the copy die."""
+    setup = ("import subprocess\nchild = subprocess.Popen(['sleep', '0'])\n"
+             "f = open(f'/proc/{child.pid}/status', 'rb')\nf.read(10)\nchild.wait()")
+    assert "error" not in ex.execute_code(setup, state_mode="stateful", session_name="p")
+    result = ex.execute_code("1 + 1", state_mode="read_only", session_name="p")
+    assert result.get("result") == "2", result
+    ex.execute_code("f.close()", state_mode="stateful", session_name="p")

@@ -203,6 +203,10 @@ def seal_descriptors(keep: Iterable[int], discarded: bool) -> None:
                 os.lseek(replacement, offset, os.SEEK_SET)
             inheritable = not fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
             os.dup2(replacement, fd, inheritable=inheritable)
+        except OSError:
+            # A file that cannot be reopened where it was (a /proc file of a process
+            # that has gone, ESRCH): nothing, rather than the session's descriptor.
+            _replace_with_null(fd)
         finally:
             os.close(replacement)
 
@@ -323,7 +327,7 @@ def end_descendants(settle: float = 2.0) -> int:
     deadline = time.monotonic() + settle
     while True:
         _reap_all()
-        found = _descendants(os.getpid())
+        found = descendants(os.getpid())
         if not found:
             return len(ended)
         for pid in found:
@@ -363,7 +367,7 @@ def _children(pid: int) -> List[int]:
     return found
 
 
-def _descendants(pid: int) -> List[int]:
+def descendants(pid: int) -> List[int]:
     """Every live descendant of ``pid``, parents before their children."""
     found = []  # type: List[int]
     frontier = _children(pid)

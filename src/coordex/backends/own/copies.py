@@ -193,9 +193,9 @@ def _child(session: own.NamespaceSession, request: RunRequest,
     code = 70
     try:
         copier.close_held((*keep, *(mapping or ())))
-        # Its own process group (the parent's SIGKILL at the deadline reaches what the
-        # code started), and every orphan of it its child, ended before it exits.
-        os.setpgid(0, 0)
+        # Every orphan of what the code starts becomes the copy's child, ended before it
+        # exits (and found by the parent's SIGKILL at the deadline). Not a process group
+        # of its own: a stale group id signalled elsewhere could be the copy's pid.
         copier.adopt_orphans()
         # Freeze what the session holds: a collection in the copy would walk (and so
         # copy page by page) every object the session owns.
@@ -299,8 +299,7 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
                 own._signal(pid, signal.SIGINT)
                 interrupted_at = now
             if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
-                own._signal(pid, signal.SIGKILL)
-                _kill_group(pid)  # a fork copy leads a group: what it started, too
+                _kill_tree(pid)  # the copy and what it started (its children: subreaper)
                 break
             wait = deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE
             if request.cancel is not None:
@@ -347,10 +346,13 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
     return cell, reported, interrupted_at is not None, out, err
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the copy, then everything it started (orphans are its children)."""
+    tree = copier.descendants(pid)
+    own._signal(pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _no_capabilities(name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
