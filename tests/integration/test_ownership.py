@@ -438,3 +438,32 @@ def test_a_copy_survives_a_proc_file_of_a_process_gone(ex: Executor) -> None:
     result = ex.execute_code("1 + 1", state_mode="read_only", session_name="p")
     assert result.get("result") == "2", result
     ex.execute_code("f.close()", state_mode="stateful", session_name="p")
+
+
+def test_a_worker_copys_background_children_end_with_it() -> None:
+    """Security N19 in an environment worker: what a read-only copy starts ends with it,
+    and the copy holds no pipe to the worker's own children."""
+    import sys
+
+    from coordex.backends.base import RunRequest
+    from coordex.backends.env.workers import WorkerSession
+
+    session = WorkerSession(sys.executable)
+    pids: list[int] = []
+    try:
+        session.run(RunRequest("import subprocess\nsh = subprocess.Popen(['cat'], "
+                               "stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)", timeout=30))
+        started = time.monotonic()
+        result = session.run_read_only(RunRequest(_BACKGROUND, timeout=20))
+        assert "error" not in result, result
+        assert time.monotonic() - started < 5
+        pids = [int(p) for p in result["result"].strip("[]").split(",")]
+        assert _gone(pids) == []
+        drive = session.run_read_only(RunRequest(
+            "import os\ntry:\n    os.write(sh.stdin.fileno(), b'x')\n    r = 'sent'\n"
+            "except OSError as exc:\n    r = type(exc).__name__\nr", timeout=20))
+        assert drive["result"] != "'sent'", drive
+        session.run(RunRequest("sh.stdin.close(); sh.wait(5)", timeout=30))
+    finally:
+        _kill(pids)
+        session.close()
