@@ -343,7 +343,7 @@ def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],
         if mode not in ("discarded", "refused"):
             # Protection works on this machine (the host asked for it) but did not hold
             # this once: the code must not run unprotected. The host makes another copy.
-            raise RuntimeError("protection did not hold in this copy")
+            raise RuntimeError(UNPROTECTED)
         if request.get("uppers"):
             send_uppers(isolation, layers)
         else:
@@ -396,6 +396,8 @@ def send_uppers(isolation: Any, fd: int) -> None:
 # What a child that failed before the code ran writes to its stderr (then exits 127):
 # the shell tells such an end from a command's own exit status 127 by it.
 START_FAILED = "coordex: could not start the read-only copy: "
+# What follows START_FAILED when protection did not hold (and the code did not run).
+UNPROTECTED = "protection did not hold in this copy"
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes | None:

@@ -1333,8 +1333,9 @@ class ShellSession:
                 if time.monotonic() >= deadline:
                     break
                 continue
-            if slot.files != "none" or not slot.launched or slot.failure is not None:
-                return streams
+            if slot.files != "none" or not slot.launched or slot.failure is not None \
+                    or launcher.UNPROTECTED not in streams[1].getvalue():
+                return streams  # (a copy that could not start, its TMPDIR full: said so)
             # Launched, but its protection did not hold: it exited without running the
             # code (launcher.py). Another copy, another try.
             reason = "protection did not hold in the copy"
