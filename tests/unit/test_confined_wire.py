@@ -183,3 +183,24 @@ def test_a_confined_executor_offers_every_method_of_the_executor() -> None:
         owner, _, name = method.rpartition(".")
         holder = {"": Executor, "environments": Environments, "functions": FunctionLibrary}
         assert hasattr(holder[owner], name), method
+
+
+def test_a_readable_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    from coordex import ConfinedExecutor
+
+    with pytest.raises(ValueError, match="no such file or folder: .*wheelhous"):
+        ConfinedExecutor(tmp_path / "t", readable=[tmp_path / "wheelhous"], lazy=True)
+
+
+def test_a_malformed_tenant_id_range_is_refused() -> None:
+    from coordex.hosting.identity import DEFAULT_RANGE, id_range, tenant_user
+
+    assert id_range("") == DEFAULT_RANGE and id_range("2000000-3000000") == (2000000, 3000000)
+    for bad in ("10-20", "x-y", "5000000-4000000"):
+        with pytest.raises(ValueError, match="COORDEX_TENANT_IDS"):
+            id_range(bad)
+    one = tenant_user("/srv/t/alice", "alice", ids=(2000000, 3000000), euid=0)
+    assert one is not None and 2000000 <= one[0] < 3000000 and one[2] == "alice"
+    assert tenant_user("/srv/t/alice", "alice", ids=(2000000, 3000000), euid=0) == one
+    assert tenant_user("/srv/t/bob", "bob", ids=(2000000, 3000000), euid=0) != one
+    assert tenant_user("/srv/t/alice", "alice", euid=1000) is None

@@ -338,6 +338,10 @@ class ConfinedExecutor:
                  **executor_args: Any) -> None:
         import json
 
+        given = tuple(str(Path(p).expanduser().absolute()) for p in readable)
+        missing = [p for p in given if not os.path.exists(p)]
+        if missing:  # a typo would otherwise leave the folder out of the view, silently
+            raise ValueError(f"readable: no such file or folder: {', '.join(map(repr, missing))}")
         self.folder = Path(folder).expanduser().absolute()
         self.root = Path(root).expanduser().absolute() if root is not None else self.folder
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -373,10 +377,9 @@ class ConfinedExecutor:
         for path in hide:
             self._argv += ["--hide", str(path)]
         build_env = self._build_settings(build_settings)
-        for path in [*readable_paths(), *(str(Path(p).expanduser().absolute()) for p in readable),
-                     *_setting_paths({**os.environ, **build_env})]:
+        for path in [*readable_paths(), *given, *_setting_paths({**os.environ, **build_env})]:
             self._argv += ["--readable", path]
-        self.readable = tuple(str(Path(p).expanduser().absolute()) for p in readable)
+        self.readable = given
         from .identity import tenant_user
 
         self.user = user if user is not None else tenant_user(str(self.folder), name)
