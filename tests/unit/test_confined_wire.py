@@ -188,7 +188,7 @@ def test_a_confined_executor_offers_every_method_of_the_executor() -> None:
 def test_a_readable_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     from coordex import ConfinedExecutor
 
-    with pytest.raises(ValueError, match="no such file or folder: .*wheelhous"):
+    with pytest.raises(ValueError, match=r"no such file or folder: .*wheelhous"):
         ConfinedExecutor(tmp_path / "t", readable=[tmp_path / "wheelhous"], lazy=True)
 
 
