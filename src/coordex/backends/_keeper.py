@@ -4,12 +4,14 @@ Run by path, ``python -I -S _keeper.py``, by :mod:`coordex.backends._reap` (stan
 library only). It reads lines on fd 0: ``+SID`` (coordex started a process leading
 session SID) and ``-SID`` (it has been stopped and reaped), ``=MARK`` and ``~MARK`` (a
 prefix of the ``COORDEX_OWNED`` mark that own-interpreter code's processes carry, see
-``own/children.py``). It does nothing else while the host lives. At end of file - the
+``own/children.py``) and ``*PID START`` (a fork child of that code, by its start
+time). It does nothing else while the host lives. At end of file - the
 host exited or was killed, and the kernel closed its end of the pipe - every process of
 every session still listed gets SIGKILL: its process group first, then any member that
 moved to another group of the session.
 Processes that left with ``setsid`` are in no listed session and are left alone; then
-every process carrying a listed mark gets SIGKILL.
+every listed fork child still running (and what it started), and every process
+carrying a listed mark, gets SIGKILL.
 """
 
 import os
@@ -62,6 +64,32 @@ def owned(prefixes):
     return found
 
 
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def tree(roots):
+    """``roots`` and every live descendant of them."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found = set(roots)
+    frontier = set(roots)
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
 def end(sids):
     for sid in sids:
         try:
@@ -85,6 +113,7 @@ def main():
         signal.signal(sig, signal.SIG_IGN)
     watched = set()
     marks = set()
+    forked = {}  # pid -> start time: fork children of own-interpreter code
     pending = b""
     while True:
         try:
@@ -101,6 +130,11 @@ def main():
             if line[:1] in (b"=", b"~"):  # a mark of own-interpreter sessions
                 (marks.add if line[:1] == b"=" else marks.discard)(line[1:])
                 continue
+            if line[:1] == b"*":  # "*PID START": a fork child of own-interpreter code
+                pid, _, start = line[1:].partition(b" ")
+                if pid.isdigit():
+                    forked[int(pid)] = start
+                continue
             try:
                 sid = int(line[1:])
             except ValueError:
@@ -111,6 +145,13 @@ def main():
                 watched.discard(sid)
     if watched:
         end(watched)
+    # Only a pid that still started when it did: never one the kernel gave away since.
+    roots = [pid for pid, start in forked.items() if start_time(pid) == start]
+    for pid in tree(roots) if roots else ():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     for _ in range(3):  # a process forking as we go may add one
         left = owned(marks) if marks else []
         if not left:

@@ -271,6 +271,8 @@ class Keeper:
         self._watched: set[int] = set()
         self._marks: set[str] = set()
         self._orphaned: subprocess.Popen[bytes] | None = None
+        # Set by own/children.py: whether this fork child is own-interpreter code's.
+        self.owns_fork: Callable[[], bool] | None = None
         # A fork child of the host (own-interpreter code's os.fork, multiprocessing)
         # must not hold the pipe: the keeper would see no end of file when the host
         # dies while that child lives.
@@ -280,6 +282,14 @@ class Keeper:
         proc = self._proc
         if proc is None or proc.stdin is None:
             return
+        if self._marks and self.owns_fork is not None:
+            # A fork child of own-interpreter code tells the keeper itself (by pid and
+            # start time), before it lets go: so it ends if the host dies.
+            with contextlib.suppress(Exception):
+                if self.owns_fork():
+                    with open("/proc/self/stat", "rb") as f:
+                        start = f.read().rsplit(b")", 1)[1].split()[19]
+                    os.write(proc.stdin.fileno(), b"*%d %s\n" % (os.getpid(), start))
         self._orphaned = proc  # kept: its file object must never close the number again
         self._proc = None
         with contextlib.suppress(OSError):

@@ -18,8 +18,8 @@ How it works:
   ``/proc`` reading each process's stat and environment (about 10 ms for 500
   processes). No thread, no subreaper: the agent's process keeps its usual reaping.
 - If this process dies without closing (SIGKILL), the keeper (``_reap``) ends every
-  process that carries a mark of this interpreter; fork children that did not exec
-  carry none there and are ended only by a close.
+  process that carries a mark of this interpreter, and every fork child of the code,
+  which told it its pid and start time at the fork (never a pid given away since).
 - What escapes: a process started with an explicit ``env`` that drops the mark and then
   leaves its parent (``setsid`` and a double fork) - it carries no mark and has no
   marked ancestor left. Processes other threads of the agent start while an
@@ -106,7 +106,13 @@ def _after_fork_in_child() -> None:
             os.write(_LOG.write_fd, f"{mark} {os.getpid()}\n".encode())
 
 
+def _owns_fork() -> bool:
+    """In a fork child: whether own-interpreter code made it (not a read-only copy)."""
+    return not getattr(_local, "copying", False) and bool(current_mark())
+
+
 os.register_at_fork(after_in_child=_after_fork_in_child)
+_reap.keeper().owns_fork = _owns_fork
 
 
 @contextlib.contextmanager
