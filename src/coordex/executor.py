@@ -333,8 +333,9 @@ class Executor:
                 if self._call_log is not None:
                     note_changes(outcome.get("rebound"), outcome.get("deleted"))
                 if self._persist is not None:
-                    self._persist.note(call, key.language == "bash" or bool(
-                        outcome.get("rebound") or outcome.get("deleted")))
+                    self._persist.note(call, key.language == "bash" or any(
+                        name != "_" for name in [*(outcome.get("rebound") or ()),
+                                                 *(outcome.get("deleted") or ())]))
             finally:
                 self._table.finish(key, call, outcome)
             return outcome, record

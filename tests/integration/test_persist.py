@@ -187,8 +187,9 @@ def test_a_background_snapshot_is_written_while_the_session_answers(
         assert meta["file"] and meta["bytes"] > 160_000_000 and meta["problem"] is None
 
 
-# A process that builds sessions and is then SIGKILLed: its first call is snapshotted
-# (snapshot_interval=0), later ones are only in the log.
+# A process that builds sessions and is then SIGKILLed: with a short interval its first
+# calls are snapshotted once it has passed, and the three calls after that (within the
+# interval) are only in the log; with a long one, every call is only in the log.
 CHILD = textwrap.dedent("""
     import json, os, sys, time
     from coordex import Executor
@@ -198,7 +199,10 @@ CHILD = textwrap.dedent("""
         assert "error_type" not in r, r
     run("def bump(v):\\n    return v + 1\\nn = 1", session_name="py")
     run("N=1; twice() { echo $((N*2)); }", language="bash", session_name="sh")
-    if float(sys.argv[2]) == 0:
+    if float(sys.argv[2]) < 100:  # once the interval has passed, a call that changes names
+        time.sleep(float(sys.argv[2]) + 0.1)
+        run("n = n", session_name="py")
+        run("N=$N", language="bash", session_name="sh")
         deadline = time.time() + 30
         for folder in os.listdir(os.path.join(sys.argv[1], "snapshots")):
             meta = os.path.join(sys.argv[1], "snapshots", folder, "meta.json")
@@ -212,7 +216,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("interval", [0.0, 3600.0])
+@pytest.mark.parametrize("interval", [2.0, 3600.0])
 def test_after_a_sigkill_nothing_a_returned_result_showed_is_lost(
         root: Path, tmp_path: Path, interval: float, no_leftovers: None) -> None:
     read_end, write_end = os.pipe()
@@ -231,10 +235,10 @@ def test_after_a_sigkill_nothing_a_returned_result_showed_is_lost(
         sh = _ok(ex.execute_code("echo $N; twice", language="bash", state_mode="stateful",
                                  session_name="sh"))
     assert py["result"] == "(4, 5)" and sh["stdout"] == "4\n8\n"
-    expected = "snapshot+replay" if interval == 0 else "replay"
+    expected = "snapshot+replay" if interval < 100 else "replay"
     assert py["restored"]["from"] == expected and sh["restored"]["from"] == expected
-    # Snapshot (first call) plus the three calls after it; or all four calls.
-    assert py["restored"]["replayed"] == (3 if interval == 0 else 4)
+    # The snapshot plus the three calls after it; or all four calls.
+    assert py["restored"]["replayed"] == (3 if interval < 100 else 4)
 
 
 def test_the_library_does_not_persist_unless_asked(root: Path, no_leftovers: None) -> None:

@@ -51,7 +51,7 @@ class _Kept:
 
     identity: Identity
     held: bool = False  # open in this process (restored or created here)
-    dirty: bool = False  # changed since its last snapshot
+    dirty: bool = False  # a stateful call succeeded since its last snapshot
     last_snapshot: float = field(default_factory=time.monotonic)
     attempt: int = 0
     in_flight: tuple[int, float, int | None] | None = None  # (attempt, started, own pid)
@@ -166,13 +166,25 @@ class Persistence:
             return
         if fresh and self.store.meta(identity) is None:
             self._try(lambda: self.store.mark(identity, seq))
-        if not changed:
-            return
         with self._lock:
+            # Any call may have changed objects in place; only one that rebound names
+            # starts a snapshot before close.
             item.dirty = True
-            due = time.monotonic() - item.last_snapshot >= self.interval
+            due = changed and time.monotonic() - item.last_snapshot >= self.interval
         if due:
-            self._submit(lambda: self._background(identity, call, seq))
+            # Started before this call returns, so no later call of this thread comes
+            # first; by this object's thread, which outlives any caller's thread (a
+            # fork of the own interpreter dies with the thread that made it).
+            started = threading.Event()
+
+            def job() -> None:
+                try:
+                    self._background(identity, call, seq)
+                finally:
+                    started.set()
+
+            if self._submit(job):
+                started.wait(_START_WAIT)
 
     def _background(self, identity: Identity, call: int, seq: int) -> None:
         """Start a snapshot of the session as it was after call ``call`` (row ``seq``),
@@ -184,7 +196,7 @@ class Persistence:
         if found is None:
             return
         key, slot = found
-        if not slot.lock.acquire(blocking=False):
+        if not slot.lock.acquire(timeout=_START_WAIT):
             return
         try:
             entry = self._table.registry.get(key)
@@ -425,15 +437,16 @@ class Persistence:
         found: tuple[SessionKey, Any] | None = self._table.find(coordinate)
         return found
 
-    def _submit(self, job: Callable[[], None]) -> None:
+    def _submit(self, job: Callable[[], None]) -> bool:
         if self._closed:
-            return
+            return False
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="coordex-snapshots",
                                                 daemon=True)
                 self._thread.start()
         self._jobs.put(job)
+        return True
 
     def _serve(self) -> None:
         while True:
@@ -449,6 +462,8 @@ class Persistence:
             action()
 
 
+# How long a call waits for its session's snapshot to start (a fork: milliseconds).
+_START_WAIT = 2.0
 # Room a snapshot leaves free on its disk beyond the size of the last one.
 _SPARE_BYTES = 64 << 20
 
