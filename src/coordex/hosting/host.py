@@ -5,15 +5,17 @@ Start it as ``python -m coordex.hosting.host --folder DIR --in R --out W
 descriptors of the protocol pipes (:mod:`.wire`), ``L`` the read end of a pipe the owner
 holds open for as long as it wants the host to live. The process tree is the one
 :mod:`.jail` describes: this process stays outside as the *keeper* (it ends the jail
-when the lifeline closes and removes its cgroups), its child is the pid namespace's
-*init* (reaps orphans), and the init's children are the *builder* (with
+when the lifeline closes and removes its cgroups), its child the *warden* (makes the
+jail's namespaces and view and takes the tenant's user; it lives as long as init), whose
+child is the pid namespace's *init* (reaps orphans), and the init's children are the
+*builder* (with
 ``--environments``: the only process that may write the tenant's built environments; see
 :mod:`.builder`) and the *host*, which runs the Executor and whose own interpreter runs
 the tenant's code. The init ends the host when the builder ends, and everything else
 when the host ends.
 
-The Executor's modules are imported by the keeper, before any fork, so the three
-processes share those pages (a host costs little more than one interpreter).
+The Executor's modules are imported by the keeper, before any fork, so the processes
+share those pages (a host costs little more than one interpreter).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The jail a confined host runs in (SPEC section 9): namespaces, mounts, Landlock, limits.
 
 The host program (:mod:`.host`) calls these in order, single-threaded, before it imports
-the Executor. Three processes make one host, four with an environments folder::
+the Executor. Four processes make one host, five with an environments folder::
 
-    keeper (outside)  --fork-->  init (pid 1 inside)  --fork-->  builder (writes environments)
-                                                      --fork-->  host (runs the Executor)
+    keeper (outside)  --fork-->  warden (makes the jail)  --fork-->  init (pid 1 inside)
+                                    init  --fork-->  builder (writes environments)
+                                          --fork-->  host (runs the Executor)
 
 ``namespaces+landlock`` (user namespaces work):
     the keeper makes and joins the host's cgroups (:func:`make_limits`,
