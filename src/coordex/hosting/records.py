@@ -232,33 +232,9 @@ class _OwnerWriter:
 class _ReadOnlyLibrary(LibraryStore):
     """The function store, read where the owner writes it; ``define`` asks the owner."""
 
-    def __init__(self, path: Path, records: HostRecords) -> None:  # no schema: the owner's
-        self.path = Path(path)
+    def __init__(self, path: Path, records: HostRecords) -> None:
+        super().__init__(path, read_only=True)
         self._records = records
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = -1
-
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        if self._pid != os.getpid():
-            self._lock = threading.Lock()
-            self._conn = None
-        with self._lock:
-            try:
-                if self._conn is None:
-                    self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
-                                                 timeout=5.0, isolation_level=None,
-                                                 check_same_thread=False)
-                    self._pid = os.getpid()
-                    self._conn.execute("PRAGMA trusted_schema = OFF")
-                yield self._conn
-            except (sqlite3.Error, OSError) as exc:
-                if self._conn is not None:
-                    with contextlib.suppress(sqlite3.Error):
-                        self._conn.close()
-                self._conn = None
-                raise _storage_failed(exc, self.path) from exc
 
     def define(self, *, name: str, source: str, env: str | None, env_key: str | None,
                signature: str, doc: str | None, now: float) -> tuple[FunctionRecord, bool]:

@@ -77,15 +77,18 @@ class LibraryStore:
         path: the database file; its folder is created if missing.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
+        self.read_only = read_only
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        if read_only:  # a store another process writes (a confined host's, by its owner)
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _storage_failed(exc, self.path) from exc
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = -1
         with self._connection() as conn:
             conn.executescript(_SCHEMA)
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
@@ -103,11 +106,7 @@ class LibraryStore:
         with self._lock:
             try:
                 if self._conn is None:
-                    conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S,
-                                           isolation_level=None, check_same_thread=False)
-                    self._conn, self._pid = conn, os.getpid()
-                    conn.execute("PRAGMA journal_mode=WAL")
-                    conn.execute("PRAGMA synchronous=NORMAL")
+                    self._conn, self._pid = self._open(), os.getpid()
                 yield self._conn
             except (sqlite3.Error, OSError) as exc:
                 # A full disk, a read-only or damaged file (SPEC 6): the next call starts
@@ -117,6 +116,19 @@ class LibraryStore:
                         self._conn.close()
                 self._conn = None
                 raise _storage_failed(exc, self.path) from exc
+
+    def _open(self) -> sqlite3.Connection:
+        if self.read_only:  # and trusting nothing in a file it does not write
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                   timeout=_BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA trusted_schema = OFF")
+            return conn
+        conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S,
+                               isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
 
     def close(self) -> None:
         with self._lock:
