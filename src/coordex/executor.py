@@ -324,7 +324,11 @@ class Executor:
                 restored = self._persist.restore(key, record, session, self.timeout * 5)
             try:
                 outcome = sessions.attempts(place, "stateful", lambda: session.run(request))
-                if restored is not None:
+                if restored is not None and restored.get("state_lost"):
+                    outcome["state_lost"] = True  # kept, but nothing could be restored
+                    if outcome.get("error"):
+                        outcome["error"]["state_lost"] = True
+                elif restored is not None:
                     outcome["restored"] = restored
                 if key.language == "python" and "error" not in outcome:
                     # ``x = 41`` again is a rebinding though the object is the same one.

@@ -262,3 +262,15 @@ def test_inspect_session_says_how_a_session_is_kept(root: Path, no_leftovers: No
         big = ex.inspect_session(session_name="big")["kept"]
     assert small["by"] == "snapshot+replay" and small["snapshot"]["bytes"] > 0
     assert big["snapshot"] is None and "persist_max_bytes=1000" in big["problem"]
+
+
+def test_a_kept_session_that_cannot_come_back_says_state_lost(root: Path,
+                                                              no_leftovers: None) -> None:
+    with Executor(root=root, persist=True, log=False) as ex:
+        _ok(ex.execute_code("n = 41", state_mode="stateful", session_name="s"))
+    (data,) = (root / "snapshots").glob("*/state-*")
+    data.write_bytes(b"not a snapshot")
+    with Executor(root=root, persist=True, log=False) as ex:
+        r = ex.execute_code("'n' in globals()", state_mode="stateful", session_name="s")
+    # No log to replay from: the claim is a loss, never a restore that did not happen.
+    assert r["result"] == "False" and r["state_lost"] is True and "restored" not in r

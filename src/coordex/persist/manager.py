@@ -306,7 +306,9 @@ class Persistence:
     def restore(self, key: SessionKey, record: dict[str, Any], session: Any,
                 timeout: float) -> dict[str, Any] | None:
         """Bring back the kept session ``record`` names into ``session`` (just opened,
-        no code run yet). Returns the call's ``restored``, or None when nothing is kept."""
+        no code run yet). Returns the call's ``restored``; ``{"state_lost": True}`` when
+        something was kept and nothing of it could be brought back; None when nothing
+        is kept."""
         identity = Identity.of(record)
         with self._lock:
             item = self._kept.get(identity.slug())
@@ -344,8 +346,10 @@ class Persistence:
         replayed, failed_at = self._replay(session, [r for r in rows if replayable(r)])
         replayed += int(report.get("replayed") or 0)  # the calls that bound what was left out
         item.dirty = bool(replayed) or item.dirty
-        if not loaded and not replayed and not rows and why is None:
-            return None
+        if not loaded and not replayed:
+            # Nothing came back: a fresh session. Said as a loss where something was kept.
+            kept = why is not None or failed_at is not None
+            return {"state_lost": True} if kept else None
         sources = (["snapshot"] if loaded else []) + (["replay"] if replayed or not loaded else [])
         restored: dict[str, Any] = {
             "from": "+".join(sources), "ms": round((time.monotonic() - started) * 1000.0, 1),

@@ -37,6 +37,8 @@ META = "meta.json"
 MAGIC = b"coordex-snapshot 1\n"
 TRAILER = b"\ncoordex-snapshot-end\n"
 _GLOBALS = "session-globals"
+_PAGE = 4096
+_MAP_AT_LEAST = 1 << 20  # buffers this large are mapped, not read
 _HIDDEN = ("__builtins__", "_")
 
 
@@ -210,7 +212,8 @@ def _write_data(path: str, pickler: Any, namespace: Dict[str, Any], payload: Dic
         spans = [[start, f.tell()]]
         for buffer in buffers:
             raw = buffer.raw()
-            at = f.tell()
+            at = -(-f.tell() // _PAGE) * _PAGE  # page-aligned: mapped in place on restore
+            f.write(b"\0" * (at - f.tell()))
             f.write(raw)
             spans.append([at, at + raw.nbytes])
             raw.release()
@@ -291,8 +294,14 @@ class Unreadable(Exception):
     """The snapshot cannot be read here; the message says why."""
 
 
-def read_data(path: str) -> Tuple[bytes, List[bytearray]]:
-    """The pickle stream and its buffers, checked whole."""
+def read_data(path: str) -> Tuple[bytes, List[Any]]:
+    """The pickle stream and its buffers, checked whole.
+
+    Large buffers are not read: they are views of a private (copy-on-write) mapping of
+    the file, so an array comes back at once, writable, and its pages are read from the
+    page cache as they are first touched; the snapshot file can be replaced or removed
+    meanwhile (the mapping holds it).
+    """
     try:
         with open(path, "rb") as f:
             if f.read(len(MAGIC)) != MAGIC:
@@ -311,8 +320,18 @@ def read_data(path: str) -> Tuple[bytes, List[bytearray]]:
             start, stop = footer["pickle"]
             f.seek(start)
             stream = f.read(stop - start)
-            buffers = []
+            buffers: List[Any] = []
+            mapped = None
             for start, stop in footer["buffers"]:
+                if stop > end:
+                    raise Unreadable("it is cut short")
+                if stop - start >= _MAP_AT_LEAST:
+                    if mapped is None:
+                        import mmap
+
+                        mapped = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+                    buffers.append(mapped[start:stop])
+                    continue
                 buffer = bytearray(stop - start)
                 f.seek(start)
                 view = memoryview(buffer)
