@@ -254,7 +254,9 @@ def attempts(place: Place, mode: messages.Mode, run: Callable[[], Outcome]) -> O
         keep = {k: v for k, v in (outcome.get("error") or {}).items()
                 if k not in ("error", "error_type", "suggestion", "state_lost")}
         outcome["error"] = messages.crashed(words, mode, "; ".join(dict.fromkeys(hows))
-                                            or "no reason given", attempts=len(tried), **keep)
+                                            or "no reason given", attempts=len(tried),
+                                            state_lost=False if mode == "stateless" else None,
+                                            **keep)
     if mode != "stateless" and faults.state_lost(tried):
         outcome["state_lost"] = True
         if outcome.get("error"):

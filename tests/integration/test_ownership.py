@@ -467,3 +467,24 @@ def test_a_worker_copys_background_children_end_with_it() -> None:
     finally:
         _kill(pids)
         session.close()
+
+
+def test_a_stateless_call_whose_process_dies_never_says_state_lost(ex: Executor) -> None:
+    """Soak F11 (wording): a killed stateless shell said ``state_lost: true``; a
+    stateless call had no state to lose (SPEC 6)."""
+    import sys
+
+    from coordex.backends.base import RunRequest
+    from coordex.backends.env.workers import WorkerTemplate
+
+    killed = ex.execute_code("kill -9 $$", language="bash")
+    assert killed["error_type"] == "crashed", killed
+    assert killed.get("state_lost") is not True, killed
+    template = WorkerTemplate(sys.executable)
+    try:
+        died = template.run_stateless(RunRequest("import os; os._exit(3)", timeout=30))
+        assert died["error"]["error_type"] == "crashed", died
+        assert died["error"].get("state_lost") is not True, died
+        assert died.get("state_lost") is not True, died
+    finally:
+        template.close()

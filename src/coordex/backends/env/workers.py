@@ -719,7 +719,9 @@ def _died(reply: _Reply, mode: RunMode) -> Outcome:
     outcome = empty_outcome()
     outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated)
     how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
-    outcome["error"] = messages.crashed("worker", mode, how)
+    # A stateless call had no state to lose (SPEC 6): it never says state_lost.
+    outcome["error"] = messages.crashed("worker", mode, how,
+                                        state_lost=False if mode == "stateless" else None)
     outcome["died"] = "process" if reply.died else "copy"
     outcome["died_how"] = how
     if mode == "read_only":

@@ -1043,8 +1043,10 @@ def _timeout_error(timeout: float, survived: bool, stateless: bool, *, stdout: s
 
 
 def _crashed_error(signame: str, stateless: bool) -> dict[str, Any]:
+    # A stateless call had no state to lose (SPEC 6): it never says state_lost.
     error = messages.crashed("shell", "stateless" if stateless else "stateful",
-                             f"killed by {signame}; the command was not retried")
+                             f"killed by {signame}; the command was not retried",
+                             state_lost=False if stateless else None)
     error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) can run "
                             "in a subshell `( ... )` instead.")
     return error
