@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,43 @@ def test_no_persist_keeps_nothing(tmp_path: Path) -> None:
                       [{"code": "'x' in globals()", "state_mode": "stateful"}])
     assert again[0]["result"] == "False" and "restored" not in again[0]
     assert not (root / "snapshots").exists()
+
+
+def test_a_stopped_server_writes_its_sessions_and_still_exits_within_5_s(tmp_path: Path) -> None:
+    """SIGTERM with a session holding 400 MB that changed since its last snapshot: the
+    server writes it (or leaves it to the log past its 3 s) and is gone within 5 s."""
+    from tests.conftest import alive
+
+    root = tmp_path / "home"
+    before = child_pids()
+    took: list[float] = []
+
+    async def main() -> None:
+        try:
+            async with stdio_client(_server(root)) as (read, write), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                with anyio.fail_after(60):
+                    await session.call_tool("execute_code", {
+                        "code": "big = bytearray(400 << 20)\nbig[-1] = 7\nimport os\nos.getpid()",
+                        "state_mode": "stateful", "session_name": "big"})
+                    pid = await session.call_tool("execute_code",
+                                                  {"code": "import os\nos.getpid()"})
+                    assert isinstance(pid.structured_content, dict)
+                    server = int(pid.structured_content["result"])
+                    started = time.monotonic()
+                    os.kill(server, signal.SIGTERM)
+                    while alive(server) and time.monotonic() - started < 10:
+                        await anyio.sleep(0.02)
+                    took.append(time.monotonic() - started)
+        except BaseException:
+            if not took:
+                raise
+
+    anyio.run(main)
+    assert took and took[0] < 5.0, took
+    again = anyio.run(_calls, _server(root), [
+        {"code": "(len(big), big[-1])", "state_mode": "stateful", "session_name": "big"}])
+    assert again[0]["result"] == f"({400 << 20}, 7)", again[0]
+    assert again[0]["restored"]["from"] in ("snapshot", "replay")
+    assert_no_new_children(before)
