@@ -488,3 +488,42 @@ def test_a_stateless_call_whose_process_dies_never_says_state_lost(ex: Executor)
         assert died.get("state_lost") is not True, died
     finally:
         template.close()
+
+
+def test_an_own_copy_whose_protection_failed_once_is_made_again(tmp_path: Path) -> None:
+    """SPEC 1, no silent downgrade: where protection works, a fork copy in which it did
+    not hold this once runs nothing and is made again (real forks; the first copy's
+    protection is made to fail)."""
+    from coordex.backends import isolation
+    from coordex.backends.base import RunRequest
+    from coordex.backends.own.interpreter import OwnInterpreter
+
+    if isolation.best_mode() == "none":
+        pytest.skip("no protection on this machine")
+    tries = tmp_path / "tries"
+    tries.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def flaky(map_identity: Any) -> str:  # in the fork child
+        (tries / str(os.getpid())).touch()
+        if len(os.listdir(tries)) == 1:
+            return "none"  # as if unshare or Landlock failed this once
+        scratch = tmp_path / f"scratch-{os.getpid()}"
+        scratch.mkdir()
+        return str(isolation.protect([str(work)], str(scratch), map_identity=map_identity))
+
+    interp = OwnInterpreter()
+    try:
+        session = interp.new_session()
+        session.cwd = str(work)
+        interp.run(session, RunRequest("x = 41", timeout=30))
+        code = f"open({str(work / 'written')!r}, 'w').write('x'); x + 1"
+        result = interp.run_read_only(session, RunRequest(code, timeout=30,
+                                                          scratch=str(tmp_path)), flaky)
+        assert result.get("result") == "42", result
+        assert result["isolation"]["files"] != "none", result
+        assert len(os.listdir(tries)) == 2
+        assert not (work / "written").exists()  # neither copy wrote it to the disk
+    finally:
+        interp.close()

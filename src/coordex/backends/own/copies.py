@@ -52,6 +52,10 @@ class CapabilityHost(Protocol):
     def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
 
 
+# Fork copies made for one read-only call whose protection did not hold before it fails.
+COPY_ATTEMPTS = 3
+
+
 def run_copy(session: own.NamespaceSession, request: RunRequest,
              protect: own.Protect | None,
              capabilities: CapabilityHost | None, *, fork: bool,
@@ -59,8 +63,29 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
     """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``.
 
     ``fork=False`` (no safe ``fork`` here) always copies by value. ``fork_on(fork)``
-    calls ``fork`` on the thread the session's code runs on.
+    calls ``fork`` on the thread the session's code runs on. Where protection works on
+    this machine, a fork copy in which it did not hold this once (``files: "none"``)
+    runs nothing and is made again, up to :data:`COPY_ATTEMPTS` times within the
+    deadline; then the call fails, never running unprotected.
     """
+    expected = iso.best_mode() if request.scratch is not None and protect is not None \
+        else "none"
+    deadline = time.monotonic() + request.timeout
+    for _attempt in range(COPY_ATTEMPTS):
+        outcome = _run_copy_once(session, request, protect, capabilities, fork=fork,
+                                 fork_on=fork_on, expected=expected)
+        if not outcome.pop("_unprotected", False):
+            return outcome
+        if time.monotonic() >= deadline:
+            break
+    return _not_started("protection did not hold in the copy; the code did not run",
+                        "fork")
+
+
+def _run_copy_once(session: own.NamespaceSession, request: RunRequest,
+                   protect: own.Protect | None,
+                   capabilities: CapabilityHost | None, *, fork: bool,
+                   fork_on: Callable[[Callable[[], int]], int], expected: str) -> Outcome:
     names = [n for n in (capabilities.names() if capabilities else [])
              if n in session.injected]
     unsafe = copier.fork_unsafe_runtimes() if fork else ["fork"]
@@ -75,7 +100,7 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         kind = "values"
     else:
         start = _start_fork(session, request, protect, names, out_w, err_w, (out_r, err_r),
-                            fork_on)
+                            fork_on, expected)
         kind = "fork"
     copier.release(out_w, err_w)
     os.close(out_w)
@@ -90,6 +115,9 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
     cell, reported, interrupted, out, err = watched
     status = _reap(pid, proc, wait=cell is None)
     isolation = reported or {"names": True, "objects": True, "files": "none", "copy": kind}
+    if kind == "fork" and cell is None and reported is not None and not interrupted \
+            and reported.get("files") == "none" and expected != "none":
+        return {"_unprotected": True}  # it ran nothing (see _child): make another
     if kind == "values":
         isolation.setdefault("left_out", left_out)
     if cell is None or (interrupted and cell.get("interrupted") is not True):
@@ -117,7 +145,7 @@ Started = tuple[int, int, int, Any, list[str], "tuple[int, int] | None"]
 def _start_fork(session: own.NamespaceSession, request: RunRequest,
                 protect: own.Protect | None, capability_names: list[str],
                 out_w: int, err_w: int, parent_ends: tuple[int, ...],
-                fork_on: Callable[[Callable[[], int]], int],
+                fork_on: Callable[[Callable[[], int]], int], expected: str = "none",
                 ) -> Started | str:
     link_r, child_w = os.pipe()
     child_r, link_w = os.pipe()
@@ -145,7 +173,7 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
         if pid == 0:  # pragma: no cover - the child, reported through its link
             for fd in parent_ends:
                 os.close(fd)
-            _child(session, request, protect, capability_names, keep, mapping)
+            _child(session, request, protect, capability_names, keep, mapping, expected)
         return pid
 
     try:
@@ -184,10 +212,13 @@ def _start_values(session: own.NamespaceSession, request: RunRequest,
 
 def _child(session: own.NamespaceSession, request: RunRequest,
            protect: own.Protect | None, capability_names: list[str],
-           keep: tuple[int, int, int, int], mapping: tuple[int, int] | None) -> None:
+           keep: tuple[int, int, int, int], mapping: tuple[int, int] | None,
+           expected: str = "none") -> None:
     """The read-only fork child: never returns; reports over its link and ``os._exit``.
 
     ``mapping`` (root only): the pipes to ask the parent for an identity map.
+    ``expected``: the files mode protection reaches on this machine; if it did not
+    hold at all here (``"none"``), the child reports that and runs nothing.
     """
     out_w, err_w, link_w, link_r = keep
     code = 70
@@ -231,6 +262,8 @@ def _child(session: own.NamespaceSession, request: RunRequest,
             namespace[name] = copier.CapabilityStub(name, link)
         isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
         link.send(wire.message("copy_ready", isolation=isolation))
+        if files == "none" and expected != "none":
+            raise SystemExit  # protection did not hold this once: run nothing
         before = dict(namespace)
         cell = engine.run_cell(request.code, namespace, request.output_limit)
         # What the copy changed, for the call log: the session itself never sees it.
