@@ -546,8 +546,7 @@ class Executor:
                 node = getattr(session, "node", None)
                 if node:  # placed on a cluster node
                     record["node"] = node
-            if self._persist is not None:
-                record["held"] = True
+            record["held"] = True  # held by this process (SPEC 12: kept ones are not)
             records.append(record)
         if self._persist is not None:
             records.extend(self._persist.waiting())
