@@ -446,7 +446,22 @@ def _child_died(pid: int) -> Dict[str, Any]:
             "child_died": died}
 
 
-def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
+# Fork copies made for one read-only call whose protection did not hold before it fails.
+COPY_ATTEMPTS = 3
+
+
+def _expected_files(msg: Dict[str, Any]) -> str:
+    """The files mode protection reaches here for this call ("none": not asked/able)."""
+    if not msg.get("scratch") or _State.isolation is None:
+        return "none"
+    try:
+        return str(_State.isolation.best_mode())
+    except Exception:
+        return "none"
+
+
+def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any],
+                  attempt: int = 1) -> Dict[str, Any]:
     """Run the cell in a copy of this process; the session is never touched.
 
     The copy is a fork child (see :func:`_copy_child_main`) or, when a loaded library
@@ -503,6 +518,15 @@ def run_read_only(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, A
         _State.fork_child = 0
         done.setdefault("isolation", isolation)
         return done
+    if kind == "fork" and reported is not None and reported.get("files") == "none" \
+            and _expected_files(msg) != "none":
+        # Protection did not hold in that copy this once, and it ran nothing (see
+        # _copy_child_main): another copy; never the code unprotected.
+        _child_died(pid)
+        if attempt < COPY_ATTEMPTS:
+            return run_read_only(msg, namespace, attempt + 1)
+        return {"result": None, "error": None, "interrupted": False, "images": [],
+                "unprotected": "protection did not hold in the copy", "isolation": isolation}
     outcome = _child_died(pid)
     outcome["isolation"] = isolation
     return outcome
@@ -573,6 +597,8 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
         private = copier.privatize_shared_mappings() & copier.wall_off_sysv()
         isolation = {"names": True, "objects": private, "files": files, "copy": "fork"}
         link.send(wire.message("copy_ready", isolation=isolation))
+        if files == "none" and _expected_files(msg) != "none":
+            raise SystemExit  # protection did not hold this once: run nothing
         before = namespace.copy()
         outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -704,6 +704,13 @@ class WorkerSession:
                     outcome["error"]["state_lost"] = True
                 return outcome
             outcome = _outcome(reply, request, mode)
+            unprotected = (reply.message or {}).get("unprotected")
+            if unprotected:  # the worker made COPY_ATTEMPTS copies; none was protected
+                outcome["error"] = make_error(
+                    "crashed", f"The read-only copy could not be protected ({unprotected}); "
+                    "the code did not run.",
+                    "The session itself is unchanged: run the read-only call again.",
+                    state_lost=False)
             if reply.worker_killed or (mode == "read_only" and not proc.alive()):
                 # (A worker that died while its read-only fork ran: the fork's result
                 # stands, and the loss is this call's news, not the next call's.)
