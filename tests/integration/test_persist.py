@@ -274,3 +274,29 @@ def test_a_kept_session_that_cannot_come_back_says_state_lost(root: Path,
         r = ex.execute_code("'n' in globals()", state_mode="stateful", session_name="s")
     # No log to replay from: the claim is a loss, never a restore that did not happen.
     assert r["result"] == "False" and r["state_lost"] is True and "restored" not in r
+
+
+def test_two_servers_on_one_root_never_take_each_others_sessions(root: Path,
+                                                                 no_leftovers: None) -> None:
+    a = Executor(root=root, persist=True)
+    b = None
+    try:
+        _ok(a.execute_code("who = 'a'", state_mode="stateful"))
+        b = Executor(root=root, persist=True)
+        assert _kept(b) == []  # session 0 is held by the other one
+        r = _ok(b.execute_code("who = 'b'\n'restored'", state_mode="stateful"))
+        assert "restored" not in r
+        _ok(a.execute_code("who += '!'", state_mode="stateful"))
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+    with Executor(root=root, persist=True) as ex:
+        assert _ok(ex.execute_code("who", state_mode="stateful"))["result"] == "'a!'"
+    # Replayed from the log alone, session 0 is the calls of the process that held it,
+    # never the other server's (its call came between them).
+    for data in (root / "snapshots").glob("python-own-id0/state-*"):
+        data.unlink()
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("who", state_mode="stateful"))
+    assert r["result"] == "'a!'" and r["restored"]["from"] == "replay"

@@ -80,6 +80,8 @@ class Persistence:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._notes = threading.local()
+        self._owner: str | None = getattr(log, "owner", None)
+        self._held: dict[str, int] = {}  # slug -> fd of its folder's lock
 
     # -- what list_sessions shows -----------------------------------------------------
 
@@ -93,6 +95,7 @@ class Persistence:
         kept = [k for k in kept if (k.identity.language, k.identity.venv_id,
                                     k.identity.session_id, k.identity.session_name)
                 not in open_keys]
+        kept = [k for k in kept if not self.store.held_elsewhere(k.identity)]
         records = []
         for item in kept:
             meta = item.meta or {}
@@ -143,6 +146,8 @@ class Persistence:
             return
         identity = Identity.of(record)
         slug = identity.slug()
+        if not self._hold(identity):
+            return  # another process holds this session's snapshots
         with self._lock:
             item = self._kept.get(slug)
             if item is None or not item.identity.same_session(identity):
@@ -158,14 +163,14 @@ class Persistence:
             seq = 0  # no log: the snapshot alone keeps the session
         if result.get("state_lost"):
             # Its state was lost before this call; the calls from here on build it.
-            self._try(lambda: self.store.mark(identity, seq + 1))
+            self._try(lambda: self.store.mark(identity, seq + 1, self._owner))
             with self._lock:
                 item.dirty, item.last_snapshot = False, time.monotonic()
             return
         if "error_type" in result:
             return
         if fresh and self.store.meta(identity) is None:
-            self._try(lambda: self.store.mark(identity, seq))
+            self._try(lambda: self.store.mark(identity, seq, self._owner))
         with self._lock:
             # Any call may have changed objects in place; only one that rebound names
             # starts a snapshot before close.
@@ -217,7 +222,8 @@ class Persistence:
         item.attempt = max(item.attempt, int(meta.get("attempt") or 0)) + 1
         # ``since``: the first logged call of the session's life, for a replay of it all.
         args: dict[str, Any] = {"attempt": item.attempt, "through": through, "max_bytes": self.max_bytes,
-                "identity": {**item.identity.record(), "since": meta.get("since")}}
+                "identity": {**item.identity.record(), "since": meta.get("since"),
+                             "owners": meta.get("owners")}}
         started = time.monotonic()
         item.dirty, item.last_snapshot = False, started
         free = _free_bytes(folder)
@@ -278,6 +284,11 @@ class Persistence:
             flight = item.in_flight
             if flight is not None and flight[2] is not None:
                 _kill(flight[2])  # not done in time: the log keeps what it would have
+        with self._lock:
+            fds, self._held = list(self._held.values()), {}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _at_close(self, item: _Kept, deadline: float) -> None:
         found = self._slot(item.identity)
@@ -297,9 +308,33 @@ class Persistence:
         """``close_session``: the session and its snapshot are gone."""
         with self._lock:
             item = self._kept.pop(identity.slug(), None)
+            fd = self._held.pop(identity.slug(), None)
         if item is not None and item.in_flight is not None and item.in_flight[2] is not None:
             _kill(item.in_flight[2])
+        if fd is None and self.store.held_elsewhere(identity):
+            return  # another process's: not this one's to delete
         self.store.forget(identity)
+        if fd is not None:
+            os.close(fd)
+
+    def _hold(self, identity: Identity) -> bool:
+        """Whether this process holds the session's folder (locking it on first use)."""
+        slug = identity.slug()
+        with self._lock:
+            if slug in self._held:
+                return True
+        try:
+            fd = self.store.hold(identity)
+        except OSError:
+            return False
+        if fd is None:
+            return False
+        with self._lock:
+            if slug in self._held:
+                os.close(fd)
+            else:
+                self._held[slug] = fd
+        return True
 
     # -- restoring ----------------------------------------------------------------------
 
@@ -314,6 +349,9 @@ class Persistence:
             item = self._kept.get(identity.slug())
             if item is None or item.held or not item.identity.same_session(identity):
                 return None
+        if not self._hold(identity):
+            return None  # another live process holds it
+        with self._lock:
             item.held = True
         started = time.monotonic()
         kind = kinds.kind_of(session)
@@ -342,6 +380,7 @@ class Persistence:
                 rows = rows if loss is None else rows[loss + 1:]
         elif meta.get("problem_why"):
             why = meta["problem_why"]
+        self._try(lambda: self.store.add_owner(item.identity, self._owner))
         loaded = bool(report) and "error" not in report
         replayed, failed_at = self._replay(session, [r for r in rows if replayable(r)])
         replayed += int(report.get("replayed") or 0)  # the calls that bound what was left out
@@ -391,6 +430,12 @@ class Persistence:
         if identity.session_name is None:
             filters.append(("session_id", identity.session_id))
         clause, args = rows_where(filters)
+        owners = (self.store.meta(identity) or {}).get("owners")
+        if isinstance(owners, list) and owners:
+            # Only the processes that held this session: another server on the same root
+            # has a session 0 of its own.
+            clause += f" AND owner IN ({', '.join('?' * len(owners))})"
+            args = [*args, *owners]
         try:
             found = read(self._log, "SELECT seq, kind, state_mode, outcome, state_lost, code, "
                          "code_truncated, changed, exit_code, duration_ms FROM calls WHERE "

@@ -10,7 +10,9 @@ logged calls alone (none was written yet, it was too large, or it failed).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from typing import Any
 from ..worker import _coordex_snapshot as snap
 
 FOLDER = "snapshots"
+LOCK = "lock"
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,13 @@ class SnapshotStore:
     def meta(self, identity: Identity) -> dict[str, Any] | None:
         return snap.read_meta(str(self.folder(identity)))
 
-    def mark(self, identity: Identity, since: int) -> None:
-        """Keep ``identity`` by replay from log row ``since`` on, with no snapshot."""
+    def mark(self, identity: Identity, since: int, owner: str | None) -> None:
+        """Keep ``identity`` by replay from log row ``since`` on, with no snapshot;
+        ``owner``: the call log's name for this process (its rows are the session's)."""
         folder = self.folder(identity, make=True)
         snap.write_meta(str(folder), dict(identity.record(), format=snap.FORMAT, file=None,
                                           since=since, through=since - 1, attempt=0,
-                                          problem=None))
+                                          owners=[owner] if owner else None, problem=None))
         for old in folder.glob("state-*"):
             old.unlink(missing_ok=True)
 
@@ -94,6 +98,34 @@ class SnapshotStore:
             except (TypeError, ValueError):
                 continue
         return found
+
+    def add_owner(self, identity: Identity, owner: str | None) -> None:
+        """This process holds the session now: its log rows are the session's too."""
+        meta = self.meta(identity)
+        if meta is None or not owner or not isinstance(meta.get("owners"), list):
+            return
+        if owner not in meta["owners"]:
+            meta["owners"] = [*meta["owners"], owner]
+            snap.write_meta(str(self.folder(identity)), meta)
+
+    def hold(self, identity: Identity) -> int | None:
+        """Lock the session's folder for this process (an fd to keep open), or None when
+        another live process holds it: one session, one holder."""
+        folder = self.folder(identity, make=True)
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    def held_elsewhere(self, identity: Identity) -> bool:
+        fd = self.hold(identity)
+        if fd is None:
+            return True
+        os.close(fd)  # closing drops the lock
+        return False
 
     def forget(self, identity: Identity) -> None:
         shutil.rmtree(self.folder(identity), ignore_errors=True)
