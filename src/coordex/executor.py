@@ -377,6 +377,7 @@ class Executor:
 
     def _run_read_only(self, coordinate: Coordinate,
                        request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
+        restored = self._bring_back(coordinate, request.timeout)
         with self._table.reading(coordinate, request.timeout, request.cancel) as (key, slot):
             record = self._table.record(key)
             if slot is None or slot.session is None:
@@ -389,7 +390,22 @@ class Executor:
                                             lambda: session.run_read_only(protected))
             note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None),
                          outcome.pop("written", None))
+            if restored is not None:
+                outcome["restored"] = restored
             return outcome, record
+
+    def _bring_back(self, coordinate: Coordinate, timeout: float) -> dict[str, Any] | None:
+        """A kept session not yet restored, named by a read-only call or an inspection:
+        opened and restored first, as its first stateful call would (SPEC 12). Returns
+        what the restore says."""
+        if self._persist is None or self._persist.find_waiting(
+                coordinate.language, coordinate.venv_id, coordinate.session_id,
+                coordinate.session_name) is None:
+            return None
+        opening = dataclasses.replace(coordinate, state_mode="stateful")
+        outcome, _ = self._run_stateful(opening, RunRequest(code="", timeout=timeout))
+        restored: dict[str, Any] | None = outcome.get("restored")
+        return restored
 
     @contextlib.contextmanager
     def _protected(self, request: RunRequest) -> Iterator[RunRequest]:
@@ -564,6 +580,7 @@ class Executor:
         try:
             coordinate = coords.check_coordinate(language, "stateful", session_id,
                                                  session_name, venv_id)
+            restored = self._bring_back(coordinate, self.timeout)
             with self._table.reading(coordinate, self.timeout, None) as (key, slot):
                 if slot is None or slot.session is None:
                     return cast(InspectResult, _busy_outcome()["error"])
@@ -584,6 +601,8 @@ class Executor:
             report["session"] = self._table.record(key)
             if self._persist is not None:  # SPEC 12: how it is kept on disk
                 report["kept"] = self._persist.describe(report["session"])
+            if restored is not None:
+                report["restored"] = restored
             return cast(InspectResult, report)
         except CoordexError as exc:
             return cast(InspectResult, exc.to_dict())

@@ -300,3 +300,17 @@ def test_two_servers_on_one_root_never_take_each_others_sessions(root: Path,
     with Executor(root=root, persist=True) as ex:
         r = _ok(ex.execute_code("who", state_mode="stateful"))
     assert r["result"] == "'a!'" and r["restored"]["from"] == "replay"
+
+
+def test_a_read_only_look_or_an_inspection_finds_a_kept_session(root: Path,
+                                                                 no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("rows = [1, 2]", state_mode="stateful", session_name="s"))
+        _ok(ex.execute_code("X=5", language="bash", state_mode="stateful", session_name="sh"))
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("rows.append(3)\nrows", state_mode="read_only", session_name="s"))
+        assert r["result"] == "[1, 2, 3]" and r["restored"]["from"] == "snapshot"
+        assert _ok(ex.execute_code("rows", state_mode="stateful", session_name="s"))["result"] \
+            == "[1, 2]"
+        seen = ex.inspect_session(language="bash", session_name="sh")
+        assert seen["variables"]["X"] == "5" and seen["restored"]["from"] == "snapshot"
