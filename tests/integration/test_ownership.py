@@ -527,3 +527,26 @@ def test_an_own_copy_whose_protection_failed_once_is_made_again(tmp_path: Path) 
         assert not (work / "written").exists()  # neither copy wrote it to the disk
     finally:
         interp.close()
+
+
+@unwaited
+def test_close_leaves_the_agents_own_processes_alone(root: Path) -> None:
+    """Only what own-interpreter code started is ended: a process the agent itself
+    started, before or between calls, outlives the Executor as it should."""
+    import subprocess
+
+    agents = [subprocess.Popen(["sleep", "60"])]
+    ex = Executor(root=root, timeout=30)
+    pids: list[int] = []
+    try:
+        pids += _pids(ex.execute_code(_START_TWO, state_mode="stateful", session_name="k"))
+        agents.append(subprocess.Popen(["sleep", "60"]))
+        ex.close()
+        assert _gone(pids) == []
+        assert [proc.poll() for proc in agents] == [None, None]
+    finally:
+        ex.close()
+        for proc in agents:
+            proc.kill()
+            proc.wait()
+        _kill(pids)
