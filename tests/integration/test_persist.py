@@ -314,3 +314,19 @@ def test_a_read_only_look_or_an_inspection_finds_a_kept_session(root: Path,
             == "[1, 2]"
         seen = ex.inspect_session(language="bash", session_name="sh")
         assert seen["variables"]["X"] == "5" and seen["restored"]["from"] == "snapshot"
+
+
+def test_a_half_written_snapshot_is_never_read_and_is_cleared(root: Path,
+                                                              no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("n = 1", state_mode="stateful", session_name="s"))
+        _ok(ex.execute_code("n = 2", state_mode="stateful", session_name="s"))
+    (folder,) = (root / "snapshots").iterdir()
+    # What a writer killed half-way leaves: a temporary name, never named by meta.json.
+    (folder / ".state-9.pickle.4242.tmp").write_bytes(b"coordex-snapshot 1\nhalf")
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("n", state_mode="stateful", session_name="s"))
+    assert r["result"] == "2" and r["restored"]["from"] == "snapshot"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names[:2] == ["lock", "meta.json"] and len(names) == 3, names
+    assert names[2] == json.loads((folder / "meta.json").read_text())["file"]

@@ -353,6 +353,8 @@ class Persistence:
             return None  # another live process holds it
         with self._lock:
             item.held = True
+        for half in self.store.folder(identity).glob(".state-*"):  # a killed writer's
+            half.unlink(missing_ok=True)
         started = time.monotonic()
         kind = kinds.kind_of(session)
         meta = self.store.meta(item.identity) or {}

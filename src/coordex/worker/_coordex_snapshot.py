@@ -271,8 +271,10 @@ def _remove(path: str) -> None:
 
 
 def _remove_others(folder: str, keep: str) -> None:
+    """Older data files, and what a writer killed half-way left (one writer at a time
+    holds a folder, so no other is writing now)."""
     for name in os.listdir(folder):
-        if name != keep and name.startswith("state-"):
+        if name != keep and (name.startswith("state-") or name.startswith(".state-")):
             _remove(os.path.join(folder, name))
 
 
