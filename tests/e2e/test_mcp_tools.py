@@ -86,8 +86,9 @@ def test_the_readme_desktop_config_starts_a_working_server(tmp_path: Path) -> No
     found = re.search(r"\*\*Claude Desktop\*\*.*?```json\n(.*?)```", readme, re.S)
     assert found is not None, "the README shows the Claude Desktop config"
     server = json.loads(found.group(1))["mcpServers"]["coordex"]
-    # The config names the installed command; here it is this interpreter's script.
-    command = str(Path(sys.executable).with_name(server["command"]))
+    # The config names the installed command by its full path (a placeholder folder);
+    # here it is this interpreter's script of that name.
+    command = str(Path(sys.executable).with_name(Path(server["command"]).name))
     params = StdioServerParameters(command=command, args=server["args"], env=child_env(tmp_path))
 
     async def main() -> list[str]:
