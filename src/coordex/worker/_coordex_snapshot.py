@@ -109,6 +109,12 @@ def _pickler(pickler: Any, namespace: Dict[str, Any], out: _Counted,
                 # cloudpickle would carry a file's text as a StringIO: not the same
                 # thing. An open file is rebuilt by replaying the call that opened it.
                 raise TypeError("an open file (%s) is not kept by value" % type(obj).__name__)
+            if type(obj) in (bytes, bytearray) and len(obj) >= _MAP_AT_LEAST:
+                # Out of band too (pickle keeps them in band): written as they are,
+                # copied once from the mapping on restore.
+                import pickle
+
+                return type(obj), (pickle.PickleBuffer(obj),)
             return super().reducer_override(obj)
 
         def persistent_id(self, obj: Any) -> Optional[str]:
