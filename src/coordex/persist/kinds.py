@@ -65,8 +65,11 @@ def own_names(session: Any) -> tuple[dict[str, Any], list[str]]:
 
 
 def fork_own_snapshot(session: Any, folder: Path, *, attempt: int, through: int,
-                      max_bytes: int, identity: dict[str, Any]) -> int:
-    """Fork this process; the child writes the snapshot and exits. Returns its pid."""
+                      max_bytes: int, identity: dict[str, Any], close: tuple[int, ...] = ()
+                      ) -> int:
+    """Fork this process; the child writes the snapshot and exits. Returns its pid.
+    ``close``: descriptors the child lets go of first (the folders' locks: a lock is
+    this process's, never a child's that may outlive it by a moment)."""
     namespace, names = own_names(session)
     path = pickler_path()
     with warnings.catch_warnings():
@@ -78,6 +81,8 @@ def fork_own_snapshot(session: Any, folder: Path, *, attempt: int, through: int,
         # of the parent's buffers). It dies with the thread that forked it.
         status = 1
         try:
+            for fd in close:
+                os.close(fd)
             _die_with_parent()
             snap.idle()
             snap.write(namespace, str(folder), names=names, pickler_path=path,

@@ -235,7 +235,9 @@ class Persistence:
                 "the session is kept by replaying its calls until space is freed")))
             return
         if kind == "own":
-            pid = kinds.fork_own_snapshot(session, folder, **args)
+            with self._lock:
+                held = tuple(self._held.values())
+            pid = kinds.fork_own_snapshot(session, folder, close=held, **args)
             item.in_flight = (item.attempt, started, pid)
         elif kind == "env":
             if kinds.start_env_snapshot(session, folder, **args):
@@ -252,10 +254,13 @@ class Persistence:
         done = int((self.store.meta(item.identity) or {}).get("attempt") or 0) >= attempt
         if pid is not None:
             with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0 and not done:
-                    if time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    if done:  # it has written; reaped as it exits
+                        os.waitpid(pid, 0)
+                    elif time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT:
                         return True
-                    _kill(pid)
+                    else:
+                        _kill(pid)
             done = True
         elif not done and time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT:
             return True
