@@ -7,6 +7,7 @@ when a node dies during a call or between calls.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from coordex import Executor
-from tests.cluster.conftest import LocalCluster, owned_processes
+from tests.cluster.conftest import NODE_ARGS, LocalCluster, owned_processes
 from tests.fakes.wheels import ledgerlib_wheel, requirement
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -295,8 +296,49 @@ def test_a_node_dying_during_a_call(cex: Executor, venv: int,
     r = results["bash"]
     assert r["error_type"] == "crashed" and r["state_lost"] is True, r
     assert "rebuild_session" in str(r["suggestion"])
+    # SPEC 10: a call the lost node had taken is never run a second time elsewhere.
     r = results["python"]
-    assert r["result"] == "False" and r["state_lost"] is True and r["retried"] is True, r
+    assert r["error_type"] == "crashed" and r["state_lost"] is True, r
+    assert not r.get("retried") and "rebuild_session" in str(r["suggestion"]), r
+    r = cex.execute_code("'y' in globals()", state_mode="stateful", session_name="m",
+                         venv_id=venv, timeout=25)
+    assert r["result"] == "False" and r.get("state_lost") is not True, r  # reported once
+
+
+def test_a_node_cut_off_from_the_cluster_ends_its_sessions_and_nothing_runs_twice(
+        cex: Executor, venv: int, local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Only the node's raylet dies (as when a node loses the cluster): the coordex actor
+    there and every process of its sessions end within 10 s (its fence), and the call
+    that was running there is not run again elsewhere."""
+    import signal
+
+    marks = tmp_path / "runs.txt"
+    cex.execute_code("y = 1", state_mode="stateful", session_name="f", venv_id=venv)
+    node = node_of(cex, "python", "f")
+    before = set(owned_processes())
+    result: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: result.update(cex.execute_code(
+        f"import subprocess, time\nopen({str(marks)!r}, 'a').write('run\\n')\n"
+        "p = subprocess.Popen(['sleep', '300'])\ntime.sleep(30)",
+        state_mode="stateful", session_name="f", venv_id=venv, timeout=40)))
+    runner.start()
+    assert wait_until(lambda: marks.exists(), 10)
+    raylet = local_cluster.node(node).all_processes["raylet"][0].process
+    started = time.monotonic()
+    os.kill(raylet.pid, signal.SIGKILL)
+    try:
+        runner.join(45)
+        assert result.get("error_type") == "crashed" and result.get("state_lost") is True, result
+        # Fenced: what ran on that node is gone within 10 s of its raylet's death.
+        on_node = before | (set(owned_processes()) - before)
+        assert wait_until(lambda: not (on_node & set(owned_processes())), 12 - (
+            time.monotonic() - started)), owned_processes()
+        time.sleep(2)
+        assert marks.read_text() == "run\n"  # once, never again elsewhere
+    finally:
+        with contextlib.suppress(Exception):
+            local_cluster.cluster.remove_node(local_cluster.node(node), allow_graceful=False)
+        local_cluster.cluster.add_node(**NODE_ARGS)
 
 
 def test_close_leaves_no_process(local_cluster: LocalCluster, tmp_path: Path, wheel: Path) -> None:

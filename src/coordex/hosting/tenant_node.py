@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import empty_outcome
+from ..backends.ray.node import fence
 from ..core.errors import make_error
 
 # Seconds past a request's own wait before the actor counts the node's host as stuck.
@@ -106,6 +107,7 @@ class TenantNodeHost:
             # the jail's builder (the tenant's code on the node cannot change it).
             environments=root / "environments" / "tenants" / self.name,
             build_timeout=build_timeout)
+        fence(self.shutdown)  # the jail ends with this actor (its lifeline)
 
     def info(self) -> dict[str, Any]:
         node = ""

@@ -179,6 +179,7 @@ class NodeHost:
         self._environments = environments_manager
         self._turns = threading.BoundedSemaphore(max_calls) if max_calls else None
         self._reaper = self._start_reaper()
+        fence(self.shutdown)
 
     def _start_reaper(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
@@ -404,6 +405,42 @@ class NodeHost:
     def orphans(self) -> list[int]:
         """Pids on this machine that carry this actor's token (tests and diagnostics)."""
         return _marked_pids(self._token, exclude=os.getpid())
+
+
+# How often an actor checks that its node's raylet still lives (SPEC 10: a node that
+# loses the cluster ends its sessions' processes within 10 s).
+FENCE_PERIOD = 1.0
+
+
+def fence(end: Any) -> threading.Thread | None:
+    """Watch this Ray worker's raylet; when it is gone (the node lost the cluster: a
+    raylet killed, a node cut off), call ``end`` (bounded) and exit, so the reaper ends
+    every process the actor started and no session runs on unseen. A node's raylet is
+    the worker's parent; outside Ray (a jail's ``--serve node``) nothing is watched."""
+    raylet = os.environ.get("RAY_RAYLET_PID", "")
+    if not raylet.isdigit():
+        return None
+    pid = int(raylet)
+
+    def watch() -> None:
+        while True:
+            time.sleep(FENCE_PERIOD)
+            try:
+                os.kill(pid, 0)
+                if os.getppid() == pid:
+                    continue
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            ender = threading.Thread(target=end, daemon=True)
+            ender.start()
+            ender.join(5.0)
+            os._exit(70)
+
+    thread = threading.Thread(target=watch, name="coordex-fence", daemon=True)
+    thread.start()
+    return thread
 
 
 def _node_root() -> Path:

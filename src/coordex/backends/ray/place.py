@@ -16,11 +16,13 @@ call's deadline (its timeout plus the node's own escalation grace, twice for Pyt
 which the node may retry once), so an unreachable node costs at most that; a dead
 actor (``RayActorError``) ends the conversation at once.
 
-Faults follow SPEC sections 6 and 10: a Python session whose node dies (during a call
-or between calls) is opened again on another node and the call runs there once more
-(``retried``, ``state_lost``); a bash call is never run twice - it returns ``crashed``
-with ``state_lost`` and a suggestion naming ``rebuild_session``, and the next call
-opens a fresh shell elsewhere.
+Faults follow SPEC sections 6 and 10: a Python session whose node died between calls
+is opened again on another node and the call runs there (``retried``, ``state_lost``);
+a call the lost node had already taken is never run a second time elsewhere (its first
+run may still be going on a node cut off from the cluster, until the node's fence,
+:func:`.node.fence`, ends it): it returns ``crashed`` with ``state_lost`` and a
+suggestion naming ``rebuild_session``, as a bash call always does; the next call opens
+a fresh session elsewhere.
 """
 
 from __future__ import annotations
@@ -95,12 +97,18 @@ class _Host:
 
 
 class NodeLost(Exception):
-    """The actor holding a call died, or did not answer before the call's deadline."""
+    """The actor holding a call died, or did not answer before the call's deadline.
 
-    def __init__(self, how: str, *, unreachable: bool = False) -> None:
+    ``started``: the node had taken the call (it answered for it at least once), so its
+    first run may still be going there (a node cut off from the cluster runs on until
+    its fence ends it): SPEC 10 never runs such a call a second time elsewhere.
+    """
+
+    def __init__(self, how: str, *, unreachable: bool = False, started: bool = False) -> None:
         super().__init__(how)
         self.how = how
         self.unreachable = unreachable
+        self.started = started
 
 
 class RayCluster:
@@ -349,15 +357,17 @@ class RayCluster:
         call_id = uuid.uuid4().hex
         ref = host.handle.begin.remote(call_id, op, args, POLL_WAIT)
         cancel_sent = False
+        started = False  # the node answered for this call: it has taken it
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 with contextlib.suppress(Exception):
                     host.handle.events.remote(call_id, 0.0, None, True)
                 raise NodeLost(f"the node {host.node[:12]} gave no answer in time",
-                               unreachable=True)
+                               unreachable=True, started=True)
             try:
                 reply = ray.get(ref, timeout=min(left, POLL_WAIT + GET_SLACK))
+                started = True
             except self._timeout:
                 continue  # ask the same request again: the node may only be slow
             except self._died as exc:
@@ -368,7 +378,7 @@ class RayCluster:
                     ref = host.handle.begin.remote(call_id, op, args, POLL_WAIT)
                     continue
                 raise NodeLost(f"the node {host.node[:12]} or its coordex actor died "
-                               f"({type(exc).__name__})")
+                               f"({type(exc).__name__})", started=started)
             answers: list[tuple[int, bool, Any]] = []
             for event in reply["events"]:
                 if event[0] == "output":
@@ -462,7 +472,8 @@ class RayPlace:
             except NodeLost as lost:
                 self._forget_stateless(host, lost)
                 notes.append(lost.how)
-                if self.language == "python" and attempt == 1 and not lost.unreachable:
+                if (self.language == "python" and attempt == 1 and not lost.unreachable
+                        and not lost.started):
                     continue
                 return _crashed(notes, stateless=True)
             outcome = _unwrap(reply)
@@ -621,9 +632,10 @@ class RaySession:
                     self._drop(host, gone)
                     notes.append(gone.how)
                     # SPEC 6: a Python worker that dies during a call is replaced and the
-                    # call run once more; a shell command or a read-only look is not.
+                    # call run once more; a shell command or a read-only look is not. And
+                    # SPEC 10: never a call the lost node had taken (it may still run there).
                     if (op == "run" and self.place.language == "python" and attempt == 1
-                            and not gone.unreachable):
+                            and not gone.unreachable and not gone.started):
                         try:
                             self._open()
                         except CoordexError:
