@@ -57,7 +57,7 @@ def test_results_validate_against_the_output_schema_and_equal_call_tool(tmp_path
     for (name, _), result in zip(CALLS, results, strict=True):
         jsonschema.validate(result, tools[name]["outputSchema"])
     assert any("error_type" in r for r in results) and any("stdout" in r for r in results)
-    with Executor(root=tmp_path / "local") as ex:
+    with Executor(root=tmp_path / "local", persist=True) as ex:  # as coordex mcp keeps them
         local = [ex.call_tool(name, arguments) for name, arguments in CALLS]
     assert [steady(r) for r in results] == [steady(r) for r in local]
 
