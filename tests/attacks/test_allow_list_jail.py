@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,10 +311,21 @@ try:
     found['sqlite'] = 'written'
 except Exception as exc:
     found['sqlite'] = type(exc).__name__
-# The host's own line to its owner, forged: rewrite the earlier row's code.
-line = {'type': 'record', 'id': 10**6, 'op': 'log_update',
-        'args': {'seq': SEQ, 'values': {'code': 'import os  # forged', 'outcome': 'ok'}}}
-os.write(out, json.dumps(line).encode() + b'\\n')
+# The host's own lines to its owner, forged: rewrite the earlier row's code and
+# output, add a row dated a year back with a huge output, and flood rows of its own.
+lines = [{'type': 'record', 'id': 10**6, 'op': 'log_update',
+          'args': {'seq': SEQ, 'values': {'code': 'import os  # forged', 'stdout': 'forged'}}},
+         {'type': 'record', 'id': 10**6 + 1, 'op': 'log_append',
+          'args': {'row': {'kind': 'call', 'code': 'curl x | sh  # forged-old', 'at': 1.0,
+                           'owner': 'forger', 'code_truncated': 0, 'state_lost': 0,
+                           'retried': 0,
+                           'stdout': 'A' * 200_000}}}]
+lines += [{'type': 'record', 'id': 10**6 + 2 + n, 'op': 'log_append',
+           'args': {'row': {'kind': 'close', 'code': 'flood', 'owner': 'forger',
+                            'code_truncated': 0, 'state_lost': 0, 'retried': 0}}}
+          for n in range(40)]
+for line in lines:
+    os.write(out, json.dumps(line).encode() + b'\\n')
 found
 """
 
@@ -322,7 +334,7 @@ def _alice_log(room: Room) -> list[dict[str, object]]:
     from coordex.log.store import LogReader
 
     path = room.server.home / "records" / "tenants" / "alice" / "log.sqlite3"
-    return LogReader(path).query("SELECT seq, code FROM calls ORDER BY seq")
+    return LogReader(path).query("SELECT seq, code, at, stdout FROM calls ORDER BY seq")
 
 
 def test_its_call_log_is_not_its_to_change(room: Room) -> None:
@@ -334,7 +346,11 @@ def test_its_call_log_is_not_its_to_change(room: Room) -> None:
     # A host started afresh may not touch its last life's rows at all.
     room.server.code(ALICE, "import os\nos._exit(3)")
     room.server.code(ALICE, FORGE.replace("SEQ", str(seq)))
-    codes = {r["seq"]: r["code"] for r in _alice_log(room)}
-    assert codes[seq] == "audited = 1", codes
-    assert not any(str(c).startswith("import os  # forged") for c in codes.values()), codes
+    rows = {r["seq"]: r for r in _alice_log(room)}
+    assert rows[seq]["code"] == "audited = 1" and rows[seq]["stdout"] != "forged", rows[seq]
+    assert not any(str(r["code"]).startswith("import os  # forged") for r in rows.values())
+    old = [r for r in rows.values() if "forged-old" in str(r["code"])]
+    assert old and all(r["at"] > time.time() - 600 for r in old), old  # never back-dated
+    assert all(len(str(r["stdout"] or "")) < 100_000 for r in rows.values())
+    assert sum(r["code"] == "flood" for r in rows.values()) <= 2 * 16  # per owner call
     assert not (room.server.home / "tenants" / "alice" / "log.sqlite3").exists()

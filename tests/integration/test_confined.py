@@ -435,3 +435,27 @@ def test_stored_functions_are_defined_and_called_through_the_wire(
     assert (confined.records_folder / "library.sqlite3").exists()
     missing = confined.environments.show(venv_id=99)
     assert missing.get("error_type") == "not_found", missing
+
+
+@pytest.mark.parametrize("level", ["namespaces+landlock", "landlock"])
+def test_no_network_holds_at_both_levels(tmp_path: Path, level: str) -> None:
+    import socket
+
+    if level == "namespaces+landlock" and best_level() != level:
+        pytest.skip("user namespaces are blocked here")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    try:
+        with ConfinedExecutor(tmp_path / "t", network=False, level=level) as ex:
+            assert ex.confinement["level"] == level and ex.confinement["network"] is False
+            tried = ex.execute_code(
+                "import socket\n"
+                "try:\n"
+                f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                "    out = 'reached'\n"
+                "except OSError as exc:\n"
+                "    out = type(exc).__name__\n"
+                "out")
+            assert tried.get("result") not in (None, "'reached'"), tried
+    finally:
+        listener.close()

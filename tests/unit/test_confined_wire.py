@@ -114,6 +114,45 @@ ETC = ("nsswitch.conf", "hosts", "host.conf", "resolv.conf", "gai.conf", "servic
        "locale.gen")
 
 
+def test_the_landlock_levels_filter_refuses_what_has_no_namespace_there() -> None:
+    """shared_ipc: System V, keyrings and inotify; no_inet: IPv4/IPv6 sockets; io_uring
+    always. Unix sockets and the process's own calls still work."""
+    import ctypes
+    import socket
+
+    from coordex.backends.isolation import _PR_SET_NO_NEW_PRIVS, _libc
+    from coordex.hosting.jail import keep_to_own_processes
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the forked child reports through the pipe
+        code = 70
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+            keep_to_own_processes(shared_ipc=True, no_inet=True)
+            found = []
+            for call in (lambda: libc.shmget(0, 4096, 0o1600),
+                         lambda: libc.syscall(248, b"user", b"k", b"v", 1, -4),
+                         lambda: libc.syscall(425, 8, None)):
+                found.append(call() == -1 and ctypes.get_errno() == 1)
+            try:
+                socket.socket(socket.AF_INET)
+                found.append(False)
+            except PermissionError:
+                found.append(True)
+            socket.socketpair().__len__()
+            os.write(write, repr(found).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    answer = os.read(read, 200).decode()
+    os.close(read)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == "[True, True, True, True]", answer
+
+
 def test_the_seccomp_filter_keeps_a_process_to_itself() -> None:
     import resource
     import subprocess

@@ -132,13 +132,17 @@ class _Host:
                 self._on_node(msg, self._send)
             return
         if kind == "ready":
+            if self.ready is not None:  # once, before any call: the tenant's code could
+                raise wire.ProtocolError("a second 'ready' line")  # rewrite what holds
             self.ready = msg
             self._ready.set()
             return
         if kind == "record":  # the host's records, which only this side writes
+            call_id = msg.get("call")
             with self._pending_lock:
-                pending = self._pending.get(msg.get("call"))  # type: ignore[arg-type]
-            value = (self._records.handle(msg["op"], msg["args"], pending and pending.call)
+                pending = self._pending.get(call_id) if isinstance(call_id, int) else None
+            value = (self._records.handle(msg["op"], msg["args"], call_id,
+                                          pending.call if pending is not None else None)
                      if self._records is not None else {"error": "no records here"})
             self._send({"type": "record_reply", "id": msg["id"], "value": value})
             return
@@ -178,7 +182,9 @@ class _Host:
         stuck beyond its own timeouts (code holding the GIL in C) and is ended.
         """
         call_id = next(self._ids)
-        pending = _Pending(on_output, call={"method": method, "args": args})
+        pending = _Pending(on_output, call={"method": method, "args": args, "at": time.time()})
+        if self._records is not None:
+            self._records.sent_call()
         with self._pending_lock:
             if not self.alive:
                 return None

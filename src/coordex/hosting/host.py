@@ -189,6 +189,12 @@ def _warden(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
                 spec) else "none"
     os.close(told)
     os.close(mapped)
+    if level == "landlock" and not spec.network and os.geteuid() == 0:
+        try:  # root needs no user namespace for an empty network namespace
+            jail.empty_network()
+            spec = dataclasses.replace(spec, own_network=True)
+        except OSError as exc:  # then sockets are refused (jail.keep_to_own_processes)
+            error = error or f"network namespace: {exc}"
     if user is not None and not became and level != "none":
         try:  # no view of its own here: the folders above its own may be closed to it
             from .view import reach
@@ -414,7 +420,8 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     options = json.loads(args.executor)
     ready = {"protocol": wire.PROTOCOL_VERSION, "pid": os.getpid(), "confinement": level,
              "memory": limits.memory, "processes": limits.processes,
-             "network": spec.network,
+             # What holds: at level "none" nothing keeps the network from the host.
+             "network": spec.network or level == "none",
              # Only a confined host is kept from writing what its builder builds.
              "builds": "builder" if channel is not None and level != "none" else "host"}
     out = _Writer(args.fd_out)

@@ -112,6 +112,9 @@ class JailSpec:
             the server's user.
         records: the folder of the host's call log and stored functions, written by
             its owner: read-only in the view (and to the builder), readable by Landlock.
+        own_network: with ``network=False`` at the ``landlock`` level, whether the
+            warden could give it an empty network namespace (root can without a user
+            namespace); if not, IPv4 and IPv6 sockets are refused outright.
     """
 
     folder: str
@@ -123,6 +126,7 @@ class JailSpec:
     environments: str | None = None
     user: tuple[int, int, str] | None = None
     records: str | None = None
+    own_network: bool = False  # an empty network namespace was made for it (landlock, root)
 
 
 @dataclass(frozen=True)
@@ -524,8 +528,17 @@ def restrict(level: Level, spec: JailSpec) -> None:
                                 ctypes.c_uint32(0)), "landlock_restrict_self")
     finally:
         os.close(ruleset)
-    keep_to_own_processes(shared_ipc=level == "landlock")
+    keep_to_own_processes(shared_ipc=level == "landlock",
+                          no_inet=level == "landlock" and not spec.network and not spec.own_network)
     drop_capabilities()
+
+
+def empty_network() -> None:
+    """An empty network namespace with loopback up, made without a user namespace (a
+    root server's warden at the ``landlock`` level: ``network=False`` holds as at the
+    other level)."""
+    iso._check(iso._libc().unshare(_CLONE_NEWNET), "unshare(net)")
+    _loopback_up()
 
 
 # Calls that change another process's limits, priority or CPU placement, per machine:
@@ -541,24 +554,33 @@ _OTHERS_SYSCALLS: dict[str, tuple[int, dict[int, str]]] = {
     "riscv64": (0xC00000F3, {261: "pid", 140: "prio", 122: "pid", 118: "pid", 119: "pid",
                              274: "pid", 30: "ioprio"}),
 }
-# System V IPC and POSIX message queues, refused where the host has no IPC namespace of
-# its own (``landlock``): there every tenant would share the machine's.
+# System V IPC, POSIX message queues, the kernel's keyrings (add_key, request_key,
+# keyctl) and inotify watches, refused where the host has no namespaces of its own
+# (``landlock``): there every tenant would share the machine's (under one user: B's keys
+# and the names of B's new files).
 _IPC_SYSCALLS: dict[str, tuple[int, ...]] = {
-    "x86_64": (29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241),
-    "aarch64": (*range(180, 182), *range(186, 198)),
-    "riscv64": (*range(180, 182), *range(186, 198)),
+    "x86_64": (29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241, 248, 249, 250, 254),
+    "aarch64": (*range(180, 182), *range(186, 198), 217, 218, 219, 27),
+    "riscv64": (*range(180, 182), *range(186, 198), 217, 218, 219, 27),
 }
+# io_uring runs system calls no seccomp filter sees (a socket among them): never in a jail.
+_URING_SYSCALLS = (425, 426, 427)  # the same numbers on every architecture
+# socket(2), for a host that must have no network and has no namespace to be given an
+# empty one in (``landlock`` under an unprivileged user): AF_INET and AF_INET6 refused.
+_SOCKET_SYSCALL = {"x86_64": 41, "aarch64": 198, "riscv64": 198}
 _FILTERS: list[Any] = []  # the programs' buffers, kept alive for the process's life
 
 
-def keep_to_own_processes(shared_ipc: bool = False) -> None:
+def keep_to_own_processes(shared_ipc: bool = False, no_inet: bool = False) -> None:
     """A seccomp filter: ``prlimit``, ``setpriority``, ``sched_setaffinity``,
     ``sched_setparam``, ``sched_setscheduler``, ``sched_setattr`` and ``ioprio_set``
     work on the calling process alone (pid 0), and fail with EPERM on any other: a
     tenant's code can still lower its own priority or limits, never another's. Code of
     another ABI of the machine (32-bit, x32), whose numbers differ, gets ENOSYS for every
-    call: it does not run in a jail. With ``shared_ipc`` (no IPC namespace of its own)
-    System V IPC and POSIX message queues fail with EPERM too. Needs no_new_privs."""
+    call: it does not run in a jail. io_uring fails with EPERM. With ``shared_ipc`` (no
+    namespaces of its own) System V IPC, POSIX message queues, keyrings and inotify
+    fail with EPERM too; with ``no_inet`` so do IPv4 and IPv6 sockets. Needs
+    no_new_privs."""
     table = _OTHERS_SYSCALLS.get(iso._MACHINE)
     if table is None:
         return
@@ -579,8 +601,13 @@ def keep_to_own_processes(shared_ipc: bool = False) -> None:
                      (ret, 0, 0, allow), (ret, 0, 0, eperm)]
         prog.append((jeq, 0, len(block), nr))
         prog += block  # every block ends in a return: the next test still holds the number
-    for nr in _IPC_SYSCALLS.get(iso._MACHINE, ()) if shared_ipc else ():
+    refused = [*_URING_SYSCALLS, *(_IPC_SYSCALLS.get(iso._MACHINE, ()) if shared_ipc else ())]
+    for nr in refused:
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    socket_nr = _SOCKET_SYSCALL.get(iso._MACHINE)
+    if no_inet and socket_nr is not None:  # socket(AF_INET or AF_INET6, ...)
+        prog += [(jeq, 0, 5, socket_nr), (ld, 0, 0, arg[0]), (jeq, 2, 0, 2), (jeq, 1, 0, 10),
+                 (ret, 0, 0, allow), (ret, 0, 0, eperm)]
     prog.append((ret, 0, 0, allow))
     raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
@@ -651,6 +678,7 @@ __all__ = [
     "confine_build_step",
     "die_with_parent",
     "drop_capabilities",
+    "empty_network",
     "enter_namespaces",
     "forced_level",
     "init_namespace",

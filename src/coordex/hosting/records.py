@@ -30,17 +30,21 @@ import itertools
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..library.store import FunctionRecord, LibraryStore, _storage_failed
-from ..log.store import LOG_FILE, CallLog, SQLiteWriter
+from ..log.store import COLUMNS, LOG_FILE, CallLog, SQLiteWriter
 
 LIBRARY_FILE = "library.sqlite3"
 RECORD_OPS = ("log_append", "log_update", "define_function")
 ANSWER_TIMEOUT = 30.0  # seconds the host waits for its owner to write a record
 _CALL_FIELDS = ("code", "language", "state_mode")  # what the owner sent, kept true
+_LATER = ("changed",)  # what a row may gain after its call returned (worked out later)
+MAX_SAID = 16  # rows of the host's own (a session closed) per call of the owner
+VALUE_CAP = 70_000  # characters of one value (the log's own caps are 64 KiB and 16 KiB)
 
 _current = threading.local()
 
@@ -73,8 +77,9 @@ class OwnerRecords:
         self._log = SQLiteWriter(self.folder / LOG_FILE, max_rows)
         self._library: LibraryStore | None = None
         self._lock = threading.Lock()
-        # seqs of the present host's life -> whether the row is tied to a call of ours
-        self._appended: dict[int, bool] = {}
+        # seqs of the present host's life -> the owner's call the row is tied to, or None
+        self._appended: dict[int, Any] = {}
+        self._said = 0  # rows the host appended of its own since the owner's last call
         with self._lock:
             self._log.connection()
         self._library = LibraryStore(self.folder / LIBRARY_FILE)
@@ -83,37 +88,65 @@ class OwnerRecords:
         """A new host: rows of the last one are closed to it."""
         with self._lock:
             self._appended.clear()
+            self._said = 0
 
-    def handle(self, op: str, args: Any, call: dict[str, Any] | None) -> Any:
-        """Do one request of the host; ``call`` is the owner's call in flight the row
-        belongs to (its method and arguments), if any. Returns the answer's value: a
-        ``seq``, None, a function record, or ``{"error": ...}``."""
+    def sent_call(self) -> None:
+        """The owner sent the host a call: the host may say a few rows of its own again."""
+        with self._lock:
+            self._said = 0
+
+    def handle(self, op: str, args: Any, call_id: Any = None,
+               call: dict[str, Any] | None = None) -> Any:
+        """Do one request of the host; ``call`` is the owner's call ``call_id`` in flight
+        that the request was made for (its method and arguments), if any. Returns the
+        answer's value: a ``seq``, None, a function record, or ``{"error": ...}``."""
         if not isinstance(args, dict):
             return {"error": "arguments must be an object"}
+        tied = call is not None and call.get("method") == "execute_code"
         try:
             if op == "log_append":
-                row = _plain(args.get("row"))
-                tied = call is not None and call.get("method") == "execute_code"
+                row = _row(args.get("row"))
+                now = time.time()
                 if tied:
-                    sent = call.get("args") or {}  # type: ignore[union-attr]
+                    assert call is not None
+                    sent = call.get("args") or {}
                     row.update({k: sent.get(k) for k in _CALL_FIELDS if k in sent})
+                    started = float(call.get("at") or now)
+                    at = row.get("at")
+                    row["at"] = min(max(at, started), now) if isinstance(at, float) else now
+                else:
+                    row["at"] = now  # the host's word, but never back-dated
                 with self._lock:
+                    if not tied:
+                        if self._said >= MAX_SAID:
+                            return {"error": f"more than {MAX_SAID} rows of the host's own "
+                                    "since the owner's last call"}
+                        self._said += 1
                     seq = self._log.append(row)
-                    self._appended[seq] = tied
+                    self._appended[seq] = call_id if tied else None
                 return seq
             if op == "log_update":
                 which = args.get("seq")
                 with self._lock:
                     if not isinstance(which, int) or which not in self._appended:
                         return {"error": f"row {which!r} is not one this host wrote"}
-                    values = _plain(args.get("values"))
-                    for key in _CALL_FIELDS:  # a row's code is set once, when appended
-                        values.pop(key, None)
-                    self._log.update(which, values)
+                    values = _row(args.get("values"))
+                    values.pop("at", None)
+                    if tied and self._appended[which] in (None, call_id):
+                        # The call in flight completes its own row (or one the host
+                        # reserved for it): what the owner sent stays as it was sent.
+                        assert call is not None
+                        sent = call.get("args") or {}
+                        values.update({k: sent.get(k) for k in _CALL_FIELDS if k in sent})
+                        self._appended[which] = call_id
+                    else:  # afterwards, only what is worked out later (a copy's names)
+                        values = {k: v for k, v in values.items() if k in _LATER}
+                    if values:
+                        self._log.update(which, values)
                 return None
             if op == "define_function":
                 assert self._library is not None
-                fields = _plain(args)
+                fields = _row(args, columns=None)
                 record, created = self._library.define(
                     name=str(fields["name"]), source=str(fields["source"]),
                     env=fields.get("env"), env_key=fields.get("env_key"),
@@ -134,11 +167,21 @@ class OwnerRecords:
                 self._library.close()
 
 
-def _plain(value: Any) -> dict[str, Any]:
+def _row(value: Any, columns: tuple[str, ...] | None = COLUMNS) -> dict[str, Any]:
+    """The plain values of ``value``; for a log row (``columns``), of those columns
+    only, each string cut to :data:`VALUE_CAP` characters: a host cannot make its owner
+    hold or store more than the log keeps of a call."""
     if not isinstance(value, dict):
         raise TypeError("expected an object")
-    return {str(k): v for k, v in value.items()
-            if v is None or isinstance(v, (str, int, float, bool))}
+    row: dict[str, Any] = {}
+    for key, item in value.items():
+        if columns is not None and key not in columns:
+            continue
+        if columns is not None and isinstance(item, str) and len(item) > VALUE_CAP:
+            item = item[:VALUE_CAP // 2] + "\n[... cut by the owner ...]\n" + item[-VALUE_CAP // 2:]
+        if item is None or isinstance(item, (str, int, float, bool)):
+            row[str(key)] = item
+    return row
 
 
 def _record_fields(record: FunctionRecord) -> dict[str, Any]:
