@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import sys
@@ -345,18 +346,28 @@ class Executor:
             return outcome, record
 
     def _claim_kept(self, coordinate: Coordinate) -> None:
-        """A kept session named in ``coordinate`` and not yet restored gets its old id."""
+        """A kept session named in ``coordinate`` and not yet restored gets its old id;
+        a new named session never takes the id of one still kept."""
         assert self._persist is not None
         if coordinate.session_name is None:
             return
         kept = self._persist.find_waiting(coordinate.language, coordinate.venv_id, None,
                                           coordinate.session_name)
-        if kept is None:
+        taken = self._persist.kept_ids(coordinate.language, coordinate.venv_id)
+        if kept is None and not taken:
             return
-        key = SessionKey(coordinate.language, coordinate.venv_id, kept.session_id)
         with self._table.lock:
             registry = self._table.registry
-            if registry.find(coordinate) is None and key not in registry:
+            if registry.find(coordinate) is not None:
+                return
+            held = {e.key.session_id for e in registry.entries()
+                    if (e.key.language, e.key.venv_id) == (coordinate.language, coordinate.venv_id)}
+            if kept is not None and kept.session_id not in held:
+                sid = kept.session_id
+            else:
+                sid = next(i for i in itertools.count(1) if i not in held | taken)
+            key = SessionKey(coordinate.language, coordinate.venv_id, sid)
+            if key not in registry:
                 with contextlib.suppress(CoordexError):  # capacity: said by the call itself
                     registry.reserve(key, coordinate.session_name, time.time())
 

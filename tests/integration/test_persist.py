@@ -330,3 +330,17 @@ def test_a_half_written_snapshot_is_never_read_and_is_cleared(root: Path,
     names = sorted(p.name for p in folder.iterdir())
     assert names[:2] == ["lock", "meta.json"] and len(names) == 3, names
     assert names[2] == json.loads((folder / "meta.json").read_text())["file"]
+
+
+def test_a_new_session_never_takes_the_id_of_a_kept_one(root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("mine = 'by id'", state_mode="stateful", session_id=1))
+        _ok(ex.execute_code("mine = 'named'", state_mode="stateful", session_name="old"))
+    with Executor(root=root, persist=True) as ex:
+        fresh = _ok(ex.execute_code("1", state_mode="stateful", session_name="fresh"))
+        assert fresh["session"]["session_id"] not in (1, 2)
+        by_id = _ok(ex.execute_code("mine", state_mode="stateful", session_id=1))
+        old = _ok(ex.execute_code("mine", state_mode="stateful", session_name="old"))
+    assert by_id["result"] == "'by id'" and old["result"] == "'named'"
+    assert old["session"]["session_id"] == 2
+    assert oct((root / "snapshots").stat().st_mode & 0o777) == "0o700"

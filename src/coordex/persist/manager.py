@@ -104,6 +104,13 @@ class Persistence:
                             "alive": False, "held": False})
         return records
 
+    def kept_ids(self, language: str, venv_id: int | None) -> set[int]:
+        """Ids of the kept sessions of one place not yet restored (a new session never
+        takes one)."""
+        with self._lock:
+            return {k.identity.session_id for k in self._kept.values() if not k.held
+                    and (k.identity.language, k.identity.venv_id) == (language, venv_id)}
+
     def find_waiting(self, language: str, venv_id: int | None, session_id: int | None,
                      session_name: str | None) -> Identity | None:
         wanted = Identity(language, venv_id, session_id or 0, session_name)

@@ -67,8 +67,9 @@ class SnapshotStore:
 
     def folder(self, identity: Identity, *, make: bool = False) -> Path:
         folder = self.path / identity.slug()
-        if make:
-            folder.mkdir(parents=True, exist_ok=True)
+        if make:  # a session's values are its user's alone
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
         return folder
 
     def meta(self, identity: Identity) -> dict[str, Any] | None:
