@@ -112,11 +112,15 @@ def restore_own(session: Any, folder: Path, replay: list[str]) -> dict[str, Any]
 
 
 def start_env_snapshot(session: Any, folder: Path, *, attempt: int, through: int,
-                       max_bytes: int, identity: dict[str, Any]) -> bool:
+                       max_bytes: int, identity: dict[str, Any]) -> int | None:
+    """Ask the worker to fork a writer; returns the writer's pid (None: no answer)."""
     reply = session.exchange("snapshot", "snapshot_done", 30.0, folder=str(folder),
                              pickler=pickler_path(), attempt=attempt, through=through,
                              max_bytes=max_bytes, identity=identity)
-    return reply is not None
+    if reply is None:
+        return None
+    pid = (reply.get("report") or {}).get("pid")
+    return pid if isinstance(pid, int) else None
 
 
 def restore_env(session: Any, folder: Path, replay: list[str], timeout: float) -> dict[str, Any]:

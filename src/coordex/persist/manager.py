@@ -54,7 +54,8 @@ class _Kept:
     dirty: bool = False  # a stateful call succeeded since its last snapshot
     last_snapshot: float = field(default_factory=time.monotonic)
     attempt: int = 0
-    in_flight: tuple[int, float, int | None] | None = None  # (attempt, started, own pid)
+    # (attempt, started, pid of the writer if it is our own child, else the worker's)
+    in_flight: tuple[int, float, int | None, int | None] | None = None
     meta: dict[str, Any] | None = None  # as found at start, for list_sessions
 
 
@@ -245,10 +246,11 @@ class Persistence:
             with self._lock:
                 held = tuple(self._held.values())
             pid = kinds.fork_own_snapshot(session, folder, close=held, **args)
-            item.in_flight = (item.attempt, started, pid)
+            item.in_flight = (item.attempt, started, pid, None)
         elif kind == "env":
-            if kinds.start_env_snapshot(session, folder, **args):
-                item.in_flight = (item.attempt, started, None)
+            writer = kinds.start_env_snapshot(session, folder, **args)
+            if writer is not None:
+                item.in_flight = (item.attempt, started, None, writer)
         else:
             kinds.snapshot_bash(session, folder, **args)
 
@@ -257,7 +259,7 @@ class Persistence:
         flight = item.in_flight
         if flight is None:
             return False
-        attempt, started, pid = flight
+        attempt, started, pid, writer = flight
         done = int((self.store.meta(item.identity) or {}).get("attempt") or 0) >= attempt
         if pid is not None:
             with contextlib.suppress(ChildProcessError):
@@ -269,8 +271,9 @@ class Persistence:
                     else:
                         _kill(pid)
             done = True
-        elif not done and time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT:
-            return True
+        elif not done and time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT and \
+                writer is not None and snap.running(writer):
+            return True  # the worker's writer (it ended without a word: not written)
         item.in_flight = None
         return False
 

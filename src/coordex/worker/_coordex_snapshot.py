@@ -445,6 +445,10 @@ def answer(msg: Dict[str, Any], namespace: Dict[str, Any], names: List[str],
     if pid == 0:  # the copy that writes; the session answers on meanwhile
         status = 1
         try:
+            import signal
+
+            # The host interrupts the worker's group at a call's timeout: not this copy.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             in_child()
             idle()
             write(namespace, msg["folder"], names=names, pickler_path=msg["pickler"],
@@ -455,6 +459,15 @@ def answer(msg: Dict[str, Any], namespace: Dict[str, Any], names: List[str],
             os._exit(status)
     unreaped.append(pid)
     return {"type": "snapshot_done", "id": msg["id"], "report": {"pid": pid}}
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not), from /proc."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def idle() -> None:
