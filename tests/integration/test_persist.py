@@ -344,3 +344,39 @@ def test_a_new_session_never_takes_the_id_of_a_kept_one(root: Path, no_leftovers
     assert by_id["result"] == "'by id'" and old["result"] == "'named'"
     assert old["session"]["session_id"] == 2
     assert oct((root / "snapshots").stat().st_mode & 0o777) == "0o700"
+
+
+FULL_DISK = textwrap.dedent("""
+    import json, sys
+    from coordex import Executor
+    root = sys.argv[1]
+    with Executor(root=root, persist=True, snapshot_interval=0.0) as ex:
+        r = ex.execute_code("n = 41", state_mode="stateful", session_name="s")
+        print(json.dumps([r, ex.inspect_session(session_name="s")]))
+    with Executor(root=root, persist=True) as ex:
+        print(json.dumps(ex.execute_code("n + 1", state_mode="stateful", session_name="s")))
+""")
+
+
+def test_a_full_disk_is_an_error_in_inspect_session_never_a_failed_call(
+        root: Path, no_leftovers: None) -> None:
+    """The snapshots folder on a 64 KiB file system (a mount namespace of the test's own)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    (root / "snapshots").mkdir(parents=True)
+    script = (f"mount -t tmpfs -o size=64k none '{root}/snapshots' && exec "
+              f"'{sys.executable}' -c \"$0\" '{root}'")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script, FULL_DISK], cwd=os.getcwd(),
+                          capture_output=True, text=True, timeout=60)
+    if "mount" in done.stderr and done.returncode:
+        pytest.skip(f"no mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads(line) for line in done.stdout.splitlines())
+    call, seen = first
+    assert "error_type" not in call
+    assert seen["kept"]["snapshot"] is None
+    assert seen["kept"]["error"]["error_type"] == "environment"
+    assert "Free disk space" in seen["kept"]["error"]["suggestion"]
+    assert second["result"] == "42" and second["restored"]["from"] == "replay"

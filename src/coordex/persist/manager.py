@@ -36,6 +36,7 @@ from typing import Any
 
 from ..backends.base import RunRequest
 from ..core.coordinates import SessionKey
+from ..core.errors import make_error
 from ..log.rebuild import replayable
 from ..worker import _coordex_snapshot as snap
 from . import kinds
@@ -134,6 +135,11 @@ class Persistence:
                                 "by": "snapshot+replay" if snapshot else "replay"}
         if meta.get("problem"):
             kept["problem"] = meta.get("problem_why") or meta["problem"]
+        if meta.get("problem") == "disk_full" or "No space left" in str(meta.get("problem_why")):
+            kept["error"] = make_error(
+                "environment", f"The last snapshot of this session could not be written: "
+                f"{kept['problem']}.", f"Free disk space under {self.store.path}; until then "
+                "the session is kept by its calls in the log, and nothing is lost.")
         return kept
 
     # -- after each call ----------------------------------------------------------------
