@@ -269,3 +269,15 @@ def test_a_cancelled_call_is_interrupted_as_at_its_timeout(at: At) -> None:
     assert r["error_type"] == "timeout" and r["state_lost"] is False
     assert "interrupted: state kept" in r["suggestion"]
     assert at.run(at.place.show_v, state_mode="stateful", session_name="c")["stdout"] == "41\n"
+
+
+def test_a_read_only_copy_that_kills_itself_is_crashed_in_the_same_words(at: At) -> None:
+    """Every place: the copy's death is ``crashed`` (never a success with exit code
+    137), the session is unchanged, and the signal is spelled one way."""
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    kill = "kill -9 $$" if at.place.language == "bash" else \
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    r = at.run(kill, state_mode="read_only", session_name="s")
+    assert r["error_type"] == "crashed" and r["state_lost"] is False, r
+    assert "read-only copy" in r["error"] and "killed by SIGKILL" in r["error"], r
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="s")["stdout"] == "41\n"

@@ -66,3 +66,9 @@ def test_a_lost_node_says_what_is_gone_and_how_to_get_it_back() -> None:
     assert "the actor died" in lost["error"] and messages.REBUILD_HINT in lost["suggestion"]
     assert "nothing was kept" in messages.node_lost("x", "stateless")["error"]
     assert "did not run" in messages.node_lost("x", "read_only")["error"]
+
+
+def test_a_signal_is_spelled_one_way_in_every_message() -> None:
+    assert messages.killed_by(9) == "killed by SIGKILL"
+    assert messages.killed_by(15) == "killed by SIGTERM"
+    assert messages.killed_by(200) == "killed by signal 200"

@@ -139,6 +139,16 @@ def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
         f"{longer}).", state_lost=False, **common)
 
 
+def killed_by(signal_number: int) -> str:
+    """How a process a signal ended is named in every message: one spelling."""
+    import signal
+
+    try:
+        return f"killed by {signal.Signals(signal_number).name}"
+    except ValueError:
+        return f"killed by signal {signal_number}"
+
+
 def crashed(place: PlaceKind, mode: Mode, how: str, *, attempts: int = 1,
             state_lost: bool | None = None, **extra: Any) -> dict[str, Any]:
     """The process running the code died during the call (after ``attempts`` tries)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core import messages
 from ..core.errors import make_error
 from . import wire
 from .jail import best_level
@@ -657,9 +658,9 @@ def _how_it_ended(code: int | None) -> str:
     if code is None:
         return "still ending"
     if code >= 128 and code - 128 in signal.Signals._value2member_map_:
-        return f"killed by {signal.Signals(code - 128).name}"
+        return messages.killed_by(code - 128)
     if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
+        return messages.killed_by(-code)
     return f"exit status {code}"
 
 

@@ -392,11 +392,7 @@ class _WorkerProcess:
         self.kill()
         code = self._proc.returncode
         if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = str(-code)
-            reply.notes.append(f"killed by signal {name}")
+            reply.notes.append(messages.killed_by(-code))
         else:
             reply.notes.append(f"exited with status {code}")
         return self._collect(reply, captures)
@@ -536,10 +532,7 @@ def _fork_child_died(reply: _Reply) -> bool:
     died = (reply.message or {}).get("child_died")
     if died and not reply.interrupted:
         if died.get("signal"):
-            try:
-                how = f"killed by signal {signal.Signals(died['signal']).name}"
-            except ValueError:
-                how = f"killed by signal {died['signal']}"
+            how = messages.killed_by(int(died["signal"]))
         else:
             how = f"exited with status {died.get('code')}"
         reply.notes.append(how)

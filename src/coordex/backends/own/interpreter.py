@@ -1302,7 +1302,7 @@ def _crashed_copy(out: OutputBuffer, err: OutputBuffer, status: int | None) -> O
     stdout, stderr = out.getvalue(), err.getvalue()
     how = ""
     if status is not None and os.WIFSIGNALED(status):
-        how = f"killed by signal {os.WTERMSIG(status)}"
+        how = messages.killed_by(os.WTERMSIG(status))
     elif status is not None and os.WIFEXITED(status):
         how = f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
     return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,

@@ -18,8 +18,8 @@ The wire, host to server, over a private unix stream socket pair: a header
 call's fds on its header and a ``marshal``-ed dict (see :meth:`LauncherServer.start`);
 ``b"W"`` (wait over) lets the server reap child ``pid``. Server to host:
 the handshake line :data:`HELLO` first, then ``!cii`` events: ``b"P"`` the child's pid
-(its group exists already), ``b"X"`` the child ended with the given bash-style status
-(``128 + signal`` when killed), ``b"E"`` the fork failed (errno). A finished child
+(its group exists already), ``b"X"`` the child ended with the given exit status
+(minus the signal when a signal killed it), ``b"E"`` the fork failed (errno). A finished child
 stays a zombie until the host says ``W``: its pid, and so its process group id, cannot
 be reused while the host still signals that group. The server exits when the host
 closes its end (killing a child still running).
@@ -290,13 +290,15 @@ def _release(*fds: int) -> None:
 
 
 def _exit_status(pid: int) -> int:
-    """The bash-style status of zombie ``pid``, leaving it unreaped."""
+    """How zombie ``pid`` ended, leaving it unreaped: its exit status, or minus the
+    signal that killed it (the copy's bash itself died; bash would say 128 + signal for
+    a command of its own, which is not the same)."""
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     if info is None:
         return 0
     if info.si_code == os.CLD_EXITED:
         return info.si_status
-    return 128 + info.si_status
+    return -info.si_status
 
 
 def _run_child(isolation: Any, request: dict[str, Any], fds: list[int],

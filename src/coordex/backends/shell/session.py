@@ -230,6 +230,7 @@ class _ProtectedCopy:
         self.pid: int | None = None  # the copy's pid and process group, once known
         self.launched = False  # a protected bash ran the code (the state went by value)
         self.failure: str | None = None  # why the copy's end is unknown (launcher lost)
+        self.killed: int | None = None  # the signal that killed the copy's bash
         self._fds: tuple[int, int, int, int] | None = None  # out, err, go/code, end (ours)
         self._fingerprint: tuple[Any, ...] | None = None
         self.flags: str | None = None  # the trace flags the dump printed (it ran)
@@ -492,6 +493,10 @@ class _ProtectedCopy:
                     break
                 for kind, event_pid, value in events:
                     if kind == b"X" and event_pid == pid:
+                        if value < 0:  # the copy's bash itself was killed
+                            if not ending.timed_out:  # by its code (`kill -9 $$`), not us
+                                self.killed = -value
+                            value = 128 - value
                         ending.exit_code = value
             now = time.monotonic()
         # What the copy wrote came before its end; background jobs may still hold the
@@ -579,6 +584,7 @@ class _CopySlot:
     launched: bool = False
     failure: str | None = None
     unprotected: str | None = None  # why no copy could be protected (the code did not run)
+    killed: int | None = None  # the signal that killed the copy itself
     written: list[str] = field(default_factory=list)  # in protected folders (discarded)
     # With report_changes: what tells the names it rebound and deleted, or None.
     changed: Callable[[], tuple[list[str], list[str]]] | None = None
@@ -1001,13 +1007,6 @@ def _shell_env(env: Mapping[str, str] | None) -> dict[str, str]:
 # -- outcomes ----------------------------------------------------------------------------
 
 
-def _signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
 def _outcome(out: _Stream, err: _Stream, ending: _Ending, timeout: float, *,
              stateless: bool) -> Outcome:
     # (The newline an interactive bash prints for ^C goes to its fd 2, the status pipe.)
@@ -1023,7 +1022,7 @@ def _outcome(out: _Stream, err: _Stream, ending: _Ending, timeout: float, *,
                                           stdout=stdout, stderr=stderr)
     elif ending.returncode is not None and ending.returncode < 0:
         outcome["exit_code"] = None
-        outcome["error"] = _crashed_error(_signal_name(ending.returncode), stateless)
+        outcome["error"] = _crashed_error(messages.killed_by(-ending.returncode), stateless)
     elif ending.returncode is not None:
         # `exit N` ended the shell: a normal result with that status, never retried.
         outcome["exit_code"] = ending.returncode
@@ -1042,10 +1041,10 @@ def _timeout_error(timeout: float, survived: bool, stateless: bool, *, stdout: s
     return error
 
 
-def _crashed_error(signame: str, stateless: bool) -> dict[str, Any]:
+def _crashed_error(killed: str, stateless: bool) -> dict[str, Any]:
     # A stateless call had no state to lose (SPEC 6): it never says state_lost.
     error = messages.crashed("shell", "stateless" if stateless else "stateful",
-                             f"killed by {signame}; the command was not retried",
+                             f"{killed}; the command was not retried",
                              state_lost=False if stateless else None)
     error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) can run "
                             "in a subshell `( ... )` instead.")
@@ -1279,6 +1278,12 @@ class ShellSession:
                     f"({copy.unprotected}); the code did not run.",
                     "The session itself is unchanged: run the read-only call again.",
                     state_lost=False)
+            elif copy is not None and copy.killed is not None:
+                # The copy died, as a Python copy that kills itself does: the same words.
+                outcome["exit_code"] = None
+                outcome["error"] = messages.crashed(
+                    "shell", "read_only", messages.killed_by(copy.killed),
+                    stdout=outcome["stdout"], stderr=outcome["stderr"])
             elif copy is not None and copy.failure is not None:
                 outcome["exit_code"] = None
                 outcome["error"] = make_error(
@@ -1370,6 +1375,7 @@ class ShellSession:
             self._copy = None
         slot.failure, slot.launched, slot.files = copy.failure, copy.launched, \
             copy.files()
+        slot.killed = copy.killed
         if slot.files == "discarded":  # as a Python copy lists only then
             slot.written = copy.written
         if copy.changes and copy.launched:  # before the next copy empties its file
