@@ -380,3 +380,17 @@ def test_a_full_disk_is_an_error_in_inspect_session_never_a_failed_call(
     assert seen["kept"]["error"]["error_type"] == "environment"
     assert "Free disk space" in seen["kept"]["error"]["suggestion"]
     assert second["result"] == "42" and second["restored"]["from"] == "replay"
+
+
+def test_a_python_session_keeps_its_working_folder(root: Path, tmp_path: Path,
+                                                   no_leftovers: None) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("kept\n")
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code(f"import os\nos.chdir({str(work)!r})", state_mode="stateful",
+                            session_name="s"))
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("with open('notes.txt') as f:\n    seen = f.read(4)\n"
+                                "os.getcwd(), seen", state_mode="stateful", session_name="s"))
+    assert r["result"] == repr((str(work), "kept"))

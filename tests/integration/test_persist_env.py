@@ -55,13 +55,16 @@ def test_an_environment_session_comes_back_in_a_new_executor(tmp_path: Path) -> 
     with Executor(root=root, persist=True) as ex:
         venv = ex.environments.create(requirement("ledgerlib", wheel))["venv_id"]
         _ok(ex.execute_code(BUILD, state_mode="stateful", venv_id=venv, session_name="books"))
-        _ok(ex.execute_code("acct.entries.append(30)", state_mode="stateful", venv_id=venv,
-                            session_name="books"))
+        _ok(ex.execute_code(f"acct.entries.append(30)\nimport os\nos.chdir({str(tmp_path)!r})",
+                            state_mode="stateful", venv_id=venv, session_name="books"))
     with Executor(root=root, persist=True) as ex:
         kept = [s for s in ex.list_sessions()["sessions"] if s.get("held") is False]
         assert [(s["venv_id"], s["session_name"]) for s in kept] == [(venv, "books")]
         r = _ok(ex.execute_code(PROBE, state_mode="stateful", venv_id=venv,
                                 session_name="books"))
+        where = _ok(ex.execute_code("os.getcwd()", state_mode="stateful", venv_id=venv,
+                                    session_name="books"))
+    assert where["result"] == repr(str(tmp_path))  # its working folder too
     # The class the session defined came back by value; the environment has no
     # cloudpickle of its own and still has none, nor coordex's packages on its path.
     assert r["result"] == "(42, 'ada', 3000000, None, False, False)"

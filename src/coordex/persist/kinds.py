@@ -71,6 +71,7 @@ def fork_own_snapshot(session: Any, folder: Path, *, attempt: int, through: int,
     ``close``: descriptors the child lets go of first (the folders' locks: a lock is
     this process's, never a child's that may outlive it by a moment)."""
     namespace, names = own_names(session)
+    identity = dict(identity, cwd=session.state.cwd)  # its own working folder
     path = pickler_path()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: see below
@@ -103,6 +104,9 @@ def _die_with_parent() -> None:
 
 
 def restore_own(session: Any, folder: Path, replay: list[str]) -> dict[str, Any]:
+    cwd = (snap.read_meta(str(folder)) or {}).get("cwd")
+    if isinstance(cwd, str) and os.path.isdir(cwd):
+        session.state.cwd = cwd  # entered when its calls run
     namespace = session.state.namespace
     return snap.read(namespace, str(folder), pickler_path=pickler_path(), replay=replay,
                      run=snap.run_quietly(namespace))

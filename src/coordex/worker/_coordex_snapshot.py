@@ -438,6 +438,9 @@ def answer(msg: Dict[str, Any], namespace: Dict[str, Any], names: List[str],
            unreaped: List[int]) -> Dict[str, Any]:
     """The worker's reply to ``snapshot`` or ``restore`` (see docs/protocol.md)."""
     if msg["type"] == "restore":
+        cwd = (read_meta(msg["folder"]) or {}).get("cwd")
+        if isinstance(cwd, str) and os.path.isdir(cwd):
+            os.chdir(cwd)  # the working folder the session had (before replays run)
         report = read(namespace, msg["folder"], pickler_path=msg["pickler"],
                       replay=msg.get("replay") or (), run=run_quietly(namespace))
         return {"type": "restore_done", "id": msg["id"], "report": report}
@@ -453,7 +456,7 @@ def answer(msg: Dict[str, Any], namespace: Dict[str, Any], names: List[str],
             idle()
             write(namespace, msg["folder"], names=names, pickler_path=msg["pickler"],
                   attempt=msg["attempt"], through=msg["through"], max_bytes=msg["max_bytes"],
-                  identity=msg.get("identity") or {})
+                  identity=dict(msg.get("identity") or {}, cwd=os.getcwd()))
             status = 0
         finally:
             os._exit(status)
