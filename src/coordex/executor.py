@@ -38,6 +38,7 @@ from .core import messages
 from .core.bindings import bound_names
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
+from .core.registry import PLAN_KEY
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
 from .core.shapes import (
     CloseResult,
@@ -719,12 +720,50 @@ class Executor:
 
         try:
             self._check_open()
+            if self._persist is not None:
+                kept = self._rebuild_kept(language, session_id, session_name, venv_id)
+                if kept is not None:
+                    return cast(RebuildResult, kept)
             if self._call_log is None:
                 raise log_off_error("rebuild_session")
             return cast(RebuildResult, rebuild_session(self, self._call_log, language, session_id,
                                                        session_name, venv_id))
         except CoordexError as exc:
             return cast(RebuildResult, exc.to_dict())
+
+    def _rebuild_kept(self, language: Any, session_id: Any, session_name: Any,
+                      venv_id: Any) -> dict[str, Any] | None:
+        """``rebuild_session`` from a kept session's snapshot (SPEC 12): a kept session
+        not yet restored is restored; an open one whose state was lost after its last
+        snapshot gets that snapshot back plus the calls logged before the loss. None:
+        the log alone rebuilds it."""
+        assert self._persist is not None
+        coordinate = coords.check_coordinate(language, "stateful", session_id,
+                                             session_name, venv_id)
+        waiting = self._persist.find_waiting(coordinate.language, coordinate.venv_id,
+                                             coordinate.session_id, coordinate.session_name)
+        plan = None
+        if waiting is None:
+            found = self._table.find(coordinate)
+            if found is None or found[0] == PLAN_KEY or self._call_log is None:
+                return None
+            record = self._table.record(found[0])
+            plan = self._persist.plan_rebuild(record)
+            if plan is None:
+                return None
+            _, session = self._table.remove(coordinate)
+            if session is not None:
+                session.close()
+            at = self._call_log.event("rebuild", record, {"snapshot": True,
+                                                          "until": plan["until"]})
+            self._persist.rebuilding(record, at, plan["until"])
+        restored = self._bring_back(coordinate, self.timeout) or {}
+        found = self._table.find(coordinate)
+        return {"replayed": int(restored.get("replayed") or 0),
+                "failed_at": restored.get("failed_at"),
+                "session": self._table.record(found[0]) if found else None,
+                "calls": plan["calls"] if plan else [],
+                "skipped_failed": plan["failed"] if plan else [], "restored": restored}
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).

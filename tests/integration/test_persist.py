@@ -394,3 +394,64 @@ def test_a_python_session_keeps_its_working_folder(root: Path, tmp_path: Path,
         r = _ok(ex.execute_code("with open('notes.txt') as f:\n    seen = f.read(4)\n"
                                 "os.getcwd(), seen", state_mode="stateful", session_name="s"))
     assert r["result"] == repr((str(work), "kept"))
+
+
+def test_rebuild_session_brings_back_the_snapshot_and_the_calls_before_the_loss(
+        root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("X=1; f() { echo from-f; }", language="bash", state_mode="stateful",
+                            session_name="sh"))
+        _ok(ex.execute_code("X=$((X+1))", language="bash", state_mode="stateful",
+                            session_name="sh"))
+    with Executor(root=root, persist=True) as ex:  # restored from the snapshot at close
+        _ok(ex.execute_code("X=$((X+10))", language="bash", state_mode="stateful",
+                            session_name="sh"))
+        lost = ex.execute_code("exit 3", language="bash", state_mode="stateful",
+                               session_name="sh")
+        assert lost["state_lost"] is True
+        rebuilt = ex.rebuild_session(language="bash", session_name="sh")
+        assert rebuilt["restored"]["from"] == "snapshot+replay", rebuilt
+        assert rebuilt["replayed"] == 1 and rebuilt["failed_at"] is None
+        r = _ok(ex.execute_code("echo $X; f", language="bash", state_mode="stateful",
+                                session_name="sh"))
+        assert r["stdout"] == "12\nfrom-f\n"
+        # Asked again, there is nothing left to rebuild.
+        assert ex.rebuild_session(language="bash", session_name="sh")["error_type"] == \
+            "validation"
+
+
+REBUILT_THEN_KILLED = textwrap.dedent("""
+    import os, sys, time
+    from coordex import Executor
+    def run(ex, code):
+        r = ex.execute_code(code, language="bash", state_mode="stateful", session_name="sh")
+        return r
+    with Executor(root=sys.argv[1], persist=True) as ex:
+        run(ex, "X=1")
+    ex = Executor(root=sys.argv[1], persist=True, snapshot_interval=3600)
+    run(ex, "X=$((X+10))")
+    run(ex, "exit 3")
+    assert ex.rebuild_session(language="bash", session_name="sh")["replayed"] == 1
+    run(ex, "X=$((X+100))")
+    os.write(int(sys.argv[2]), b"done\\n")
+    time.sleep(600)
+""")
+
+
+def test_a_rebuilt_session_comes_back_after_a_sigkill_as_it_was(root: Path,
+                                                                no_leftovers: None) -> None:
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", REBUILT_THEN_KILLED, str(root),
+                             str(write_end)], pass_fds=(write_end,), start_new_session=True)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as report:
+            assert report.readline() == b"done\n"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("echo $X", language="bash", state_mode="stateful",
+                                session_name="sh"))
+    # The snapshot (1), the call before the loss (+10), the call after the rebuild (+100).
+    assert r["stdout"] == "111\n" and r["restored"]["from"] == "snapshot+replay"

@@ -176,10 +176,13 @@ class Persistence:
                 return  # the row could not be written: its call is not counted on
             seq = 0  # no log: the snapshot alone keeps the session
         if result.get("state_lost"):
-            # Its state was lost before this call; the calls from here on build it.
-            self._try(lambda: self.store.mark(identity, seq + 1, self._owner))
+            # Its state was lost before this call; the calls from here on build it. The
+            # snapshot stays: with the calls before the loss it is what rebuild_session
+            # brings back (a restore sees the loss in the log and replays after it).
+            if self.store.meta(identity) is None:
+                self._try(lambda: self.store.mark(identity, seq + 1, self._owner))
             with self._lock:
-                item.dirty, item.last_snapshot = False, time.monotonic()
+                item.dirty = True
             return
         if "error_type" in result:
             return
@@ -384,6 +387,14 @@ class Persistence:
         report: dict[str, Any] = {}
         why = None
         lost_since = _last_loss(rows)
+        rebuilt = meta.get("rebuilt")
+        if lost_since is not None and isinstance(rebuilt, dict) and \
+                rows[lost_since].get("seq") == rebuilt.get("at"):
+            # rebuild_session brought it back as the snapshot plus the calls before the
+            # loss; the calls after that rebuild follow.
+            rows = [r for r in rows[:lost_since] if r["seq"] < rebuilt.get("until", 0)] + \
+                rows[lost_since + 1:]
+            lost_since = None
         if lost_since is not None:
             rows = rows[lost_since + 1:]
             why = "the session lost its state after its last snapshot"
@@ -424,6 +435,37 @@ class Persistence:
         if why is not None:
             restored["why"] = why
         return restored
+
+    def plan_rebuild(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """For ``rebuild_session`` of an open session: when its state was lost after its
+        last snapshot, the plan to bring it back from that snapshot - ``until`` (the row
+        that reported the loss), ``calls`` (the seqs replayed after the snapshot) and
+        ``failed`` - else None (the log alone rebuilds it)."""
+        identity = Identity.of(record)
+        meta = self.store.meta(identity) or {}
+        if not meta.get("file") or not isinstance(meta.get("through"), int):
+            return None
+        rows = self._rows_after(identity, meta["through"])
+        loss = _last_loss(rows)
+        if loss is None or rows[loss].get("kind") != "call":
+            return None  # nothing lost since the snapshot, or rebuilt already
+        before = rows[:loss]
+        return {"until": rows[loss]["seq"], "calls": [r["seq"] for r in before if replayable(r)],
+                "failed": [r["seq"] for r in before if r.get("kind") == "call"
+                           and r.get("outcome") != "ok" and not r.get("state_lost")]}
+
+    def rebuilding(self, record: dict[str, Any], at: int | None, until: int) -> None:
+        """The session was closed for a rebuild logged as row ``at``: its next opening
+        restores the snapshot and the calls before row ``until``."""
+        identity = Identity.of(record)
+        meta = self.store.meta(identity)
+        if meta is not None and at is not None:
+            meta["rebuilt"] = {"at": at, "until": until}
+            snap.write_meta(str(self.store.folder(identity)), meta)
+        with self._lock:
+            item = self._kept.get(identity.slug())
+            if item is not None:
+                item.held = False
 
     def _replay(self, session: Any, rows: list[dict[str, Any]]) -> tuple[int, int | None]:
         done = 0
