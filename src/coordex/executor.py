@@ -743,6 +743,7 @@ class Executor:
         waiting = self._persist.find_waiting(coordinate.language, coordinate.venv_id,
                                              coordinate.session_id, coordinate.session_name)
         plan = None
+        record = waiting.record() if waiting is not None else None
         if waiting is None:
             found = self._table.find(coordinate)
             if found is None or found[0] == PLAN_KEY or self._call_log is None:
@@ -761,7 +762,7 @@ class Executor:
         found = self._table.find(coordinate)
         return {"replayed": int(restored.get("replayed") or 0),
                 "failed_at": restored.get("failed_at"),
-                "session": self._table.record(found[0]) if found else None,
+                "session": self._table.record(found[0]) if found else record,
                 "calls": plan["calls"] if plan else [],
                 "skipped_failed": plan["failed"] if plan else [], "restored": restored}
 
