@@ -244,3 +244,22 @@ def test_a_worker_killed_during_a_read_only_call_is_reported_on_that_call(
     assert r.get("state_lost") is True, r
     after = ex.execute_code("'x' in globals()", state_mode="stateful", venv_id=v)
     assert after["result"] == "False" and "state_lost" not in after, after
+
+
+def test_a_stopped_shell_costs_a_call_its_timeout_and_the_grace_not_more(ex: Executor) -> None:
+    """SIGSTOP on an idle kept shell: the call cannot be taken. It returns by its timeout
+    plus the interrupt grace (SPEC 6), says the code did not run and the state is lost
+    (not a success after a second full timeout), and the next call runs on a fresh shell."""
+    shell = int(ex.execute_code("x=5; echo $$", language="bash", state_mode="stateful",
+                                session_name="stopped")["stdout"])
+    os.kill(shell, signal.SIGSTOP)
+    started = time.monotonic()
+    r = ex.execute_code("echo ran > ran.txt", language="bash", state_mode="stateful",
+                        session_name="stopped", timeout=3)
+    took = time.monotonic() - started
+    assert r["error_type"] == "timeout" and r["state_lost"] is True, r
+    assert "did not run" in r["error"] and took < 3 + 2 + 0.5, (took, r)
+    assert not (ex.root / "ran.txt").exists()
+    again = ex.execute_code('echo "[$x]"', language="bash", state_mode="stateful",
+                            session_name="stopped")
+    assert again["stdout"] == "[]\n" and not again.get("state_lost"), again  # reported once

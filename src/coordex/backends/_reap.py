@@ -63,6 +63,7 @@ class Steps:
 
     interrupt: bool = True  # an interactive bash ignores SIGINT as a way to leave
     terminate: bool = True  # ...and SIGTERM
+    ask: bool = True  # ask it to leave in its own terms first (where the caller can)
     seconds: float | None = None  # None: STEP_SECONDS
     # Also look for members that left the group but not the session (``set -m`` jobs,
     # ``setpgid``): a scan of /proc, 1-7 ms on a busy machine, so only where a kept
@@ -71,8 +72,9 @@ class Steps:
 
 
 DEFAULT_STEPS = Steps()
-# For a process that already ignored an interrupt: straight to SIGKILL.
-KILL_NOW = Steps(interrupt=False, terminate=False)
+# For a process that already ignored an interrupt (or never took the call: stopped,
+# stuck): straight to SIGKILL, within SPEC 6's grace.
+KILL_NOW = Steps(interrupt=False, terminate=False, ask=False)
 # A kept session (a worker, a shell) closing: everything it left in its session ends.
 SESSION_STEPS = Steps(whole_session=True)
 
@@ -133,7 +135,7 @@ def stop(proc: subprocess.Popen[Any], what: str, *,
     started = time.monotonic()
     step: StopStep = "exited"
     plan: list[tuple[StopStep, Callable[[], bool]]] = []
-    if ask is not None:
+    if ask is not None and steps.ask:
         plan.append(("asked", ask))
     if steps.interrupt:
         plan.append(("interrupt", lambda: _group(proc, signal.SIGINT)))

@@ -139,6 +139,19 @@ def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
         f"{longer}).", state_lost=False, **common)
 
 
+def not_taken(place: PlaceKind, seconds: float) -> dict[str, Any]:
+    """The session's process never took the code within its timeout (stopped, stuck)
+    and was replaced: the code did not run, the state is lost."""
+    words = WORDS[place]
+    return make_error(
+        "timeout",
+        f"The session's {words.process} did not take the code within its timeout of "
+        f"{seconds:g} s (it was stopped or stuck) and was replaced: the code did not run, "
+        "and the session's state is lost.",
+        with_rebuild_hint(f"Re-create the {words.holds} you need in the fresh session, "
+                          "then run the code again."), state_lost=True)
+
+
 def killed_by(signal_number: int) -> str:
     """How a process a signal ended is named in every message: one spelling."""
     import signal

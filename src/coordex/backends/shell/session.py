@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import os
@@ -111,6 +112,9 @@ START_TIMEOUT = 15.0
 INSPECT_TIMEOUT = 15.0
 # Protected copies tried for one read-only call before it fails (never runs unprotected).
 COPY_ATTEMPTS = 3
+# Seconds of its timeout a call must have left to run on a fresh shell when the old one
+# never took it (SPEC 6: no call returns later than its timeout and the grace).
+RERUN_FLOOR = 0.5
 # Our pipe ends inside bash sit at fd >= 200: users `exec 3>file`, bash itself saves
 # fds at 10 and up, so the low numbers are theirs.
 PRIVATE_FD_FLOOR = 200
@@ -1244,15 +1248,25 @@ class ShellSession:
             if isinstance(lost, dict):
                 return lost
             if copy is None:
+                began = time.monotonic()
                 out, err, ending = self._shell.run(code, request)
                 if not (ending.survived or ending.started or self._closed):
-                    # Dead before it read the call (killed just before it arrived): the
-                    # code never ran, so this is a shell found dead - replace, run there.
+                    # Dead before it read the call (killed just before it arrived, or
+                    # stopped): the code never ran, so this is a shell found dead -
+                    # replace, run there, in what is left of the call's one timeout.
                     lost = self._ensure_shell()
                     if isinstance(lost, dict):
                         return lost
+                    left = request.timeout - (time.monotonic() - began)
+                    if left < RERUN_FLOOR:
+                        self._loss_reported = True
+                        return {"stdout": "", "stderr": "", "truncated": False,
+                                "result": None, "exit_code": None, "images": [],
+                                "error": messages.not_taken("shell", request.timeout),
+                                "state_lost": True}
                     lost = True
-                    out, err, ending = self._shell.run(code, request)
+                    out, err, ending = self._shell.run(
+                        code, dataclasses.replace(request, timeout=left))
             else:
                 out, err, ending = self._run_copy(copy, request)
             outcome = _outcome(out, err, ending, request.timeout, stateless=False)
