@@ -455,3 +455,17 @@ def test_a_rebuilt_session_comes_back_after_a_sigkill_as_it_was(root: Path,
                                 session_name="sh"))
     # The snapshot (1), the call before the loss (+10), the call after the rebuild (+100).
     assert r["stdout"] == "111\n" and r["restored"]["from"] == "snapshot+replay"
+
+
+def test_bash_values_with_odd_characters_and_errexit_come_back(root: Path,
+                                                               no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("TEXT=$'two\\nlines \"quoted\" $dollar \\\\ back'\n"
+                            "declare -A MAP=([k one]=v1 [k2]=$'v\\n2')\ndeclare -i NUM=7\n"
+                            "readonly FIXED=1\nset -e", language="bash",
+                            state_mode="stateful", session_name="sh"))
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("printf '%s|' \"$TEXT\" \"${MAP[k one]}\" \"${MAP[k2]}\" "
+                                "\"$FIXED\"; NUM+=1; echo $NUM; [[ $- == *e* ]] && echo errexit",
+                                language="bash", state_mode="stateful", session_name="sh"))
+    assert r["stdout"] == 'two\nlines "quoted" $dollar \\ back|v1|v\n2|1|8\nerrexit\n'
