@@ -469,3 +469,46 @@ def test_bash_values_with_odd_characters_and_errexit_come_back(root: Path,
                                 "\"$FIXED\"; NUM+=1; echo $NUM; [[ $- == *e* ]] && echo errexit",
                                 language="bash", state_mode="stateful", session_name="sh"))
     assert r["stdout"] == 'two\nlines "quoted" $dollar \\ back|v1|v\n2|1|8\nerrexit\n'
+
+
+PYTHON_SHAPES = textwrap.dedent("""
+    import dataclasses
+    import os.path as osp
+    from math import sqrt
+    import pandas as pd
+    @dataclasses.dataclass
+    class Row:
+        name: str
+        size: int
+        def double(self):
+            return twice(self.size)
+    def twice(v):
+        return 2 * v
+    def counter():
+        count = 0
+        def step():
+            nonlocal count
+            count += 1
+            return count
+        return step
+    step = counter()
+    step()
+    square = lambda v: v * v
+    rows = [Row('a', 1), Row('b', 2)]
+    frame = pd.DataFrame({'n': range(100_000), 'tag': ['x', 'y'] * 50_000})
+    numbers = (i for i in range(3))
+""")
+
+
+def test_python_values_of_many_shapes_come_back(root: Path, no_leftovers: None) -> None:
+    with Executor(root=root, persist=True, log=False) as ex:
+        _ok(ex.execute_code(PYTHON_SHAPES, state_mode="stateful", session_name="py"))
+    with Executor(root=root, persist=True, log=False) as ex:
+        r = _ok(ex.execute_code(
+            "(rows[1].double(), isinstance(rows[0], Row), step(), square(4), sqrt(16.0), "
+            "osp.join('a', 'b'), int(frame.n.sum()), frame.tag.iloc[1], "
+            "dataclasses.asdict(rows[0]))", state_mode="stateful", session_name="py"))
+    assert r["result"] == ("(4, True, 2, 16, 4.0, 'a/b', 4999950000, 'y', "
+                           "{'name': 'a', 'size': 1})")
+    # A generator cannot be pickled, and with the log off no call can rebuild it.
+    assert r["restored"]["left_out"] == ["numbers"]
