@@ -304,8 +304,7 @@ class Executor:
         if coordinate.state_mode == "stateless":
             where = session_record(coordinate.language, coordinate.venv_id, None, None)
             place = self._place(coordinate.language, coordinate.venv_id)
-            return sessions.attempts(place, "stateless",
-                                     lambda: place.run_stateless(request)), where
+            return sessions.attempts(place, "stateless", place.run_stateless, request), where
         if coordinate.state_mode == "stateful":
             return self._run_stateful(coordinate, request)
         return self._run_read_only(coordinate, request)
@@ -325,7 +324,7 @@ class Executor:
             if self._persist is not None and call == 1:  # before the call's code runs
                 restored = self._persist.restore(key, record, session, self.timeout * 5)
             try:
-                outcome = sessions.attempts(place, "stateful", lambda: session.run(request))
+                outcome = sessions.attempts(place, "stateful", session.run, request)
                 if restored is not None and restored.get("state_lost"):
                     outcome["state_lost"] = True  # kept, but nothing could be restored
                     if outcome.get("error"):
@@ -398,8 +397,8 @@ class Executor:
             with self._protected(request) as protected:
                 session = slot.session
                 place = self._place(key.language, key.venv_id)
-                outcome = sessions.attempts(place, "read_only",
-                                            lambda: session.run_read_only(protected))
+                outcome = sessions.attempts(place, "read_only", session.run_read_only,
+                                            protected)
             note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None),
                          outcome.pop("written", None))
             if restored is not None:

@@ -22,6 +22,7 @@ bookkeeping and is never held while code runs.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .backends.base import Outcome, Place, Session, wait_for
+from .backends.base import Outcome, Place, RunRequest, Session, wait_for
 from .core import faults, messages
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError
@@ -224,20 +225,28 @@ class SessionTable:
             raise messages.executor_closed()
 
 
-def attempts(place: Place, mode: messages.Mode, run: Callable[[], Outcome]) -> Outcome:
+# Seconds of the call's timeout a retry must have left to be worth running.
+RETRY_FLOOR = 0.5
+
+
+def attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Outcome],
+             request: RunRequest) -> Outcome:
     """Run one call through ``run`` (one attempt each) and apply SPEC section 6.
 
     A place reports a death during an attempt with the facts ``died`` (``"process"``:
     the session's process, so its state is gone; ``"copy"``: only the fork that ran the
     call) and ``died_how``. Where the place ``retries`` (Python workers), the call runs
-    once more, on the fresh process the place has put in; a second death, or any death
-    where the place does not retry, is ``crashed`` naming how often it died. The result
-    says ``retried`` and ``state_lost`` where they hold.
+    once more, on the fresh process the place has put in, within what is left of the
+    call's one timeout (``request`` with that timeout; none left: no retry); a second
+    death, or any death where the place does not retry, is ``crashed`` naming how often
+    it died. The result says ``retried`` and ``state_lost`` where they hold.
     """
     tried: list[faults.Attempt] = []
     hows: list[str] = []
+    started = time.monotonic()
+    attempt = request
     while True:
-        outcome = dict(run())
+        outcome = dict(run(attempt))
         died = outcome.pop("died", None)
         how = outcome.pop("died_how", None)
         if how:
@@ -245,8 +254,12 @@ def attempts(place: Place, mode: messages.Mode, run: Callable[[], Outcome]) -> O
         tried.append(faults.Attempt(died=died, replaced=died is None
                                     and bool(outcome.get("state_lost"))))
         step = faults.next_step(place.retries, tried)
+        left = request.timeout - (time.monotonic() - started)
+        if step == "retry" and left < RETRY_FLOOR:
+            step = "crashed"  # SPEC 6: one deadline for the call, retry included
         if step != "retry":
             break
+        attempt = dataclasses.replace(request, timeout=left)
     if faults.retried(tried):
         outcome["retried"] = True
     if step == "crashed" and len(tried) > 1:
@@ -259,6 +272,11 @@ def attempts(place: Place, mode: messages.Mode, run: Callable[[], Outcome]) -> O
                                             **keep)
     if mode != "stateless" and faults.state_lost(tried):
         outcome["state_lost"] = True
-        if outcome.get("error"):
-            outcome["error"]["state_lost"] = True
+        error = outcome.get("error")
+        if error:
+            error["state_lost"] = True
+            if error.get("error_type") == "timeout" and faults.retried(tried):
+                # The second run's interrupt kept what that run bound; the state from
+                # before this call went with the first run's process.
+                error["error"] = messages.after_a_retry(str(error.get("error", "")))
     return outcome

@@ -275,9 +275,9 @@ class _WorkerPlace:
     retries = True
 
 
-def owned(run: Any, mode: Any = "stateful") -> dict[str, Any]:
+def owned(session: WorkerSession, request: RunRequest, mode: Any = "stateful") -> dict[str, Any]:
     """One call as the session owner makes it: SPEC 6's retry applied to the attempts."""
-    return sessions.attempts(_WorkerPlace(), mode, run)
+    return sessions.attempts(_WorkerPlace(), mode, session.run, request)
 
 
 def test_a_death_during_a_call_is_reported_as_a_fact(session: WorkerSession) -> None:
@@ -291,23 +291,41 @@ def test_a_death_during_a_call_is_reported_as_a_fact(session: WorkerSession) -> 
 def test_death_during_a_call_is_retried_once(session: WorkerSession, tmp_path: Path) -> None:
     flag = tmp_path / "died-once"
     session.run(req("x = 1"))
-    r = owned(lambda: session.run(req(
+    r = owned(session, req(
         f"import os, signal\nif not os.path.exists({str(flag)!r}):\n"
         f"    open({str(flag)!r}, 'w').close()\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "'second try'")))
+        "'second try'"))
     assert r["result"] == "'second try'"
     assert r["retried"] is True and r["state_lost"] is True
     assert session.run(req("'x' in dir()"))["result"] == "False"
 
 
 def test_death_twice_is_crashed_and_the_next_call_works(session: WorkerSession) -> None:
-    r = owned(lambda: session.run(req("import os; os.kill(os.getpid(), 9)")))
+    r = owned(session, req("import os; os.kill(os.getpid(), 9)"))
     err = r["error"]
     assert err["error_type"] == "crashed" and err["state_lost"] is True
     assert "SIGKILL" in err["error"] and "2 times" in err["error"] and err["suggestion"]
     assert r["retried"] is True
     r = session.run(req("'fresh'"))
     assert r["result"] == "'fresh'" and "state_lost" not in r
+
+
+def test_a_retry_runs_in_what_is_left_of_the_calls_timeout(session: WorkerSession,
+                                                           tmp_path: Path) -> None:
+    """SPEC 6: one deadline per call. The first run dies after 2 s; the second gets the
+    2 s left of timeout=4, not a fresh 4 s, and its timeout says the state is lost."""
+    import time
+
+    flag = tmp_path / "died-once"
+    started = time.monotonic()
+    r = owned(session, req(
+        f"import os, signal, time\nif not os.path.exists({str(flag)!r}):\n"
+        f"    open({str(flag)!r}, 'w').close()\n    time.sleep(2)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(30)", timeout=4))
+    took = time.monotonic() - started
+    assert r["error"]["error_type"] == "timeout" and r["retried"] is True, r
+    assert r["state_lost"] is True and "state from before this call is lost" in r["error"]["error"]
+    assert took < 4 + 2 + 0.5, took
 
 
 def test_read_only_child_death_keeps_the_session(session: WorkerSession) -> None:

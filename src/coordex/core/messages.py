@@ -152,6 +152,14 @@ def not_taken(place: PlaceKind, seconds: float) -> dict[str, Any]:
                           "then run the code again."), state_lost=True)
 
 
+def after_a_retry(error: str) -> str:
+    """A timeout's words for a call run a second time on a fresh process: its state
+    from before this call is lost, whatever the second run's interrupt kept."""
+    return ("The session's process died during this call and the call ran again on a "
+            "fresh one, so the session's state from before this call is lost; then: "
+            + error)
+
+
 def killed_by(signal_number: int) -> str:
     """How a process a signal ended is named in every message: one spelling."""
     import signal
