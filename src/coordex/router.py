@@ -149,6 +149,8 @@ def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
     from .hosting import ConfinedExecutor
 
     executor_args = executor_options(args)
+    if hasattr(args, "no_persist"):  # SPEC 12: kept in its tenant's folder, in its jail
+        executor_args["persist"] = not args.no_persist
     return ConfinedExecutor(folder, environments=environments, records=records,
                             build_settings=settings_file(base_root(getattr(args, "home", None))),
                             memory_limit=args.memory_limit,

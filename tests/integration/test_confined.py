@@ -459,3 +459,29 @@ def test_no_network_holds_at_both_levels(tmp_path: Path, level: str) -> None:
             assert tried.get("result") not in (None, "'reached'"), tried
     finally:
         listener.close()
+
+
+def test_a_confined_hosts_sessions_outlive_it_in_its_own_folder(tmp_path: Path) -> None:
+    """SPEC 12, last bullet: a confined host keeps its snapshots in its tenant's folder and
+    restores them inside its own jail; after the host dies they come back by replay of
+    the log its owner wrote."""
+    folder = tmp_path / "t"
+    with ConfinedExecutor(folder, persist=True, memory_limit=512 << 20) as ex:
+        ex.execute_code("x = 41\ndef f():\n    return x + 1", state_mode="stateful",
+                        session_name="keep")
+        ex.execute_code("y=7; cd /tmp", language="bash", state_mode="stateful",
+                        session_name="sh")
+    assert any((folder / "snapshots").iterdir())  # in the tenant's own folder
+    with ConfinedExecutor(folder, persist=True, memory_limit=512 << 20) as ex:
+        held = {r["session_name"]: r["held"] for r in ex.list_sessions()["sessions"]}
+        assert held.get("keep") is False and held.get("sh") is False, held
+        py = ex.execute_code("f()", state_mode="stateful", session_name="keep")
+        assert py["result"] == "42" and py["restored"]["from"] == "snapshot", py
+        sh = ex.execute_code('echo "$y $PWD"', language="bash", state_mode="stateful",
+                             session_name="sh")
+        assert sh["stdout"] == "7 /tmp\n" and sh["restored"]["from"] == "snapshot", sh
+        ex.execute_code("x = 99", state_mode="stateful", session_name="keep")
+        ex.execute_code("import os; os._exit(3)")  # the host dies; nothing written at close
+        again = ex.execute_code("x", state_mode="stateful", session_name="keep")
+        assert again["result"] == "99" and "replay" in again["restored"]["from"], again
+        assert "state_lost" not in again

@@ -538,7 +538,8 @@ class ConfinedExecutor:
                 "session's state is gone (the plan namespace too).",
                 "Run the call again: the next call starts a fresh host. Rebuild the state "
                 "you need (rebuild_session replays a session's calls).", state_lost=True)
-        if restarted and isinstance(value, dict):
+        if restarted and isinstance(value, dict) and "restored" not in value:
+            # (A kept session the new host restored says so instead: its state is back.)
             value = {**value, "state_lost": True}
         return value
 
