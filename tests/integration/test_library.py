@@ -349,3 +349,18 @@ def test_call_returns_a_dict_for_front_ends(ex: Executor) -> None:
     shown = ex.functions.show("pair")
     assert shown["source"].startswith("def pair") and shown["version"] == 1
     assert ex.functions.show("nope")["error_type"] == "not_found"
+
+
+def test_a_stored_function_called_from_a_read_only_copy_runs_there(tmp_path: Path) -> None:
+    """The copy is a fork without the interpreter's runner thread: a stored function it
+    calls runs inline in the copy (before: it waited out the call's timeout)."""
+    with Executor(root=tmp_path / "home") as ex:
+        ex.functions.define(source="def double(x):\n    print('doubling')\n    return 2 * x\n")
+        ex.execute_code("a = 1", state_mode="stateful", session_name="s")
+        started = time.monotonic()
+        r = ex.execute_code("b = functions.double(21)\nb", state_mode="read_only",
+                            session_name="s", timeout=10)
+        assert r.get("result") == "42" and r["stdout"] == "doubling\n", r
+        assert time.monotonic() - started < 5
+        assert ex.execute_code("'b' in globals()", state_mode="stateful",
+                               session_name="s")["result"] == "False"

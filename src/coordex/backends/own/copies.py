@@ -246,6 +246,10 @@ def _child(session: own.NamespaceSession, request: RunRequest,
                                       errors="backslashreplace", write_through=True)
         sys.stdin = own._EmptyStdin()
         own._local.call = None
+        # The copy's code runs on this thread, as a call does: what it calls of the own
+        # interpreter (a stored function) runs inline here, not on a runner thread the
+        # fork does not have (it would wait out the call's timeout).
+        own._local.in_call = True
         own._chdir(session.cwd)
         own._apply_environ(session.environ)
         asker = iso.identity_asker(*mapping) if mapping is not None else None
