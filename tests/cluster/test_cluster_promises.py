@@ -403,3 +403,18 @@ def test_a_node_that_stops_answering_costs_a_call_its_timeout_not_a_hang(cex: Ex
     r = cex.execute_code('echo "[$x]"', language="bash", state_mode="stateful",
                          session_name=frozen)
     assert r["stdout"] == "[]\n", r
+
+
+def test_sessions_on_a_cluster_come_back_by_replay_after_a_restart(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """SPEC 12, last bullet: sessions on a cluster are kept by the log; the next process
+    brings them back by replay on a node."""
+    home = tmp_path / "home"
+    with Executor(root=home, timeout=30, cluster=local_cluster.address, persist=True) as ex:
+        made = ex.execute_code("x=41; f() { echo $((x + 1)); }", language="bash",
+                               state_mode="stateful", session_name="kept")
+        assert made.get("is_error") is not True and "error" not in made, made
+    with Executor(root=home, timeout=30, cluster=local_cluster.address, persist=True) as ex:
+        r = ex.execute_code("f", language="bash", state_mode="stateful", session_name="kept")
+        assert r.get("stdout") == "42\n", r
+        assert r["restored"]["from"] == "replay" and "state_lost" not in r, r
