@@ -223,6 +223,32 @@ def session_busy() -> dict[str, Any]:
         "another session.", stdout="", stderr="", state_lost=False)
 
 
+def session_closed(place: PlaceKind) -> dict[str, Any]:
+    """A call to a kept session that was closed (``close_session``, or its place): one
+    sentence for every place."""
+    words = WORDS[place]
+    return make_error(
+        "crashed", f"This session was closed: its {words.process} and everything it "
+        "started were ended, and its state is gone.",
+        with_rebuild_hint("Open a new session with a stateful call (the same name starts "
+                          "a fresh one), or use state_mode='stateless'."), state_lost=True)
+
+
+def closed_during_call(place: PlaceKind, mode: str, detail: str = "", *,
+                       session: bool = False, **extra: Any) -> dict[str, Any]:
+    """The Executor (or, with ``session``, the call's session) was closed while the call
+    ran: one sentence for every place. ``detail`` says what may still run (code blocked
+    in C in the agent's process)."""
+    words = WORDS[place]
+    subject = "This code's session" if session else "The Executor"
+    again = ("Open a new session with a stateful call" if session
+             else "Create a new Executor")
+    return make_error(
+        "crashed", f"{subject} was closed while this code ran; its {words.process} was "
+        f"ended{detail}.", f"{again} and run the code again.",
+        state_lost=mode != "stateless", **extra)
+
+
 def executor_closed() -> CoordexError:
     return CoordexError("validation", "This Executor is closed.",
                         "Create a new Executor (with Executor(...) as ex: ...) and call it.")

@@ -508,8 +508,7 @@ class ConfinedExecutor:
         """(host, error, state_lost): the live host, starting one if the last died."""
         with self._lock:
             if self._closed:
-                return None, make_error("crashed", "This confined executor is closed.",
-                                        "Create a new ConfinedExecutor.", state_lost=True), False
+                return None, messages.executor_closed().to_dict(), False
             host = self._host
             if host is not None and host.alive:
                 return host, None, False

@@ -487,9 +487,7 @@ def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
         outcome["error"] = _timeout_error(reply, request, mode)
         return outcome
     if not done:  # only when the worker was closed under the call
-        outcome["error"] = make_error(
-            "crashed", "The worker was closed while the code ran.",
-            "Run the code again (a stateful call opens a new session).", state_lost=True)
+        outcome["error"] = messages.closed_during_call("worker", mode, session=True)
         return outcome
     error = done.get("error")
     if error:
@@ -672,9 +670,7 @@ class WorkerSession:
         with self._lock:
             if self._closed:
                 outcome = empty_outcome()
-                outcome["error"] = make_error(
-                    "crashed", "This worker session has been closed.",
-                    "Open a new session with a stateful call.", state_lost=True)
+                outcome["error"] = messages.session_closed("worker")
                 return outcome
             proc, lost = self._ensure()
             if isinstance(proc, dict):
@@ -683,9 +679,8 @@ class WorkerSession:
             if self._closed:
                 if reply.died or not reply.message or reply.message.get("error"):
                     outcome = empty_outcome()
-                    outcome["error"] = make_error(
-                        "crashed", "The session was closed while the code ran.",
-                        "Open a new session with a stateful call.", state_lost=True)
+                    outcome["error"] = messages.closed_during_call("worker", mode,
+                                                                   session=True)
                     return outcome
             elif reply.died or _fork_child_died(reply):
                 outcome = _died(reply, mode)
@@ -782,9 +777,8 @@ class WorkerTemplate:
     def run_stateless(self, request: RunRequest) -> Outcome:
         """Run code in a fresh fork of a clean template; nothing is kept."""
         if self._closed:
-            return {**empty_outcome(), "error": make_error(
-                "crashed", "This environment's stateless runner has been closed.",
-                "Create a new executor.", state_lost=True)}
+            return {**empty_outcome(), "error": messages.closed_during_call("worker",
+                                                                         "stateless")}
         try:
             proc = self._checkout()
         except CoordexError as exc:
@@ -794,10 +788,7 @@ class WorkerTemplate:
         self._checkin(proc, healthy)
         if self._closed:  # close() stopped the template under the call
             return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
-                    "error": make_error(
-                        "crashed", "The Executor was closed while this code ran; its "
-                        "process was stopped.", "Create a new Executor and run the code "
-                        "again.", state_lost=False)}
+                    "error": messages.closed_during_call("worker", "stateless")}
         if reply.died or _fork_child_died(reply):
             outcome = _died(reply, "stateless")
             outcome["died"] = "copy"  # a stateless call has no session state to lose

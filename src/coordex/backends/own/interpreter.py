@@ -1263,14 +1263,12 @@ def _closed_own(out: OutputBuffer, err: OutputBuffer, *, still_running: bool = F
                         "exit_code": None, "images": []}
     # Honest about the agent's process: an interrupt reaches Python code only between
     # bytecodes, so code blocked in C (a sleep, a read) may still run on after this.
-    what = ("it was interrupted, but it is blocked outside Python and may still run in "
-            "the agent's process until that call returns" if still_running
-            else "it was interrupted")
+    what = (" (interrupted: it is blocked outside Python and may still run in the "
+            "agent's process until that call returns)" if still_running
+            else " (interrupted)")
     lost = mode != "stateless"  # a stateless call had no state to lose (SPEC 6)
-    outcome["error"] = make_error(
-        "crashed", f"The Executor was closed while this code ran; {what}.",
-        "Create a new Executor and run the code again.", state_lost=lost,
-        stdout=outcome["stdout"], stderr=outcome["stderr"])
+    outcome["error"] = messages.closed_during_call(
+        "own", mode, what, stdout=outcome["stdout"], stderr=outcome["stderr"])
     if lost:
         outcome["state_lost"] = True
     return outcome

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core import messages
-from ...core.errors import CoordexError, make_error
+from ...core.errors import CoordexError
 from ..base import INTERRUPT_GRACE, Outcome, RunRequest, empty_outcome
 from .node import NodeHost
 
@@ -608,9 +608,7 @@ class RaySession:
     def _call(self, op: str, request: RunRequest) -> Outcome:
         with self._lock:
             if self._closed:
-                return {**empty_outcome(), "error": make_error(
-                    "crashed", "This session has been closed.",
-                    "Open a new session with a stateful call.", state_lost=True)}
+                return {**empty_outcome(), "error": messages.session_closed("cluster")}
             lost = False
             if self._host is None:  # its node died; the loss was reported then
                 if op == "read_only":

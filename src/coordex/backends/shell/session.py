@@ -1058,10 +1058,7 @@ def _crashed_error(killed: str, stateless: bool) -> dict[str, Any]:
 def _closed_outcome() -> Outcome:
     return {"stdout": "", "stderr": "", "truncated": False, "result": None,
             "exit_code": None, "images": [],
-            "error": make_error("crashed", "This bash session was closed (its shell and "
-                                "every process it started were ended).",
-                                "Start a new session with a stateful call, or use "
-                                "state_mode='stateless'.", state_lost=True),
+            "error": messages.session_closed("shell"),
             "state_lost": True}
 
 
@@ -1509,10 +1506,7 @@ class ShellPlace:
 def _place_closed() -> Outcome:
     return {"stdout": "", "stderr": "", "truncated": False, "result": None,
             "exit_code": None, "images": [],
-            "error": make_error("crashed", "The Executor was closed while this stateless "
-                                "bash call ran; its shell and commands were ended.",
-                                "Create a new Executor and run the command again.",
-                                state_lost=False)}
+            "error": messages.closed_during_call("shell", "stateless")}
 
 
 def run_stateless(request: RunRequest, *, env: dict[str, str] | None = None,
