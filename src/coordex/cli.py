@@ -54,7 +54,7 @@ def base_root(home: str | None = None) -> Path:
     the user data dir)."""
     if home:
         return Path(home).expanduser()
-    from .executor import default_root
+    from .core.root import default_root
 
     return default_root()
 

@@ -40,6 +40,7 @@ from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
 from .core.registry import PLAN_KEY
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
+from .core.root import default_root
 from .core.shapes import (
     CloseResult,
     EnvironmentBuilt,
@@ -66,16 +67,6 @@ if TYPE_CHECKING:
 
 PlaceKey = tuple[str, int | None]
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def default_root() -> Path:
-    """``COORDEX_HOME`` if set, else the user data dir for "coordex"."""
-    env = os.environ.get("COORDEX_HOME")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("coordex", appauthor=False))
 
 
 class Executor:

@@ -13,7 +13,7 @@ from coordex.eval.runner import TaskResult, coordinate
 from coordex.eval.suite import BY_NAME, TASKS
 from coordex.eval.tasks import judge, reference_code, same
 
-WS = Path("/work/space")
+WS = Path("/srv/eval-space")
 
 
 def test_the_suite_is_long_tasks_each_with_a_planted_attempt() -> None:
@@ -45,10 +45,10 @@ def test_reference_code_rebuilds_what_is_missing_in_order() -> None:
     assert code.startswith("from coordex.eval import kit\n")
     assert code.index("if 'ledger' not in globals():") < code.index("if 'totals' not in globals():")
     assert code.count("if 'ledger' not in globals():") == 1
-    assert "/work/space/ledger.csv" in code and "{ws}" not in code
+    assert "/srv/eval-space/ledger.csv" in code and "{ws}" not in code
     compile(code, "<step>", "exec")
     bash = task.steps[0]
-    assert reference_code(task, bash, WS, {}) == "ls -l /work/space && wc -l /work/space/ledger.csv"
+    assert reference_code(task, bash, WS, {}) == "ls -l /srv/eval-space && wc -l /srv/eval-space/ledger.csv"
 
 
 def test_every_reference_step_compiles() -> None:

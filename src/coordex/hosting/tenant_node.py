@@ -34,7 +34,7 @@ FORWARD_SLACK = 30.0
 
 def node_root() -> Path:
     """This node's coordex folder (``COORDEX_HOME`` here, else the user data dir)."""
-    from ..executor import default_root
+    from ..core.root import default_root
 
     return default_root()
 

@@ -444,7 +444,7 @@ def fence(end: Any) -> threading.Thread | None:
 
 
 def _node_root() -> Path:
-    from ...executor import default_root
+    from ...core.root import default_root
 
     return default_root()
 
