@@ -219,6 +219,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
             hidden = router.secrets_to_hide(base_root(args.home), None)
             _say(f"confinement: {router.confinement_level(hidden)}")
+            if (bound := router.memory_bound()) is not None:
+                _say(bound)
             folder = Path(args.confine)
             ex = router.confined_executor(args, folder, name="default", hidden=hidden,
                                           environments=router.environments_folder(
@@ -320,6 +322,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if confined:
         level = router.confinement_level(router.secrets_to_hide(root, args.tokens))
         _say(f"confinement: {level}")
+        if level != "none" and (bound := router.memory_bound()) is not None:
+            _say(bound)
         refusal = router.confinement_refusal(level, len(named), args.allow_unconfined)
         if refusal is not None:
             _say(f"refusing to start: {refusal}")

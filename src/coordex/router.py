@@ -96,6 +96,18 @@ def confinement_level(hidden: Sequence[str]) -> str:
     return level
 
 
+def memory_bound() -> str | None:
+    """What the start-up line says where no cgroup can bound a host's memory (SPEC 9:
+    the limit then holds per process, not for the host's processes together), or None."""
+    from .hosting.jail import _cgroup_base
+
+    if _cgroup_base("memory") is not None:
+        return None
+    return ("memory: per-process (no cgroup can be made here: each process of a host may "
+            "use up to --memory-limit; run the server as root, or delegate it a cgroup v2 "
+            "subtree with the memory controller, e.g. systemd's Delegate=memory pids)")
+
+
 def confinement_refusal(level: str, tenants: int, allow_unconfined: bool) -> str | None:
     """Why the server must not start, or None."""
     if level != "none" or tenants <= 1 or allow_unconfined:

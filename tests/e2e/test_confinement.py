@@ -394,6 +394,8 @@ def test_as_nobody_the_jail_holds_with_rlimits(open_tmp: Path) -> None:
                env=env, wrap=as_nobody) as running:
         url = running.wait_for(READY).group(1)
         assert running.wait_for(r"confinement: (\S+)").group(1) == "namespaces+landlock"
+        # No cgroup for nobody: the server says the memory limit holds per process.
+        assert running.wait_for(r"coordex: memory: (\S+)").group(1) == "per-process"
         srv = Server(running, url, home, tokens)
         bob = srv.code(BOB, f"echo {SECRET} > notes.txt; id -u", language="bash")
         assert bob.get("stdout", "").strip().endswith("65534"), bob

@@ -40,7 +40,7 @@ def confined(tmp_path: Path, secret: Path) -> Iterator[ConfinedExecutor]:
 def test_the_host_says_what_holds(confined: ConfinedExecutor) -> None:
     held = confined.confinement
     assert held["level"] == best_level()
-    assert held["memory"] in ("cgroup", "rlimit") and held["network"] is True
+    assert held["memory"] in ("cgroup", "per-process") and held["network"] is True
 
 
 def test_the_folder_is_cwd_and_home_and_the_rest_is_hidden_or_read_only(

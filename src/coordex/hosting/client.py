@@ -296,7 +296,7 @@ class ConfinedExecutor:
             ``<root>.records``), read-only to the host and written by this object
             (:mod:`.records`): the tenant reads them through the API only.
         memory_limit: bytes for the whole host (default 4 GiB); a cgroup where the
-            machine lets coordex make one, else a per-process rlimit
+            machine lets coordex make one, else a per-process rlimit (``"per-process"``)
             (``confinement["memory"]`` says which).
         network: False leaves the host loopback only.
         max_calls: calls the host runs at once; more wait their turn (default 8).

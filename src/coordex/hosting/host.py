@@ -419,7 +419,10 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
 
     options = json.loads(args.executor)
     ready = {"protocol": wire.PROTOCOL_VERSION, "pid": os.getpid(), "confinement": level,
-             "memory": limits.memory, "processes": limits.processes,
+             # SPEC 9's words: what bounds the host's memory ("cgroup"), or that only each
+             # process is bounded ("per-process": an rlimit), or nothing ("none").
+             "memory": "per-process" if limits.memory == "rlimit" else limits.memory,
+             "processes": limits.processes,
              # What holds: at level "none" nothing keeps the network from the host.
              "network": spec.network or level == "none",
              # Only a confined host is kept from writing what its builder builds.
