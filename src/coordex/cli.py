@@ -324,6 +324,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"confinement: {level}")
         if level != "none" and (bound := router.memory_bound()) is not None:
             _say(bound)
+        for warning in router.shared_users(root, named):
+            _say(f"warning: {warning}")
         refusal = router.confinement_refusal(level, len(named), args.allow_unconfined)
         if refusal is not None:
             _say(f"refusing to start: {refusal}")

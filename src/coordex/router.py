@@ -108,6 +108,18 @@ def memory_bound() -> str | None:
             "subtree with the memory controller, e.g. systemd's Delegate=memory pids)")
 
 
+def shared_users(root: Path, named: Mapping[str, str]) -> list[str]:
+    """Tenants whose hosts would run as the same user (a root server numbers each
+    tenant's user from its folder, hosting.identity): said at start, with the fix."""
+    from .hosting.identity import collisions, tenant_user
+
+    folders = [str(root.expanduser().absolute() / "tenants" / name) for name in named if name]
+    if tenant_user(folders[0] if folders else "/", "x") is None:
+        return []
+    return [f"tenants' folders {a!r} and {b!r} map to one user; set COORDEX_TENANT_IDS to "
+            "another range" for a, b in collisions(folders)]
+
+
 def confinement_refusal(level: str, tenants: int, allow_unconfined: bool) -> str | None:
     """Why the server must not start, or None."""
     if level != "none" or tenants <= 1 or allow_unconfined:

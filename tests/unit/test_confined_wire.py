@@ -241,3 +241,14 @@ def test_a_malformed_tenant_id_range_is_refused() -> None:
     assert tenant_user("/srv/t/alice", "alice", ids=(2000000, 3000000), euid=0) == one
     assert tenant_user("/srv/t/bob", "bob", ids=(2000000, 3000000), euid=0) != one
     assert tenant_user("/srv/t/alice", "alice", euid=1000) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="an unprivileged server's tenants keep its user")
+def test_tenants_that_would_share_a_user_are_named_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COORDEX_TENANT_IDS", "2000000-2000001")  # one id for everyone
+    said = router.shared_users(tmp_path, {"alice": "a" * 16, "bob": "b" * 16})
+    assert len(said) == 1 and "alice" in said[0] and "bob" in said[0], said
+    assert "COORDEX_TENANT_IDS" in said[0]
+    monkeypatch.delenv("COORDEX_TENANT_IDS")
+    assert router.shared_users(tmp_path, {"alice": "a" * 16, "bob": "b" * 16}) == []

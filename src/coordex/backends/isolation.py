@@ -287,9 +287,16 @@ def _build_filter(arch: int, numbers: Sequence[int],
         remaining = len(numbers) - index - 1
         prog.append((jeq, remaining + 1, 0, nr))  # hit -> jump to the EPERM return
     prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    return sock_fprog(prog)
+
+
+def sock_fprog(prog: Sequence[tuple[int, int, int, int]],
+               ) -> tuple[bytes, ctypes.Array[ctypes.c_char]]:
+    """A BPF program as ``struct sock_fprog`` for ``PR_SET_SECCOMP``, and the buffer of
+    its instructions, which must outlive its use."""
     raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
-    return struct.pack("@HP", len(prog), ctypes.addressof(buf)), buf  # struct sock_fprog
+    return struct.pack("@HP", len(prog), ctypes.addressof(buf)), buf
 
 
 def prepare() -> None:

@@ -24,6 +24,7 @@ import stat
 from collections.abc import Callable, Iterable, Sequence
 
 DEFAULT_RANGE = (1_500_000_000, 1_500_000_000 + (1 << 24))
+_PR_SET_DUMPABLE = 4
 
 
 def id_range(text: str | None = None) -> tuple[int, int]:
@@ -127,11 +128,11 @@ def become(uid: int, gid: int) -> None:
     ``/proc/self/fd/N``, a subprocess closing its fds). It is the tenant's own process
     now, so it is made dumpable again.
     """
-    import ctypes
+    from ..backends import isolation as iso
 
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-    ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+    iso._libc().prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
 __all__ = ["DEFAULT_RANGE", "become", "collisions", "hand_over", "id_range", "map_writer",

@@ -609,10 +609,8 @@ def keep_to_own_processes(shared_ipc: bool = False, no_inet: bool = False) -> No
         prog += [(jeq, 0, 5, socket_nr), (ld, 0, 0, arg[0]), (jeq, 2, 0, 2), (jeq, 1, 0, 10),
                  (ret, 0, 0, allow), (ret, 0, 0, eperm)]
     prog.append((ret, 0, 0, allow))
-    raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
-    buf = ctypes.create_string_buffer(raw, len(raw))
+    fprog, buf = iso.sock_fprog(prog)
     _FILTERS.append(buf)
-    fprog = struct.pack("@HP", len(prog), ctypes.addressof(buf))
     iso._check(iso._libc().prctl(iso._PR_SET_SECCOMP, iso._SECCOMP_MODE_FILTER,
                                  ctypes.c_char_p(fprog), 0, 0), "seccomp")
 

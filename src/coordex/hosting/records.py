@@ -26,6 +26,7 @@ Executor (``records=``), which then makes its call log and function store from i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sqlite3
@@ -152,7 +153,7 @@ class OwnerRecords:
                     env=fields.get("env"), env_key=fields.get("env_key"),
                     signature=str(fields["signature"]), doc=fields.get("doc"),
                     now=float(fields["now"]))
-                return {"record": _record_fields(record), "created": created}
+                return {"record": dataclasses.asdict(record), "created": created}
             return {"error": f"unknown record op {op!r}"}
         except (KeyError, TypeError, ValueError) as exc:
             return {"error": f"{op}: {type(exc).__name__}: {exc}"[:300]}
@@ -182,12 +183,6 @@ def _row(value: Any, columns: tuple[str, ...] | None = COLUMNS) -> dict[str, Any
         if item is None or isinstance(item, (str, int, float, bool)):
             row[str(key)] = item
     return row
-
-
-def _record_fields(record: FunctionRecord) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(record)
 
 
 # ------------------------------------------------------------------------- the host

@@ -78,10 +78,6 @@ class Plan:
     covers: tuple[str, ...]  # hidden paths beneath a bound folder: covered, empty
 
 
-def _within(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
 def resolve(path: str, links: list[tuple[str, str]], depth: int = 0) -> str:
     """The real path of ``path``; each symbolic link met on the way is added to
     ``links`` as (its path, its text), so the view can hold the same links."""
@@ -105,9 +101,9 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
          environments: str | None = None, records: str | None = None) -> Plan:
     """What the view holds (see the module docstring); pure but for path look-ups.
 
-    A readable path that is or holds a hidden one is left out whole (a server started
-    from its own root would otherwise hand the root to every tenant); one beneath a
-    hidden path too. Paths that do not exist are left out.
+    A path that is or lies beneath a hidden one is left out (but the tenant's own
+    folders, which a server's root holds); a hidden path beneath a bound folder is
+    covered by an empty one. Paths that do not exist are left out.
     """
     real_hidden = [os.path.realpath(h) for h in hidden]
     links: list[tuple[str, str]] = []
@@ -123,9 +119,9 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
             return
         if not os.path.exists(real):
             return
-        # The tenant's own folders may lie in a hidden one (a server's root holds them)
-        # or hold one (covered, below); nothing else may be or hold or lie in one.
-        if not own and any(_within(h, real) or _within(real, h) for h in real_hidden):
+        # The tenant's own folders may lie in a hidden path (a server's root holds them);
+        # nothing else may. A folder that holds one is bound with it covered (below).
+        if not own and any(iso._within(real, h) for h in real_hidden):
             return
         links.extend(found)
         wanted[real] = wanted.get(real, False) or write
@@ -145,17 +141,17 @@ def plan(readable: Iterable[str], writable: Iterable[str], hidden: Sequence[str]
     binds: list[Bind] = []
     for path in sorted(wanted, key=lambda p: (p.count("/"), p)):
         # Beneath a folder already bound with the same rights: seen through it.
-        if any(_within(path, b.path) and b.writable == wanted[path] for b in binds):
+        if any(iso._within(path, b.path) and b.writable == wanted[path] for b in binds):
             continue
         binds.append(Bind(path, wanted[path]))
     bound = [b.path for b in binds]
     unique_links = []
     for link in dict.fromkeys(links):
         # A link inside a bound folder is there already; one on a hidden path never is.
-        if not any(_within(link[0], b) for b in bound) and not any(
-                _within(link[0], h) for h in real_hidden):
+        if not any(iso._within(link[0], b) for b in bound) and not any(
+                iso._within(link[0], h) for h in real_hidden):
             unique_links.append(link)
-    covers = tuple(h for h in real_hidden if any(_within(h, b) and h != b for b in bound))
+    covers = tuple(h for h in real_hidden if any(iso._within(h, b) and h != b for b in bound))
     return Plan(tuple(binds), tuple(unique_links), covers)
 
 
@@ -278,14 +274,14 @@ def reach(paths: Sequence[str], uid: int, gid: int) -> None:
     allows, by the same paths."""
     real = sorted({os.path.realpath(p) for p in paths if os.path.exists(p)})
     closed = {a for p in real for a in _above(p) if not _searchable(a, uid, gid)}
-    tops = sorted(a for a in closed if not any(_within(a, b) and a != b for b in closed))
+    tops = sorted(a for a in closed if not any(iso._within(a, b) and a != b for b in closed))
     if not tops:
         return
     iso._check(iso._libc().unshare(iso._CLONE_NEWNS), "unshare(mount)")
     iso._mount(None, "/", None, iso._MS_REC | iso._MS_PRIVATE)
     # Handles on mounts of this namespace (a bind takes no mount of another one).
     handles = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in real
-               if any(_within(p, t) for t in tops)}
+               if any(iso._within(p, t) for t in tops)}
     try:
         for top in tops:
             iso._mount("tmpfs", top, "tmpfs", iso._MS_NOSUID | iso._MS_NODEV, "mode=0755,size=64k")
