@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import alive
 
 from ._procs import COORDEX, child_env
-from .test_signals import INITIALIZE, INITIALIZED, TOKEN, _tool_call
+from .test_signals import INITIALIZE, INITIALIZED, TOKEN, _tool_call, mcp_session, serving_url
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,21 +120,8 @@ def test_serve_answers_every_request_in_flight_at_sigterm(tmp_path: Path) -> Non
                                    stderr=log)
     pids: set[int] = set()
     try:
-        deadline = time.monotonic() + 30
-        url = None
-        while url is None and time.monotonic() < deadline:
-            for line in (tmp_path / "stderr").read_text().splitlines():
-                if "serving MCP on " in line:
-                    url = line.split("serving MCP on ")[1].split()[0]
-            time.sleep(0.05)
-        assert url, (tmp_path / "stderr").read_text()
-        headers = {"accept": "application/json, text/event-stream",
-                   "authorization": f"Bearer {TOKEN}"}
-        client = httpx.Client(timeout=60)
-        init = client.post(url, json=INITIALIZE, headers=headers)
-        headers |= {"mcp-session-id": init.headers["mcp-session-id"],
-                    "mcp-protocol-version": "2025-06-18"}
-        client.post(url, json=INITIALIZED, headers=headers)
+        url = serving_url(tmp_path / "stderr")
+        client, headers = mcp_session(url, TOKEN, timeout=60)
         first = _data(client.post(url, json=_tool_call(1, OWN_POPEN), headers=headers))
         pids.add(int(first["result"]["structuredContent"]["stdout"]))
         replies: dict[int, dict[str, Any]] = {}

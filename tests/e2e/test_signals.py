@@ -99,21 +99,8 @@ def test_serve_exits_promptly_with_everything_ended(tmp_path: Path, sig: signal.
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=log)
     try:
-        deadline = time.monotonic() + 30
-        url = None
-        while url is None and time.monotonic() < deadline:
-            for line in (tmp_path / "stderr").read_text().splitlines():
-                if "serving MCP on " in line:
-                    url = line.split("serving MCP on ")[1].split()[0]
-            time.sleep(0.05)
-        assert url, (tmp_path / "stderr").read_text()
-        headers = {"accept": "application/json, text/event-stream",
-                   "authorization": f"Bearer {TOKEN}"}
-        client = httpx.Client(timeout=300)
-        init = client.post(url, json=INITIALIZE, headers=headers)
-        headers |= {"mcp-session-id": init.headers["mcp-session-id"],
-                    "mcp-protocol-version": "2025-06-18"}
-        client.post(url, json=INITIALIZED, headers=headers)
+        url = serving_url(tmp_path / "stderr")
+        client, headers = mcp_session(url, TOKEN, timeout=300)
         pids: set[int] = set()
         for number, (arguments, wait) in enumerate(CALLS, 1):
             if wait:
@@ -140,3 +127,26 @@ def _post_quietly(client: httpx.Client, url: str, body: dict[str, Any],
         client.post(url, json=body, headers=headers)
     except httpx.HTTPError:
         pass  # the server went away under the request: expected
+
+
+def serving_url(log: Path, within: float = 30) -> str:
+    """The URL a ``coordex serve`` writing its stderr to ``log`` says it serves on."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if "serving MCP on " in line:
+                return line.split("serving MCP on ")[1].split()[0]
+        time.sleep(0.05)
+    raise AssertionError(log.read_text())
+
+
+def mcp_session(url: str, token: str, *, timeout: float) -> tuple[httpx.Client, dict[str, str]]:
+    """An initialized MCP session over raw HTTP: the client and the headers to send."""
+    headers = {"accept": "application/json, text/event-stream",
+               "authorization": f"Bearer {token}"}
+    client = httpx.Client(timeout=timeout)
+    init = client.post(url, json=INITIALIZE, headers=headers)
+    headers |= {"mcp-session-id": init.headers["mcp-session-id"],
+                "mcp-protocol-version": "2025-06-18"}
+    client.post(url, json=INITIALIZED, headers=headers)
+    return client, headers
