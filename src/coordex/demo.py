@@ -361,18 +361,23 @@ def write_forecast_wheel(folder: Path) -> Path:
             "Tag: py3-none-any\n"
         ),
     }
+    return pack_wheel(folder, dist, files)
+
+
+def pack_wheel(folder: Path, dist: str, files: dict[str, str]) -> Path:
+    """``files`` (path in the wheel -> text) as ``folder/<dist>-py3-none-any.whl``, with
+    its RECORD. A fixed timestamp keeps the wheel's bytes (and so an environment's spec
+    hash) the same from run to run."""
     record_lines = []
     for name, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
         record_lines.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
     record_lines.append(f"{dist}.dist-info/RECORD,,")
-    files[f"{dist}.dist-info/RECORD"] = "\n".join(record_lines) + "\n"
+    files = {**files, f"{dist}.dist-info/RECORD": "\n".join(record_lines) + "\n"}
     wheel = folder / f"{dist}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, text in files.items():
-            # A fixed timestamp keeps the wheel (and so the environment's hash) stable.
-            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-            zf.writestr(info, text)
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), text)
     return wheel
 
 
@@ -412,4 +417,4 @@ def run_demo(home: str | None = None, keep: bool = False,
     return code
 
 
-__all__ = ["run_demo", "write_forecast_wheel", "write_ledger"]
+__all__ = ["pack_wheel", "run_demo", "write_forecast_wheel", "write_ledger"]

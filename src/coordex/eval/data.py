@@ -6,12 +6,9 @@ the pinned-function task needs are wheels written here with ``zipfile``.
 
 from __future__ import annotations
 
-import base64
 import csv
 import datetime
-import hashlib
 import random
-import zipfile
 from pathlib import Path
 
 from .kit import row_check
@@ -194,14 +191,6 @@ def ledgerlib_wheel(folder: Path, version: str) -> Path:
         f"{dist}.dist-info/WHEEL": ("Wheel-Version: 1.0\nGenerator: coordex-eval\n"
                                     "Root-Is-Purelib: true\nTag: py3-none-any\n"),
     }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
-    record.append(f"{dist}.dist-info/RECORD,,")
-    files[f"{dist}.dist-info/RECORD"] = "\n".join(record) + "\n"
-    wheel = folder / f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, text in files.items():
-            archive.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), text)
-    return wheel
+    from ..demo import pack_wheel
+
+    return pack_wheel(folder, dist, files)
