@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import shutil
@@ -315,7 +316,7 @@ class Executor:
             if self._persist is not None and call == 1:  # before the call's code runs
                 restored = self._persist.restore(key, record, session, self.timeout * 5)
             try:
-                outcome = sessions.attempts(place, "stateful", session.run, request)
+                outcome = self._table.run(key, place, "stateful", session.run, request)
                 if restored is not None and restored.get("state_lost"):
                     outcome["state_lost"] = True  # kept, but nothing could be restored
                     if outcome.get("error"):
@@ -388,8 +389,8 @@ class Executor:
             with self._protected(request) as protected:
                 session = slot.session
                 place = self._place(key.language, key.venv_id)
-                outcome = sessions.attempts(place, "read_only", session.run_read_only,
-                                            protected)
+                outcome = self._table.run(key, place, "read_only", session.run_read_only,
+                                          protected)
             note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None),
                          outcome.pop("written", None))
             if restored is not None:
@@ -586,14 +587,10 @@ class Executor:
             with self._table.reading(coordinate, self.timeout, None) as (key, slot):
                 if slot is None or slot.session is None:
                     return cast(InspectResult, _busy_outcome()["error"])
-                report = dict(slot.session.inspect())
-            failure = report.get("error")
-            if isinstance(failure, dict) and "error_type" in failure:
-                # One failure shape in every place: the error dict itself.
-                failure = dict(failure)
-                failure["session"] = self._table.record(key)
-                return cast(InspectResult, failure)
-            if "error_type" in report:
+                report = self._table.inspect(key, slot, self._place(key.language,
+                                                                    key.venv_id))
+            if "error_type" in report:  # one failure shape in every place: the error dict
+                report["session"] = self._table.record(key)
                 return cast(InspectResult, report)
             if key.language == "python":
                 for item in report.get("names", []):
@@ -907,11 +904,14 @@ class Executor:
     def _run_in_active(self, active: tuple[SessionKey, OwnSession], coordinate: Coordinate,
                        request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
         key, session = active
+        place = self._place(key.language, key.venv_id)
         if coordinate.state_mode == "read_only":
             with self._protected(request) as protected:
-                outcome = session.run_nested(protected, read_only=True)
+                outcome = sessions.attempts(place, "read_only", functools.partial(
+                    session.run_nested, read_only=True), protected)
         else:  # nested: runs inline on this thread, inside the outer call
-            outcome = session.run_nested(request, read_only=False)
+            outcome = sessions.attempts(place, "stateful", functools.partial(
+                session.run_nested, read_only=False), request)
         return outcome, self._table.record(key)
 
     def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:

@@ -28,12 +28,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .backends.base import Outcome, Place, RunRequest, Session, wait_for
-from .core import faults, messages
+from .core import facts, faults, messages
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError
+from .core.facts import Ran
 from .core.registry import PLAN_KEY, SessionEntry, SessionRegistry
 from .core.results import session_record
 
@@ -44,6 +45,9 @@ class Slot:
 
     session: Session | None
     lock: threading.Lock
+    # The session's last result said its state was lost: a fresh process its place
+    # finds at the next call is that loss, not news (the one "reported once" flag).
+    told: bool = False
 
 
 class SessionTable:
@@ -188,6 +192,24 @@ class SessionTable:
         finally:
             slot.lock.release()
 
+    def run(self, key: SessionKey, place: Place, mode: messages.Mode,
+            run: Callable[[RunRequest], Ran], request: RunRequest) -> Outcome:
+        """One call to the session ``key`` (held by the caller) through :func:`attempts`,
+        each loss said once."""
+        slot = self._slots.get(key)
+        outcome = attempts(place, mode, run, request, told=slot is not None and slot.told)
+        if slot is not None:
+            slot.told = bool(outcome.get("state_lost"))
+        return outcome
+
+    def inspect(self, key: SessionKey, slot: Slot, place: Place) -> dict[str, Any]:
+        """What the session holds (SPEC 7), or the error that kept it from saying; a
+        process found dead and replaced is said as ``state_lost`` once, as for a call."""
+        report = slot.session.inspect() if slot.session is not None else facts.Ran(
+            facts.Closed("session", during=False))
+        said, slot.told = inspected(report, place, slot.told)
+        return said
+
     def count_call(self, key: SessionKey) -> None:
         with self.lock:
             if key in self.registry:
@@ -225,58 +247,71 @@ class SessionTable:
             raise messages.executor_closed()
 
 
+def inspected(report: dict[str, Any] | Ran, place: Place,
+              told: bool) -> tuple[dict[str, Any], bool]:
+    """A session's ``inspect`` answer as the Executor gives it, and whether it said a
+    loss: a report (``replaced``: said as ``state_lost`` unless ``told``), or the error
+    a fact is worded into."""
+    if isinstance(report, Ran):
+        lost = facts.lost_state(report, "read_only") or (report.replaced and not told)
+        error = messages.said(report, _kind(place), "read_only", 0.0, state_lost=lost)["error"]
+        return dict(error), lost
+    report = dict(report)
+    lost = bool(report.pop("replaced", False)) and not told
+    if lost:
+        report["state_lost"] = True
+    return report, lost
+
+
+def _kind(place: Place) -> messages.PlaceKind:
+    return cast(messages.PlaceKind, place.kind if place.kind in messages.WORDS else "worker")
+
+
 # Seconds of the call's timeout a retry must have left to be worth running.
 RETRY_FLOOR = 0.5
 
 
-def attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Outcome],
-             request: RunRequest) -> Outcome:
-    """Run one call through ``run`` (one attempt each) and apply SPEC section 6.
+def attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran],
+             request: RunRequest, *, told: bool = False) -> Outcome:
+    """Run one call through ``run`` (one attempt each), apply SPEC section 6 and word
+    the result.
 
-    A place reports a death during an attempt with the facts ``died`` (``"process"``:
-    the session's process, so its state is gone; ``"copy"``: only the fork that ran the
-    call) and ``died_how``. Where the place ``retries`` (Python workers), the call runs
-    once more, on the fresh process the place has put in, within what is left of the
-    call's one timeout (``request`` with that timeout; none left: no retry); a second
-    death, or any death where the place does not retry, is ``crashed`` naming how often
-    it died. The result says ``retried`` and ``state_lost`` where they hold.
+    Where the place ``retries`` (Python workers) and what died under the call had not
+    taken it for good, the call runs once more, on the fresh process the place puts in,
+    within what is left of the call's one timeout (none left: no retry); a second
+    death, or any death where no retry is due, is ``crashed`` naming how often it died.
+
+    ``state_lost`` is said once per loss: a process the place found dead and replaced
+    before the first attempt is news unless ``told`` (the session's previous result
+    already said the loss); a loss during the call always is. A stateless call never
+    says it.
     """
     tried: list[faults.Attempt] = []
     hows: list[str] = []
+    lost = False
     started = time.monotonic()
     attempt = request
     while True:
-        outcome = dict(run(attempt))
-        died = outcome.pop("died", None)
-        how = outcome.pop("died_how", None)
-        if how:
-            hows.append(str(how))
-        tried.append(faults.Attempt(died=died, replaced=died is None
-                                    and bool(outcome.get("state_lost"))))
+        ran = run(attempt)
+        lost = lost or facts.lost_state(ran, mode) or (ran.replaced and (bool(tried) or not told))
+        tried.append(faults.attempt(ran))
         step = faults.next_step(place.retries, tried)
         left = request.timeout - (time.monotonic() - started)
         if step == "retry" and left < RETRY_FLOOR:
             step = "crashed"  # SPEC 6: one deadline for the call, retry included
         if step != "retry":
             break
+        assert isinstance(ran.event, facts.Died)
+        hows.append(ran.event.how)
         attempt = dataclasses.replace(request, timeout=left)
+    outcome = messages.said(ran, _kind(place), mode, request.timeout,
+                            state_lost=lost and mode != "stateless", attempts=len(tried),
+                            hows=hows)
     if faults.retried(tried):
         outcome["retried"] = True
-    if step == "crashed" and len(tried) > 1:
-        words = place.kind if place.kind in messages.WORDS else "worker"
-        keep = {k: v for k, v in (outcome.get("error") or {}).items()
-                if k not in ("error", "error_type", "suggestion", "state_lost")}
-        outcome["error"] = messages.crashed(words, mode, "; ".join(dict.fromkeys(hows))
-                                            or "no reason given", attempts=len(tried),
-                                            state_lost=False if mode == "stateless" else None,
-                                            **keep)
-    if mode != "stateless" and faults.state_lost(tried):
-        outcome["state_lost"] = True
         error = outcome.get("error")
-        if error:
-            error["state_lost"] = True
-            if error.get("error_type") == "timeout" and faults.retried(tried):
-                # The second run's interrupt kept what that run bound; the state from
-                # before this call went with the first run's process.
-                error["error"] = messages.after_a_retry(str(error.get("error", "")))
+        if error and error.get("error_type") == "timeout" and lost:
+            # The second run's interrupt kept what that run bound; the state from
+            # before this call went with the first run's process.
+            error["error"] = messages.after_a_retry(str(error.get("error", "")))
     return outcome

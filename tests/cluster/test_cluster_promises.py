@@ -44,8 +44,13 @@ from tests.conformance.test_places import (  # noqa: E402
     At,
     Place,
     test_a_busy_session_reads_the_same_everywhere,
+    test_a_call_whose_session_is_closed_under_it_reads_the_same,
+    test_a_death_near_the_deadline_returns_within_the_one_timeout,
     test_a_process_found_dead_is_replaced_and_says_state_lost,
+    test_a_process_stopped_while_idle_reads_the_same,
+    test_a_read_only_copy_that_kills_itself_is_crashed_in_the_same_words,
     test_a_timeout_that_the_code_survives,
+    test_an_exception_in_the_code_reads_the_same_everywhere,
     test_closed_sessions_are_gone,
     test_list_and_inspect_see_the_session_and_change_nothing,
     test_output_streams_through_on_output,
@@ -57,7 +62,12 @@ from tests.conformance.test_places import (  # noqa: E402
 
 CONFORMANCE = [
     test_a_busy_session_reads_the_same_everywhere,
+    test_a_call_whose_session_is_closed_under_it_reads_the_same,
+    test_a_death_near_the_deadline_returns_within_the_one_timeout,
     test_a_process_found_dead_is_replaced_and_says_state_lost,
+    test_a_process_stopped_while_idle_reads_the_same,
+    test_a_read_only_copy_that_kills_itself_is_crashed_in_the_same_words,
+    test_an_exception_in_the_code_reads_the_same_everywhere,
     test_a_timeout_that_the_code_survives, test_closed_sessions_are_gone,
     test_list_and_inspect_see_the_session_and_change_nothing,
     test_output_streams_through_on_output,
@@ -79,7 +89,7 @@ def at(request: pytest.FixtureRequest, local_cluster: LocalCluster,
         warm = ex.execute_code("true" if place.language == "bash" else "pass",
                                language=place.language, venv_id=venv_id)
         assert "error" not in warm, warm
-        yield At(ex, place, venv_id)
+        yield At(ex, place, venv_id, process="process on the cluster node")
     finally:
         ex.close()
     # Closing the Executor ended every process its node actors started.

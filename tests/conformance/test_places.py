@@ -53,6 +53,9 @@ PLACES = [
 ]
 
 
+PROCESS = {"own": "agent's own interpreter", "worker": "worker process", "bash": "bash shell"}
+
+
 @dataclass
 class At:
     """An executor and the coordinates of one place in it."""
@@ -60,6 +63,10 @@ class At:
     ex: Executor
     place: Place
     venv_id: int | None
+    process: str = ""  # what messages call the process holding a session here
+
+    def __post_init__(self) -> None:
+        self.process = self.process or PROCESS[self.place.id]
 
     def run(self, code: str, **kw: Any) -> dict[str, Any]:
         return self.ex.execute_code(code, language=self.place.language, venv_id=self.venv_id,
@@ -281,3 +288,86 @@ def test_a_read_only_copy_that_kills_itself_is_crashed_in_the_same_words(at: At)
     assert r["error_type"] == "crashed" and r["state_lost"] is False, r
     assert "read-only copy" in r["error"] and "killed by SIGKILL" in r["error"], r
     assert at.run(at.place.show_v, state_mode="stateful", session_name="s")["stdout"] == "41\n"
+
+
+def test_an_exception_in_the_code_reads_the_same_everywhere(at: At) -> None:
+    """The exception's own last line and one suggestion, whatever the place."""
+    if at.place.language == "bash":
+        pytest.skip("bash has no exceptions: a failing command is its exit_code")
+    for mode, kw, after in (
+            ("stateless", {}, "Read the traceback, fix the code and run it again."),
+            ("stateful", {"session_name": "s"}, "Read the traceback, fix the code and run it "
+             "again; the session's state is kept (names bound before the failing line too)."),
+            ("read_only", {"session_name": "s"}, "Read the traceback, fix the code and run "
+             "it again; the session is unchanged.")):
+        r = at.run("print('before')\nraise ValueError('bad value')", state_mode=mode, **kw)
+        assert r["error_type"] == "execution" and r["exception"] == "ValueError", r
+        assert r["error"] == "ValueError: bad value"
+        assert r["suggestion"] == after
+        assert r["state_lost"] is False and r["stdout"] == "before\n"
+        assert "ValueError: bad value" in r["traceback"]
+
+
+def test_a_call_whose_session_is_closed_under_it_reads_the_same(at: At) -> None:
+    if not at.place.killable:
+        pytest.skip("code running in the agent's own interpreter cannot be ended under it")
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    closer = threading.Timer(0.5, lambda: at.ex.close_session(**at.where(session_name="s")))
+    closer.start()
+    started = time.monotonic()
+    try:
+        r = at.run(at.place.slow, state_mode="stateful", session_name="s", timeout=20)
+    finally:
+        closer.cancel()
+    assert time.monotonic() - started < 10
+    assert r["error_type"] == "crashed" and r["state_lost"] is True, r
+    assert r["error"] == (f"This code's session was closed while this code ran; its "
+                          f"{at.process} was ended.")
+    again = at.run(at.place.show_v, state_mode="stateful", session_name="s")
+    assert again["stdout"] == "\n" and "state_lost" not in again  # a fresh session
+
+
+def test_a_process_stopped_while_idle_reads_the_same(at: At) -> None:
+    """A stopped process never takes the code: the call returns by its timeout and the
+    grace, says the code did not run, and the next call starts fresh."""
+    if not at.place.killable:
+        pytest.skip("the agent's own interpreter is this process")
+    at.run(at.place.set_v, state_mode="stateful", session_name="z")
+    pid = int(at.run(at.place.pid, state_mode="stateful", session_name="z")["stdout"])
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    r = at.run(at.place.show_v, state_mode="stateful", session_name="z", timeout=2)
+    assert time.monotonic() - started < 2 + 2 + 1.5
+    assert r["error_type"] == "timeout" and r["state_lost"] is True, r
+    assert r["error"] == (f"The session's {at.process} did not take the code "
+                          "within its timeout of 2 s (it was stopped or stuck) and was "
+                          "replaced: the code did not run, and the session's state is lost.")
+    again = at.run(at.place.show_v, state_mode="stateful", session_name="z")
+    assert again["stdout"] == "\n" and "state_lost" not in again, again
+
+
+def test_a_death_near_the_deadline_returns_within_the_one_timeout(at: At,
+                                                                  tmp_path: Path) -> None:
+    """SPEC 6: the process dies 2 s into a call with timeout=4. A place that retries
+    runs the call again in the 2 s left (then ``timeout``, retried); one that does not
+    says ``crashed``. Either way the call is back by its timeout plus the grace."""
+    if not at.place.killable:
+        pytest.skip("the agent's own interpreter is this process")
+    flag = tmp_path / "died-once"
+    if at.place.language == "bash":
+        code = f"if [ ! -e {flag} ]; then touch {flag}; sleep 2; kill -9 $$; fi; sleep 30"
+    else:
+        code = (f"import os, signal, time\nif not os.path.exists({str(flag)!r}):\n"
+                f"    open({str(flag)!r}, 'w').close()\n    time.sleep(2)\n"
+                "    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(30)")
+    at.run(at.place.set_v, state_mode="stateful", session_name="d")
+    started = time.monotonic()
+    r = at.run(code, state_mode="stateful", session_name="d", timeout=4)
+    assert time.monotonic() - started < 4 + 2 + 0.5
+    assert r["state_lost"] is True, r
+    if at.place.language == "python":  # a worker is retried once (SPEC 6)
+        assert r["error_type"] == "timeout" and r["retried"] is True, r
+        assert "state from before this call is lost" in r["error"]
+    else:  # a shell command is never run twice
+        assert r["error_type"] == "crashed" and "retried" not in r, r
+        assert "killed by SIGKILL" in r["error"]

@@ -14,6 +14,7 @@ import pytest
 from coordex import CallError, Executor
 from coordex.backends.base import RunRequest
 from coordex.backends.env.workers import WorkerSession
+from tests.said import said
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +43,7 @@ def test_own_interpreter_escapes_a_lone_surrogate_like_a_worker(ex: Executor,
     utf8_json(r)
     ex.execute_code("x = 1", state_mode="stateful")
     assert ex.execute_code(code, state_mode="read_only", session_id=0)["stdout"] == r["stdout"]
-    worker = WorkerSession(sys.executable)
+    worker = said(WorkerSession(sys.executable))
     try:
         assert worker.run(RunRequest(code, timeout=20))["stdout"] == r["stdout"]
     finally:

@@ -18,6 +18,7 @@ import pytest
 
 from coordex import Executor
 from coordex.log import LOG_FILE
+from tests.said import said
 
 HISTORY_KEYS = {"seq", "at", "language", "venv_id", "session_id", "session_name", "state_mode",
                 "code", "duration_ms", "outcome", "state_lost"}
@@ -482,7 +483,7 @@ def test_a_bash_copy_dumps_its_state_only_when_the_names_are_wanted(tmp_path: Pa
 
     if isolation.best_mode() == "none":
         pytest.skip("no protected copy here: a plain subshell runs read-only bash code")
-    with ShellSession() as shell:
+    with said(ShellSession()) as shell:
         assert "error" not in shell.run(RunRequest(code="x=1", timeout=30))
         # Off, on, on (the copy made ahead), off: a copy made for the other case is
         # called off, never used.

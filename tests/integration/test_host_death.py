@@ -37,7 +37,7 @@ worker = WorkerSession(sys.executable)
 out = worker.run(RunRequest(
     "import os, subprocess\np = subprocess.Popen(['sleep', '304'])\nprint(p.pid, os.getpid())",
     timeout=60))
-pids["worker_popen"], pids["worker"] = map(int, out["stdout"].split())
+pids["worker_popen"], pids["worker"] = map(int, out.stdout.split())
 busy = WorkerSession(sys.executable)
 pids["busy_worker"] = busy.pid
 threading.Thread(target=busy.run, daemon=True,

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from coordex import Executor
+from tests.said import said
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -301,7 +302,7 @@ def test_a_worker_tells_its_own_keyboard_interrupt_from_a_timeout() -> None:
     from coordex.backends.base import RunRequest
     from coordex.backends.env.workers import WorkerSession
 
-    worker = WorkerSession(sys.executable)
+    worker = said(WorkerSession(sys.executable))
     try:
         r = worker.run(RunRequest("raise KeyboardInterrupt('mine')", timeout=20))
         assert r["error"]["error_type"] == "execution", r

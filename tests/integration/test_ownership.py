@@ -19,6 +19,7 @@ import pytest
 
 from coordex import Executor
 from coordex.backends.base import INTERRUPT_GRACE
+from tests.said import said
 
 from ..conftest import alive
 
@@ -416,7 +417,7 @@ def test_a_worker_that_closed_its_fds_1_and_2_prints_again() -> None:
     from coordex.backends.base import RunRequest
     from coordex.backends.env.workers import WorkerSession
 
-    session = WorkerSession(sys.executable)
+    session = said(WorkerSession(sys.executable))
     try:
         session.run(RunRequest("import os, sys\nos.close(1)\nos.close(2)\nsys.stdout.close()",
                                timeout=30))
@@ -448,7 +449,7 @@ def test_a_worker_copys_background_children_end_with_it() -> None:
     from coordex.backends.base import RunRequest
     from coordex.backends.env.workers import WorkerSession
 
-    session = WorkerSession(sys.executable)
+    session = said(WorkerSession(sys.executable))
     pids: list[int] = []
     try:
         session.run(RunRequest("import subprocess\nsh = subprocess.Popen(['cat'], "
@@ -480,7 +481,7 @@ def test_a_stateless_call_whose_process_dies_never_says_state_lost(ex: Executor)
     killed = ex.execute_code("kill -9 $$", language="bash")
     assert killed["error_type"] == "crashed", killed
     assert killed.get("state_lost") is not True, killed
-    template = WorkerTemplate(sys.executable)
+    template = said(WorkerTemplate(sys.executable))
     try:
         died = template.run_stateless(RunRequest("import os; os._exit(3)", timeout=30))
         assert died["error"]["error_type"] == "crashed", died
@@ -521,8 +522,8 @@ def test_an_own_copy_whose_protection_failed_once_is_made_again(tmp_path: Path) 
         code = f"open({str(work / 'written')!r}, 'w').write('x'); x + 1"
         result = interp.run_read_only(session, RunRequest(code, timeout=30,
                                                           scratch=str(tmp_path)), flaky)
-        assert result.get("result") == "42", result
-        assert result["isolation"]["files"] != "none", result
+        assert result.ok and result.result == "42", result
+        assert result.isolation is not None and result.isolation["files"] != "none", result
         assert len(os.listdir(tries)) == 2
         assert not (work / "written").exists()  # neither copy wrote it to the disk
     finally:

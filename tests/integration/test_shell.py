@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from coordex.backends.base import INTERRUPT_GRACE, RunRequest
-from coordex.backends.shell import ShellSession, run_stateless
+from coordex.backends.shell import ShellPlace, ShellSession
+from tests.said import said
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,7 +49,7 @@ def process_alive(pid: int) -> bool:
 
 @pytest.fixture
 def session() -> Iterator[ShellSession]:
-    shell = ShellSession()
+    shell = said(ShellSession())
     try:
         yield shell
     finally:
@@ -140,7 +141,7 @@ def test_pagers_never_take_over(session: ShellSession) -> None:
 
 
 def test_background_job_does_not_block_and_is_reaped_on_close() -> None:
-    shell = ShellSession()
+    shell = said(ShellSession())
     try:
         start = time.monotonic()
         out = ok(shell.run(req("sleep 100 & echo started $!")))
@@ -324,7 +325,7 @@ def test_read_only_command_is_a_wrappable_seam(session: ShellSession) -> None:
 
 def test_inspect_shows_only_what_the_session_added(tmp_path: Path) -> None:
     env = {**os.environ, "INHERITED": "1", "CHANGED": "before"}
-    with ShellSession(env=env, cwd=str(tmp_path)) as shell:
+    with said(ShellSession(env=env, cwd=str(tmp_path))) as shell:
         empty = shell.inspect()
         assert empty == {"cwd": str(tmp_path), "variables": {}, "functions": [], "aliases": {}}
         ok(shell.run(req(
@@ -356,18 +357,18 @@ def test_stateless_sees_nothing_of_a_session_and_leaves_nothing(session: ShellSe
                                                                 tmp_path: Path) -> None:
     ok(session.run(req("secret=1; f() { :; }; alias z=ls; export SECRET_EXPORTED=1")))
     marker = tmp_path / "pid"
-    out = ok(run_stateless(req(
+    out = ok(said(ShellPlace(cwd=str(tmp_path))).run_stateless(req(
         f'echo "[$secret][${{SECRET_EXPORTED-}}]"; type f z 2>&1 | wc -l; '
-        f"sleep 100 & echo $$ > {marker}"
-    ), cwd=str(tmp_path)))
+        f"sleep 100 & echo $$ > {marker}")))
     assert str(out["stdout"]).startswith("[][]\n")
     assert live_group_members(int(marker.read_text())) == []
     assert "state_lost" not in out
 
 
 def test_stateless_timeout_and_env(tmp_path: Path) -> None:
-    out = run_stateless(req("echo $ONLY_HERE; pwd; sleep 30", timeout=0.3),
-                        env={"PATH": os.environ["PATH"], "ONLY_HERE": "yes"}, cwd=str(tmp_path))
+    place = said(ShellPlace(env={"PATH": os.environ["PATH"], "ONLY_HERE": "yes"},
+                            cwd=str(tmp_path)))
+    out = place.run_stateless(req("echo $ONLY_HERE; pwd; sleep 30", timeout=0.3))
     assert out["error"]["error_type"] == "timeout"
     assert out["stdout"] == f"yes\n{tmp_path}\n"
 
@@ -376,7 +377,7 @@ def test_stateless_timeout_and_env(tmp_path: Path) -> None:
 
 
 def test_close_leaves_no_process_and_is_idempotent() -> None:
-    shell = ShellSession()
+    shell = said(ShellSession())
     ok(shell.run(req("sleep 100 & (trap '' TERM; sleep 100) & disown; true")))
     pid = shell.pid
     assert len(live_group_members(pid)) >= 3
@@ -390,7 +391,7 @@ def test_close_leaves_no_process_and_is_idempotent() -> None:
 
 
 def test_close_from_another_thread_ends_a_running_call() -> None:
-    shell = ShellSession()
+    shell = said(ShellSession())
     results: list[dict[str, object]] = []
     worker = threading.Thread(target=lambda: results.append(shell.run(req("sleep 30"))))
     worker.start()
@@ -403,7 +404,7 @@ def test_close_from_another_thread_ends_a_running_call() -> None:
 
 
 def test_sessions_run_in_parallel_and_one_session_serialises() -> None:
-    with ShellSession() as a, ShellSession() as b:
+    with said(ShellSession()) as a, said(ShellSession()) as b:
         start = time.monotonic()
         threads = [threading.Thread(target=s.run, args=(req("sleep 1"),)) for s in (a, b)]
         for t in threads:

@@ -17,6 +17,7 @@ from coordex.backends.env.workers import WorkerSession
 from coordex.backends.shell import ShellSession
 from coordex.backends.shell.launcher import LauncherServer
 from tests.conftest import alive, child_pids
+from tests.said import said
 
 FAKE_WORKER = Path(__file__).resolve().parent.parent / "fakes" / "fake_worker.py"
 
@@ -36,7 +37,7 @@ def test_a_worker_that_ignores_a_step_gets_the_next(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(workers, "WORKER_SCRIPT", FAKE_WORKER)
     monkeypatch.setattr(_reap, "STEP_SECONDS", 0.3)
     before = child_pids()
-    session = WorkerSession(sys.executable, env={**os.environ, "COORDEX_FAKE_WORKER": mode})
+    session = said(WorkerSession(sys.executable, env={**os.environ, "COORDEX_FAKE_WORKER": mode}))
     pid = session.pid
     with caplog.at_level(logging.DEBUG, logger="coordex.processes"):
         session.close()
@@ -49,7 +50,7 @@ def test_a_worker_that_ignores_a_step_gets_the_next(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_real_worker_leaves_when_asked() -> None:
-    session = WorkerSession(sys.executable)
+    session = said(WorkerSession(sys.executable))
     session.run(req("import subprocess; p = subprocess.Popen(['sleep', '60'])"))
     before_close = child_pids()
     session.close()
@@ -65,7 +66,7 @@ def test_a_shell_stops_at_the_step_it_needs(monkeypatch: pytest.MonkeyPatch, cod
                                             step: str) -> None:
     monkeypatch.setattr(_reap, "STEP_SECONDS", 0.3)
     before = child_pids()
-    shell = ShellSession()
+    shell = said(ShellSession())
     shell.run(req(code))
     shell.close()
     assert shell._shell.stop_step == step
@@ -86,7 +87,7 @@ def test_stop_reports_a_process_already_gone() -> None:
 
 def test_closing_a_session_ends_jobs_that_left_its_group() -> None:
     before = child_pids()
-    shell = ShellSession()
+    shell = said(ShellSession())
     r = shell.run(req("set -m; nohup sleep 60 >/dev/null 2>&1 & echo $!"))
     job = int(r["stdout"])
     assert os.getpgid(job) != shell.pid  # job control put it in a group of its own

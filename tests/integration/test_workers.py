@@ -26,7 +26,9 @@ from coordex import sessions
 from coordex.backends.base import INTERRUPT_GRACE, RunRequest
 from coordex.backends.env import workers
 from coordex.backends.env.workers import WorkerSession, WorkerStartError, WorkerTemplate
+from coordex.core import facts
 from tests.conftest import child_pids
+from tests.said import said
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -81,7 +83,7 @@ class Caps:
 
 @pytest.fixture
 def session(python: str) -> Iterator[WorkerSession]:
-    s = WorkerSession(python, capabilities=Caps())
+    s = said(WorkerSession(python, capabilities=Caps()))
     try:
         yield s
     finally:
@@ -90,7 +92,7 @@ def session(python: str) -> Iterator[WorkerSession]:
 
 @pytest.fixture
 def template(python: str) -> Iterator[WorkerTemplate]:
-    t = WorkerTemplate(python, capabilities=Caps())
+    t = said(WorkerTemplate(python, capabilities=Caps()))
     try:
         yield t
     finally:
@@ -130,7 +132,7 @@ def test_execution_error_keeps_earlier_names(session: WorkerSession) -> None:
 def test_syntax_error_and_system_exit_leave_the_worker_alive(session: WorkerSession) -> None:
     pid = session.pid
     r = session.run(req("def f(:\n  pass"))
-    assert r["error"]["exception"] == "SyntaxError" and "compile" in r["error"]["error"]
+    assert r["error"]["exception"] == "SyntaxError" and "compile" in r["error"]["suggestion"]
     for code in ("import sys; sys.exit(3)", "exit()", "raise SystemExit('bye')"):
         r = session.run(req(code))
         assert r["error"]["exception"] == "SystemExit", code
@@ -238,7 +240,7 @@ def test_parallel_stateless_calls_do_not_queue(template: WorkerTemplate) -> None
 
 
 def test_parallel_sessions_run_at_once(python: str) -> None:
-    a, b = WorkerSession(python), WorkerSession(python)
+    a, b = said(WorkerSession(python)), said(WorkerSession(python))
     try:
         started = time.monotonic()
         threads = [threading.Thread(target=s.run, args=(req("import time; time.sleep(1)"),))
@@ -277,15 +279,15 @@ class _WorkerPlace:
 
 def owned(session: WorkerSession, request: RunRequest, mode: Any = "stateful") -> dict[str, Any]:
     """One call as the session owner makes it: SPEC 6's retry applied to the attempts."""
-    return sessions.attempts(_WorkerPlace(), mode, session.run, request)
+    return sessions.attempts(_WorkerPlace(), mode, session.target.run, request)
 
 
 def test_a_death_during_a_call_is_reported_as_a_fact(session: WorkerSession) -> None:
     session.run(req("x = 1"))
-    r = session.run(req("import os; os.kill(os.getpid(), 9)"))
-    assert r["died"] == "process" and "SIGKILL" in r["died_how"]
-    assert r["error"]["error_type"] == "crashed" and r["state_lost"] is True
-    assert "retried" not in r  # one attempt: the owner decides on another
+    ran = session.target.run(req("import os; os.kill(os.getpid(), 9)"))
+    assert ran.event == facts.Died("process", "killed by SIGKILL")  # the owner decides
+    r = session.run(req("'x' in dir()"))
+    assert r["result"] == "False" and "state_lost" not in r  # replaced before it returned
 
 
 def test_death_during_a_call_is_retried_once(session: WorkerSession, tmp_path: Path) -> None:
@@ -407,7 +409,7 @@ def test_capability_errors_are_execution_errors(session: WorkerSession) -> None:
 
 def test_capabilities_in_stateless_runs(python: str) -> None:
     caps = Caps()
-    template = WorkerTemplate(python, capabilities=caps)
+    template = said(WorkerTemplate(python, capabilities=caps))
     try:
         assert template.run_stateless(req("add('a', 'b')"))["result"] == "'ab'"
         # A standby child forked before the change still sees the new name.
@@ -433,7 +435,7 @@ def test_matplotlib_figures_come_back_as_png(python: str) -> None:
     probe = subprocess.run([python, "-c", "import matplotlib"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("matplotlib is not installed in this interpreter")
-    s = WorkerSession(python)
+    s = said(WorkerSession(python))
     try:
         r = s.run(req("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nNone"))
         assert len(r["images"]) == 1 and r["images"][0]["mime"] == "image/png"
@@ -449,8 +451,8 @@ def test_matplotlib_figures_come_back_as_png(python: str) -> None:
 
 def test_close_leaves_no_child_alive(python: str) -> None:
     before = child_pids()
-    s = WorkerSession(python)
-    t = WorkerTemplate(python)
+    s = said(WorkerSession(python))
+    t = said(WorkerTemplate(python))
     assert t.run_stateless(req("1"))["result"] == "1"  # the template now keeps standbys
     r = s.run(req("import subprocess\np = subprocess.Popen(['sleep', '60'])\np.pid"))
     grandchild = int(r["result"])
@@ -464,7 +466,7 @@ def test_close_leaves_no_child_alive(python: str) -> None:
 
 
 def test_close_during_a_call_returns_quickly(python: str) -> None:
-    s = WorkerSession(python)
+    s = said(WorkerSession(python))
     out: list[dict[str, Any]] = []
     thread = threading.Thread(target=lambda: out.append(s.run(req("import time; time.sleep(30)"))))
     thread.start()
@@ -508,7 +510,7 @@ def test_a_broken_worker_fails_to_start_clearly(mode: str, words: str) -> None:
 
 @pytest.mark.usefixtures("fake")
 def test_garbage_during_a_call_is_crashed() -> None:
-    s = WorkerSession(sys.executable, env=_fake_env("garbage_later"))
+    s = said(WorkerSession(sys.executable, env=_fake_env("garbage_later")))
     try:
         r = s.run(req("1"))
         assert r["error"]["error_type"] == "crashed"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordex.core import messages
+from coordex.core import facts, messages
 from coordex.core.errors import ERROR_TYPES
 
 PLACES: list[messages.PlaceKind] = ["own", "worker", "shell", "cluster"]
@@ -72,3 +72,33 @@ def test_a_signal_is_spelled_one_way_in_every_message() -> None:
     assert messages.killed_by(9) == "killed by SIGKILL"
     assert messages.killed_by(15) == "killed by SIGTERM"
     assert messages.killed_by(200) == "killed by signal 200"
+
+
+def test_one_event_reads_the_same_in_every_place_but_for_the_place_name() -> None:
+    """``said``: each event, worded once; only the name of the place differs."""
+    events = [facts.Raised("ValueError", "bad value", "Traceback..."),
+              facts.TimedOut(survived=True), facts.TimedOut(survived=False),
+              facts.TimedOut(survived=False, taken=False),
+              facts.Died("process", "killed by SIGKILL"), facts.Died("copy", "killed by SIGKILL"),
+              facts.Closed("session"), facts.Closed("session", during=False),
+              facts.Closed("executor"), facts.StartFailed("no memory", copy=True)]
+    for event in events:
+        for mode in ("stateful", "read_only", "stateless"):
+            lost = facts.lost_state(facts.Ran(event), mode)
+            said = {place: messages.said(facts.Ran(event, stdout="o"), place, mode, 3.0,
+                                         state_lost=lost)["error"]
+                    for place in ("own", "worker", "cluster")}
+            kinds = {(e["error_type"], e["state_lost"], e["stdout"]) for e in said.values()}
+            assert len(kinds) == 1, (event, mode, said)
+            words = {e["error"].replace(messages.WORDS[p].process, "PLACE")
+                     for p, e in said.items()}
+            assert len(words) == 1, (event, mode, words)
+
+
+def test_a_raised_coordex_error_keeps_its_own_type_and_suggestion() -> None:
+    event = facts.Raised("CallError", "m", "tb", error_type="not_found",
+                         error="No stored function 'f'.", suggestion="Define it first.")
+    error = messages.said(facts.Ran(event), "worker", "stateful", 3.0,
+                          state_lost=False)["error"]
+    assert (error["error_type"], error["error"], error["suggestion"]) == (
+        "not_found", "No stored function 'f'.", "Define it first.")

@@ -13,21 +13,22 @@ import pytest
 
 from coordex.backends.base import RunRequest, Session
 from coordex.core import coordinates as coords
-from coordex.core import messages
+from coordex.core import facts, messages
 from coordex.core.errors import CoordexError
 from coordex.core.registry import PLAN_KEY
-from coordex.sessions import SessionTable
+from coordex.sessions import SessionTable, attempts
 
 
 class FakeSession:
     def __init__(self) -> None:
         self.closed = False
+        self.script: list[facts.Ran] = []  # what the next runs report (else Ok)
 
-    def run(self, request: RunRequest) -> dict[str, Any]:
-        return {"stdout": request.code}
+    def run(self, request: RunRequest) -> facts.Ran:
+        return self.script.pop(0) if self.script else facts.Ran(stdout=request.code)
 
-    def run_read_only(self, request: RunRequest) -> dict[str, Any]:
-        return {"stdout": request.code, "isolation": {}}
+    def run_read_only(self, request: RunRequest) -> facts.Ran:
+        return facts.Ran(stdout=request.code, isolation={})
 
     def inspect(self) -> dict[str, Any]:
         return {"names": []}
@@ -161,3 +162,73 @@ def test_an_illegal_move_is_a_bug_and_raises() -> None:
     table.remove(stateful("a"))
     with pytest.raises(KeyError):
         table.registry.move(key, "idle")
+
+
+class _Place:
+    def __init__(self, kind: str, retries: bool) -> None:
+        self.kind, self.retries = kind, retries
+
+
+def test_a_replacement_is_news_once_and_only_if_not_already_said() -> None:
+    """The one "loss already said" flag: a process found dead and replaced is said as
+    ``state_lost`` unless the session's last result said the loss already."""
+    made: list[FakeSession] = []
+    table = SessionTable(4, FakeSession())
+    place = _Place("shell", retries=False)
+
+    def call(*script: facts.Ran) -> dict[str, Any]:
+        with table.stateful(stateful("s"), 5, None, opener(made)) as (key, session, n):
+            assert isinstance(session, FakeSession)
+            session.script = list(script)
+            outcome = table.run(key, place, "stateful", session.run, RunRequest("x", 5))  # type: ignore[arg-type]
+            table.finish(key, n, dict(outcome))
+            return outcome
+
+    assert call(facts.Ran(replaced=True)).get("state_lost") is True  # found dead: news
+    assert "state_lost" not in call()
+    died = call(facts.Ran(facts.Died("process", "killed by SIGKILL")))
+    assert died["state_lost"] is True and died["error"]["error_type"] == "crashed"
+    assert "state_lost" not in call(facts.Ran(replaced=True))  # the same loss, said already
+    assert call(facts.Ran(replaced=True)).get("state_lost") is True  # a new one
+
+
+def test_a_retry_runs_in_what_is_left_of_the_one_timeout() -> None:
+    import time
+
+    seen: list[float] = []
+
+    def run(request: RunRequest) -> facts.Ran:
+        seen.append(request.timeout)
+        time.sleep(0.3)
+        return facts.Ran(facts.Died("process", "killed by SIGKILL"))
+
+    outcome = attempts(_Place("worker", retries=True), "stateful", run,  # type: ignore[arg-type]
+                       RunRequest("x", 2.0))
+    assert len(seen) == 2 and seen[0] == 2.0 and seen[1] < 1.75
+    assert outcome["retried"] is True and outcome["state_lost"] is True
+    assert "died 2 times" in outcome["error"]["error"]
+    seen.clear()
+    attempts(_Place("worker", retries=True), "stateful", run,  # type: ignore[arg-type]
+             RunRequest("x", 0.6))
+    assert len(seen) == 1  # under the floor left: no retry, crashed
+
+
+def test_a_call_a_lost_node_had_taken_is_not_run_again() -> None:
+    runs: list[int] = []
+
+    def run(request: RunRequest) -> facts.Ran:
+        runs.append(1)
+        return facts.Ran(facts.Died("node", "the node died", taken=True))
+
+    outcome = attempts(_Place("cluster", retries=True), "stateful", run,  # type: ignore[arg-type]
+                       RunRequest("x", 30))
+    assert runs == [1] and outcome["error"]["error_type"] == "crashed"
+    assert "retried" not in outcome
+
+
+def test_a_stateless_call_never_says_state_lost() -> None:
+    for event in (facts.Died("process", "x"), facts.TimedOut(survived=False),
+                  facts.Closed("executor"), facts.StartFailed("no bash")):
+        outcome = attempts(_Place("shell", retries=False), "stateless",  # type: ignore[arg-type]
+                           lambda r, e=event: facts.Ran(e), RunRequest("x", 5))
+        assert "state_lost" not in outcome and outcome["error"]["state_lost"] is False

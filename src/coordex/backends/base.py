@@ -1,14 +1,12 @@
-"""What every backend takes and gives back.
+"""What every place takes and gives back.
 
-A backend runs one :class:`RunRequest` and returns an *outcome*: a plain dict with the
-output keys of the SPEC success shape (``stdout``, ``stderr``, ``truncated``,
-``result``, ``exit_code``, ``images``) and, when the call failed, ``error`` holding the
-SPEC error dict (``error``, ``error_type``, ``suggestion`` and its extra keys). Optional
-keys: ``state_lost`` and ``retried`` (a process was replaced), ``isolation`` (read-only
-calls), ``rebound``/``deleted`` (Python names a stateful call changed, for provenance;
-for a read-only call the names its copy changed, for the call log: a bash copy gives
-``rebound`` as a callable returning both, which the log's writer calls), ``written``.
-The executor adds ``session``, ``state_mode`` and ``duration_ms``; backends never do.
+A place runs one :class:`RunRequest` and ends each attempt in a frozen
+:class:`~coordex.core.facts.Ran`: the output fields and exactly one event saying how the
+run ended (``Ok``, ``Exited``, ``Raised``, ``TimedOut``, ``Died``, ``Closed``,
+``StartFailed``, ``Busy``), and whether the process was found dead and replaced before
+the code ran. Places report facts, never sentences: the session table decides what
+follows (:func:`coordex.sessions.attempts`: a retry, a loss said once) and
+:func:`coordex.core.messages.said` words it into the outcome the Executor shapes.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..core.facts import Ran
 from ..core.results import DEFAULT_OUTPUT_LIMIT, OutputBuffer
 from ..core.terminal import QueryFilter
 
@@ -151,20 +150,22 @@ class Session(Protocol):
     """One kept session in one place: a namespace, a worker process or a shell.
 
     Every method returns data, never raises for what the code did: a crash, a timeout
-    or a dead process comes back as an outcome with ``error`` (and ``state_lost`` /
-    ``retried`` facts). ``close`` is idempotent and safe from any thread.
+    or a dead process comes back as a :class:`Ran` whose event says so. ``close`` is
+    idempotent and safe from any thread.
     """
 
-    def run(self, request: RunRequest) -> Outcome:
+    def run(self, request: RunRequest) -> Ran:
         """Run code in the session; what it changes stays (stateful)."""
         ...
 
-    def run_read_only(self, request: RunRequest) -> Outcome:
-        """Run code against a copy of the session; the outcome carries ``isolation``."""
+    def run_read_only(self, request: RunRequest) -> Ran:
+        """Run code against a copy of the session; the fact carries ``isolation``."""
         ...
 
-    def inspect(self) -> dict[str, Any]:
-        """What the session holds, without changing it (SPEC section 7)."""
+    def inspect(self) -> dict[str, Any] | Ran:
+        """What the session holds, without changing it (SPEC section 7); ``replaced``
+        when its process was found dead and replaced first. A :class:`Ran` (its event:
+        ``Closed``, ``StartFailed``, ``Died``) when it cannot say."""
         ...
 
     def alive(self) -> bool:
@@ -183,9 +184,8 @@ class Place(Protocol):
 
     ``kind`` names the place in messages (:data:`coordex.core.messages.WORDS`);
     ``retries`` says whether a call whose process died may run once more (SPEC 6:
-    Python workers yes, shells and the own interpreter no). An outcome reports such a
-    death with the fact ``died`` (``"process"``: the session's own process, its state
-    lost; ``"copy"``: only the fork running the call) and ``died_how``.
+    Python workers yes, shells and the own interpreter no); the death itself is the
+    event ``Died`` of the attempt's :class:`Ran`.
     """
 
     kind: str
@@ -195,7 +195,7 @@ class Place(Protocol):
         """Start a new kept session (raises ``CoordexError`` when it cannot start)."""
         ...
 
-    def run_stateless(self, request: RunRequest) -> Outcome:
+    def run_stateless(self, request: RunRequest) -> Ran:
         """Run code in a fresh namespace / process / shell that is gone afterwards."""
         ...
 

@@ -1,18 +1,18 @@
 """SPEC section 6 as one table: what happens after a process died under a call.
 
-A place reports *facts* about one attempt at a call — the process holding the session
-died during it (``died="process"``), only the throwaway copy running it died
-(``died="copy"``: a read-only or stateless fork child), or nothing died — and whether
-the process was found dead and replaced before the code ran (``replaced``). This module
-decides, from those facts alone, whether the call is tried once more and what the
-final result says:
+A place reports *facts* about one attempt at a call (:class:`coordex.core.facts.Ran`):
+the process holding the session died during it (``died="process"``), only the
+throwaway copy running it died (``died="copy"``: a read-only or stateless fork child),
+the cluster node holding it was lost (``died="node"``), or nothing died. This module
+decides, from those facts alone, whether the call is tried once more:
 
 - a Python worker (or the copy it forked) that dies during a call is replaced and the
   call retried once (``retried: true``; ``state_lost: true`` when the session's own
   process died); a second death is ``crashed``;
 - a shell is never retried: shell commands are rarely safe to run twice;
 - the agent's own interpreter cannot die and survive, so it is never retried;
-- ``state_lost`` is reported once per loss: by the first result after it.
+- a call that what died had already taken (a lost node: it may still run there) is
+  never run again (SPEC 10).
 
 Pure: the places and the session owner act on the answer.
 """
@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Died = Literal["process", "copy"] | None
+from . import facts
+
+Died = Literal["process", "copy", "node"] | None
 Step = Literal["done", "retry", "crashed"]
 
 MAX_ATTEMPTS = 2
@@ -33,7 +35,15 @@ class Attempt:
     """What one attempt at a call reported."""
 
     died: Died = None  # what died during the attempt, if anything
-    replaced: bool = False  # the process was found dead and replaced before the code ran
+    taken: bool = False  # what died had taken the call and may still run it
+
+
+def attempt(ran: facts.Ran) -> Attempt:
+    """The facts of one run that decide what follows it."""
+    event = ran.event
+    if isinstance(event, facts.Died):
+        return Attempt(died=event.what, taken=event.taken)
+    return Attempt()
 
 
 def next_step(retries: bool, attempts: list[Attempt]) -> Step:
@@ -43,14 +53,9 @@ def next_step(retries: bool, attempts: list[Attempt]) -> Step:
     last = attempts[-1]
     if last.died is None:
         return "done"
-    if retries and len(attempts) < MAX_ATTEMPTS:
+    if retries and not last.taken and len(attempts) < MAX_ATTEMPTS:
         return "retry"
     return "crashed"
-
-
-def state_lost(attempts: list[Attempt]) -> bool:
-    """Whether the session's state was lost during these attempts (reported once)."""
-    return any(a.died == "process" or a.replaced for a in attempts)
 
 
 def retried(attempts: list[Attempt]) -> bool:

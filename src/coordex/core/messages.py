@@ -12,10 +12,12 @@ Pure: no processes, no disk, no clock.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from .errors import CoordexError, make_error
+from . import facts
+from .errors import CoordexError, ErrorType, make_error
 
 Mode = Literal["stateless", "stateful", "read_only"]
 PlaceKind = Literal["own", "worker", "shell", "cluster", "host"]
@@ -247,6 +249,145 @@ def closed_during_call(place: PlaceKind, mode: str, detail: str = "", *,
         "crashed", f"{subject} was closed while this code ran; its {words.process} was "
         f"ended{detail}.", f"{again} and run the code again.",
         state_lost=mode != "stateless", **extra)
+
+
+# -- one attempt's facts, worded -------------------------------------------------------
+
+
+def said(ran: facts.Ran, place: PlaceKind, mode: Mode, seconds: float, *,
+         state_lost: bool, attempts: int = 1, hows: Sequence[str] = ()) -> dict[str, Any]:
+    """The outcome of a call whose last attempt reported ``ran``: the output fields,
+    ``error`` (the SPEC error dict) unless the code ran to its end, ``isolation`` for a
+    read-only call, ``state_lost`` where it holds, and the changes the session table
+    and the call log keep (``rebound``, ``deleted``, ``written``).
+
+    ``seconds`` is the call's timeout, ``attempts`` how often it ran (``hows``: how each
+    death happened), ``state_lost`` what :func:`coordex.sessions.attempts` decided.
+    """
+    event = ran.event
+    outcome: dict[str, Any] = {
+        "stdout": ran.stdout, "stderr": ran.stderr, "truncated": ran.truncated,
+        "result": ran.result, "exit_code": ran.exit_code, "images": list(ran.images)}
+    if mode == "read_only":
+        outcome["isolation"] = dict(ran.isolation) if ran.isolation else {
+            "names": True, "objects": True, "files": "none", "copy": "none"}
+    if mode != "stateless":
+        outcome["rebound"], outcome["deleted"] = ran.rebound, list(ran.deleted)
+        if ran.written:
+            outcome["written"] = list(ran.written)
+    if isinstance(event, facts.Exited):
+        outcome["exit_code"] = event.status
+    elif not isinstance(event, facts.Ok):
+        outcome.update(result=None, exit_code=None)
+        if not isinstance(event, facts.Raised):
+            outcome["images"] = []
+        error = _error(event, place, mode, seconds, attempts, hows)
+        error.update(stdout=ran.stdout, stderr=ran.stderr, state_lost=state_lost)
+        outcome["error"] = error
+    if state_lost:
+        outcome["state_lost"] = True
+    return outcome
+
+
+def _error(event: facts.Event, place: PlaceKind, mode: Mode, seconds: float, attempts: int,
+           hows: Sequence[str]) -> dict[str, Any]:
+    if isinstance(event, facts.Raised):
+        return raised(event, place, mode)
+    if isinstance(event, facts.TimedOut):
+        if not event.taken:
+            return not_taken(place, seconds)
+        error = timeout(place, mode, seconds, survived=event.survived, stuck=event.stuck)
+        if place == "shell":
+            error["suggestion"] += (" A long command can run in the background "
+                                    "(`cmd > out.log 2>&1 &`) in a stateful session while "
+                                    "you read the log later; do not ignore SIGINT "
+                                    "(`trap '' INT`).")
+        return error
+    if isinstance(event, facts.Died):
+        how = "; ".join(dict.fromkeys([*hows, event.how])) or "no reason given"
+        if event.what == "node":
+            return node_lost(how, mode)
+        if place == "shell" and mode != "read_only":
+            how += "; the command was not retried"
+        error = crashed(place, mode, how, attempts=attempts)
+        if place == "shell" and mode != "read_only":
+            error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) "
+                                    "can run in a subshell `( ... )` instead.")
+        return error
+    if isinstance(event, facts.Closed):
+        if event.by == "session" and not event.during:
+            return session_closed(place)
+        return closed_during_call(place, mode, event.detail, session=event.by == "session")
+    if isinstance(event, facts.StartFailed):
+        if event.error is not None:
+            return event.error.to_dict()
+        if event.copy:
+            return make_error(
+                "crashed", f"The read-only copy could not be made ({event.reason}); the code "
+                "did not run.", "The session itself is unchanged: run the read-only call "
+                "again (if the reason names processes or memory, free some first).")
+        return make_error(
+            "crashed", f"Could not start the session's {WORDS[place].process}: "
+            f"{event.reason}.", "Check that the program exists and the machine has free "
+            "processes and memory, then run the call again.")
+    assert isinstance(event, facts.Busy)
+    if event.stuck:
+        return make_error(
+            "timeout", "This session is still busy with code from an earlier call that "
+            "timed out and did not stop.",
+            "Wait for that code to finish, or run in another session (a different "
+            "session_name) or with state_mode='stateless'. The session's state is kept.")
+    return make_error(
+        "timeout", f"The {WORDS[place].process} stayed busy with another call for the "
+        "whole timeout.", "Nothing ran and no state changed. Retry, or run this in an "
+        "environment (venv_id) or bash, whose sessions run in parallel.")
+
+
+_NO_COMPILE = ("SyntaxError", "IndentationError", "TabError")
+
+
+def raised(event: facts.Raised, place: PlaceKind, mode: Mode) -> dict[str, Any]:
+    """The code raised: the exception's own last line, and what to do about it."""
+    headline = f"{event.exception}: {event.message}" if event.message else event.exception
+    extra = {"traceback": event.traceback, "exception": event.exception}
+    if event.error_type is not None:
+        # A coordex error raised inside the code (a stored function's CallError): the
+        # model sees its own error_type and suggestion, not a generic execution error.
+        return make_error(cast(ErrorType, event.error_type),
+                          event.error or event.message or headline,
+                          event.suggestion or _after_raise(event.exception, place, mode),
+                          **extra)
+    return make_error("execution", headline, _after_raise(event.exception, place, mode),
+                      **extra)
+
+
+def _after_raise(exception: str, place: PlaceKind, mode: Mode) -> str:
+    if exception in _NO_COMPILE:
+        return ("The code does not compile: fix the syntax at the line the traceback "
+                "points to; nothing in the code ran.")
+    if exception == "SystemExit":
+        return ("The code called sys.exit()/exit(); nothing was ended and the process keeps "
+                "running. Remove the exit call (to stop early, return from a function).")
+    if exception == "NameError":
+        where = ("this session" if mode != "stateless" else
+                 "a stateless call, which starts from an empty namespace")
+        return (f"A name is not defined in {where}. Define it in the same code, or run it in "
+                "a session that has it (state_mode='stateful' with session_name=...); "
+                "inspect_session shows which names a session holds.")
+    if exception in ("ModuleNotFoundError", "ImportError"):
+        if place == "own":
+            return ("The module is not installed in the agent's own interpreter. Create an "
+                    "environment with it (environments.create / create_environment) and "
+                    "pass its venv_id.")
+        return ("The module is not installed in this environment. Create an environment "
+                "whose spec lists it (environments.create / create_environment) and pass "
+                "its venv_id.")
+    if mode == "stateful":
+        return ("Read the traceback, fix the code and run it again; the session's state is "
+                "kept (names bound before the failing line too).")
+    if mode == "read_only":
+        return "Read the traceback, fix the code and run it again; the session is unchanged."
+    return "Read the traceback, fix the code and run it again."
 
 
 def executor_closed() -> CoordexError:

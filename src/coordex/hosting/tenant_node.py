@@ -24,9 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import empty_outcome
 from ..backends.ray.node import fence
-from ..core.errors import make_error
+from ..core import facts
+from ..core.errors import CoordexError, make_error
+from ..core.facts import Ran
 
 # Seconds past a request's own wait before the actor counts the node's host as stuck.
 FORWARD_SLACK = 30.0
@@ -164,11 +165,14 @@ class TenantNodeHost:
     def _reply(value: Any) -> dict[str, Any]:
         if isinstance(value, dict) and "events" in value:
             return value
-        error = value if isinstance(value, dict) and "error_type" in value else make_error(
-            "crashed", f"The tenant's host on this node answered {value!r:.200}.",
-            "Run the call again.", state_lost=True)
-        return {"events": [], "done": {"outcome": {**empty_outcome(), "error": error,
-                                                   "state_lost": True}}}
+        if isinstance(value, dict) and "error_type" in value:  # nothing could run here
+            error = dict(value)
+            ran = Ran(facts.StartFailed(error=CoordexError(
+                error.pop("error_type"), error.pop("error"), error.pop("suggestion"), **error)))
+        else:
+            ran = Ran(facts.Died("node", f"the tenant's host on the node answered "
+                                 f"{value!r:.200}", taken=True))
+        return {"events": [], "done": {"ran": facts.to_wire(ran)}}
 
 
 __all__ = ["TenantNodeHost", "node_level", "node_root", "probe", "ray_secrets"]

@@ -165,10 +165,10 @@ def snapshot_bash(session: Any, folder: Path, *, attempt: int, through: int,
     started = time.monotonic()
     name = f"state-{attempt}.sh"
     tmp = folder / f".{name}.tmp"
-    outcome = session.run(RunRequest(code=bash_dump_code(str(tmp)), timeout=30.0))
+    ran = session.run(RunRequest(code=bash_dump_code(str(tmp)), timeout=30.0))
     problem = None
     size = tmp.stat().st_size if tmp.exists() else 0
-    if outcome.get("error") or not size:
+    if not ran.ok or not size:
         problem = "the shell's state could not be dumped"
     elif size > max_bytes:
         problem = f"the snapshot would be larger than persist_max_bytes={max_bytes}"
@@ -199,8 +199,7 @@ def restore_bash(session: Any, folder: Path) -> dict[str, Any]:
     if not path.is_file():
         return {"error": "there is no snapshot"}
     code = f"\\builtin . {shlex.quote(str(path))} 2>/dev/null || :"
-    outcome = session.run(RunRequest(code=code, timeout=60.0))
-    if outcome.get("error"):
+    if not session.run(RunRequest(code=code, timeout=60.0)).ok:
         return {"error": "the shell could not read the snapshot"}
     return {"names": [], "left_out": [], "replayed": 0,
             "ms": round((time.monotonic() - started) * 1000.0, 1)}

@@ -474,9 +474,8 @@ class Persistence:
             if row.get("code_truncated") or not isinstance(code, str):
                 return done, row["seq"]
             took = (row.get("duration_ms") or 0.0) / 1000.0
-            outcome = session.run(RunRequest(code=code, timeout=max(60.0, 2 * took + 5.0)))
-            if outcome.get("error") or (row.get("exit_code") == 0
-                                        and outcome.get("exit_code") not in (0, None)):
+            ran = session.run(RunRequest(code=code, timeout=max(60.0, 2 * took + 5.0)))
+            if not ran.ok or (row.get("exit_code") == 0 and ran.exit_code not in (0, None)):
                 return done, row["seq"]
             done += 1
         return done, None

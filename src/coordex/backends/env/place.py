@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ...core import messages
-from ..base import Outcome, RunRequest
+from ...core.facts import Ran
+from ..base import RunRequest
 
 
 class EnvironmentPlace:
@@ -44,8 +45,9 @@ class EnvironmentPlace:
 
         return WorkerSession(self._python(), env=self._env(), capabilities=self._capabilities)
 
-    def run_stateless(self, request: RunRequest) -> Outcome:
-        return dict(self._stateless_template().run_stateless(request))
+    def run_stateless(self, request: RunRequest) -> Ran:
+        ran: Ran = self._stateless_template().run_stateless(request)
+        return ran
 
     def _stateless_template(self) -> Any:
         from .workers import WorkerTemplate

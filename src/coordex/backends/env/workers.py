@@ -26,20 +26,25 @@ Every outcome is a plain dict (``backends.base``); failures are SPEC error dicts
 
 from __future__ import annotations
 
+import array
 import contextlib
+import dataclasses
+import fcntl
 import os
 import select
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ...core import messages
-from ...core.errors import CoordexError, make_error
+from ...core import facts, messages
+from ...core.errors import ERROR_TYPES, CoordexError
+from ...core.facts import Ran
 from ...protocol import (
     PROTOCOL_VERSION,
     WORKER_TO_HOST,
@@ -53,7 +58,7 @@ from ...protocol import (
 )
 from ...worker import _coordex_copy as copier
 from .. import _reap
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, StreamCapture, empty_outcome
+from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
@@ -107,6 +112,7 @@ class _Reply:
     truncated: bool = False
     interrupted: bool = False  # we sent SIGINT (the timeout passed)
     worker_killed: bool = False  # we killed the worker (it ignored the interrupt)
+    untaken: bool = False  # killed with the request still unread: the code never ran
     died: bool = False  # the worker ended during the call without us killing it
     notes: list[str] = field(default_factory=list)  # how it ended, for messages
 
@@ -318,6 +324,9 @@ class _WorkerProcess:
                     stage, escalate_at = 2, now + CHILD_KILL_GRACE
                 else:
                     reply.worker_killed = True
+                    # A worker stopped (or stuck) before it read the request leaves it
+                    # in the pipe: then the code never ran.
+                    reply.untaken = _unread(self._to_worker) > 0
                     self.kill()
                     return self._ended(reply, captures, killed=True)
             # Spin briefly before sleeping: most cells answer within a few hundred
@@ -457,6 +466,16 @@ class _WorkerProcess:
                 os.close(fd)
 
 
+def _unread(fd: int) -> int:
+    """Bytes written to a pipe and not read yet (asked on its write end)."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:
+        return 0
+    return count[0]
+
+
 def _tail(data: bytes | bytearray, limit: int = 4000) -> str:
     text = bytes(data).decode("utf-8", "replace")
     return text[-limit:]
@@ -465,65 +484,36 @@ def _tail(data: bytes | bytearray, limit: int = 4000) -> str:
 # -- outcomes -----------------------------------------------------------------------------
 
 
-def _outcome(reply: _Reply, request: RunRequest, mode: RunMode) -> Outcome:
-    """Turn a finished conversation into the backend outcome dict (no fault policy)."""
-    outcome = empty_outcome()
+def _ran(reply: _Reply, mode: RunMode) -> Ran:
+    """A finished conversation as the fact of one run (no fault policy)."""
     done = reply.message or {}
-    outcome.update(stdout=reply.stdout, stderr=reply.stderr,
-                   truncated=reply.truncated or bool(done.get("result_truncated")))
-    if mode in ("stateful", "read_only"):
-        # Names bound before an error or an interrupt stay bound: provenance needs them
-        # (for a read-only copy: what it would have changed, for the call log).
-        outcome["rebound"] = done.get("rebound") or []
-        outcome["deleted"] = done.get("deleted") or []
-        if done.get("written"):
-            outcome["written"] = done["written"]
-    if mode == "read_only":
-        # The copy reports what held before user code runs; without that report (the
-        # worker died first) nothing is claimed beyond the names.
-        outcome["isolation"] = done.get("isolation") or dict(_NO_COPY_CLAIM)
-    failed = bool(done.get("error")) or bool(done.get("child_died")) or not done
-    if reply.interrupted and failed:
-        outcome["error"] = _timeout_error(reply, request, mode)
-        return outcome
-    if not done:  # only when the worker was closed under the call
-        outcome["error"] = messages.closed_during_call("worker", mode, session=True)
-        return outcome
     error = done.get("error")
-    if error:
-        outcome["error"] = _execution_error(error, reply, mode)
-        return outcome
-    outcome["result"] = done.get("result")
-    outcome["images"] = done.get("images") or []
-    return outcome
-
-
-def _timeout_error(reply: _Reply, request: RunRequest, mode: RunMode) -> dict[str, Any]:
-    return messages.timeout("worker", mode, request.timeout, survived=not reply.worker_killed,
-                            stdout=reply.stdout, stderr=reply.stderr)
-
-
-def _execution_error(error: dict[str, Any], reply: _Reply, mode: RunMode) -> dict[str, Any]:
-    exception = str(error.get("exception") or "Exception")
-    text = str(error.get("message") or "")
-    headline = f"{exception}: {text}" if text else exception
-    if exception in ("SyntaxError", "IndentationError", "TabError"):
-        error_text = f"The code does not compile: {headline}"
-        suggestion = "Fix the syntax at the line the traceback shows; nothing in the code ran."
-    elif exception == "SystemExit":
-        error_text = f"The code raised SystemExit ({text or 'exit()'}); the process keeps running."
-        suggestion = ("Remove the sys.exit()/exit() call; to stop early, put the code in a "
-                      "function and return from it.")
-    else:
-        error_text = f"The code raised {headline}"
-        suggestion = "Fix the error at the line the traceback points to, then run it again."
-    if mode == "stateful" and exception not in ("SyntaxError", "IndentationError", "TabError"):
-        suggestion += " Names bound before the failing line are kept in the session."
-    elif mode == "read_only":
-        suggestion += " The session was not changed."
-    return make_error("execution", error_text, suggestion,
-                      traceback=str(error.get("traceback") or ""), stdout=reply.stdout,
-                      stderr=reply.stderr, exception=exception)
+    failed = bool(error) or bool(done.get("child_died")) or not done
+    event: facts.Event = facts.OK
+    if reply.interrupted and failed:
+        event = facts.TimedOut(survived=not reply.worker_killed, taken=not reply.untaken)
+    elif not done:  # only when the worker was closed under the call
+        event = facts.Closed("session")
+    elif error:
+        coordex_type = error.get("coordex_error_type")
+        event = facts.Raised(
+            str(error.get("exception") or "Exception"), str(error.get("message") or ""),
+            str(error.get("traceback") or ""),
+            error_type=coordex_type if coordex_type in ERROR_TYPES else None,
+            error=error.get("coordex_error"), suggestion=error.get("coordex_suggestion"))
+    ok = isinstance(event, facts.Ok)
+    # Names bound before an error or an interrupt stay bound: provenance needs them
+    # (for a read-only copy: what it would have changed, for the call log). The copy
+    # reports what held before user code runs; without that report (the worker died
+    # first) nothing is claimed beyond the names.
+    return Ran(event, reply.stdout, reply.stderr,
+               reply.truncated or bool(done.get("result_truncated")),
+               result=done.get("result") if ok else None,
+               images=(done.get("images") or ()) if ok else (),
+               rebound=done.get("rebound") or [], deleted=done.get("deleted") or [],
+               written=done.get("written") or None,
+               isolation=(done.get("isolation") or dict(_NO_COPY_CLAIM))
+               if mode == "read_only" else None)
 
 
 def _fork_child_died(reply: _Reply) -> bool:
@@ -587,30 +577,28 @@ class WorkerSession:
     def alive(self) -> bool:
         return not self._closed and self._proc is not None and self._proc.alive()
 
-    def run(self, request: RunRequest) -> Outcome:
+    def run(self, request: RunRequest) -> Ran:
         """Run code in the session's namespace (stateful)."""
         return self._call(request, "stateful")
 
-    def run_read_only(self, request: RunRequest) -> Outcome:
+    def run_read_only(self, request: RunRequest) -> Ran:
         """Run code against a fork of the session; the session is never changed."""
         return self._call(request, "read_only")
 
-    def inspect(self) -> dict[str, Any]:
+    def inspect(self) -> dict[str, Any] | Ran:
         """``{"names": [{"name","type","repr"}...], "capabilities": [...]}``; changes nothing."""
         with self._lock:
-            if self._closed:
-                return {"names": [], "capabilities": [], "closed": True}
-            proc, lost = self._ensure()
-            if isinstance(proc, dict):
-                return {"names": [], "capabilities": [], "error": proc}
+            proc, replaced = self._ensure()
+            if isinstance(proc, Ran):
+                return proc
             msg = message("inspect", id=proc.next_id())
             request = RunRequest(code="", timeout=INSPECT_TIMEOUT)
             reply = proc.converse(msg, "inspect_result", request, self._capabilities)
             found = reply.message or {}
             result: dict[str, Any] = {"names": found.get("names", []),
                                       "capabilities": found.get("capabilities", [])}
-            if lost or reply.died or reply.worker_killed:
-                result["state_lost"] = True
+            if replaced or reply.died or reply.worker_killed:
+                result["replaced"] = True
             if reply.died or reply.worker_killed:
                 self._replace_quietly()
             return result
@@ -638,20 +626,22 @@ class WorkerSession:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _ensure(self) -> tuple[_WorkerProcess | dict[str, Any], bool]:
-        """The live process, replacing a dead one. Returns (process or error, state_lost)."""
+    def _ensure(self) -> tuple[_WorkerProcess | Ran, bool]:
+        """The live process, replacing a dead one: (the process, or the fact that the
+        session is closed or that no process could start; whether it was replaced)."""
+        if self._closed:
+            return Ran(facts.Closed("session", during=False)), False
         proc = self._proc
         if proc is not None and proc.alive():
             return proc, False
-        lost = proc is not None  # None: an earlier call already reported the loss
         if proc is not None:
             proc.close()
         self._proc = None
         try:
             self._proc = self._start()
         except CoordexError as exc:
-            return exc.to_dict(), True
-        return self._proc, lost
+            return Ran(facts.StartFailed(error=exc), replaced=True), True
+        return self._proc, True
 
     def _replace_quietly(self) -> None:
         """After a loss already reported: start the next process now (or on the next call)."""
@@ -662,67 +652,43 @@ class WorkerSession:
             with contextlib.suppress(CoordexError):
                 self._proc = self._start()
 
-    def _call(self, request: RunRequest, mode: RunMode) -> Outcome:
-        """One attempt at a call. A death during it is reported as a fact (``died``:
-        ``"process"`` or ``"copy"``) with a one-attempt ``crashed`` error; whether the
-        call runs once more is the session owner's decision (:mod:`coordex.core.faults`).
-        """
+    def _call(self, request: RunRequest, mode: RunMode) -> Ran:
+        """One attempt at a call. A death during it is the fact ``Died`` (of the
+        ``process`` or only its ``copy``); whether the call runs once more is the session
+        owner's decision (:mod:`coordex.core.faults`)."""
         with self._lock:
-            if self._closed:
-                outcome = empty_outcome()
-                outcome["error"] = messages.session_closed("worker")
-                return outcome
-            proc, lost = self._ensure()
-            if isinstance(proc, dict):
-                return {**empty_outcome(), "error": proc, "state_lost": True}
+            proc, replaced = self._ensure()
+            if isinstance(proc, Ran):
+                return proc
             reply = _run_once(proc, request, mode, self._capabilities)
             if self._closed:
                 if reply.died or not reply.message or reply.message.get("error"):
-                    outcome = empty_outcome()
-                    outcome["error"] = messages.closed_during_call("worker", mode,
-                                                                   session=True)
-                    return outcome
+                    return Ran(facts.Closed("session"), replaced=replaced)
             elif reply.died or _fork_child_died(reply):
-                outcome = _died(reply, mode)
                 if reply.died:
                     self._replace_quietly()  # the next attempt runs on a fresh process
-                    lost = True
-                if lost:
-                    outcome["state_lost"] = True
-                    outcome["error"]["state_lost"] = True
-                return outcome
-            outcome = _outcome(reply, request, mode)
+                return dataclasses.replace(_died(reply, mode), replaced=replaced)
+            ran = _ran(reply, mode)
             unprotected = (reply.message or {}).get("unprotected")
             if unprotected:  # the worker made COPY_ATTEMPTS copies; none was protected
-                outcome["error"] = make_error(
-                    "crashed", f"The read-only copy could not be protected ({unprotected}); "
-                    "the code did not run.",
-                    "The session itself is unchanged: run the read-only call again.",
-                    state_lost=False)
+                ran = dataclasses.replace(ran, event=facts.StartFailed(
+                    f"it could not be protected: {unprotected}", copy=True))
             if reply.worker_killed or (mode == "read_only" and not proc.alive()):
                 # (A worker that died while its read-only fork ran: the fork's result
                 # stands, and the loss is this call's news, not the next call's.)
-                lost = True
+                replaced = True
                 self._replace_quietly()
-            if lost:
-                outcome["state_lost"] = True
-            return outcome
+            return dataclasses.replace(ran, replaced=replaced)
 
 
-def _died(reply: _Reply, mode: RunMode) -> Outcome:
-    """The outcome of an attempt during which the worker (or its fork child) died."""
-    outcome = empty_outcome()
-    outcome.update(stdout=reply.stdout, stderr=reply.stderr, truncated=reply.truncated)
+def _died(reply: _Reply, mode: RunMode) -> Ran:
+    """An attempt during which the worker (or only its fork child) died."""
     how = "; ".join(dict.fromkeys(reply.notes)) or "no reason given"
-    # A stateless call had no state to lose (SPEC 6): it never says state_lost.
-    outcome["error"] = messages.crashed("worker", mode, how,
-                                        state_lost=False if mode == "stateless" else None)
-    outcome["died"] = "process" if reply.died else "copy"
-    outcome["died_how"] = how
-    if mode == "read_only":
-        # What the copy reported before it died, else nothing is claimed.
-        outcome["isolation"] = (reply.message or {}).get("isolation") or dict(_NO_COPY_CLAIM)
-    return outcome
+    # What a read-only copy reported before it died, else nothing is claimed.
+    isolation = ((reply.message or {}).get("isolation") or dict(_NO_COPY_CLAIM)
+                 if mode == "read_only" else None)
+    return Ran(facts.Died("process" if reply.died and mode != "stateless" else "copy", how),
+               reply.stdout, reply.stderr, reply.truncated, isolation=isolation)
 
 
 class WorkerTemplate:
@@ -774,26 +740,22 @@ class WorkerTemplate:
         if not keep:
             proc.close()
 
-    def run_stateless(self, request: RunRequest) -> Outcome:
+    def run_stateless(self, request: RunRequest) -> Ran:
         """Run code in a fresh fork of a clean template; nothing is kept."""
         if self._closed:
-            return {**empty_outcome(), "error": messages.closed_during_call("worker",
-                                                                         "stateless")}
+            return Ran(facts.Closed("executor"))
         try:
             proc = self._checkout()
         except CoordexError as exc:
-            return {**empty_outcome(), "error": exc.to_dict()}
+            return Ran(facts.StartFailed(error=exc))
         reply = _run_once(proc, request, "stateless", self._capabilities)
         healthy = not (reply.died or reply.worker_killed)
         self._checkin(proc, healthy)
         if self._closed:  # close() stopped the template under the call
-            return {**empty_outcome(), "stdout": reply.stdout, "stderr": reply.stderr,
-                    "error": messages.closed_during_call("worker", "stateless")}
+            return Ran(facts.Closed("executor"), reply.stdout, reply.stderr)
         if reply.died or _fork_child_died(reply):
-            outcome = _died(reply, "stateless")
-            outcome["died"] = "copy"  # a stateless call has no session state to lose
-            return outcome
-        return _outcome(reply, request, "stateless")
+            return _died(reply, "stateless")  # a stateless call had no state to lose
+        return _ran(reply, "stateless")
 
     def close(self) -> None:
         """End every template process (idle or busy); idempotent."""

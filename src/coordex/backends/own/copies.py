@@ -24,6 +24,7 @@ How it works:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import os
@@ -36,12 +37,14 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ...core import facts
+from ...core.facts import Ran
 from ...core.results import OutputBuffer
 from ...worker import _coordex_copy as copier
 from ...worker import _coordex_engine as engine
 from ...worker import _coordex_protocol as wire
 from .. import isolation as iso
-from ..base import INTERRUPT_GRACE, Outcome, RunRequest, emit
+from ..base import INTERRUPT_GRACE, RunRequest, emit
 from . import children
 from . import interpreter as own
 
@@ -59,8 +62,8 @@ COPY_ATTEMPTS = 3
 def run_copy(session: own.NamespaceSession, request: RunRequest,
              protect: own.Protect | None,
              capabilities: CapabilityHost | None, *, fork: bool,
-             fork_on: Callable[[Callable[[], int]], int]) -> Outcome:
-    """Run ``request`` against a copy of ``session``; the outcome carries ``isolation``.
+             fork_on: Callable[[Callable[[], int]], int]) -> Ran:
+    """Run ``request`` against a copy of ``session``; the fact carries ``isolation``.
 
     ``fork=False`` (no safe ``fork`` here) always copies by value. ``fork_on(fork)``
     calls ``fork`` on the thread the session's code runs on. Where protection works on
@@ -72,20 +75,20 @@ def run_copy(session: own.NamespaceSession, request: RunRequest,
         else "none"
     deadline = time.monotonic() + request.timeout
     for _attempt in range(COPY_ATTEMPTS):
-        outcome = _run_copy_once(session, request, protect, capabilities, fork=fork,
-                                 fork_on=fork_on, expected=expected)
-        if not outcome.pop("_unprotected", False):
-            return outcome
+        ran = _run_copy_once(session, request, protect, capabilities, fork=fork,
+                             fork_on=fork_on, expected=expected)
+        if ran is not None:
+            return ran
         if time.monotonic() >= deadline:
             break
-    return _not_started("protection did not hold in the copy; the code did not run",
-                        "fork")
+    return _not_started("protection did not hold in the copy", "fork")
 
 
 def _run_copy_once(session: own.NamespaceSession, request: RunRequest,
                    protect: own.Protect | None,
                    capabilities: CapabilityHost | None, *, fork: bool,
-                   fork_on: Callable[[Callable[[], int]], int], expected: str) -> Outcome:
+                   fork_on: Callable[[Callable[[], int]], int], expected: str) -> Ran | None:
+    """One copy (None: it was not protected and ran nothing: make another)."""
     names = [n for n in (capabilities.names() if capabilities else [])
              if n in session.injected]
     unsafe = copier.fork_unsafe_runtimes() if fork else ["fork"]
@@ -117,22 +120,18 @@ def _run_copy_once(session: own.NamespaceSession, request: RunRequest,
     isolation = reported or {"names": True, "objects": True, "files": "none", "copy": kind}
     if kind == "fork" and cell is None and reported is not None and not interrupted \
             and reported.get("files") == "none" and expected != "none":
-        return {"_unprotected": True}  # it ran nothing (see _child): make another
+        return None  # it ran nothing (see _child): make another
     if kind == "values":
         isolation.setdefault("left_out", left_out)
     if cell is None or (interrupted and cell.get("interrupted") is not True):
-        if interrupted:
-            outcome = own._timed_out(out, err, stuck=False, mode="read_only",
-                                     seconds=request.timeout)
-        else:
-            outcome = own._crashed_copy(out, err, status)
+        event: facts.Event = facts.TimedOut(survived=True) if interrupted else \
+            facts.Died("copy", own.copy_status(status))
+        ran = own._ran(out, err, event)
     else:
-        outcome = own._outcome_from_cell(cell, out, err, timed_out=bool(cell["interrupted"]),
-                                         mode="read_only", seconds=request.timeout)
-        outcome.update(rebound=cell.get("rebound") or [], deleted=cell.get("deleted") or [],
-                       written=cell.get("written") or [])
-    outcome["isolation"] = isolation
-    return outcome
+        ran = dataclasses.replace(
+            own._ran_from_cell(cell, out, err), rebound=cell.get("rebound") or [],
+            deleted=cell.get("deleted") or [], written=cell.get("written") or [])
+    return dataclasses.replace(ran, isolation=isolation)
 
 
 # -- starting a copy ------------------------------------------------------------------
@@ -435,16 +434,9 @@ def _reap(pid: int, proc: Any, wait: bool) -> int | None:
     return None
 
 
-def _not_started(reason: str, kind: str) -> Outcome:
-    from ...core.errors import make_error
-
-    return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
-            "images": [], "isolation": {"names": True, "objects": True, "files": "none",
-                                        "copy": kind},
-            "error": make_error(
-                "crashed", f"The read-only copy could not be made: {reason}.",
-                "The session itself is unchanged. Free processes or memory and run the "
-                "call again.", state_lost=False)}
+def _not_started(reason: str, kind: str) -> Ran:
+    return Ran(facts.StartFailed(reason, copy=True),
+               isolation={"names": True, "objects": True, "files": "none", "copy": kind})
 
 
 __all__ = ["run_copy"]

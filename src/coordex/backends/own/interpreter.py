@@ -57,6 +57,7 @@ import array
 import builtins
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import io
 import os
@@ -71,13 +72,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core import messages
-from ...core.errors import ERROR_TYPES, make_error
+from ...core import facts, messages
+from ...core.errors import ERROR_TYPES
+from ...core.facts import Ran
 from ...core.results import OutputBuffer
 from ...worker import _coordex_copy as copier
 from ...worker import _coordex_engine as engine
 from .._reap import OWNED_ENV
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, emit, wait_for
+from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, emit, wait_for
 from . import children
 
 # fork() copies only the calling thread. On Linux and the BSDs the C library and CPython
@@ -880,25 +882,23 @@ class OwnInterpreter:
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self, session: NamespaceSession, request: RunRequest) -> Outcome:
+    def run(self, session: NamespaceSession, request: RunRequest) -> Ran:
         """Stateful: run in the session's namespace; report rebound and deleted names."""
         if session.stuck:
-            return _still_busy()
+            return Ran(facts.Busy(stuck=True))
         before = dict(session.namespace)
-        outcome = self._run_on(None, session, session.namespace, request)
+        ran = self._run_on(None, session, session.namespace, request)
         after = session.namespace
         rebound = [k for k, v in after.items() if k not in before or before[k] is not v]
         deleted = [k for k in before if k not in after]
         before.clear()
-        outcome["rebound"] = rebound
-        outcome["deleted"] = deleted
-        return outcome
+        return dataclasses.replace(ran, rebound=rebound, deleted=deleted)
 
-    def run_stateless(self, request: RunRequest, extra_globals: dict[str, Any]) -> Outcome:
+    def run_stateless(self, request: RunRequest, extra_globals: dict[str, Any]) -> Ran:
         namespace = fresh_namespace()
         namespace.update(extra_globals)
         session = self.new_session(namespace)
-        outcome = self._run_on(None, session, namespace, request, mode="stateless")
+        outcome = self._run_on(None, session, namespace, request)
         # Nothing is kept from a stateless call: its namespace goes now, not when a
         # collection finds the cycles its functions make, unless code or threads it
         # started still run in it.
@@ -914,8 +914,7 @@ class OwnInterpreter:
         return runner
 
     def _run_on(self, runner: Any, session: NamespaceSession | None,
-                namespace: dict[str, Any], request: RunRequest,
-                mode: str = "stateful") -> Outcome:
+                namespace: dict[str, Any], request: RunRequest) -> Ran:
         """Run ``request`` in ``namespace``; ``runner`` is unused (the interpreter picks
         its own), kept so nested calls from the executor read the same."""
         out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
@@ -936,10 +935,10 @@ class OwnInterpreter:
         call = _Call(sink_out, sink_err, session)
         self.owned.arm()
         if getattr(_local, "in_call", False):
-            return self._run_inline(call, namespace, request, out, err, mode)
+            return self._run_inline(call, namespace, request, out, err)
         watchdog = _inline_ready() if self.inline else None
         if watchdog is not None:
-            return self._run_here(watchdog, call, namespace, request, out, err, mode)
+            return self._run_here(watchdog, call, namespace, request, out, err)
         box: dict[str, Any] = {}
 
         def job() -> None:
@@ -952,10 +951,10 @@ class OwnInterpreter:
 
         deadline = time.monotonic() + request.timeout
         if not OWN_LOCK.acquire(timeout=request.timeout):
-            return _own_busy(out, err)
+            return Ran(facts.Busy())
         try:
             if self._closed:
-                return _closed_own(out, err, mode=mode)
+                return _closed_own(out, err)
             runner = self._take_runner()
             self._active_runner = runner
             if session is not None:
@@ -989,26 +988,22 @@ class OwnInterpreter:
                 self._fds.close()
             OWN_LOCK.release()
         if self._closed:
-            return _closed_own(out, err, still_running=not finished,
-                               mode=mode)
+            return _closed_own(out, err, still_running=not finished)
         if not finished:
-            return _timed_out(out, err, stuck=True, mode=mode, seconds=request.timeout)
-        return _outcome_from_cell(box["cell"], out, err, timed_out=box["cell"]["interrupted"],
-                                  seconds=request.timeout,
-                                  mode=mode)
+            return _ran(out, err, facts.TimedOut(survived=False, stuck=True))
+        return _ran_from_cell(box["cell"], out, err)
 
     def _run_here(self, watchdog: _Watchdog, call: _Call, namespace: dict[str, Any],
-                  request: RunRequest, out: OutputBuffer, err: OutputBuffer,
-                  mode: str) -> Outcome:
+                  request: RunRequest, out: OutputBuffer, err: OutputBuffer) -> Ran:
         """Run on the caller's (main) thread; the watchdog stops it at the deadline."""
         session = call.session
         deadline = time.monotonic() + request.timeout
         if not OWN_LOCK.acquire(timeout=request.timeout):
-            return _own_busy(out, err)
+            return Ran(facts.Busy())
         cell: dict[str, Any] | None = None
         try:
             if self._closed:
-                return _closed_own(out, err, mode=mode)
+                return _closed_own(out, err)
             self._active_runner = watchdog
             if session is not None:
                 session.runner, session.current = _ON_CALLER, call
@@ -1042,15 +1037,14 @@ class OwnInterpreter:
                 self._fds.close()
             OWN_LOCK.release()
         if self._closed:
-            return _closed_own(out, err, mode=mode)
+            return _closed_own(out, err)
         if cell is None:
             cell = {"result": None, "error": None, "interrupted": True, "images": []}
-        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"],
-                                  seconds=request.timeout, mode=mode)
+        return _ran_from_cell(cell, out, err)
 
     @staticmethod
     def _run_inline(call: _Call, namespace: dict[str, Any], request: RunRequest,
-                    out: OutputBuffer, err: OutputBuffer, mode: str) -> Outcome:
+                    out: OutputBuffer, err: OutputBuffer) -> Ran:
         """A call made from code already running here (a stored function, a capability).
 
         The outer call holds the process-wide state already, so this one runs on the
@@ -1064,14 +1058,13 @@ class OwnInterpreter:
         finally:
             _local.call = saved
             call.open = False
-        return _outcome_from_cell(cell, out, err, timed_out=cell["interrupted"], mode=mode,
-                                  seconds=request.timeout)
+        return _ran_from_cell(cell, out, err)
 
     # -- read-only ---------------------------------------------------------------------
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest,
                       protect: Protect | None = None,
-                      capabilities: Any = None) -> Outcome:
+                      capabilities: Any = None) -> Ran:
         """Run against a copy of the session: a fork, or its values in a new process.
 
         See ``copies``. Where ``fork`` is missing or unsafe, the copy always goes by
@@ -1079,7 +1072,7 @@ class OwnInterpreter:
         copy may call; they run here, in the agent's process, never in the copy.
         """
         if session.stuck:
-            return _still_busy()
+            return Ran(facts.Busy(stuck=True))
         from .copies import run_copy
 
         return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE,
@@ -1191,119 +1184,41 @@ def _signal(pid: int, sig: int) -> None:
 # --------------------------------------------------------------------------- outcomes
 
 
-def _outcome_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer,
-                       timed_out: bool, mode: str = "stateful", seconds: float = 0.0) -> Outcome:
-    stdout, stderr = out.getvalue(), err.getvalue()
-    outcome: Outcome = {
-        "stdout": stdout, "stderr": stderr,
-        "truncated": out.truncated or err.truncated or bool(cell.get("result_truncated")),
-        "result": cell.get("result"), "exit_code": None, "images": cell.get("images") or [],
-    }
-    if timed_out:
-        outcome["error"] = messages.timeout("own", _mode(mode), seconds, survived=True,
-                                            stdout=stdout, stderr=stderr)
-    elif (cell.get("error") or {}).get("coordex_error_type") in ERROR_TYPES:
-        # A coordex error raised inside the code (a stored-function CallError): the
-        # model sees its own error_type and suggestion, not a generic execution error.
-        error = cell["error"]
-        outcome["error"] = make_error(
-            error["coordex_error_type"], error.get("coordex_error") or error["message"],
-            error.get("coordex_suggestion") or _execution_suggestion(error["exception"], mode),
-            traceback=error["traceback"], stdout=stdout, stderr=stderr,
-            exception=error["exception"])
-    elif cell.get("error"):
-        error = cell["error"]
-        outcome["error"] = make_error(
-            "execution", f"{error['exception']}: {error['message']}".rstrip(": "),
-            _execution_suggestion(error["exception"], mode),
-            traceback=error["traceback"], stdout=stdout, stderr=stderr,
-            exception=error["exception"])
-    return outcome
+def _ran_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer) -> Ran:
+    """What one cell did, as a fact (``cell`` from :func:`engine.run_cell`)."""
+    error = cell.get("error")
+    event: facts.Event = facts.OK
+    if cell.get("interrupted"):
+        event = facts.TimedOut(survived=True)
+    elif error:
+        coordex_type = error.get("coordex_error_type")
+        event = facts.Raised(
+            error["exception"], error.get("message") or "", error.get("traceback") or "",
+            error_type=coordex_type if coordex_type in ERROR_TYPES else None,
+            error=error.get("coordex_error"), suggestion=error.get("coordex_suggestion"))
+    return _ran(out, err, event, result=cell.get("result"), images=cell.get("images") or (),
+                truncated=bool(cell.get("result_truncated")))
 
 
-def _execution_suggestion(exception: str, mode: str = "stateful") -> str:
-    if exception == "SyntaxError" or exception == "IndentationError":
-        return "Fix the syntax at the line the traceback points to and run the call again."
-    if exception == "SystemExit":
-        return ("The code called sys.exit()/exit(); nothing was ended. Remove the exit call "
-                "and run it again.")
-    if exception == "NameError":
-        where = ("this session" if mode != "stateless" else
-                 "a stateless call, which starts from an empty namespace")
-        return (f"A name is not defined in {where}. Define it in the same code, or run it in "
-                "a session that has it (state_mode='stateful' with session_name=...); "
-                "inspect_session shows which names a session holds.")
-    if exception in ("ModuleNotFoundError", "ImportError"):
-        return ("The module is not installed in this interpreter. Create an environment with it "
-                "(environments.create / create_environment) and pass its venv_id.")
-    if mode == "stateful":
-        return "Read the traceback, fix the code and run it again; the session's state is kept."
-    if mode == "read_only":
-        return "Read the traceback, fix the code and run it again; the session is unchanged."
-    return "Read the traceback, fix the code and run it again."
+def _ran(out: OutputBuffer, err: OutputBuffer, event: facts.Event, **fields: Any) -> Ran:
+    """A run's fact with the output it wrote so far."""
+    truncated = out.truncated or err.truncated or bool(fields.pop("truncated", False))
+    return Ran(event, out.getvalue(), err.getvalue(), truncated, **fields)
 
 
-def _timed_out(out: OutputBuffer, err: OutputBuffer, stuck: bool, mode: str,
-               seconds: float = 0.0) -> Outcome:
-    stdout, stderr = out.getvalue(), err.getvalue()
-    return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
-            "result": None, "exit_code": None, "images": [],
-            "error": messages.timeout("own", _mode(mode), seconds, survived=not stuck,
-                                      stuck=stuck, stdout=stdout, stderr=stderr)}
-
-
-def _mode(mode: str) -> messages.Mode:
-    return "stateless" if mode == "stateless" else "read_only" if mode == "read_only" else "stateful"
-
-
-def _closed_own(out: OutputBuffer, err: OutputBuffer, *, still_running: bool = False,
-                mode: str = "stateful") -> Outcome:
-    outcome: Outcome = {"stdout": out.getvalue(), "stderr": err.getvalue(),
-                        "truncated": out.truncated or err.truncated, "result": None,
-                        "exit_code": None, "images": []}
+def _closed_own(out: OutputBuffer, err: OutputBuffer, *, still_running: bool = False) -> Ran:
     # Honest about the agent's process: an interrupt reaches Python code only between
     # bytecodes, so code blocked in C (a sleep, a read) may still run on after this.
     what = (" (interrupted: it is blocked outside Python and may still run in the "
             "agent's process until that call returns)" if still_running
             else " (interrupted)")
-    lost = mode != "stateless"  # a stateless call had no state to lose (SPEC 6)
-    outcome["error"] = messages.closed_during_call(
-        "own", mode, what, stdout=outcome["stdout"], stderr=outcome["stderr"])
-    if lost:
-        outcome["state_lost"] = True
-    return outcome
+    return _ran(out, err, facts.Closed("executor", detail=what))
 
 
-def _still_busy() -> Outcome:
-    return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
-            "images": [],
-            "error": make_error(
-                "timeout", "This session is still busy with code from an earlier call that "
-                "timed out and did not stop.",
-                "Wait for that code to finish, or run in another session (a different "
-                "session_name) or with state_mode='stateless'. The session's state is kept.",
-                stdout="", stderr="", state_lost=False)}
-
-
-def _own_busy(out: OutputBuffer, err: OutputBuffer) -> Outcome:
-    return {"stdout": "", "stderr": "", "truncated": False, "result": None, "exit_code": None,
-            "images": [],
-            "error": make_error(
-                "timeout", "The agent's own interpreter stayed busy with another call for the "
-                "whole timeout.",
-                "Retry, or run this in an environment (venv_id) or bash, whose sessions run "
-                "in parallel. Nothing ran and no state changed.",
-                stdout="", stderr="", state_lost=False)}
-
-
-def _crashed_copy(out: OutputBuffer, err: OutputBuffer, status: int | None) -> Outcome:
-    stdout, stderr = out.getvalue(), err.getvalue()
-    how = ""
+def copy_status(status: int | None) -> str:
+    """How a read-only copy (a fork child) ended, from its wait status."""
     if status is not None and os.WIFSIGNALED(status):
-        how = messages.killed_by(os.WTERMSIG(status))
-    elif status is not None and os.WIFEXITED(status):
-        how = f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
-    return {"stdout": stdout, "stderr": stderr, "truncated": out.truncated or err.truncated,
-            "result": None, "exit_code": None, "images": [],
-            "error": messages.crashed("own", "read_only", how or "no reason given",
-                                      stdout=stdout, stderr=stderr)}
+        return messages.killed_by(os.WTERMSIG(status))
+    if status is not None and os.WIFEXITED(status):
+        return f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
+    return "no reason given"

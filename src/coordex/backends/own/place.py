@@ -12,9 +12,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...core.facts import Ran
 from ...worker import _coordex_copy as copier
 from .. import isolation
-from ..base import Outcome, RunRequest
+from ..base import RunRequest
 from .interpreter import NamespaceSession, OwnInterpreter
 
 _INSPECT_REPR_LIMIT = 200
@@ -38,10 +39,10 @@ class OwnSession:
             raise RuntimeError("this own-interpreter session is closed")
         return self.state
 
-    def run(self, request: RunRequest) -> Outcome:
+    def run(self, request: RunRequest) -> Ran:
         return self._place.own.run(self._require(), request)
 
-    def run_read_only(self, request: RunRequest) -> Outcome:
+    def run_read_only(self, request: RunRequest) -> Ran:
         return self._place.run_read_only(self._require(), request)
 
     def inspect(self) -> dict[str, Any]:
@@ -79,7 +80,7 @@ class OwnSession:
             frame = frame.f_back
         return False
 
-    def run_nested(self, request: RunRequest, read_only: bool) -> Outcome:
+    def run_nested(self, request: RunRequest, read_only: bool) -> Ran:
         """Run inside the outer call that is running in this session right now."""
         session = self._require()
         if read_only:
@@ -112,10 +113,10 @@ class OwnPlace:
             self._sessions.append(session)
         return session
 
-    def run_stateless(self, request: RunRequest) -> Outcome:
+    def run_stateless(self, request: RunRequest) -> Ran:
         return self.own.run_stateless(request, dict(self._globals()))
 
-    def run_read_only(self, session: NamespaceSession, request: RunRequest) -> Outcome:
+    def run_read_only(self, session: NamespaceSession, request: RunRequest) -> Ran:
         scratch, paths = request.scratch, request.protect_paths
         # Set up here, once, what every fork child would repeat (libc, the filters).
         isolation.prepare()

@@ -40,8 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import CoordexError, make_error
-from ..base import Outcome, RunRequest, empty_outcome
+from ...core import facts
+from ...core.errors import CoordexError
+from ...core.facts import Ran
+from ..base import RunRequest
 
 OWNER_ENV = "COORDEX_NODE_OWNER"
 # How long a capability call on a node waits for the driver's answer before it fails.
@@ -234,7 +236,9 @@ class NodeHost:
         """Answers to capability calls in; events (or the end) of the call out."""
         call = self._calls.get(call_id)
         if call is None:
-            return {"events": [], "done": {"outcome": _lost_call()}}
+            return {"events": [], "done": {"ran": facts.to_wire(Ran(facts.Died(
+                "node", "the node no longer knows this call (its actor restarted)",
+                taken=True)))}}
         with call.cond:
             for number, ok, value in answers or ():
                 call.answers[number] = (ok, value)
@@ -260,14 +264,15 @@ class NodeHost:
         turn = self._turns if self._turns is not None else contextlib.nullcontext()
         try:
             with turn:
-                reply: dict[str, Any] = {"outcome": self._op(call, op, args)}
+                value = self._op(call, op, args)
+            reply: dict[str, Any] = ({"ran": facts.to_wire(value)} if isinstance(value, Ran)
+                                     else {"outcome": value})
         except CoordexError as exc:
             reply = {"raise": exc.to_dict()}
         except Exception as exc:  # a bug here must still end the driver's wait
-            reply = {"outcome": {**empty_outcome(), "error": make_error(
-                "crashed", f"coordex's actor on this node failed: {type(exc).__name__}: {exc}.",
-                "Run the call again; if it keeps failing, close the session and open a new "
-                "one.", state_lost=True)}}
+            reply = {"ran": facts.to_wire(Ran(facts.Died(
+                "node", f"coordex's actor on the node failed: {type(exc).__name__}: {exc}",
+                taken=True)))}
         finally:
             _current.call = None
         call.finish(reply)
@@ -277,7 +282,7 @@ class NodeHost:
             return self._open(call, args)
         if op == "inspect":
             session = self._session(args["sid"])
-            return session.inspect() if session is not None else _gone_session()["error"]
+            return session.inspect() if session is not None else _gone_session()
         request = self._request(call, args)
         try:
             if op == "stateless":
@@ -327,7 +332,7 @@ class NodeHost:
             self._sessions[sid] = session
         return {"opened": sid}
 
-    def _stateless(self, call: _Call, args: dict[str, Any], request: RunRequest) -> Outcome:
+    def _stateless(self, call: _Call, args: dict[str, Any], request: RunRequest) -> Ran:
         env = args.get("env")
         folder = self._environment(call, env) if env is not None else None
         if args["language"] == "bash":
@@ -346,7 +351,8 @@ class NodeHost:
                 template = self._templates.setdefault(env["spec_hash"], made)
             if template is not made:
                 made.close()
-        return dict(template.run_stateless(request))
+        ran: Ran = template.run_stateless(request)
+        return ran
 
     def _environment(self, call: _Call, env: dict[str, Any]) -> Path:
         """Build the environment here (cached per node by its spec hash); its folder."""
@@ -475,19 +481,9 @@ def _marked_pids(token: str, exclude: int = -1) -> list[int]:
     return found
 
 
-def _gone_session() -> Outcome:
-    return {**empty_outcome(), "state_lost": True, "error": make_error(
-        "crashed", "The session is no longer held on its node (it was closed or its "
-        "actor restarted).", "Run the call again: a stateful call opens a fresh session; "
-        "rebuild_session(...) replays the calls that built the lost state.",
-        state_lost=True)}
-
-
-def _lost_call() -> Outcome:
-    return {**empty_outcome(), "error": make_error(
-        "crashed", "The node no longer knows this call (its actor restarted).",
-        "Run the call again; rebuild_session(...) replays a lost session's calls.",
-        state_lost=True), "state_lost": True}
+def _gone_session() -> Ran:
+    return Ran(facts.Died("process", "the session is no longer held on its node (it was "
+                          "closed or its actor restarted)"))
 
 
 __all__ = ["OWNER_ENV", "NodeHost"]

@@ -28,6 +28,7 @@ a fresh session elsewhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
@@ -35,9 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core import messages
+from ...core import facts
 from ...core.errors import CoordexError
-from ..base import INTERRUPT_GRACE, Outcome, RunRequest, empty_outcome
+from ...core.facts import Ran
+from ..base import INTERRUPT_GRACE, RunRequest
 from .node import NodeHost
 
 # Each wait of the driver on an actor: a poll returns as soon as there is output, so
@@ -348,7 +350,8 @@ class RayCluster:
                  deadline: float, progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Run ``op`` on ``host`` and serve it until its reply; see the module docstring.
 
-        Returns the node's reply (``{"outcome": ...}`` or ``{"raise": error dict}``).
+        Returns the node's reply: ``{"ran": facts.to_wire(...)}`` for a run,
+        ``{"outcome": ...}`` for other requests, or ``{"raise": error dict}``.
 
         Raises:
             NodeLost: the actor died, or gave no answer before ``deadline``.
@@ -454,33 +457,22 @@ class RayPlace:
     def open_session(self) -> RaySession:
         return RaySession(self)
 
-    def run_stateless(self, request: RunRequest) -> Outcome:
-        """A fresh shell or fork child on a node; a Python call whose node dies is run
-        once more elsewhere (nothing was kept, so nothing is lost)."""
+    def run_stateless(self, request: RunRequest) -> Ran:
+        """A fresh shell or fork child on a node (a Python call whose node was lost
+        before it took the call runs once more elsewhere: :func:`coordex.sessions.attempts`)."""
         args = run_args(request, self.cluster.capabilities)
         args.update(language=self.language, env=self.env.wire() if self.env else None)
-        deadline = (_deadline(request.timeout, self.language)
-                    + (self.cluster.build_timeout if self.env else 0))
-        notes: list[str] = []
-        for attempt in (1, 2):
-            try:
-                host = self._stateless_host()
-                reply = self.cluster.converse(host, "stateless", args, request, deadline,
-                                              self.progress)
-            except CoordexError as exc:
-                return {**empty_outcome(), "error": exc.to_dict()}
-            except NodeLost as lost:
-                self._forget_stateless(host, lost)
-                notes.append(lost.how)
-                if (self.language == "python" and attempt == 1 and not lost.unreachable
-                        and not lost.started):
-                    continue
-                return _crashed(notes, stateless=True)
-            outcome = _unwrap(reply)
-            if attempt == 2:
-                outcome["retried"] = True
-            return outcome
-        raise AssertionError("unreachable")  # pragma: no cover
+        deadline = _deadline(request.timeout) + (self.cluster.build_timeout if self.env else 0)
+        try:
+            host = self._stateless_host()
+            reply = self.cluster.converse(host, "stateless", args, request, deadline,
+                                          self.progress)
+        except CoordexError as exc:
+            return Ran(facts.StartFailed(error=exc))
+        except NodeLost as lost:
+            self._forget_stateless(host, lost)
+            return Ran(_node_died(lost))
+        return _unwrap(reply)
 
     def _stateless_host(self) -> _Host:
         if not self.resources:
@@ -521,18 +513,22 @@ class RaySession:
 
     # -- Session ---------------------------------------------------------------------------
 
-    def run(self, request: RunRequest) -> Outcome:
+    def run(self, request: RunRequest) -> Ran:
         return self._call("run", request)
 
-    def run_read_only(self, request: RunRequest) -> Outcome:
-        outcome = self._call("read_only", request)
-        outcome.setdefault("isolation", {"names": True, "objects": True, "files": "none"})
-        return outcome
+    def run_read_only(self, request: RunRequest) -> Ran:
+        ran = self._call("read_only", request)
+        if ran.isolation is None:
+            ran = dataclasses.replace(ran, isolation={"names": True, "objects": True,
+                                                      "files": "none", "copy": "none"})
+        return ran
 
-    def inspect(self) -> dict[str, Any]:
+    def inspect(self) -> dict[str, Any] | Ran:
         with self._lock:
-            if self._closed or self._host is None:
-                return _crashed(["the session's node was lost"])["error"]
+            if self._closed:
+                return Ran(facts.Closed("session", during=False))
+            if self._host is None:
+                return Ran(facts.Died("node", "the session's node was lost"))
             host = self._host
             try:
                 reply = self.place.cluster.converse(
@@ -540,9 +536,11 @@ class RaySession:
                     time.monotonic() + INSPECT_TIMEOUT)
             except NodeLost as lost:
                 self._drop(host, lost)
-                return _crashed([lost.how])["error"]
+                return Ran(_node_died(lost))
         if "raise" in reply:
             return dict(reply["raise"])
+        if "ran" in reply:
+            return facts.from_wire(reply["ran"])
         return dict(reply["outcome"])
 
     def alive(self) -> bool:
@@ -605,48 +603,33 @@ class RaySession:
                 host.handle.close_session.remote(self._sid)
         self.place.cluster.lost(host, gone)
 
-    def _call(self, op: str, request: RunRequest) -> Outcome:
+    def _call(self, op: str, request: RunRequest) -> Ran:
+        """One attempt on the session's node. A session whose node was lost (said by
+        that call) is opened again on another node first (``replaced``); whether a call
+        the lost node had not taken runs once more is :func:`coordex.sessions.attempts`'s
+        to decide (never one it had taken: it may still run there, SPEC 10)."""
         with self._lock:
             if self._closed:
-                return {**empty_outcome(), "error": messages.session_closed("cluster")}
-            lost = False
-            if self._host is None:  # its node died; the loss was reported then
-                if op == "read_only":
-                    return _crashed(["the session's node was lost"])
+                return Ran(facts.Closed("session", during=False))
+            replaced = False
+            if self._host is None:
                 try:
                     self._open()
                 except CoordexError as exc:
-                    return {**empty_outcome(), "error": exc.to_dict(), "state_lost": True}
-            notes: list[str] = []
-            for attempt in (1, 2):
-                host = self._host
-                assert host is not None
-                args = run_args(request, self.place.cluster.capabilities)
-                args["sid"] = self._sid
-                try:
-                    reply = self.place.cluster.converse(
-                        host, op, args, request, _deadline(request.timeout, self.place.language))
-                except NodeLost as gone:
-                    self._drop(host, gone)
-                    notes.append(gone.how)
-                    # SPEC 6: a Python worker that dies during a call is replaced and the
-                    # call run once more; a shell command or a read-only look is not. And
-                    # SPEC 10: never a call the lost node had taken (it may still run there).
-                    if (op == "run" and self.place.language == "python" and attempt == 1
-                            and not gone.unreachable and not gone.started):
-                        try:
-                            self._open()
-                        except CoordexError:
-                            return _crashed(notes)
-                        lost = True
-                        continue
-                    return _crashed(notes, read_only=op == "read_only")
-                outcome = _unwrap(reply)
-                if lost:
-                    outcome["state_lost"] = True
-                    outcome["retried"] = True
-                return outcome
-        raise AssertionError("unreachable")  # pragma: no cover
+                    return Ran(facts.StartFailed(error=exc), replaced=True)
+                replaced = True
+            host = self._host
+            assert host is not None
+            args = run_args(request, self.place.cluster.capabilities)
+            args["sid"] = self._sid
+            try:
+                reply = self.place.cluster.converse(host, op, args, request,
+                                                    _deadline(request.timeout))
+            except NodeLost as gone:
+                self._drop(host, gone)
+                return Ran(_node_died(gone), replaced=replaced)
+            ran = _unwrap(reply)
+            return dataclasses.replace(ran, replaced=replaced or ran.replaced)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -664,24 +647,23 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         raise ConnectionError(f"nothing answers at {target} ({exc.strerror or exc})") from None
 
 
-def _deadline(timeout: float, language: str) -> float:
-    """When the driver stops waiting for a node: the node enforces the timeout itself,
-    and a Python call there may run twice (a worker that died is replaced and the call
-    retried once, SPEC section 6)."""
-    runs = 2 if language == "python" else 1
-    return time.monotonic() + runs * (timeout + NODE_GRACE)
+def _deadline(timeout: float) -> float:
+    """When the driver stops waiting for a node: the node enforces the timeout itself."""
+    return time.monotonic() + timeout + NODE_GRACE
 
 
-def _unwrap(reply: dict[str, Any]) -> Outcome:
-    if "raise" in reply:
-        return {**empty_outcome(), "error": dict(reply["raise"])}
-    return dict(reply["outcome"])
+def _unwrap(reply: dict[str, Any]) -> Ran:
+    if "raise" in reply:  # nothing ran: the session or environment could not be had
+        error = dict(reply["raise"])
+        return Ran(facts.StartFailed(error=CoordexError(
+            error.pop("error_type"), error.pop("error"), error.pop("suggestion"), **error)))
+    return facts.from_wire(reply["ran"])
 
 
-def _crashed(notes: list[str], *, stateless: bool = False, read_only: bool = False) -> Outcome:
-    how = "; ".join(dict.fromkeys(notes)) or "the node was lost"
-    mode: messages.Mode = "stateless" if stateless else "read_only" if read_only else "stateful"
-    return {**empty_outcome(), "state_lost": True, "error": messages.node_lost(how, mode)}
+def _node_died(lost: NodeLost) -> facts.Died:
+    # A node that may still run the call (unreachable, or it had taken it) is never
+    # given it again (SPEC 10).
+    return facts.Died("node", lost.how, taken=lost.unreachable or lost.started)
 
 
 def _describe(resources: dict[str, float]) -> str:

@@ -82,12 +82,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core import messages
-from ...core.errors import CoordexError, make_error, storage_error
+from ...core import facts, messages
+from ...core.errors import storage_error
+from ...core.facts import Ran
 from ...diskspace import free_bytes
 from ...worker import _coordex_copy as copier
 from .. import _reap, isolation
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Outcome, RunRequest, StreamCapture
+from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
 from . import launcher
 from .wire import DUMP as _DUMP
 from .wire import PRIVATE_PREFIX, VOLATILE_VARIABLES
@@ -1011,68 +1012,25 @@ def _shell_env(env: Mapping[str, str] | None) -> dict[str, str]:
 # -- outcomes ----------------------------------------------------------------------------
 
 
-def _outcome(out: _Stream, err: _Stream, ending: _Ending, timeout: float, *,
-             stateless: bool) -> Outcome:
+def _ran(out: _Stream, err: _Stream, ending: _Ending) -> Ran:
+    """One exchange with bash as the fact of one run."""
     # (The newline an interactive bash prints for ^C goes to its fd 2, the status pipe.)
-    stdout, stderr = out.getvalue(), err.getvalue()
-    outcome: Outcome = {
-        "stdout": stdout, "stderr": stderr,
-        "truncated": out.truncated or err.truncated,
-        "result": None, "exit_code": ending.exit_code, "images": [],
-    }
-    state_lost = not ending.survived and not stateless
+    event: facts.Event = facts.OK
     if ending.timed_out:
-        outcome["error"] = _timeout_error(timeout, ending.survived, stateless,
-                                          stdout=stdout, stderr=stderr)
+        event = facts.TimedOut(survived=ending.survived)
     elif ending.returncode is not None and ending.returncode < 0:
-        outcome["exit_code"] = None
-        outcome["error"] = _crashed_error(messages.killed_by(-ending.returncode), stateless)
+        event = facts.Died("process", messages.killed_by(-ending.returncode))
     elif ending.returncode is not None:
         # `exit N` ended the shell: a normal result with that status, never retried.
-        outcome["exit_code"] = ending.returncode
-    if state_lost:
-        outcome["state_lost"] = True
-    return outcome
+        event = facts.Exited(ending.returncode)
+    elif not ending.survived:
+        event = facts.Died("process", "the shell ended")
+    return Ran(event, out.getvalue(), err.getvalue(), out.truncated or err.truncated,
+               exit_code=ending.exit_code)
 
 
-def _timeout_error(timeout: float, survived: bool, stateless: bool, *, stdout: str,
-                   stderr: str) -> dict[str, Any]:
-    error = messages.timeout("shell", "stateless" if stateless else "stateful", timeout,
-                             survived=survived, stdout=stdout, stderr=stderr)
-    error["suggestion"] += (" A long command can run in the background "
-                            "(`cmd > out.log 2>&1 &`) in a stateful session while you read "
-                            "the log later; do not ignore SIGINT (`trap '' INT`).")
-    return error
-
-
-def _crashed_error(killed: str, stateless: bool) -> dict[str, Any]:
-    # A stateless call had no state to lose (SPEC 6): it never says state_lost.
-    error = messages.crashed("shell", "stateless" if stateless else "stateful",
-                             f"{killed}; the command was not retried",
-                             state_lost=False if stateless else None)
-    error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) can run "
-                            "in a subshell `( ... )` instead.")
-    return error
-
-
-def _closed_outcome() -> Outcome:
-    return {"stdout": "", "stderr": "", "truncated": False, "result": None,
-            "exit_code": None, "images": [],
-            "error": messages.session_closed("shell"),
-            "state_lost": True}
-
-
-def _start_failed_text(exc: BaseException) -> tuple[str, str]:
-    return (f"Could not start bash: {exc}.",
-            "Check that bash is installed, runs, and the working folder exists; the "
-            "session's previous state is lost.")
-
-
-def _start_failed(exc: BaseException) -> Outcome:
-    return {"stdout": "", "stderr": "", "truncated": False, "result": None,
-            "exit_code": None, "images": [],
-            "error": make_error("crashed", *_start_failed_text(exc), state_lost=True),
-            "state_lost": True}
+def _start_failed(exc: BaseException) -> Ran:
+    return Ran(facts.StartFailed(f"bash could not start ({exc})"))
 
 
 # -- sessions ----------------------------------------------------------------------------
@@ -1098,7 +1056,6 @@ class ShellSession:
         self._cwd = cwd
         self._lock = threading.Lock()
         self._closed = False
-        self._loss_reported = False
         self._copy: _ProtectedCopy | None = None  # the read-only copy running now
         self._standby: _ProtectedCopy | None = None  # the next one, protected and waiting
         self._ro_folder: str | None = None  # the copies' state file, mode file, scratch
@@ -1119,7 +1076,7 @@ class ShellSession:
             if shell is not None:
                 shell.terminate()
                 shell.release()
-            raise CoordexError("crashed", *_start_failed_text(exc), state_lost=True) from exc
+            raise messages.start_failed("bash", exc) from exc
 
     @property
     def pid(self) -> int:
@@ -1131,12 +1088,12 @@ class ShellSession:
 
     # -- calls -------------------------------------------------------------------------
 
-    def run(self, request: RunRequest) -> Outcome:
+    def run(self, request: RunRequest) -> Ran:
         """Run ``request.code`` in the kept shell; what it changes stays."""
         self._state_version += 1  # a read-only copy's saved state may be stale now
         return self._call(request.code, request)
 
-    def run_read_only(self, request: RunRequest) -> Outcome:
+    def run_read_only(self, request: RunRequest) -> Ran:
         """Run ``request.code`` against a throwaway copy of the session.
 
         With ``request.scratch`` set and protection available here, the copy runs under
@@ -1147,20 +1104,18 @@ class ShellSession:
         slot = None
         if request.scratch is not None and isolation.best_mode() != "none":
             slot = _CopySlot()
-            outcome = self._call(request.code, request, slot)
+            ran = self._call(request.code, request, slot)
         else:
-            outcome = self._call(self.read_only_command(request.code, request.scratch),
-                                 request)
+            ran = self._call(self.read_only_command(request.code, request.scratch), request)
         # The protected copy is a fresh bash given the session's state by value (its
         # variables, functions, aliases, options, cwd); the plain one a forked subshell.
         files = slot.files if slot is not None else "none"
         kind = "values" if slot is not None and slot.launched and files != "none" else "fork"
-        outcome["isolation"] = {"names": True, "objects": True, "files": files, "copy": kind}
-        if slot is not None and slot.written:
-            outcome["written"] = slot.written  # for the call log; the result never shows it
-        if slot is not None and slot.changed is not None:
-            outcome["rebound"] = slot.changed  # the same: the log works the names out
-        return outcome
+        # What it wrote and rebound is for the call log; the result never shows it.
+        return dataclasses.replace(
+            ran, isolation={"names": True, "objects": True, "files": files, "copy": kind},
+            written=(slot.written or None) if slot is not None else None,
+            rebound=slot.changed if slot is not None and slot.changed is not None else ())
 
     def read_only_command(self, code: str, scratch: str | None = None) -> str:
         """The bash text that runs ``code`` so that nothing reaches the session.
@@ -1176,19 +1131,17 @@ class ShellSession:
             temp = f"\\builtin export TMPDIR={folder} TMP={folder} TEMP={folder}; "
         return f"( {temp}\\builtin eval {_shell_quote(code)} )"
 
-    def inspect(self) -> dict[str, Any]:
+    def inspect(self) -> dict[str, Any] | Ran:
         """What the session added to the environment it started with; changes nothing.
 
         Returns ``{"cwd", "variables": {name: value}, "functions": [names],
         "aliases": {name: value}}``; variables include inherited ones whose value the
-        session changed. Adds ``state_lost: True`` if the shell had died and was replaced.
+        session changed. Adds ``replaced: True`` if the shell had died and was replaced.
         """
         with self._lock:
-            if self._closed:
-                return _closed_outcome()["error"]
-            lost = self._ensure_shell()
-            if isinstance(lost, dict):
-                return lost["error"]
+            replaced = self._ensure_shell()
+            if isinstance(replaced, Ran):
+                return replaced
             now = self._dump(self._shell)
         base_vars = self._baseline["variables"]
         report: dict[str, Any] = {
@@ -1198,8 +1151,8 @@ class ShellSession:
             "aliases": {k: v for k, v in now["aliases"].items()
                         if self._baseline["aliases"].get(k) != v},
         }
-        if lost:
-            report["state_lost"] = True
+        if replaced:
+            report["replaced"] = True
         return report
 
     def close(self) -> None:
@@ -1237,13 +1190,11 @@ class ShellSession:
     # -- internals ---------------------------------------------------------------------
 
     def _call(self, code: str, request: RunRequest,
-              copy: _CopySlot | None = None) -> Outcome:
+              copy: _CopySlot | None = None) -> Ran:
         with self._lock:
-            if self._closed:
-                return _closed_outcome()
-            lost = self._ensure_shell()
-            if isinstance(lost, dict):
-                return lost
+            replaced = self._ensure_shell()
+            if isinstance(replaced, Ran):
+                return replaced
             if copy is None:
                 began = time.monotonic()
                 out, err, ending = self._shell.run(code, request)
@@ -1251,75 +1202,57 @@ class ShellSession:
                     # Dead before it read the call (killed just before it arrived, or
                     # stopped): the code never ran, so this is a shell found dead -
                     # replace, run there, in what is left of the call's one timeout.
-                    lost = self._ensure_shell()
-                    if isinstance(lost, dict):
-                        return lost
+                    fresh = self._ensure_shell()
+                    if isinstance(fresh, Ran):
+                        return fresh
                     left = request.timeout - (time.monotonic() - began)
                     if left < RERUN_FLOOR:
-                        self._loss_reported = True
-                        return {"stdout": "", "stderr": "", "truncated": False,
-                                "result": None, "exit_code": None, "images": [],
-                                "error": messages.not_taken("shell", request.timeout),
-                                "state_lost": True}
-                    lost = True
+                        return Ran(facts.TimedOut(survived=False, taken=False), replaced=True)
+                    replaced = True
                     out, err, ending = self._shell.run(
                         code, dataclasses.replace(request, timeout=left))
             else:
                 out, err, ending = self._run_copy(copy, request)
-            outcome = _outcome(out, err, ending, request.timeout, stateless=False)
-            if copy is not None and ending.exit_code == 127 \
-                    and outcome["stderr"].startswith(launcher.START_FAILED):
-                # The copy never ran the code (its scratch folder full, say): not a
-                # command's exit status 127.
-                reason = outcome["stderr"][len(launcher.START_FAILED):].strip()
-                folder = os.path.dirname(request.scratch or tempfile.gettempdir())
-                outcome["exit_code"] = None
-                outcome["error"] = storage_error(
-                    OSError(reason), folder, "temporary folder (TMPDIR)",
-                    free_bytes(Path(folder))).to_dict()
-                # The state it saved may be cut short too: the next copy dumps it again.
-                self._dumped = -1
-                if self._standby is not None:
-                    self._standby.discard(self._launcher)
-                    self._standby = None
-            if copy is not None and copy.unprotected is not None:
-                outcome["exit_code"] = None
-                outcome["error"] = make_error(
-                    "crashed", f"The read-only copy could not be protected "
-                    f"({copy.unprotected}); the code did not run.",
-                    "The session itself is unchanged: run the read-only call again.",
-                    state_lost=False)
-            elif copy is not None and copy.killed is not None:
-                # The copy died, as a Python copy that kills itself does: the same words.
-                outcome["exit_code"] = None
-                outcome["error"] = messages.crashed(
-                    "shell", "read_only", messages.killed_by(copy.killed),
-                    stdout=outcome["stdout"], stderr=outcome["stderr"])
-            elif copy is not None and copy.failure is not None:
-                outcome["exit_code"] = None
-                outcome["error"] = make_error(
-                    "crashed", f"The read-only copy could not be watched to its end "
-                    f"({copy.failure}); it was killed.",
-                    "The session itself is unchanged: run the read-only call again.",
-                    state_lost=False)
+            ran = _ran(out, err, ending)
+            failed = self._copy_failed(copy, request, ran) if copy is not None else None
+            if failed is not None:
+                ran = dataclasses.replace(ran, event=failed, exit_code=None)
             if self._closed:
                 # close() from another thread ended the shell under this call; the call
                 # may even have finished normally in the race, but its session is gone.
-                closed = _closed_outcome()
-                outcome.update(error=closed["error"], state_lost=True)
-                return outcome
+                return dataclasses.replace(ran, event=facts.Closed("session"),
+                                           exit_code=None)
             if ending.survived and not self._shell.alive():
                 # The session's shell died while a read-only copy ran elsewhere: the
                 # copy's result stands, and the loss is this call's news, not the next's.
-                ending.survived = False
-                lost = True
-            if not ending.survived:
-                # Already told to the caller in this outcome: the next call's fresh shell
-                # is not news.
-                self._loss_reported = True
-            if lost:
-                outcome["state_lost"] = True
-            return outcome
+                replaced = True
+            return dataclasses.replace(ran, replaced=replaced)
+
+    def _copy_failed(self, copy: _CopySlot, request: RunRequest,
+                     ran: Ran) -> facts.Event | None:
+        """Why a protected copy did not run the code to its end, if it did not."""
+        if ran.exit_code == 127 and ran.stderr.startswith(launcher.START_FAILED):
+            # The copy never ran the code (its scratch folder full, say): not a
+            # command's exit status 127.
+            reason = ran.stderr[len(launcher.START_FAILED):].strip()
+            folder = os.path.dirname(request.scratch or tempfile.gettempdir())
+            # The state it saved may be cut short too: the next copy dumps it again.
+            self._dumped = -1
+            if self._standby is not None:
+                self._standby.discard(self._launcher)
+                self._standby = None
+            return facts.StartFailed(copy=True, error=storage_error(
+                OSError(reason), folder, "temporary folder (TMPDIR)", free_bytes(Path(folder))))
+        if copy.unprotected is not None:
+            return facts.StartFailed(f"it could not be protected: {copy.unprotected}",
+                                     copy=True)
+        if copy.killed is not None:
+            # The copy died, as a Python copy that kills itself does: the same words.
+            return facts.Died("copy", messages.killed_by(copy.killed))
+        if copy.failure is not None:
+            return facts.Died("copy", f"it could not be watched to its end ({copy.failure}) "
+                              "and was killed")
+        return None
 
     def _run_copy(self, slot: _CopySlot, request: RunRequest,
                   ) -> tuple[_Stream, _Stream, _Ending]:
@@ -1417,20 +1350,21 @@ class ShellSession:
                 return None
         return self._launcher
 
-    def _ensure_shell(self) -> bool | Outcome:
-        """Replace a dead shell. True if state was lost unannounced; an outcome on failure."""
+    def _ensure_shell(self) -> bool | Ran:
+        """Replace a dead shell: whether it was replaced (the fact of a closed session,
+        or of a failed start if no new one would start)."""
+        if self._closed:
+            return Ran(facts.Closed("session", during=False))
         if self._shell.alive():
             return False
-        announced = self._loss_reported
         self._shell.terminate()
         self._shell.release()
         try:
             self._shell = _Shell(self._env, self._cwd)
             self._baseline = self._dump(self._shell)
         except (OSError, RuntimeError) as exc:
-            return _start_failed(exc)
-        self._loss_reported = False
-        return not announced
+            return dataclasses.replace(_start_failed(exc), replaced=True)
+        return True
 
     @staticmethod
     def _dump(shell: _Shell) -> dict[str, Any]:
@@ -1465,34 +1399,31 @@ class ShellPlace:
     def open_session(self) -> ShellSession:
         return ShellSession(env=self._env, cwd=self._cwd)
 
-    def run_stateless(self, request: RunRequest) -> Outcome:
+    def run_stateless(self, request: RunRequest) -> Ran:
         """Run ``request.code`` in a fresh shell that is closed (its group killed) after."""
         if self._closed:
-            return _place_closed()
+            return Ran(facts.Closed("executor"))
         try:
             shell = _Shell(_shell_env(self._env), self._cwd)
         except (OSError, RuntimeError) as exc:
-            outcome = _start_failed(exc)
-            outcome.pop("state_lost")
-            outcome["error"]["state_lost"] = False
-            return outcome
+            return _start_failed(exc)
         with self._lock:
             closed = self._closed
             if not closed:
                 self._running.add(shell)
         try:
             if closed:
-                return _place_closed()
+                return Ran(facts.Closed("executor"))
             out, err, ending = shell.run(request.code, request)
         finally:
             with self._lock:
                 self._running.discard(shell)
             shell.terminate(_STATELESS_STEPS)
             shell.release()
-        outcome = _outcome(out, err, ending, request.timeout, stateless=True)
+        ran = _ran(out, err, ending)
         if self._closed:  # close() ended the shell under the call
-            outcome.update(exit_code=None, error=_place_closed()["error"])
-        return outcome
+            return dataclasses.replace(ran, event=facts.Closed("executor"), exit_code=None)
+        return ran
 
     def close(self) -> None:
         """End the shells of stateless calls still running; idempotent, any thread."""
@@ -1503,13 +1434,7 @@ class ShellPlace:
             shell.terminate(_STATELESS_STEPS)
 
 
-def _place_closed() -> Outcome:
-    return {"stdout": "", "stderr": "", "truncated": False, "result": None,
-            "exit_code": None, "images": [],
-            "error": messages.closed_during_call("shell", "stateless")}
-
-
 def run_stateless(request: RunRequest, *, env: dict[str, str] | None = None,
-                  cwd: str | None = None) -> Outcome:
+                  cwd: str | None = None) -> Ran:
     """Run ``request.code`` in a fresh shell that is closed (its whole group killed) after."""
     return ShellPlace(env=env, cwd=cwd).run_stateless(request)
