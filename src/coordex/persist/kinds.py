@@ -144,14 +144,14 @@ _OPTIONS = "__coordex_kept_options"
 def bash_dump_code(target: str) -> str:
     """Bash text that writes the shell's state to ``target`` (a subshell: the session's
     own state, ``$?`` aside, is untouched)."""
-    from ..backends.shell.session import _NOT_RESTORED
+    from ..backends.shell.copies import NOT_RESTORED
 
     t = shlex.quote(target)
     return (
         f"( {{ \\builtin printf '%s() {{\\n' {_OPTIONS}; \\builtin shopt -p; \\builtin set +o; "
         f"\\builtin printf ':\\n}}\\n'; }} >| {t} 2>/dev/null\n"
         "\\builtin set +xveuf\n"
-        f"\\builtin unset -v {' '.join(sorted(_NOT_RESTORED))} 2>/dev/null\n"
+        f"\\builtin unset -v {' '.join(sorted(NOT_RESTORED))} 2>/dev/null\n"
         "{ \\builtin declare -p; \\builtin declare -f; \\builtin alias -p; "
         "\\builtin printf '\\\\builtin cd -- %q\\n' \"$PWD\"; "
         "\\builtin printf '\\\\builtin umask %s\\n' \"$(\\builtin umask)\"; "

@@ -1,0 +1,507 @@
+"""One bash process, its pipes and its process group; it knows nothing of sessions.
+
+How it works
+------------
+A :class:`Shell` is one ``bash --norc --noprofile --noediting -i +m`` started in a new
+process session, so it leads its own process group and has no terminal. It is
+*interactive* on purpose: only an interactive bash answers SIGINT the way a terminal
+user expects (the running command line is abandoned, the shell goes back to reading
+the next one, every variable, function, alias, option and the cwd intact). ``+m``
+turns job control off, so background jobs stay in the shell's process group (close()
+reaps them) and ignore SIGINT (a timeout never kills them).
+
+Bash's own fd 2 is a private *status pipe*; the user's stderr reaches it at a high fd.
+Each call is one *trigger line* on bash's stdin: assignments of the call number, of
+the code as one ``$'...'`` word, and of ``PROMPT_COMMAND`` to a fixed *runner*. Bash
+runs PROMPT_COMMAND after the line, non-interactively (no ``[1] 1234`` job notices,
+no ``exit`` echo) and at the top level (``declare`` makes globals). The runner unsets
+PROMPT_COMMAND, sources a nameless file (``/dev/fd/N``) whose one line evals the code
+with stdin at /dev/null, the user's stderr moved onto fd 2 and our fds closed -
+sourced so that bash cleans finished foreground jobs out of its job table and
+``return`` ends the code - and then sets PS1 to the *record* ``TOKEN r CALL STATUS
+FLAGS``. Bash prints PS1 to its fd 2 (the status pipe) just before it reads the next
+line; reading that record is how completion is detected. The code's output was
+written before it, so both pipes are then drained without blocking. Everything else
+bash prints there - startup warnings, ``set -x`` traces and ``set -v`` echoes of our
+own lines, the newline after ^C - is never the user's and is skipped; user output is
+never parsed, so nothing a command prints can fake completion, and output without a
+trailing newline is kept exactly. PROMPT_COMMAND restores the parser's ``set -v`` and
+expand_aliases when it ends; the record's FLAGS let the next trigger line put back
+what the code chose. For a short call the caller polls the pipes without sleeping
+for a moment (``SPIN_SECONDS``): a wake-up costs more than the whole call.
+
+On timeout the process group gets SIGINT - once bash has read the whole trigger line,
+so no interrupt can cut it - and a *sync line* that sets PS1 to ``TOKEN s CALL
+STATUS FLAGS`` is queued behind it; if that record arrives within
+``INTERRUPT_GRACE`` the shell survived. Otherwise the group is killed and the next
+call gets a fresh shell. Records carry the call number, so a prompt printed twice
+(an interrupt that lands while bash waits) is never taken for a later call's. A
+pidfd reports the shell's death (``exit 3``, a signal) without polling.
+
+:mod:`.session` keeps one :class:`Shell` per session (and a fresh one per stateless
+call); :mod:`.copies` runs read-only calls in protected copies of it.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import os
+import secrets
+import select
+import signal
+import subprocess
+import tempfile
+import termios
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ...worker import _coordex_copy as copier
+from .. import _reap
+from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
+from .wire import SYNC_ALIASES as _SYNC_ALIASES
+from .wire import ShellProtocol as _Protocol
+from .wire import parse_flags as _parse_flags
+from .wire import quote_code as _quote_code
+from .wire import sync_line as _sync_line
+
+# How a shell is stopped (module ``_reap``): SIGHUP asks bash to leave, then TERM, KILL;
+# a kept session's shell also takes the members that left its group (``set -m`` jobs).
+_SHELL_STEPS = _reap.Steps(interrupt=False, whole_session=True)
+# Past a timeout's grace the shell has had its interrupt: straight to SIGKILL.
+# Starting bash is ours, not the user's: a generous fixed limit.
+START_TIMEOUT = 15.0
+# Our pipe ends inside bash sit at fd >= 200: users `exec 3>file`, bash itself saves
+# fds at 10 and up, so the low numbers are theirs.
+PRIVATE_FD_FLOOR = 200
+# Where pidfds are missing (Linux < 5.3), the selector wakes this often to poll bash.
+POLL_FALLBACK = 0.05
+READ_CHUNK = 65536
+
+BASH_ARGV = ("bash", "--norc", "--noprofile", "--noediting", "-i", "+m")
+# Pagers never take over and programs do not draw for a terminal that is not there.
+FIXED_ENV = {**PAGER_ENV, "TERM": "dumb"}
+
+
+# How long a call watches its pipes without sleeping before it blocks in poll(). A
+# blocked waiter costs a wake-up (tens of µs on a VM) when bash answers; a builtin-only
+# call answers well within this, and a longer command wastes at most this much CPU.
+SPIN_SECONDS = 0.0003
+# A timeout never interrupts bash while it still reads a (large) trigger line - what it
+# would make of the rest of the line is not something to rely on: it waits for the
+# handover, polling this often, for at most INTERRUPT_GRACE.
+HANDOVER_POLL = 0.002
+
+
+def read_available(fd: int, stream: Stream) -> bool:
+    """Read what ``fd`` holds now (never blocks) into ``stream``; False at end-of-file."""
+    while True:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        stream.feed(data)
+        if len(data) < READ_CHUNK:
+            return True
+
+
+class Stream(StreamCapture):
+    """One output stream of a bash call: terminal queries dropped (see StreamCapture)."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str, request: RunRequest) -> None:
+        super().__init__(name, request, queries=True)
+
+
+@dataclass
+class Ending:
+    """How one exchange with bash ended (raw facts; wording is ShellSession's job)."""
+
+    exit_code: int | None = None
+    timed_out: bool = False
+    aborted: bool = False  # the code did not finish: the status is the sync line's
+    survived: bool = True
+    returncode: int | None = None  # bash's own exit status when it ended during the call
+    started: bool = False  # bash read and parsed the line (its "go" record came)
+
+
+_STDOUT, _STDERR, _STATUS, _STDIN, _PIDFD = range(5)
+
+
+class Shell:
+    """One bash process, its pipes and its process group. Knows nothing of sessions."""
+
+    def __init__(self, env: Mapping[str, str], cwd: str | None) -> None:
+        token = secrets.token_hex(8)
+        self.token = token.encode()
+        status_r, status_w = os.pipe()
+        err_r, err_w = os.pipe()
+        # The user's stderr reaches bash at a high fd; bash's own fd 2 is the status pipe.
+        child_err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
+        os.close(err_w)
+        runner_fd = _anonymous_file()
+        # Above the fixed private numbers (copies.py: _STATE_FD ... _CHANGES_FD) and both
+        # passed fds.
+        protocol = _Protocol.build(token, child_err, runner_fd,
+                                   max(child_err, runner_fd, PRIVATE_FD_FLOOR + 15) + 1)
+        try:
+            os.write(runner_fd, protocol.runner)
+            self._proc = _reap.spawn(
+                BASH_ARGV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=status_w,
+                env=dict(env), cwd=cwd, pass_fds=(child_err, runner_fd), bufsize=0,
+            )
+        except BaseException:
+            for fd in (status_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (status_w, child_err, runner_fd):
+                os.close(fd)
+        self.pid = self._proc.pid
+        assert self._proc.stdin and self._proc.stdout
+        self._stdin = self._proc.stdin.fileno()
+        self._stdout = self._proc.stdout.fileno()
+        self._stderr, self._status_r = err_r, status_r
+        # Our ends only (bash holds other open file descriptions), so O_NONBLOCK is ours.
+        for fd in (self._stdin, self._stdout, self._stderr, self._status_r):
+            os.set_blocking(fd, False)
+        self._status_buf = b""
+        self.says_go = False  # this bash prints PS0 (the "go" record); before 4.4, none
+        self._number = 0  # the last call or sync line handed to bash
+        # set -v as the code left it, and as bash's top level has it (PROMPT_COMMAND
+        # restores the latter after every call); the length of BASHOPTS last reported,
+        # and whether the next trigger line must re-sync expand_aliases.
+        self._verbose = self._top_verbose = False
+        self._options_length = -1
+        self._sync_aliases = False
+        self._reap_lock = threading.Lock()
+        self._reaped = False
+        self.stop_step: _reap.StopStep | None = None
+        self._released = False
+
+        self._setup, self._trigger = protocol.setup, protocol.trigger
+        self._kinds = {self._stdout: _STDOUT, self._stderr: _STDERR,
+                       self._status_r: _STATUS, self._stdin: _STDIN}
+        self._poller = select.poll()
+        for fd in (self._stdout, self._stderr, self._status_r):
+            self._poller.register(fd, select.POLLIN)
+        self._outputs = select.poll()
+        for fd in (self._stdout, self._stderr):
+            self._outputs.register(fd, select.POLLIN)
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+            self._poller.register(self._pidfd, select.POLLIN)
+            self._kinds[self._pidfd] = _PIDFD
+        except (AttributeError, OSError):
+            self._pidfd = None
+        copier.hold(*self._held())  # closed in read-only copies of Python sessions
+        self._start()
+
+    def _held(self) -> list[int]:
+        return [fd for fd in (self._stdin, self._stdout, self._stderr, self._status_r,
+                              self._pidfd) if fd is not None]
+
+    def _start(self) -> None:
+        # History off (and no file to write it to), aliases on, the runner stored. What
+        # bash prints while starting ("no job control in this shell", the first prompt)
+        # goes to its fd 2, the status pipe, where only records are looked for.
+        ending = self.exchange(self._setup, 0, RunRequest(code="", timeout=START_TIMEOUT),
+                               kind=b"s", interruptible=False)
+        if ending.timed_out or ending.returncode is not None:
+            self.terminate()
+            self.release()
+            raise RuntimeError(f"bash did not start (pid {self.pid}, ending {ending})")
+
+    # -- state ---------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return not self._reaped and self._proc.poll() is None
+
+    # -- one exchange ------------------------------------------------------------------
+
+    def run(self, code: str, request: RunRequest, *, spin: bool = True,
+            ) -> tuple[Stream, Stream, Ending]:
+        """Run ``code`` through a trigger line; returns the two streams and the ending.
+
+        ``spin=False``: wait in poll() at once (when a CPU is better left to others).
+        """
+        self._number += 1
+        line = self._trigger % self._number + _quote_code(code) + b"\n"
+        if self._sync_aliases:
+            line = _SYNC_ALIASES.encode() + b"; " + line
+            self._sync_aliases = False
+        if self._verbose != self._top_verbose:
+            self._top_verbose = self._verbose
+            line = (b"\\builtin set -v; " if self._verbose else b"\\builtin set +v; ") + line
+        out, err = Stream("stdout", request), Stream("stderr", request)
+        ending = self.exchange(line, self._number, request, streams=(out, err), spin=spin)
+        if not ending.survived and not self.says_go:
+            ending.started = True  # a bash without PS0 cannot tell: assume it started
+        return out, err, ending
+
+    def exchange(self, line: bytes, number: int, request: RunRequest, *,
+                 streams: tuple[Stream, Stream] | None = None, kind: bytes = b"r",
+                 interruptible: bool = True, spin: bool = True) -> Ending:
+        """Hand ``line`` to bash and wait for record ``kind number`` (or bash's end)."""
+        out, err = streams or (Stream("stdout", request), Stream("stderr", request))
+        ending = Ending()
+        pending = self._write_input(memoryview(line))
+        if pending:
+            self._poller.register(self._stdin, select.POLLOUT)
+        now = time.monotonic()
+        deadline = now + request.timeout
+        handover_deadline = deadline + INTERRUPT_GRACE
+        spin_until = time.perf_counter() + SPIN_SECONDS if spin else 0
+        sync_number = -1
+        ended = finished = False
+        # A cancelled request is interrupted at once, exactly as at its timeout.
+        cancel = request.cancel if interruptible else None
+        try:
+            while not finished:
+                if cancel is not None and cancel.is_set() and now < deadline \
+                        and not ending.timed_out:
+                    deadline = now
+                    handover_deadline = min(handover_deadline, now + INTERRUPT_GRACE)
+                    cancel = None
+                if now >= deadline:
+                    if not interruptible or ending.timed_out:
+                        ending.timed_out = True
+                        ending.survived = False
+                        self.terminate(_reap.KILL_NOW)  # it ignored the interrupt
+                        break
+                    if pending or self._unread_input():
+                        if now >= handover_deadline:
+                            interruptible = False  # bash stopped reading: kill it
+                        else:
+                            deadline = now + HANDOVER_POLL
+                        continue
+                    ending.timed_out = True
+                    sync_number = self._interrupt()
+                    deadline = now + INTERRUPT_GRACE
+                    continue
+                if spin_until:
+                    timeout_ms: float = 0
+                    if time.perf_counter() >= spin_until:
+                        spin_until = 0
+                else:
+                    timeout_ms = (deadline - now) * 1000
+                    if self._pidfd is None or cancel is not None:
+                        timeout_ms = min(timeout_ms, POLL_FALLBACK * 1000)
+                for fd, _events in self._poller.poll(timeout_ms):
+                    what = self._kinds[fd]
+                    if what == _STATUS:
+                        for rkind, rnumber, status, flags in self._read_status():
+                            if rkind == b"g":
+                                ending.started = self.says_go = True
+                            elif rkind == kind and rnumber == number:
+                                ending.exit_code = status
+                                self._note_flags(flags, top_level=kind == b"s")
+                                finished = finished or sync_number < 0
+                            elif rkind == b"s" and rnumber == sync_number:
+                                if ending.exit_code is None:
+                                    ending.exit_code = status
+                                    ending.aborted = True
+                                self._note_flags(flags, top_level=True)
+                                finished = True
+                    elif what == _STDOUT:
+                        self._pump(fd, out)
+                    elif what == _STDERR:
+                        self._pump(fd, err)
+                    elif what == _STDIN:
+                        pending = self._write_input(pending)
+                        if not pending:
+                            self._poller.unregister(self._stdin)
+                    else:
+                        ended = finished = True
+                if self._pidfd is None and not spin_until and self._proc.poll() is not None:
+                    ended = finished = True
+                now = time.monotonic()
+        finally:
+            if pending:
+                self._poller.unregister(self._stdin)
+        # What the code wrote came before the record; a pipe poll() saw empty then may
+        # hold it now.
+        for fd, _events in self._outputs.poll(0):
+            self._pump(fd, out if fd == self._stdout else err)
+        out.feed(b"", final=True)
+        err.feed(b"", final=True)
+        if ended or self._reaped or (self._pidfd is None and self._proc.poll() is not None):
+            ending.survived = False
+            ending.returncode = self._proc.wait()
+            self.terminate()  # background jobs of the dead shell go with it
+        return ending
+
+    def _note_flags(self, field: bytes, *, top_level: bool) -> None:
+        """Take in a record's flags; ``top_level``: a sync line's, already in force."""
+        verbose, length = _parse_flags(field)
+        self._verbose = verbose
+        if top_level:
+            self._top_verbose = verbose
+            self._sync_aliases = False
+        elif length != self._options_length:
+            self._sync_aliases = True
+        self._options_length = length
+
+    def _interrupt(self) -> int:
+        # SIGINT to the whole group reaches the foreground command and bash; background
+        # jobs ignore it (bash sets SIGINT to ignored for them without job control).
+        # Bash abandons the runner and reads the sync line next.
+        signal_group(self.pid, signal.SIGINT)
+        self._number += 1
+        try:
+            os.write(self._stdin, _sync_line(self.token.decode(), self._number))
+        except OSError:
+            pass
+        return self._number
+
+    def _write_input(self, pending: memoryview) -> memoryview:
+        while pending:
+            try:
+                written = os.write(self._stdin, pending)
+            except BlockingIOError:
+                return pending
+            except OSError:  # bash died; nothing more will be read
+                return pending[len(pending):]
+            pending = pending[written:]
+        return pending
+
+    def _unread_input(self) -> int:
+        """Bytes of our input bash has not read yet (it reads into its own buffer)."""
+        size = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._stdin, termios.FIONREAD, size)
+        except OSError:
+            return 0
+        return size[0]
+
+    def _pump(self, fd: int, stream: Stream) -> None:
+        """Read what ``fd`` has now (never blocks) into ``stream``."""
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except OSError:  # BlockingIOError: drained
+                return
+            if not data:
+                # The command closed the shell's stdout/stderr (or bash died): stop
+                # watching it, or poll() would report end-of-file forever.
+                for poller in (self._poller, self._outputs):
+                    try:
+                        poller.unregister(fd)
+                    except KeyError:
+                        pass
+                return
+            stream.feed(data)
+            if len(data) < READ_CHUNK:
+                return
+
+    def _read_status(self) -> list[tuple[bytes, int, int, bytes]]:
+        """Records ``\\nTOKEN KIND NUMBER STATUS FLAGS\\n`` among whatever else bash printed."""
+        try:
+            data = os.read(self._status_r, READ_CHUNK)
+        except OSError:
+            return []
+        if not data:
+            try:
+                self._poller.unregister(self._status_r)
+            except KeyError:
+                pass
+            return []
+        buf = self._status_buf + data
+        head = b"\n" + self.token + b" "
+        records: list[tuple[bytes, int, int, bytes]] = []
+        start = 0
+        while True:
+            i = buf.find(head, start)
+            if i < 0:
+                # Keep what could be the start of a record split across two reads.
+                self._status_buf = buf[max(start, len(buf) - len(head) + 1):]
+                return records
+            end = buf.find(b"\n", i + len(head))
+            if end < 0:
+                self._status_buf = buf[i:]
+                return records
+            parts = buf[i + len(head):end].split(b" ")
+            if len(parts) == 4:
+                try:
+                    records.append((parts[0], int(parts[1]), int(parts[2]), parts[3]))
+                except ValueError:
+                    pass
+            start = end  # this record's newline may open the next one
+
+    # -- ending ------------------------------------------------------------------------
+
+    def terminate(self, steps: _reap.Steps | None = None) -> _reap.StopStep:
+        """End bash and every process in its session by the one stop policy. Thread-safe.
+
+        An interactive bash ignores SIGINT and SIGTERM as ways to leave; SIGHUP is how
+        it is told to go (it passes the hangup on to its jobs). Returns the step reached.
+        """
+        with self._reap_lock:
+            if self._reaped:
+                return self.stop_step or "exited"
+
+            def hang_up() -> bool:
+                try:
+                    os.kill(self.pid, signal.SIGHUP)
+                except ProcessLookupError:
+                    pass
+                return True
+
+            self.stop_step = _reap.stop(self._proc, "bash", ask=hang_up,
+                                        steps=steps or _SHELL_STEPS)
+            self._reaped = True
+            return self.stop_step
+
+    def release(self) -> None:
+        """Close our ends of the pipes. Only when no exchange is running."""
+        if self._released:
+            return
+        self._released = True
+        copier.release(*self._held())
+        for fd in (self._stderr, self._status_r, self._pidfd):
+            if fd is not None:
+                os.close(fd)
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+def _anonymous_file() -> int:
+    """A file with no name at an fd >= PRIVATE_FD_FLOOR (close-on-exec here).
+
+    Bash sources it as ``/dev/fd/N``, which Linux opens afresh at offset 0; with no
+    name on disk, nothing a command deletes can break the session.
+    """
+    try:
+        fd = os.memfd_create("coordex-bash-runner", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd, path = tempfile.mkstemp(prefix="coordex-bash-runner-")
+        os.unlink(path)
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
+    finally:
+        os.close(fd)
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def shell_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    merged = dict(os.environ if env is None else env)
+    merged.update(FIXED_ENV)
+    return merged
