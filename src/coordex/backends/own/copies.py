@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ...core import facts
+from ...core import facts, messages
 from ...core.facts import Ran
 from ...core.results import OutputBuffer
 from ...worker import _coordex_copy as copier
@@ -47,6 +47,7 @@ from .. import isolation as iso
 from ..base import INTERRUPT_GRACE, RunRequest, emit
 from . import children
 from . import interpreter as own
+from .output import EmptyStdin, flush_real_streams, local, utf8_decoder
 
 
 class CapabilityHost(Protocol):
@@ -125,11 +126,11 @@ def _run_copy_once(session: own.NamespaceSession, request: RunRequest,
         isolation.setdefault("left_out", left_out)
     if cell is None or (interrupted and cell.get("interrupted") is not True):
         event: facts.Event = facts.TimedOut(survived=True) if interrupted else \
-            facts.Died("copy", own.copy_status(status))
-        ran = own._ran(out, err, event)
+            facts.Died("copy", copy_status(status))
+        ran = own.ran_with_output(out, err, event)
     else:
         ran = dataclasses.replace(
-            own._ran_from_cell(cell, out, err), rebound=cell.get("rebound") or [],
+            own.ran_from_cell(cell, out, err), rebound=cell.get("rebound") or [],
             deleted=cell.get("deleted") or [], written=cell.get("written") or [])
     return dataclasses.replace(ran, isolation=isolation)
 
@@ -162,7 +163,7 @@ def _start_fork(session: own.NamespaceSession, request: RunRequest,
     copier.hold(link_r, child_w, child_r, link_w, *(mapping or ()), *(asking or ()))
 
     def fork() -> int:
-        own._flush_real_streams()
+        flush_real_streams()
         with warnings.catch_warnings():
             # 3.12+ warns that fork() in a threaded process may deadlock; the copy's
             # known risk (another thread's lock held at fork time) ends at its timeout.
@@ -243,14 +244,14 @@ def _child(session: own.NamespaceSession, request: RunRequest,
                                       errors="backslashreplace", write_through=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                       errors="backslashreplace", write_through=True)
-        sys.stdin = own._EmptyStdin()
-        own._local.call = None
+        sys.stdin = EmptyStdin()
+        local.call = None
         # The copy's code runs on this thread, as a call does: what it calls of the own
         # interpreter (a stored function) runs inline here, not on a runner thread the
         # fork does not have (it would wait out the call's timeout).
-        own._local.in_call = True
-        own._chdir(session.cwd)
-        own._apply_environ(session.environ)
+        local.in_call = True
+        own.chdir(session.cwd)
+        own.apply_environ(session.environ)
         asker = iso.identity_asker(*mapping) if mapping is not None else None
         files = protect(asker) if protect is not None else "none"
         for fd in mapping or ():
@@ -316,7 +317,7 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
     then SIGKILL after the grace period.
     """
     out, err = OutputBuffer(request.output_limit), OutputBuffer(request.output_limit)
-    decoders = {"stdout": own._decoder(), "stderr": own._decoder()}
+    decoders = {"stdout": utf8_decoder(), "stderr": utf8_decoder()}
     link = copier.LinkReader()
     cell: dict[str, Any] | None = None
     reported: dict[str, Any] | None = None
@@ -331,8 +332,8 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
     try:
         while sel.get_map():
             now = time.monotonic()
-            if interrupted_at is None and (now >= deadline or own._cancelled(request)):
-                own._signal(pid, signal.SIGINT)
+            if interrupted_at is None and (now >= deadline or _cancelled(request)):
+                _signal(pid, signal.SIGINT)
                 interrupted_at = now
             if interrupted_at is not None and now >= interrupted_at + INTERRUPT_GRACE:
                 _kill_tree(pid)  # the copy and what it started (its children: subreaper)
@@ -385,7 +386,7 @@ def _watch(pid: int, out_r: int, err_r: int, link_r: int, link_w: int,
 def _kill_tree(pid: int) -> None:
     """SIGKILL the copy, then everything it started (orphans are its children)."""
     tree = copier.descendants(pid)
-    own._signal(pid, signal.SIGKILL)
+    _signal(pid, signal.SIGKILL)
     for child in tree:
         with contextlib.suppress(OSError):
             os.kill(child, signal.SIGKILL)
@@ -423,7 +424,7 @@ def _reap(pid: int, proc: Any, wait: bool) -> int | None:
         code = proc.returncode
         return code << 8 if code >= 0 else -code
     if wait:
-        return own._reap_soon(pid)
+        return _reap_soon(pid)
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -440,3 +441,42 @@ def _not_started(reason: str, kind: str) -> Ran:
 
 
 __all__ = ["run_copy"]
+
+
+def _cancelled(request: RunRequest) -> bool:
+    return request.cancel is not None and request.cancel.is_set()
+
+
+def _reap_soon(pid: int) -> int | None:
+    """The child's exit status if it has exited, else reap it on a short-lived thread."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if done:
+        return status
+    time.sleep(0.0005)
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        return status
+    threading.Thread(target=_wait_quietly, args=(pid,), daemon=True).start()
+    return None
+
+
+def _wait_quietly(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def copy_status(status: int | None) -> str:
+    """How a read-only copy (a fork child) ended, from its wait status."""
+    if status is not None and os.WIFSIGNALED(status):
+        return messages.killed_by(os.WTERMSIG(status))
+    if status is not None and os.WIFEXITED(status):
+        return f"exit status {os.WEXITSTATUS(status)}; os._exit() or a crash"
+    return "no reason given"

@@ -1,0 +1,459 @@
+"""Where an own-interpreter call's output goes.
+
+A write belongs to the call running on the writing thread, or, for a thread the code
+started, to the call that started it (:class:`Call`; ``threading.Thread.start`` is
+replaced to record it). ``sys.stdout``/``sys.stderr``/``sys.stdin`` are routed by
+that for the duration of each call (:func:`routed_streams`), and :class:`FdPump`
+streams what reaches file descriptors 1 and 2 (child processes, C code) to the running
+call. How a call's output reads, and what still leaks, is in :mod:`.interpreter`.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import io
+import os
+import selectors
+import sys
+import termios
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ...worker import _coordex_copy as copier
+from ...worker import _coordex_engine as engine
+
+if TYPE_CHECKING:
+    from .interpreter import NamespaceSession
+
+# The call this thread runs (``call``, for its output) and whether one runs on it now
+# (``in_call``: a nested call runs inline).
+local = threading.local()
+
+
+# --------------------------------------------------------------------------- calls and threads
+
+
+class Call:
+    """One running own-interpreter call: where its output goes, and what it started.
+
+    The call's own thread finds it in ``local.call``; a thread its code starts carries
+    it as ``_coordex_call`` (set by :func:`_start_with_origin`), so the thread's prints
+    reach this call while it runs, then the next call of the same session, and never a
+    call of another session.
+    """
+
+    __slots__ = ("err", "open", "out", "session", "threads")
+
+    def __init__(self, out: Callable[[str], None], err: Callable[[str], None],
+                 session: NamespaceSession | None) -> None:
+        self.out = out
+        self.err = err
+        self.session = session
+        self.open = True
+        self.threads: list[weakref.ref[threading.Thread]] = []
+
+    def threads_alive(self) -> bool:
+        return any_alive(self.threads)
+
+
+def any_alive(refs: list[weakref.ref[threading.Thread]]) -> bool:
+    alive = [ref for ref in refs if (t := ref()) is not None and t.is_alive()]
+    refs[:] = alive  # ended threads are forgotten, so the list stays short
+    return bool(alive)
+
+
+def _current_call() -> Call | None:
+    """The call whose output this thread's writes belong to, or None (a host thread)."""
+    call: Call | None = getattr(local, "call", None)
+    if call is None:
+        call = getattr(threading.current_thread(), "_coordex_call", None)
+    return call
+
+
+def _target_call() -> Call | None:
+    """Where a write from this thread goes: a call, None (the host's stream) or
+    ``_NOWHERE`` (a thread whose call is over and whose session runs nothing now)."""
+    call = _current_call()
+    if call is None or call.open:
+        return call
+    session = call.session
+    current = session.current if session is not None else None
+    return current if current is not None else _NOWHERE
+
+
+def current_mark() -> str | None:
+    """The mark of the session whose code runs on this thread (or started it), if any."""
+    call = _target_call()
+    session = call.session if call is not None else None
+    return session.mark if session is not None else None
+
+
+def _drop(text: str) -> None:
+    pass
+
+
+_NOWHERE = Call(_drop, _drop, None)
+THREAD_START = threading.Thread.start
+
+
+def _start_with_origin(self: threading.Thread) -> None:
+    """``threading.Thread.start`` that remembers which call started the thread."""
+    call = _current_call()
+    if call is not None:
+        self._coordex_call = call  # type: ignore[attr-defined]
+        ref = weakref.ref(self)
+        call.threads.append(ref)
+        if call.session is not None:
+            any_alive(call.session.threads)
+            call.session.threads.append(ref)
+    THREAD_START(self)
+
+
+def install_thread_origin() -> None:
+    if threading.Thread.start is not _start_with_origin:
+        threading.Thread.start = _start_with_origin  # type: ignore[method-assign]
+
+
+# --------------------------------------------------------------------------- streams
+
+
+class _RoutedStream(io.TextIOBase):
+    """Installed as sys.stdout/sys.stderr: writes go to the capture of the call they
+    belong to (see :func:`_target_call`), escaped as every place escapes them."""
+
+    def __init__(self, name: str, original: Any) -> None:
+        super().__init__()
+        self._name = name
+        self.original = original
+
+    def write(self, text: str) -> int:
+        call = _target_call()
+        if call is None:
+            if _HOST_HELD.routing:  # fds 1/2 are the call's pipes now: later, not into it
+                return _HOST_HELD.hold(self, text)
+            return int(self.original.write(text) or 0)
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        (call.out if self._name == "stdout" else call.err)(engine.escape_text(text))
+        return len(text)
+
+    def flush(self) -> None:
+        if _target_call() is None and not _HOST_HELD.routing:
+            with contextlib.suppress(Exception):
+                self.original.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return int(self.original.fileno())
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.original, item)
+
+
+class EmptyStdin(io.TextIOBase):
+    """sys.stdin during a call: always at end of file, so input() raises EOFError."""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        return ""
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _RoutedStdin(io.TextIOBase):
+    def __init__(self, original: Any) -> None:
+        super().__init__()
+        self.original = original
+        self._empty = EmptyStdin()
+
+    def _target(self) -> Any:
+        return self._empty if _current_call() is not None else self.original
+
+    def read(self, size: int | None = -1) -> str:
+        return str(self._target().read(size))
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return str(self._target().readline(size))
+
+    def readable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return bool(self._target().isatty())
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._target(), item)
+
+
+@contextlib.contextmanager
+def routed_streams() -> Iterator[None]:
+    """Route sys.stdout/stderr/stdin through per-thread captures for one call.
+
+    Installed per call, not once, because hosts (test runners, notebooks, servers)
+    replace ``sys.stdout`` whenever they like; whatever is there is wrapped and put back.
+    The three proxies are made once and re-pointed: creating (and finalising, which
+    flushes) stream objects on every call cost tens of microseconds.
+    """
+    saved = (sys.stdout, sys.stderr, sys.stdin)
+    proxies: tuple[Any, Any, Any] = (_STDOUT, _STDERR, _STDIN)
+    for proxy, original in zip(proxies, saved, strict=True):
+        if original is not proxy:
+            proxy.original = original
+    sys.stdout, sys.stderr, sys.stdin = proxies
+    _HOST_HELD.routing = True
+    try:
+        yield
+    finally:
+        _HOST_HELD.routing = False
+        sys.stdout, sys.stderr, sys.stdin = saved
+        _HOST_HELD.release()  # the host's fds are its own again
+
+
+class _HostHeld:
+    """What host threads (no call's) print while a call runs, written out after it.
+
+    During a call fds 1/2 are the call's pipes, so a host stream that writes to them
+    would put a host thread's lines into the call's output; they wait here instead
+    (at most ``limit`` characters; the rest is dropped) and go to the host's own
+    stream once the call ended.
+    """
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self.routing = False
+        self._lock = threading.Lock()
+        self._held: list[tuple[_RoutedStream, str]] = []
+        self._size = 0
+        self._limit = limit
+
+    def hold(self, stream: _RoutedStream, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            if self._size + len(text) <= self._limit:
+                self._held.append((stream, text))
+                self._size += len(text)
+        return len(text)
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held, self._size = self._held, [], 0
+        for stream, text in held:
+            with contextlib.suppress(Exception):
+                stream.original.write(text)
+
+
+_HOST_HELD = _HostHeld()
+_STDOUT = _RoutedStream("stdout", sys.stdout)
+_STDERR = _RoutedStream("stderr", sys.stderr)
+_STDIN = _RoutedStdin(sys.stdin)
+
+
+# Audit events that start a process: one that starts while a call's pipes are on
+# fds 1 and 2 may hold them after the call (see FdPump). Counted in any thread.
+_SPAWN_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+                           "os.system", "subprocess.Popen", "pty.fork"})
+_spawns = [0]
+_spawn_hook_installed = False
+
+
+def _count_spawn(event: str, args: tuple[Any, ...]) -> None:
+    if event in _SPAWN_EVENTS:
+        _spawns[0] += 1
+
+
+def _install_spawn_counter() -> None:
+    global _spawn_hook_installed
+    if not _spawn_hook_installed:
+        _spawn_hook_installed = True
+        sys.addaudithook(_count_spawn)  # ~0.2 us per audited event; cannot be removed
+
+
+class FdPump:
+    """Streams what is written to file descriptors 1 and 2 during a call, as it comes.
+
+    During a call fds 1 and 2 point at the call's two pipes (and fd 0 at /dev/null);
+    one reader thread per executor forwards what arrives to that call's sinks, so output
+    of child processes and C code reaches ``on_output`` live. After the call the fds are
+    restored and what is left in the pipes is read before the call returns.
+
+    A pipe is the call's alone: if any process started while it was on fd 1 or 2 (an
+    audit hook counts ``subprocess``, ``os.fork``, ``os.system``...), that process may
+    still hold it, so the pipe is retired: from then on what arrives there is read and
+    dropped - it never reaches another call, of this session or another - and it is
+    closed once its last writer has gone; the next call gets new pipes. Otherwise the
+    pipes serve the next call too (new pipes each call cost ~50 us).
+    """
+
+    def __init__(self) -> None:
+        _install_spawn_counter()
+        self._devnull = os.open(os.devnull, os.O_RDONLY)
+        self._saved: dict[int, int] = {}
+        # Read ends of the pipes this pump owns: the current call's and retired ones.
+        self._owned: set[int] = set()
+        self._sinks: dict[int, Callable[[str], None]] = {}  # read end -> the call's sink
+        self._decoders: dict[int, Any] = {}
+        # The pipes calls use: {1: (read, write), 2: (read, write)}, until retired.
+        self._pipes: dict[int, tuple[int, int]] = {}
+        self._spawns_at_start = 0
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._closed = False
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        poller = self._sel.fileno() if hasattr(self._sel, "fileno") else -1
+        # Held: a read-only copy that kept this epoll instance could add its own
+        # descriptors to it under our fds' numbers (and stall every fd 1 write here).
+        self._poller = [poller] if poller >= 0 else []
+        self._thread = threading.Thread(target=self._pump, name="coordex-fd-pump", daemon=True)
+        self._thread.start()
+        copier.hold(*self._held())
+
+    def _held(self) -> list[int]:
+        return [self._devnull, self._wake_r, self._wake_w, *self._poller]
+
+    def start(self, out: Callable[[str], None], err: Callable[[str], None]) -> None:
+        flush_real_streams()
+        with self._lock:
+            if not self._pipes:
+                for fd in (1, 2):
+                    r, w = os.pipe()
+                    os.set_blocking(r, False)
+                    copier.hold(r, w)
+                    self._owned.add(r)
+                    self._sel.register(r, selectors.EVENT_READ, fd)
+                    self._pipes[fd] = (r, w)
+            for fd, (r, _) in self._pipes.items():
+                self._sinks[r] = out if fd == 1 else err
+                self._decoders[r] = utf8_decoder()
+            self._spawns_at_start = _spawns[0]
+        for fd, (_, w) in self._pipes.items():
+            self._saved[fd] = os.dup(fd)
+            os.dup2(w, fd)
+        self._saved[0] = os.dup(0)
+        os.dup2(self._devnull, 0)
+
+    def stop(self) -> None:
+        flush_real_streams()
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved.clear()
+        retire = _spawns[0] != self._spawns_at_start
+        deadline = time.monotonic() + 1.0
+        with self._lock:  # what is left in the pipes was written during the call
+            pipes = dict(self._pipes)
+            if retire:
+                self._pipes = {}
+            for r, w in pipes.values():
+                sink, decoder = self._sinks.pop(r, None), self._decoders.pop(r)
+                if retire:  # our write end goes: only what the code started holds one
+                    copier.release(w)
+                    os.close(w)
+                ended = False
+                while time.monotonic() < deadline:
+                    try:
+                        data = os.read(r, 65536)
+                    except BlockingIOError:
+                        break
+                    if not data:
+                        ended = True
+                        break
+                    text = decoder.decode(data)
+                    if text and sink is not None:
+                        sink(text)
+                tail = decoder.decode(b"", final=True)
+                if tail and sink is not None:
+                    sink(tail)
+                if ended:  # nothing else writes here
+                    self._forget(r)
+
+    def _forget(self, r: int) -> None:
+        """Stop reading pipe ``r`` and close it (under ``_lock``)."""
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(r)
+        self._owned.discard(r)
+        self._sinks.pop(r, None)
+        self._decoders.pop(r, None)
+        copier.release(r)
+        os.close(r)
+
+    def _pump(self) -> None:
+        try:
+            while not self._closed:
+                for key, _ in self._sel.select():
+                    if key.data is None:
+                        return
+                    with self._lock:
+                        if key.fd not in self._owned:
+                            continue  # closed by stop() after this event came
+                        try:
+                            data = os.read(key.fd, 65536)
+                        except BlockingIOError:
+                            continue
+                        if not data:  # a retired pipe's last writer has gone
+                            self._forget(key.fd)
+                            continue
+                        sink = self._sinks.get(key.fd)
+                        if sink is not None:  # else a retired pipe: dropped
+                            text = self._decoders[key.fd].decode(data)
+                            if text:
+                                sink(text)
+        finally:
+            self._sel.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=2)
+        copier.release(*self._held())
+        with self._lock:
+            for r in list(self._owned):
+                copier.release(r)
+                os.close(r)
+            self._owned.clear()
+            for _, w in self._pipes.values():
+                copier.release(w)
+                os.close(w)
+            self._pipes = {}
+        for fd in (self._devnull, self._wake_r, self._wake_w):
+            os.close(fd)
+
+
+def _pending(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD)."""
+    buf = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return int(buf[0])
+
+
+def flush_real_streams() -> None:
+    for stream in (sys.__stdout__, sys.__stderr__):
+        if stream is not None:
+            try:
+                stream.flush()
+            except Exception:  # a closed or broken host stream: nothing to flush
+                pass
+
+
+def utf8_decoder() -> Any:
+    import codecs
+
+    return codecs.getincrementaldecoder("utf-8")("replace")

@@ -1,0 +1,250 @@
+"""Where an own-interpreter call's code runs, and how it is stopped at its deadline.
+
+:class:`Runner` is a thread that runs one job at a time while the caller waits with a
+deadline; at the deadline the caller raises :class:`engine.Interrupt` in it
+(``PyThreadState_SetAsyncExc``). Where the code runs on the caller's main thread
+instead (``OwnInterpreter(inline=True)``), :class:`Watchdog` signals that thread at
+the deadline. Which one a call uses, and why, is in :mod:`.interpreter`.
+"""
+
+from __future__ import annotations
+
+import _signal as _csignal
+import _thread
+import contextlib
+import ctypes
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...worker import _coordex_engine as engine
+from ..base import INTERRUPT_GRACE
+from .output import THREAD_START
+
+# --------------------------------------------------------------------------- runner thread
+
+
+def _raise_in(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in thread ``ident`` at its next bytecode; None withdraws a pending one."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc))
+
+
+class Runner:
+    """A daemon thread that runs one job at a time; the caller waits with a deadline.
+
+    Runners belong to the :class:`OwnInterpreter`, not to sessions: one runner serves
+    every call, and a session only points at the runner while that runner holds its
+    code. A runner whose code did not stop when interrupted is *retired*: the next call
+    gets a new runner, and the retired thread ends as soon as its code returns. So no
+    thread is kept per session, and nothing keeps a job (and the namespace its closure
+    holds) once it returned.
+
+    Hand-off uses bare locks (``_thread.allocate_lock``): two context switches per call.
+    The interrupt is sent under ``_lock`` only while the job runs user code, and a
+    pending one is withdrawn once it ended, so a late interrupt never lands in the
+    runner's own bookkeeping.
+    """
+
+    def __init__(self) -> None:
+        self._go = _thread.allocate_lock()
+        self._go.acquire()
+        self.done = _thread.allocate_lock()  # released once per job, after it ended
+        self.done.acquire()
+        self._lock = _thread.allocate_lock()
+        self._job: Callable[[], None] | None = None
+        self._in_job = False
+        self._sent = False
+        self.busy = False
+        self.retired = False
+        self._thread = threading.Thread(target=self._loop, name="coordex-runner", daemon=True)
+        # Not a thread of any call: start it with the original start().
+        THREAD_START(self._thread)
+
+    @property
+    def ident(self) -> int:
+        return self._thread.ident or 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.busy = True
+        self._in_job = True
+        self._job = job
+        self._go.release()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._go.acquire()
+                job, self._job = self._job, None
+                if job is None:
+                    return
+                try:
+                    job()
+                finally:
+                    job = None
+            except BaseException:  # an interrupt that landed outside the code: ignore
+                pass
+            self._finish()
+            if self.retired:
+                return
+
+    def _finish(self) -> None:
+        while True:
+            try:
+                with self._lock:
+                    self._in_job = False
+                if self._sent:  # withdraw an interrupt that has not landed yet
+                    _raise_in(self.ident, None)
+                    self._sent = False
+                if self.busy:
+                    self.busy = False
+                    self.done.release()
+                return
+            except BaseException:  # landed before it was withdrawn: run the step again
+                continue
+
+    def interrupt(self) -> None:
+        """Raise :class:`engine.Interrupt` in the job, if it is still running."""
+        with self._lock:
+            if self._in_job:
+                self._sent = True
+                _raise_in(self.ident, engine.Interrupt)
+
+    def close(self) -> None:
+        """End the thread once it is idle (now, if it is)."""
+        self.retired = True
+        if not self.busy:
+            with contextlib.suppress(RuntimeError):
+                self._go.release()
+
+
+# --------------------------------------------------------------------------- on the caller's thread
+
+# The signal that stops code running on the main thread (a real-time one: hosts rarely
+# use them). Its handler raises only while an interrupt is pending for the inline call.
+_INTERRUPT_SIGNAL = getattr(signal, "SIGRTMIN", signal.SIGUSR2) + 3
+_MAIN_IDENT = threading.main_thread().ident
+
+
+class Watchdog:
+    """Stops a call that runs on the main thread (the caller's) at its deadline.
+
+    A daemon thread that sleeps until the deadline it was last given; arming a call
+    only writes the deadline (it wakes the thread only when the new deadline is earlier
+    than the one it sleeps towards), so a call costs no thread wake-up at all. At the
+    deadline (or when ``cancel`` is set) it marks an interrupt pending and sends
+    ``_INTERRUPT_SIGNAL`` to the main thread: the handler raises :class:`engine.Interrupt`
+    at the next bytecode, and a blocking system call (sleep, read, wait, a lock) returns
+    with EINTR first. It sends it again every ``INTERRUPT_GRACE`` while the code runs.
+    Code blocked in C that retries on signals (``os.system``, a long BLAS call) ends its
+    call only when that C call returns: the price of running on the caller's thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = _thread.allocate_lock()
+        self._wake.acquire()
+        self._deadline = float("inf")  # of the armed call; inf: none
+        self._scheduled = float("inf")  # when the thread looks next
+        self._cancel: threading.Event | None = None
+        self.pending = False
+        self.fired = False
+        self.closed = False
+        self._thread = threading.Thread(target=self._loop, name="coordex-watchdog",
+                                        daemon=True)
+        THREAD_START(self._thread)
+
+    def arm(self, deadline: float, cancel: threading.Event | None) -> None:
+        with self._lock:
+            self._deadline, self._cancel = deadline, cancel
+            self.pending = self.fired = False
+            wake = deadline < self._scheduled or cancel is not None
+        if wake:
+            self._poke()
+
+    def disarm(self) -> bool:
+        """End the armed call; True if it was interrupted."""
+        with self._lock:
+            self._deadline, self._cancel = float("inf"), None
+            self.pending = False
+            return self.fired
+
+    def interrupt(self) -> None:
+        """Interrupt the armed call now (the executor is closing)."""
+        with self._lock:
+            if self._deadline < float("inf"):
+                self._deadline = time.monotonic()
+        self._poke()
+
+    def take_pending(self) -> bool:
+        """Called by the signal handler: whether to raise now. Lock-free: the handler
+        may run on the main thread while that thread holds ``_lock`` (in arm/disarm)."""
+        pending, self.pending = self.pending, False
+        return pending
+
+    def _poke(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._wake.release()
+
+    def _loop(self) -> None:
+        idle = 60.0
+        while not self.closed:
+            with self._lock:
+                now = time.monotonic()
+                cancelled = self._cancel is not None and self._cancel.is_set()
+                if self._deadline <= now or (cancelled and self._deadline < float("inf")):
+                    self.pending = self.fired = True
+                    with contextlib.suppress(OSError, ValueError):
+                        signal.pthread_kill(_MAIN_IDENT or 0, _INTERRUPT_SIGNAL)
+                    self._deadline = now + INTERRUPT_GRACE
+                if self._deadline < float("inf"):
+                    idle = max(1.0, self._deadline - now)
+                    self._scheduled = self._deadline
+                    if self._cancel is not None:
+                        self._scheduled = min(self._scheduled, now + 0.05)
+                else:
+                    # Between calls: look again about one timeout on, so a call armed
+                    # with a similar deadline needs no wake-up.
+                    self._scheduled = now + idle
+                wait = self._scheduled - now
+            self._wake.acquire(True, max(0.0, wait))
+
+    def close(self) -> None:
+        self.closed = True
+        self._poke()
+
+
+_WATCHDOG: Watchdog | None = None
+
+
+class OnCaller:
+    """``NamespaceSession.runner`` while the session's code runs on the caller's thread."""
+
+    busy = True
+
+
+ON_CALLER = OnCaller()
+
+
+def _on_interrupt_signal(signum: int, frame: Any) -> None:
+    if _WATCHDOG is not None and _WATCHDOG.take_pending():
+        raise engine.Interrupt
+
+
+def inline_ready() -> Watchdog | None:
+    """The watchdog, if code may run on this thread now: the main thread, with our
+    handler in place (installed on first use; never over a handler the host set)."""
+    global _WATCHDOG
+    if threading.get_ident() != _MAIN_IDENT:
+        return None
+    # The C module's getsignal: signal.getsignal converts to an enum (~4 us a call).
+    handler = _csignal.getsignal(_INTERRUPT_SIGNAL)
+    if handler is not _on_interrupt_signal:
+        if handler not in (_csignal.SIG_DFL, None):
+            return None
+        _csignal.signal(_INTERRUPT_SIGNAL, _on_interrupt_signal)
+    if _WATCHDOG is None or _WATCHDOG.closed:
+        _WATCHDOG = Watchdog()
+    return _WATCHDOG
