@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordex.core import messages
-from coordex.sessions import Slot, attempts, inspected
+from coordex.sessions import Slot, attempts, inspected, run_once_told
 
 
 class _OneAttempt:
@@ -31,10 +31,10 @@ class Said:
         self._slot = Slot(target if hasattr(target, "inspect") else None, None)  # type: ignore[arg-type]
 
     def _said(self, mode: messages.Mode, run: Any, request: Any) -> dict[str, Any]:
-        outcome = attempts(self._place, mode, run, request,  # type: ignore[arg-type]
-                           told=self._slot.told)
-        if mode != "stateless":
-            self._slot.told = bool(outcome.get("state_lost"))
+        if mode == "stateless":
+            return attempts(self._place, mode, run, request)  # type: ignore[arg-type]
+        outcome, self._slot.told = run_once_told(self._place, mode, run,  # type: ignore[arg-type]
+                                                 request, self._slot.told)
         return outcome
 
     def run(self, request: Any) -> dict[str, Any]:

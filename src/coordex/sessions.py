@@ -45,8 +45,9 @@ class Slot:
 
     session: Session | None
     lock: threading.Lock
-    # The session's last result said its state was lost: a fresh process its place
-    # finds at the next call is that loss, not news (the one "reported once" flag).
+    # The session's last result said its process was lost during the call: the fresh
+    # process its place puts in at the next call is that loss, not news (the one
+    # "reported once" flag).
     told: bool = False
 
 
@@ -197,9 +198,10 @@ class SessionTable:
         """One call to the session ``key`` (held by the caller) through :func:`attempts`,
         each loss said once."""
         slot = self._slots.get(key)
-        outcome = attempts(place, mode, run, request, told=slot is not None and slot.told)
+        outcome, told = run_once_told(place, mode, run, request,
+                                      slot is not None and slot.told)
         if slot is not None:
-            slot.told = bool(outcome.get("state_lost"))
+            slot.told = told
         return outcome
 
     def inspect(self, key: SessionKey, slot: Slot, place: Place) -> dict[str, Any]:
@@ -247,20 +249,35 @@ class SessionTable:
             raise messages.executor_closed()
 
 
+def run_once_told(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran],
+                  request: RunRequest, told: bool) -> tuple[Outcome, bool]:
+    """:func:`attempts` for a kept session whose last result ``told`` a loss; also
+    whether this one tells a loss whose dead process the place has yet to replace (a
+    loss during its last run: the next call's replacement is that one)."""
+    last: list[Ran] = []
+
+    def watched(attempt: RunRequest) -> Ran:
+        last[:] = [run(attempt)]
+        return last[0]
+
+    outcome = attempts(place, mode, watched, request, told=told)
+    return outcome, bool(last) and facts.lost_state(last[0], mode)
+
+
 def inspected(report: dict[str, Any] | Ran, place: Place,
               told: bool) -> tuple[dict[str, Any], bool]:
     """A session's ``inspect`` answer as the Executor gives it, and whether it said a
-    loss: a report (``replaced``: said as ``state_lost`` unless ``told``), or the error
-    a fact is worded into."""
+    loss whose dead process is yet to be replaced: a report (``replaced``: said as
+    ``state_lost`` unless ``told``), or the error a fact is worded into."""
     if isinstance(report, Ran):
-        lost = facts.lost_state(report, "read_only") or (report.replaced and not told)
+        during = facts.lost_state(report, "read_only")
+        lost = during or (report.replaced and not told)
         error = messages.said(report, _kind(place), "read_only", 0.0, state_lost=lost)["error"]
-        return dict(error), lost
+        return dict(error), during
     report = dict(report)
-    lost = bool(report.pop("replaced", False)) and not told
-    if lost:
+    if report.pop("replaced", False) and not told:
         report["state_lost"] = True
-    return report, lost
+    return report, False
 
 
 def _kind(place: Place) -> messages.PlaceKind:

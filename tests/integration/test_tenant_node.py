@@ -31,7 +31,8 @@ def run(host, op, args):
     reply = host.begin(call, op, args, 5.0)
     while reply["done"] is None:
         reply = host.events(call, 0.25)
-    return reply["done"]["outcome"]
+    done = reply["done"]
+    return done["ran"] if "ran" in done else done["outcome"]  # a run's facts, or a reply
 
 def bash(host, sid, code):
     return run(host, "run", {"sid": sid, "code": code, "timeout": 20, "output_limit": 10000,

@@ -171,7 +171,7 @@ class _Place:
 
 def test_a_replacement_is_news_once_and_only_if_not_already_said() -> None:
     """The one "loss already said" flag: a process found dead and replaced is said as
-    ``state_lost`` unless the session's last result said the loss already."""
+    ``state_lost`` unless the session's last result said it died during that call."""
     made: list[FakeSession] = []
     table = SessionTable(4, FakeSession())
     place = _Place("shell", retries=False)
@@ -185,6 +185,8 @@ def test_a_replacement_is_news_once_and_only_if_not_already_said() -> None:
             return outcome
 
     assert call(facts.Ran(replaced=True)).get("state_lost") is True  # found dead: news
+    # Killed again before the next call: a new loss of the fresh process, said again.
+    assert call(facts.Ran(replaced=True)).get("state_lost") is True
     assert "state_lost" not in call()
     died = call(facts.Ran(facts.Died("process", "killed by SIGKILL")))
     assert died["state_lost"] is True and died["error"]["error_type"] == "crashed"

@@ -520,7 +520,7 @@ def ran_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer) ->
 
 def ran_with_output(out: OutputBuffer, err: OutputBuffer, event: facts.Event, **fields: Any) -> Ran:
     """A run's fact with the output it wrote so far."""
-    truncated = out.truncated or err.truncated or bool(fields.pop("truncated", False))
+    truncated = bool(fields.pop("truncated", False)) or out.truncated or err.truncated
     return Ran(event, out.getvalue(), err.getvalue(), truncated, **fields)
 
 

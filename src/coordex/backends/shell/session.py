@@ -260,7 +260,9 @@ class ShellSession:
                                            exit_code=None)
             if ending.survived and not self._shell.alive():
                 # The session's shell died while a read-only copy ran elsewhere: the
-                # copy's result stands, and the loss is this call's news, not the next's.
+                # copy's result stands, and the loss is this call's news, not the next's
+                # (replaced now, so the next call does not find it dead again).
+                self._ensure_shell()
                 replaced = True
             return dataclasses.replace(ran, replaced=replaced)
 
