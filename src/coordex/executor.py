@@ -917,11 +917,11 @@ class Executor:
     def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:
         """The own-interpreter session ``coordinate`` names if this thread is running
         code in it right now (its namespace is the globals of a frame on the stack)."""
-        from .backends.own import interpreter as own_interpreter
+        from .backends.own.output import local as own_call
 
         if coordinate.venv_id is not None or coordinate.state_mode == "stateless":
             return None
-        if not getattr(own_interpreter._local, "in_call", False):
+        if not getattr(own_call, "in_call", False):
             return None
         found = self._table.find(coordinate)
         if found is None:

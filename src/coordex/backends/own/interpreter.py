@@ -88,9 +88,6 @@ FORK_IS_SAFE = hasattr(os, "fork") and sys.platform != "darwin"
 # process-wide. Re-entrant so a capability or stored function called from user code
 # may run another own-interpreter call (it runs inline on the same thread).
 OWN_LOCK = threading.RLock()
-# executor.py reads ``_local.in_call`` here (whether an own-interpreter call runs on
-# this thread): output.local under the name it had before output.py was split off.
-_local = local
 # What protects a read-only fork child's disk, called in the child: ``protect(map_identity)``
 # (``isolation.protect``'s identity mapper for root, or None) returns the files mode.
 Protect = Callable[[Callable[[str, str], bool] | None], str]

@@ -10,14 +10,11 @@ call. How a call's output reads, and what still leaks, is in :mod:`.interpreter`
 
 from __future__ import annotations
 
-import array
 import contextlib
-import fcntl
 import io
 import os
 import selectors
 import sys
-import termios
 import threading
 import time
 import weakref
@@ -435,13 +432,6 @@ class FdPump:
             self._pipes = {}
         for fd in (self._devnull, self._wake_r, self._wake_w):
             os.close(fd)
-
-
-def _pending(fd: int) -> int:
-    """Bytes waiting in a pipe (FIONREAD)."""
-    buf = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, buf)
-    return int(buf[0])
 
 
 def flush_real_streams() -> None:
