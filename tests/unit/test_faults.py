@@ -52,3 +52,10 @@ def test_what_loses_the_state_by_mode() -> None:
     for event in (facts.OK, facts.Raised("ValueError", "bad"), facts.TimedOut(survived=True),
                   facts.TimedOut(survived=False, stuck=True), facts.Busy()):
         assert not lost(event, "stateful")
+
+
+def test_a_call_whose_process_died_before_reading_it_runs_again_in_any_place() -> None:
+    """Its code never ran, so even a shell (never retried) runs it on a fresh process."""
+    unread = attempt(facts.Ran(facts.Died("process", "killed by SIGKILL", started=False)))
+    assert next_step(False, [unread]) == "retry"
+    assert next_step(False, [unread, unread]) == "crashed"

@@ -102,3 +102,10 @@ def test_a_raised_coordex_error_keeps_its_own_type_and_suggestion() -> None:
                           state_lost=False)["error"]
     assert (error["error_type"], error["error"], error["suggestion"]) == (
         "not_found", "No stored function 'f'.", "Define it first.")
+
+
+def test_a_death_before_the_code_was_read_says_so() -> None:
+    ran = facts.Ran(facts.Died("process", "killed by SIGKILL", started=False))
+    error = messages.said(ran, "shell", "stateful", 3.0, state_lost=True, attempts=2,
+                          hows=["killed by SIGKILL"])["error"]
+    assert "before it read the code" in error["error"] and "not retried" not in error["error"]

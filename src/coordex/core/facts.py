@@ -81,12 +81,14 @@ class Died:
     ``what``: ``"process"`` the session's own process (its state is gone), ``"copy"``
     only the throwaway fork or copy running the call, ``"node"`` the cluster node that
     held it. ``taken``: the call had reached what died and may still run there (a lost
-    node), so it is never run again.
+    node), so it is never run again. ``started=False``: the process died before it read
+    the code, which never ran (it was killed just before the call came).
     """
 
     what: Literal["process", "copy", "node"]
     how: str
     taken: bool = False
+    started: bool = True
 
 
 @dataclass(frozen=True)

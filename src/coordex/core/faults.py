@@ -9,7 +9,9 @@ decides, from those facts alone, whether the call is tried once more:
 - a Python worker (or the copy it forked) that dies during a call is replaced and the
   call retried once (``retried: true``; ``state_lost: true`` when the session's own
   process died); a second death is ``crashed``;
-- a shell is never retried: shell commands are rarely safe to run twice;
+- a shell is never retried: shell commands are rarely safe to run twice; but a call
+  whose process died before it read the code (killed just before the call came) runs
+  on a fresh process in every place: its code never ran;
 - the agent's own interpreter cannot die and survive, so it is never retried;
 - a call that what died had already taken (a lost node: it may still run there) is
   never run again (SPEC 10).
@@ -36,13 +38,14 @@ class Attempt:
 
     died: Died = None  # what died during the attempt, if anything
     taken: bool = False  # what died had taken the call and may still run it
+    started: bool = True  # what died had read the code (False: the code never ran)
 
 
 def attempt(ran: facts.Ran) -> Attempt:
     """The facts of one run that decide what follows it."""
     event = ran.event
     if isinstance(event, facts.Died):
-        return Attempt(died=event.what, taken=event.taken)
+        return Attempt(died=event.what, taken=event.taken, started=event.started)
     return Attempt()
 
 
@@ -53,7 +56,7 @@ def next_step(retries: bool, attempts: list[Attempt]) -> Step:
     last = attempts[-1]
     if last.died is None:
         return "done"
-    if retries and not last.taken and len(attempts) < MAX_ATTEMPTS:
+    if len(attempts) < MAX_ATTEMPTS and (not last.started or (retries and not last.taken)):
         return "retry"
     return "crashed"
 

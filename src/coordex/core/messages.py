@@ -307,7 +307,9 @@ def _error(event: facts.Event, place: PlaceKind, mode: Mode, seconds: float, att
         how = "; ".join(dict.fromkeys([*hows, event.how])) or "no reason given"
         if event.what == "node":
             return node_lost(how, mode)
-        if place == "shell" and mode != "read_only":
+        if not event.started:
+            how += ", before it read the code"
+        elif place == "shell" and mode != "read_only":
             how += "; the command was not retried"
         error = crashed(place, mode, how, attempts=attempts)
         if place == "shell" and mode != "read_only":

@@ -112,7 +112,7 @@ class _Reply:
     truncated: bool = False
     interrupted: bool = False  # we sent SIGINT (the timeout passed)
     worker_killed: bool = False  # we killed the worker (it ignored the interrupt)
-    untaken: bool = False  # killed with the request still unread: the code never ran
+    untaken: bool = False  # it ended with the request still unread: the code never ran
     died: bool = False  # the worker ended during the call without us killing it
     notes: list[str] = field(default_factory=list)  # how it ended, for messages
 
@@ -302,6 +302,7 @@ class _WorkerProcess:
         try:
             self.send(msg)
         except OSError:
+            reply.untaken = True
             return self._ended(reply, captures, killed=False)
         escalate_at = time.monotonic() + request.timeout
         # Fork runs take longer than the spin, and spinning would take the CPU a
@@ -326,7 +327,7 @@ class _WorkerProcess:
                     reply.worker_killed = True
                     # A worker stopped (or stuck) before it read the request leaves it
                     # in the pipe: then the code never ran.
-                    reply.untaken = _unread(self._to_worker) > 0
+                    reply.untaken = reply.untaken or _unread(self._to_worker) > 0
                     self.kill()
                     return self._ended(reply, captures, killed=True)
             # Spin briefly before sleeping: most cells answer within a few hundred
@@ -393,6 +394,8 @@ class _WorkerProcess:
         """The worker is gone (or going): drain what it wrote, reap it, say how it ended."""
         if not killed:
             reply.died = True
+            # Dead with the request still in the pipe: it never read the code.
+            reply.untaken = reply.untaken or _unread(self._to_worker) > 0
         # Grandchildren may hold fds 1/2 open: take what is there, never wait for EOF.
         for fd, capture in captures.items():
             self._pump(fd, capture, drain=True)
@@ -533,7 +536,7 @@ def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
     try:
         proc.set_capabilities(list(capabilities.names()) if capabilities else [])
     except OSError:
-        return _Reply(died=True, notes=["the worker had gone"])
+        return _Reply(died=True, untaken=True, notes=["the worker had gone"])
     fields: dict[str, Any] = {}
     if mode == "read_only" and request.scratch is not None:
         # The fork child protects the disk itself; "." resolves to the worker's cwd there.
@@ -687,7 +690,8 @@ def _died(reply: _Reply, mode: RunMode) -> Ran:
     # What a read-only copy reported before it died, else nothing is claimed.
     isolation = ((reply.message or {}).get("isolation") or dict(_NO_COPY_CLAIM)
                  if mode == "read_only" else None)
-    return Ran(facts.Died("process" if reply.died and mode != "stateless" else "copy", how),
+    return Ran(facts.Died("process" if reply.died and mode != "stateless" else "copy", how,
+                          started=not reply.untaken),
                reply.stdout, reply.stderr, reply.truncated, isolation=isolation)
 
 

@@ -40,9 +40,6 @@ _STATELESS_STEPS = _reap.Steps(interrupt=False)
 INSPECT_TIMEOUT = 15.0
 # Protected copies tried for one read-only call before it fails (never runs unprotected).
 COPY_ATTEMPTS = 3
-# Seconds of its timeout a call must have left to run on a fresh shell when the old one
-# never took it (SPEC 6: no call returns later than its timeout and the grace).
-RERUN_FLOOR = 0.5
 
 
 # -- outcomes ----------------------------------------------------------------------------
@@ -52,8 +49,14 @@ def _ran(out: Stream, err: Stream, ending: Ending) -> Ran:
     """One exchange with bash as the fact of one run."""
     # (The newline an interactive bash prints for ^C goes to its fd 2, the status pipe.)
     event: facts.Event = facts.OK
-    if ending.timed_out:
-        event = facts.TimedOut(survived=ending.survived)
+    if ending.timed_out:  # (stopped before it read the code: that never ran)
+        event = facts.TimedOut(survived=ending.survived,
+                               taken=ending.started or ending.survived)
+    elif not (ending.survived or ending.started):  # dead before it read the code
+        how = ("the shell had ended" if ending.returncode is None else
+               messages.killed_by(-ending.returncode) if ending.returncode < 0 else
+               f"the shell had exited with status {ending.returncode}")
+        event = facts.Died("process", how, started=False)
     elif ending.returncode is not None and ending.returncode < 0:
         event = facts.Died("process", messages.killed_by(-ending.returncode))
     elif ending.returncode is not None:
@@ -232,21 +235,10 @@ class ShellSession:
             if isinstance(replaced, Ran):
                 return replaced
             if copy is None:
-                began = time.monotonic()
+                # A shell that dies before it reads the code (killed just before the
+                # call came) reports it: the call runs again on a fresh shell, in what
+                # is left of its one timeout (sessions.attempts decides).
                 out, err, ending = self._shell.run(code, request)
-                if not (ending.survived or ending.started or self._closed):
-                    # Dead before it read the call (killed just before it arrived, or
-                    # stopped): the code never ran, so this is a shell found dead -
-                    # replace, run there, in what is left of the call's one timeout.
-                    fresh = self._ensure_shell()
-                    if isinstance(fresh, Ran):
-                        return fresh
-                    left = request.timeout - (time.monotonic() - began)
-                    if left < RERUN_FLOOR:
-                        return Ran(facts.TimedOut(survived=False, taken=False), replaced=True)
-                    replaced = True
-                    out, err, ending = self._shell.run(
-                        code, dataclasses.replace(request, timeout=left))
             else:
                 out, err, ending = self._run_copy(copy, request)
             ran = _ran(out, err, ending)
