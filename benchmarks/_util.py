@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 3,
@@ -36,3 +37,28 @@ def table(rows: list[tuple[str, ...]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+class Owned:
+    """A place's session (or stateless template) run as the Executor runs it: each call
+    through ``coordex.sessions.attempts`` (SPEC 6's retry and the words of the result),
+    so a figure holds what the session table adds to the place's own work."""
+
+    def __init__(self, target: Any, kind: str, retries: bool) -> None:
+        from coordex import sessions
+
+        self._attempts = sessions.attempts
+        self.target = target
+        self.kind, self.retries = kind, retries
+
+    def run(self, request: Any) -> dict[str, Any]:
+        return self._attempts(self, "stateful", self.target.run, request)  # type: ignore[arg-type]
+
+    def run_read_only(self, request: Any) -> dict[str, Any]:
+        return self._attempts(self, "read_only", self.target.run_read_only, request)  # type: ignore[arg-type]
+
+    def run_stateless(self, request: Any) -> dict[str, Any]:
+        return self._attempts(self, "stateless", self.target.run_stateless, request)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.target.close()

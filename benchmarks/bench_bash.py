@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 
 import pexpect
-from _util import median_seconds
+from _util import Owned, median_seconds
 
 from coordex.backends import isolation
 from coordex.backends.base import RunRequest
@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     calls = args.calls
 
-    session = ShellSession()
+    session = Owned(ShellSession(), "shell", retries=False)  # as the Executor runs it
     peer = PexpectBash()
     try:
         assert "error" not in session.run(RunRequest(code=SETUP, timeout=30))

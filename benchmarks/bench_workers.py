@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import fmt, median_seconds, table
+from _util import Owned, fmt, median_seconds, table
 
 from coordex.backends.base import RunRequest
 from coordex.backends.env.workers import WorkerSession, WorkerTemplate
@@ -55,7 +55,7 @@ def bench_stateful_vs_ipykernel(python: str, rows: list[tuple[str, ...]],
                                 memory: list[tuple[str, ...]]) -> None:
     from jupyter_client.manager import KernelManager
 
-    session = WorkerSession(python)
+    session = Owned(WorkerSession(python), "worker", retries=True)
     km = KernelManager(kernel_name="python3")
     km.kernel_cmd = [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     km.start_kernel()
@@ -71,7 +71,7 @@ def bench_stateful_vs_ipykernel(python: str, rows: list[tuple[str, ...]],
                      fmt(peer), ratio(peer, ours)))
         time.sleep(1.0)  # let both settle before measuring idle memory
         kernel_pid = km.provisioner.pid if km.provisioner else None  # type: ignore[attr-defined]
-        w_rss, w_pss = memory_kib(session.pid)
+        w_rss, w_pss = memory_kib(session.target.pid)
         memory.append(("idle worker", f"{w_rss / 1024:.1f} MiB", f"{w_pss / 1024:.1f} MiB"))
         if kernel_pid:
             k_rss, k_pss = memory_kib(kernel_pid)
@@ -97,7 +97,7 @@ def median_spaced(fn: Callable[[], object], runs: int, pause: float) -> float:
 
 
 def bench_stateless(python: str, rows: list[tuple[str, ...]]) -> None:
-    template = WorkerTemplate(python)
+    template = Owned(WorkerTemplate(python), "worker", retries=True)
     try:
         # An agent's calls are seconds apart, so the template's standby child is ready;
         # back-to-back calls also pay the next fork and its page faults.
@@ -114,7 +114,7 @@ def bench_stateless(python: str, rows: list[tuple[str, ...]]) -> None:
 
 
 def bench_read_only(python: str, size: int, label: str, rows: list[tuple[str, ...]]) -> None:
-    session = WorkerSession(python)
+    session = Owned(WorkerSession(python), "worker", retries=True)
     try:
         session.run(req(RECORDS.replace("SIZE", str(size))))
         ours = median_seconds(lambda: session.run_read_only(req("len(records), len(blob)")),

@@ -254,14 +254,8 @@ def run_once_told(place: Place, mode: messages.Mode, run: Callable[[RunRequest],
     """:func:`attempts` for a kept session whose last result ``told`` a loss; also
     whether this one tells a loss whose dead process the place has yet to replace (a
     loss during its last run: the next call's replacement is that one)."""
-    last: list[Ran] = []
-
-    def watched(attempt: RunRequest) -> Ran:
-        last[:] = [run(attempt)]
-        return last[0]
-
-    outcome = attempts(place, mode, watched, request, told=told)
-    return outcome, bool(last) and facts.lost_state(last[0], mode)
+    outcome, last = _attempts(place, mode, run, request, told)
+    return outcome, facts.lost_state(last, mode)
 
 
 def inspected(report: dict[str, Any] | Ran, place: Place,
@@ -303,6 +297,12 @@ def attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran]
     already said the loss); a loss during the call always is. A stateless call never
     says it.
     """
+    return _attempts(place, mode, run, request, told)[0]
+
+
+def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran],
+              request: RunRequest, told: bool) -> tuple[Outcome, Ran]:
+    """:func:`attempts`, and the last attempt's facts."""
     tried: list[faults.Attempt] = []
     hows: list[str] = []
     lost = False
@@ -331,4 +331,4 @@ def attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran]
             # The second run's interrupt kept what that run bound; the state from
             # before this call went with the first run's process.
             error["error"] = messages.after_a_retry(str(error.get("error", "")))
-    return outcome
+    return outcome, ran

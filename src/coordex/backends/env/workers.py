@@ -681,7 +681,7 @@ class WorkerSession:
                 # stands, and the loss is this call's news, not the next call's.)
                 replaced = True
                 self._replace_quietly()
-            return dataclasses.replace(ran, replaced=replaced)
+            return dataclasses.replace(ran, replaced=True) if replaced else ran
 
 
 def _died(reply: _Reply, mode: RunMode) -> Ran:

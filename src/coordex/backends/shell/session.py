@@ -256,7 +256,7 @@ class ShellSession:
                 # (replaced now, so the next call does not find it dead again).
                 self._ensure_shell()
                 replaced = True
-            return dataclasses.replace(ran, replaced=replaced)
+            return dataclasses.replace(ran, replaced=True) if replaced else ran
 
     def _copy_failed(self, copy: CopySlot, request: RunRequest,
                      ran: Ran) -> facts.Event | None:
