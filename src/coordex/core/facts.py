@@ -151,6 +151,13 @@ class Ran:
     deleted: Sequence[str] = ()
     written: Sequence[str] | None = None
 
+    def naming(self, rebound: Any, deleted: Sequence[str]) -> Ran:
+        """This run with the names it changed (a copy: every call of a Python session
+        makes one, so it is built directly, not by ``dataclasses.replace``)."""
+        return Ran(self.event, self.stdout, self.stderr, self.truncated, self.result,
+                   self.exit_code, self.images, self.replaced, self.isolation, rebound,
+                   deleted, self.written)
+
     @property
     def ok(self) -> bool:
         """The code ran to its end (a bash command's status aside)."""

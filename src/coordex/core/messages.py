@@ -405,6 +405,41 @@ def start_failed(language: str, reason: object) -> CoordexError:
         "then run the call again.", state_lost=True)
 
 
+# -- a cluster's refusals (raised where a session would open) -----------------------------
+
+
+def cluster_start_failed(what: str) -> CoordexError:
+    """coordex's actor, or a session, could not be started on a node."""
+    return CoordexError(
+        "crashed", f"Could not start on the cluster: {what}.",
+        "Check that the cluster's nodes are up (ray status) and have free resources, then "
+        "run the call again: it opens the session on another node.", state_lost=True)
+
+
+def no_live_node(*, confining: bool) -> CoordexError:
+    """No node to open a session on (``confining``: none that can confine a tenant)."""
+    if confining:
+        return CoordexError(
+            "crashed", "No live node of the Ray cluster can confine a tenant's sessions "
+            "(each node's level is 'none', or none is alive).",
+            "Ask the operator to enable unprivileged user namespaces or Landlock on the "
+            "cluster's nodes (coordex serve lists each node's level at start), then run "
+            "the call again.", state_lost=True)
+    return CoordexError(
+        "crashed", "No node of the Ray cluster is alive.",
+        "Start the cluster's nodes again (ray start), then run the call again; "
+        "rebuild_session(...) replays the calls of a lost session.", state_lost=True)
+
+
+def no_node_fits(resources: str) -> CoordexError:
+    """No node has the resources an environment's spec asks for."""
+    return CoordexError(
+        "environment", f"No node of the cluster has {resources}, which this environment's "
+        "spec asks for ([tool.coordex]).",
+        "Lower num_cpus / num_gpus / memory in the spec's [tool.coordex] table, or add a "
+        "node that has them (ray start --address=... --num-gpus=...).", log="")
+
+
 def environment_not_found(venv_id: int, known: list[tuple[int, str | None]]) -> CoordexError:
     listed = ", ".join(f"{vid}" + (f" ({name!r})" if name else "") for vid, name in known)
     return CoordexError(

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
 import os
 import sys
 import threading
@@ -243,7 +242,7 @@ class OwnInterpreter:
         rebound = [k for k, v in after.items() if k not in before or before[k] is not v]
         deleted = [k for k in before if k not in after]
         before.clear()
-        return dataclasses.replace(ran, rebound=rebound, deleted=deleted)
+        return ran.naming(rebound, deleted)
 
     def run_stateless(self, request: RunRequest, extra_globals: dict[str, Any]) -> Ran:
         namespace = fresh_namespace()

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core import facts
+from ...core import facts, messages
 from ...core.errors import CoordexError
 from ...core.facts import Ran
 from ..base import INTERRUPT_GRACE, RunRequest
@@ -230,11 +230,8 @@ class RayCluster:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 self._ray.kill(handle)
-            raise CoordexError(
-                "crashed", f"Could not start {what} on the cluster within "
-                f"{START_TIMEOUT:g} s ({type(exc).__name__}).",
-                "Check that the cluster's nodes are up (ray status) and have free "
-                "resources, then run the call again.", state_lost=True)
+            raise messages.cluster_start_failed(
+                f"{what} did not start within {START_TIMEOUT:g} s ({type(exc).__name__})")
         return _Host(handle, str(info.get("node") or ""), dedicated)
 
     def _live_nodes(self) -> list[dict[str, Any]]:
@@ -275,18 +272,8 @@ class RayCluster:
 
     def _pick_node(self) -> str:
         nodes = self._live_nodes()
-        if not nodes and self.tenant is not None:
-            raise CoordexError(
-                "crashed", "No live node of the Ray cluster can confine a tenant's sessions "
-                "(each node's level is 'none', or none is alive).",
-                "Ask the operator to enable unprivileged user namespaces or Landlock on the "
-                "cluster's nodes (coordex serve lists each node's level at start), then run "
-                "the call again.", state_lost=True)
         if not nodes:
-            raise CoordexError(
-                "crashed", "No node of the Ray cluster is alive.",
-                "Start the cluster's nodes again (ray start), then run the call again; "
-                "rebuild_session(...) replays the calls of a lost session.", state_lost=True)
+            raise messages.no_live_node(confining=self.tenant is not None)
         # The head node runs the cluster's own services: use it when it is the only one.
         with self._lock:
             best = min(nodes, key=lambda n: ("node:__internal_head__" in n.get("Resources", {}),
@@ -300,11 +287,7 @@ class RayCluster:
             have = node.get("Resources", {})
             if all(have.get(wanted[k], 0) >= v for k, v in resources.items()):
                 return str(node["NodeID"])
-        raise CoordexError(
-            "environment", f"No node of the cluster has {_describe(resources)}, which "
-            "this environment's spec asks for ([tool.coordex]).",
-            "Lower num_cpus / num_gpus / memory in the spec's [tool.coordex] table, or add "
-            "a node that has them (ray start --address=... --num-gpus=...).", log="")
+        raise messages.no_node_fits(_describe(resources))
 
     def placed(self, host: _Host, delta: int) -> None:
         with self._lock:
@@ -580,9 +563,7 @@ class RaySession:
             reply = cluster.converse(host, "open", args, None, deadline, place.progress)
         except NodeLost as lost:
             cluster.lost(host, lost)
-            raise CoordexError(
-                "crashed", f"Could not open the session on the cluster: {lost.how}.",
-                "Run the call again: it opens the session on another node.", state_lost=True)
+            raise messages.cluster_start_failed(f"the session could not be opened ({lost.how})")
         if "raise" in reply:
             if host.dedicated:
                 cluster.release(host)
