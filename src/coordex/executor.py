@@ -912,6 +912,8 @@ class Executor:
         else:  # nested: runs inline on this thread, inside the outer call
             outcome = sessions.attempts(place, "stateful", functools.partial(
                 session.run_nested, read_only=False), request)
+        for kept in ("rebound", "deleted", "written"):  # the outer call records those
+            outcome.pop(kept, None)
         return outcome, self._table.record(key)
 
     def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:

@@ -271,10 +271,11 @@ def said(ran: facts.Ran, place: PlaceKind, mode: Mode, seconds: float, *,
     if mode == "read_only":
         outcome["isolation"] = dict(ran.isolation) if ran.isolation else {
             "names": True, "objects": True, "files": "none", "copy": "none"}
-    if mode != "stateless":
-        outcome["rebound"], outcome["deleted"] = ran.rebound, list(ran.deleted)
-        if ran.written:
-            outcome["written"] = list(ran.written)
+    if mode != "stateless":  # what the session table and the call log keep (or pop)
+        for key, value in (("rebound", ran.rebound), ("deleted", ran.deleted),
+                           ("written", ran.written)):
+            if value:
+                outcome[key] = value if callable(value) else list(value)
     if isinstance(event, facts.Exited):
         outcome["exit_code"] = event.status
     elif not isinstance(event, facts.Ok):
