@@ -371,3 +371,16 @@ def test_a_death_near_the_deadline_returns_within_the_one_timeout(at: At,
     else:  # a shell command is never run twice
         assert r["error_type"] == "crashed" and "retried" not in r, r
         assert "killed by SIGKILL" in r["error"]
+
+
+RESULT_KEYS = {"stdout", "stderr", "truncated", "result", "exit_code", "images", "session",
+               "state_mode", "duration_ms"}
+
+
+def test_a_result_holds_the_specs_keys_and_no_others(at: At) -> None:
+    """What a place reports for the session table and the log never reaches a result."""
+    for mode, kw, extra in (("stateless", {}, set()),
+                            ("stateful", {"session_name": "k"}, set()),
+                            ("read_only", {"session_name": "k"}, {"isolation"})):
+        r = at.run(at.place.set_v, state_mode=mode, **kw)
+        assert set(r) == RESULT_KEYS | extra, (mode, r)
