@@ -68,25 +68,31 @@ def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
 
 def _changes(rebound: Any, deleted: Any, written: Any) -> dict[str, Any] | None:
     """The row's ``changed`` column: None when the code changed nothing."""
-    rebound = [n for n in rebound or () if n not in _NOT_THE_CODES]
-    deleted = [n for n in deleted or () if n not in _NOT_THE_CODES]
-    written = [p for p in written or () if not _own_file(p)]
+    rebound, deleted = _names(rebound), _names(deleted)
+    written = [p for p in written if not _own_file(p)] if written else []
     if not (rebound or deleted or written):
         return None
-    changed: dict[str, Any] = {"rebound": _capped(rebound), "deleted": _capped(deleted)}
+    changed: dict[str, Any] = {"rebound": rebound, "deleted": deleted}
     if written:
-        changed["written"] = list(written)
+        changed["written"] = written
     return changed
+
+
+def _names(names: Any) -> list[str]:
+    """The code's own of ``names``, sorted, at most :data:`NAMES_LIMIT` (a stateful
+    call's end: most often one name, none of coordex's)."""
+    if not names:
+        return []
+    if not isinstance(names, (list, tuple)):
+        names = list(names)
+    kept = sorted(names if _NOT_THE_CODES.isdisjoint(names) else
+                  [n for n in names if n not in _NOT_THE_CODES])
+    return kept if len(kept) <= NAMES_LIMIT else [*kept[:NAMES_LIMIT], "..."]
 
 
 def _own_file(path: Any) -> bool:
     name = os.path.basename(str(path))
     return any(name == own or name.startswith(own + "-") for own in _OWN_FILES)
-
-
-def _capped(names: Any) -> list[str]:
-    names = sorted(names or ())
-    return names if len(names) <= NAMES_LIMIT else [*names[:NAMES_LIMIT], "..."]
 
 
 def note_replay(seq: int, code: str) -> None:
@@ -134,7 +140,7 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
         if coordinate is not None or asked is None:
             state_mode = result.get("state_mode") or (
                 coordinate.state_mode if coordinate is not None else None)
-        _notes.seq = log.append({
+        row = {
             "at": time.time() - duration / 1000.0, "kind": "call", "language": language,
             "venv_id": venv_id, "session_id": session_id, "session_name": session_name,
             "state_mode": state_mode, "code": code if isinstance(code, str) else None,
@@ -144,18 +150,24 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             "changed": changed, "replay_of": replay_of,
             "stdout": result.get("stdout") or None, "stderr": result.get("stderr") or None,
             "result": result.get("result"), "error": result.get("error"),
-            "suggestion": result.get("suggestion"), "traceback": result.get("traceback")},
-            seq)
+            "suggestion": result.get("suggestion"), "traceback": result.get("traceback")}
+        # A row reserved while the call ran is completed in the file; any other goes
+        # through the journal (durable at once, in the file a moment later).
+        _notes.seq = log.append(row, seq) if seq is not None else (log, log.record(row))
     except Exception:  # the log never costs the call
         pass
     return result
 
 
 def last_seq() -> int | None:
-    """The seq of the row :func:`record_call` wrote last on this thread (once)."""
-    seq = getattr(_notes, "seq", None)
+    """The seq of the row :func:`record_call` wrote last on this thread (once); a row
+    still in the journal is written to the file first."""
+    noted = getattr(_notes, "seq", None)
     _notes.seq = None
-    return seq
+    if isinstance(noted, tuple):
+        log, entry = noted
+        return log.seq_of(entry) if entry is not None else None
+    return noted
 
 
 def _as_asked(asked: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -1,13 +1,22 @@
 """The call log on disk: one SQLite table under ``root`` that every call adds a row to.
 
-How it works: :meth:`CallLog.append` writes a call's row and commits it before the call
-returns (SQLite in WAL mode with ``synchronous=NORMAL``: a commit is a ``write()`` of
-the new pages into the WAL file, no ``fsync``). Once ``write()`` returned, the row is
-the kernel's: a SIGKILL or the out-of-memory killer of this process a moment later
-loses nothing; only a crash of the machine itself can take the last commits with it.
-One commit of a small row costs 15-20 us on its own (30 us or so right after a call,
-with the caches cold); the checkpoints that copy the WAL into the file (and fsync) run
-on the log's own thread every few hundred rows, never in a call.
+How it works: :meth:`CallLog.record` puts a finished call's row in the log's journal
+before the call returns (``journal.py``: one line copied into a file of this log's own,
+mapped into memory). Once copied, the line is the kernel's (the page cache): a SIGKILL
+or the out-of-memory killer of this process a moment later loses nothing. The log's
+own thread moves the journal's rows into the SQLite file within milliseconds, many in
+one transaction; whoever reads through this log (``history``, the page, a rebuild) has
+them moved first, so a read sees every call that returned; another process sees them
+once moved, and a dead process's journal is moved by whoever next reads or opens the
+file. SQLite runs in WAL mode with ``synchronous=NORMAL`` (a commit is a ``write()``
+into the WAL, no ``fsync``): only a crash of the machine itself can take the last rows
+with it. Why a journal: a commit of one small row costs 15-20 us on its own and 50 us
+or more of a call's time right after the call, with the caches cold; a journal line
+costs a few. Rows that need their ``seq`` at once (:meth:`CallLog.append`: a running
+call's reserved row, a session closed or rebuilt) are committed straight to the file,
+after the journal's rows, so the order holds. The checkpoints that copy the WAL into
+the file (and fsync) run on the log's own thread every few hundred rows, never in a
+call.
 
 The writing itself is behind :class:`RowWriter` (``append`` a row and get its ``seq``,
 ``update`` a row, ``close``): :class:`SQLiteWriter` is the one that writes the file in
@@ -16,10 +25,10 @@ that holds the file) offers the same three methods. Rows cross that boundary as 
 dicts of :data:`COLUMNS` values (capped, escaped and JSON-encoded here first).
 
 The log is never a cause of a failed call: a database that cannot be opened or written
-(a full disk, a read-only or corrupt file) costs that row, counted in
+(a full disk, a read-only or corrupt file) costs the rows it refused, counted in
 :attr:`CallLog.dropped` with the reason in :attr:`CallLog.problem`; the next row tries
 again, so the log resumes once the cause is gone. A file another process holds locked
-past the busy timeout keeps the row waiting (bounded) for the next write.
+past the busy timeout keeps the rows waiting in the journal (bounded) for the next try.
 
 Several processes may share one root: WAL lets readers run beside the one writer,
 ``seq`` only grows (a new row's is the highest plus one, and only the oldest rows are
@@ -35,13 +44,15 @@ process died.
 Bounds: rows beyond ``max_rows`` (plus 1%, so not every call pays for a delete) are
 deleted oldest first. A read-only call forks the agent's process: a log inherited
 through ``fork()`` never writes or reads in the child (SQLite connections must not
-cross it); a log the child opens itself works as anywhere.
+cross it) and the child lets go of its journal at once (so the journal's lock is its
+parent's alone); a log the child opens itself works as anywhere.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -54,12 +65,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..worker._coordex_engine import escape_text
+from .journal import Journal, parse_line, recover
 
 LOG_FILE = "log.sqlite3"
 CODE_CAP_BYTES = 64 * 1024
 OUTPUT_CAP_BYTES = 16 * 1024
 # A bound on rows waiting for a file another process holds, so memory stays bounded.
 MAX_PENDING = 10_000
+# Seconds between two tries of a file another process holds past the busy timeout.
+RETRY_SECONDS = 0.2
+# Seconds the log's thread lets rows gather before it moves them to the file: one
+# transaction for many rows, and fewer turns of the log's thread beside the calls.
+GATHER_SECONDS = 0.01
 _BUSY_TIMEOUT_MS = 2_000
 
 _SCHEMA = """
@@ -86,11 +103,14 @@ CREATE TABLE IF NOT EXISTS calls (
 );
 DROP INDEX IF EXISTS calls_by_session;
 DROP INDEX IF EXISTS calls_by_name;
+CREATE TABLE IF NOT EXISTS journals (owner TEXT PRIMARY KEY, upto INTEGER NOT NULL)
+    WITHOUT ROWID;
 """
 # No index but the seq, and no AUTOINCREMENT: each would add a page to every commit
 # (about 7 us each). A new seq is the highest plus one, and the log only ever deletes
 # its oldest rows, so seqs never repeat. Reads of one session scan the log from its
-# newest end: a few milliseconds for 100,000 rows.
+# newest end: a few milliseconds for 100,000 rows. ``journals``: how far each log's
+# journal is in this file (``journal.py``).
 # What a call returned; added to logs written before these columns existed.
 _RETURNED = ("stdout", "stderr", "result", "error", "suggestion", "traceback")
 
@@ -99,6 +119,7 @@ COLUMNS = ("seq", "at", "owner", "kind", "language", "venv_id", "session_id", "s
            "state_mode", "code", "code_truncated", "duration_ms", "outcome", "exit_code",
            "state_lost", "retried", "isolation", "changed", "replay_of", *_RETURNED)
 _WRITTEN = COLUMNS[1:]
+_JOURNALED = tuple(c for c in _WRITTEN if c != "owner")  # the owner: the journal's own
 _INSERT = (f"INSERT INTO calls ({', '.join(_WRITTEN)}) "
            f"VALUES ({', '.join('?' * len(_WRITTEN))})")
 
@@ -110,6 +131,8 @@ _LIVE_LOGS: weakref.WeakSet[CallLog] = weakref.WeakSet()
 def _silence_inherited_logs() -> None:
     for log in list(_LIVE_LOGS):
         log.forked = True
+        if log._journal is not None:
+            log._journal.forget()  # the parent's lock stays the parent's alone
 
 
 if hasattr(os, "register_at_fork"):
@@ -142,8 +165,84 @@ def cap_output(text: Any) -> str | None:
             + raw[-half:].decode("utf-8", "ignore"))
 
 
+def encode_row(values: dict[str, Any], owner: str) -> dict[str, Any]:
+    """A row as the file keeps it: texts capped and escaped, flags as 0/1, ``isolation``
+    and ``changed`` as JSON, written by ``owner``. Once per row, on its way into the
+    file (a second time would encode those two JSON columns again)."""
+    row = dict(values)
+    row["owner"] = owner
+    row.setdefault("kind", "call")
+    code = row.get("code")
+    if isinstance(code, str):
+        code, truncated = cap_code(code)
+        row["code"] = escape_text(code)
+        row["code_truncated"] = int(truncated or bool(values.get("code_truncated")))
+    else:
+        row["code_truncated"] = 0
+    name = row.get("session_name")
+    if isinstance(name, str):
+        row["session_name"] = escape_text(name)
+    row["state_lost"] = int(bool(row.get("state_lost")))
+    row["retried"] = int(bool(row.get("retried")))
+    for key in ("isolation", "changed"):
+        if key in row:
+            row[key] = _json(row[key])
+    for key in _RETURNED:
+        if row.get(key) is not None:
+            row[key] = cap_output(row[key])
+    return row
+
+
+def _cut(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with its texts cut to what the file keeps (not yet escaped): a row
+    far larger than the file would keep is not written whole to the journal."""
+    row = dict(values)
+    code = row.get("code")
+    if isinstance(code, str):
+        row["code"], truncated = cap_code(code)
+        row["code_truncated"] = int(truncated)
+    for key in _RETURNED:
+        if row.get(key) is not None:
+            row[key] = cap_output(row[key])
+    return row
+
+
 # Rows between two checkpoints (each a few hundred KiB of WAL at most).
 CHECKPOINT_ROWS = 500
+# Characters of a row's JSON past which its texts are cut before it goes to the journal
+# (a row the file keeps whole is about 160 KiB at most).
+_LONG_ROW = 256 * 1024
+# What makes one row fail alone (a value SQLite cannot store), not the file.
+_ROW_REFUSED = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError,
+                ValueError, OverflowError)
+# Rows one INSERT statement writes (23 values each: within SQLite's oldest bound of 999
+# values a statement). One statement for many rows is one wait for the GIL for the
+# log's thread, not one a row, each of which costs the calls' threads a switch.
+_MANY = 32
+
+
+@functools.lru_cache(maxsize=_MANY)
+def _insert_sql(rows: int) -> str:
+    return _INSERT + f", ({', '.join('?' * len(_WRITTEN))})" * (rows - 1)
+
+
+def _insert_many(conn: sqlite3.Connection, rows: list[tuple[int, dict[str, Any]]],
+                 seqs: list[int | None]) -> None:
+    """Insert ``rows`` (``(index, encoded row)``) in one statement, setting
+    ``seqs[index]``; a row the file refuses (then one statement a row) is left out
+    alone."""
+    try:
+        last = conn.execute(_insert_sql(len(rows)),
+                            [v for _, row in rows for v in map(row.get, _WRITTEN)]).lastrowid
+    except _ROW_REFUSED:
+        for index, row in rows:
+            with contextlib.suppress(*_ROW_REFUSED):
+                seqs[index] = conn.execute(_INSERT, list(map(row.get, _WRITTEN))).lastrowid
+        return
+    assert last is not None
+    # One statement's rows take the next seqs in order: each is the highest plus one.
+    for seq, (index, _) in enumerate(rows, start=last - len(rows) + 1):
+        seqs[index] = seq
 
 
 def _busy(exc: BaseException) -> bool:
@@ -172,14 +271,16 @@ class SQLiteWriter:
     """A :class:`RowWriter` over the log file, in this process. Not thread-safe: whoever
     owns it holds a lock around every use.
 
+    ``max_rows``: rows kept (None: no bound, for a reader that recovers a journal).
     ``checkpoints_elsewhere``: the owner runs :meth:`checkpoint` itself, off the path of
     the calls (as :class:`CallLog` does); otherwise SQLite checkpoints as it commits."""
 
-    def __init__(self, path: Path, max_rows: int, checkpoints_elsewhere: bool = False) -> None:
+    def __init__(self, path: Path, max_rows: int | None,
+                 checkpoints_elsewhere: bool = False) -> None:
         self.path = path
         self.max_rows = max_rows
         self.checkpoints_elsewhere = checkpoints_elsewhere
-        self._slack = max_rows // 100
+        self._slack = (max_rows or 0) // 100
         self._pruned_to = 0
         self._conn: sqlite3.Connection | None = None
         self.appended = 0  # rows written since the last checkpoint was asked for
@@ -201,10 +302,55 @@ class SQLiteWriter:
             self.drop()
             raise
         assert seq is not None
-        if seq - self.max_rows > self._pruned_to + self._slack:
-            self._prune(seq)
-        self.appended += 1
+        self._wrote(seq, 1)
         return seq
+
+    def append_journaled(self, owner: str,
+                         rows: Sequence[tuple[int, dict[str, Any]]]) -> list[int | None]:
+        """Insert rows of ``owner``'s journal (``(number, row)``, oldest first, each row
+        as the journal holds it: :func:`encode_row` makes it a row of the file) that the
+        file does not hold yet, and record the last number, in one transaction. Returns
+        each row's seq: None for a row this file refuses alone (a value it cannot
+        store) or one it held already. Raises ``sqlite3.Error``/``OSError``, and then
+        nothing was written."""
+        conn = self.connection()
+        seqs: list[int | None] = [None] * len(rows)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                found = conn.execute("SELECT upto FROM journals WHERE owner = ?",
+                                     (owner,)).fetchone()
+                upto = found[0] if found else 0
+                fresh = [(i, encode_row(row, owner)) for i, (number, row) in enumerate(rows)
+                         if number > upto]
+                for start in range(0, len(fresh), _MANY):
+                    _insert_many(conn, fresh[start:start + _MANY], seqs)
+                upto = max([upto, *(number for number, _ in rows)])
+                conn.execute("INSERT OR REPLACE INTO journals (owner, upto) VALUES (?, ?)",
+                             (owner, upto))
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error:
+            self.drop()
+            raise
+        written = [seq for seq in seqs if seq is not None]
+        if written:
+            self._wrote(written[-1], len(written))
+        return seqs
+
+    def forget_journal(self, owner: str) -> None:
+        """``owner``'s journal is gone: drop its mark. Never raises."""
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.connection().execute("DELETE FROM journals WHERE owner = ?", (owner,))
+
+    def _wrote(self, last_seq: int, count: int) -> None:
+        self.appended += count
+        if self.max_rows is not None and \
+                last_seq - self.max_rows > self._pruned_to + self._slack:
+            self._prune(last_seq)
 
     def update(self, seq: int, values: dict[str, Any]) -> None:
         columns = [c for c in values if c in _WRITTEN]
@@ -220,6 +366,7 @@ class SQLiteWriter:
 
     def _prune(self, seq: int) -> None:
         # seq is contiguous apart from pruning, so this keeps exactly max_rows.
+        assert self.max_rows is not None
         self._pruned_to = seq - self.max_rows
         with contextlib.suppress(sqlite3.Error, OSError):
             self.connection().execute("DELETE FROM calls WHERE seq <= ?", (self._pruned_to,))
@@ -266,14 +413,27 @@ class SQLiteWriter:
         self.drop()
 
 
+class _Entry:
+    """A row handed to the log: its journal line, and its ``seq`` once the SQLite file
+    holds it (``done``: written, or given up)."""
+
+    __slots__ = ("done", "line", "seq")
+
+    def __init__(self, line: bytes | None = None, seq: int | None = None) -> None:
+        self.line = line  # None: written straight to the file
+        self.seq = seq
+        self.done = line is None
+
+
 class CallLog:
     """The call log of one Executor (several may share one file).
 
     Args:
         path: the SQLite file.
         max_rows: rows kept; older ones are deleted as new ones come.
-        writer: where rows go (default: :class:`SQLiteWriter` on ``path``); a writer in
-            another process offers the same :class:`RowWriter` methods.
+        writer: where rows go (default: :class:`SQLiteWriter` on ``path``, with a
+            journal in front for finished calls); a writer in another process offers the
+            same :class:`RowWriter` methods.
     """
 
     def __init__(self, path: str | os.PathLike[str], max_rows: int = 100_000,
@@ -286,47 +446,75 @@ class CallLog:
         self.forked = False
         self._sqlite = SQLiteWriter(self.path, max_rows, checkpoints_elsewhere=True)
         self._writer: RowWriter = writer if writer is not None else self._sqlite
-        # Rows a busy file kept from being written, and ``changed`` columns worked out
-        # off the call's path (a bash copy's names cost a parse).
+        # Finished calls' rows in the journal that the file does not hold yet, oldest
+        # first. The journal is made on the first such row; there is none when another
+        # process writes the rows (its commit is what makes them durable), nor once
+        # one could not be made or this log closed: rows then go straight to the file.
+        self._journal: Journal | None = None
+        self._journaling = writer is None
+        self._queue: collections.deque[_Entry] = collections.deque()
+        self._queue_lock = threading.Lock()  # the journal's lines, in the queue's order
+        # Rows a busy file kept from being written straight, and ``changed`` columns
+        # worked out off the call's path (a bash copy's names cost a parse).
         self._pending: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PENDING)
-        self._later: collections.deque[tuple[int, Callable[[], Any] | None]] = \
-            collections.deque()
-        self._lock = threading.Lock()
-        self._later_ready = threading.Event()
+        self._later: collections.deque[tuple[_Entry, Callable[[], Any]]] = collections.deque()
+        self._lock = threading.Lock()  # the writer and the file
+        self._wake = threading.Event()
+        self._closing = threading.Event()
         self._helper: threading.Thread | None = None
+        self._recovered = False
         self._closed = False
         _LIVE_LOGS.add(self)
 
     # -- writing ----------------------------------------------------------------------
 
+    def record(self, values: dict[str, Any]) -> _Entry | None:
+        """Log a finished call's row (a ``call``): durable on return, in the journal
+        (or, without one, committed to the file), and in the file a moment later, at
+        once for whoever reads through this log. Returns the row's handle for
+        :meth:`seq_of`. Never raises: a row that cannot be written is counted in
+        ``dropped``."""
+        if self.forked:
+            return None
+        changed = values.get("changed")
+        later = changed if callable(changed) else None
+        if later is not None:  # worked out later, off the call's path
+            values = {**values, "changed": None}
+        entry = self._journaled(values)
+        if entry is None:
+            entry = _Entry(seq=self._write_now(self._encode(values), None))
+        if later is not None:
+            self._defer(entry, later)
+        if not self._wake.is_set() and (not entry.done or
+                                        self._sqlite.appended >= CHECKPOINT_ROWS):
+            self._wake_helper()
+        return entry
+
     def append(self, values: dict[str, Any], seq: int | None = None) -> int | None:
-        """Write one row (a ``call``, ``close`` or ``rebuild``) and return its ``seq``;
-        durable on return. With ``seq`` (from :meth:`reserve`), complete that row
-        instead. Never raises: a row that cannot be written is counted in ``dropped``."""
+        """Write one row (a ``call``, ``close`` or ``rebuild``) straight to the file and
+        return its ``seq``; committed on return (after every row recorded before it).
+        With ``seq`` (from :meth:`reserve`), complete that row instead. Never raises: a
+        row that cannot be written is counted in ``dropped``."""
         if self.forked:
             return None
         changed = values.get("changed")
         row = self._encode(values)
-        if callable(changed):  # worked out later, off the call's path
-            row["changed"] = None
-        with self._lock:
-            if self._pending:
-                self._retry_pending()
-            try:
-                if seq is None:
-                    seq = self._writer.append(row)
-                else:
-                    self._writer.update(seq, row)
-                self.problem = None
-            except (sqlite3.Error, OSError, ValueError) as exc:
-                self._failed(exc, row if seq is None else None)
-                return None
         if callable(changed):
-            self._defer(seq, changed)
+            row["changed"] = None
+        seq = self._write_now(row, seq)
+        if callable(changed) and seq is not None:
+            self._defer(_Entry(seq=seq), changed)
         elif self._sqlite.appended >= CHECKPOINT_ROWS:
-            self._sqlite.appended = 0
-            self._defer(seq, None)
+            self._wake_helper()
         return seq
+
+    def seq_of(self, entry: _Entry) -> int | None:
+        """The seq of a row :meth:`record` took (written now if it waits); None if it
+        could not be written."""
+        if not entry.done and not self.forked:
+            with self._lock:
+                self._write_queued()
+        return entry.seq
 
     def reserve(self, values: dict[str, Any]) -> int | None:
         """Write the row of a call still running (no outcome yet) and return its seq."""
@@ -339,6 +527,91 @@ class CallLog:
                             "venv_id": session.get("venv_id"),
                             "session_id": session.get("session_id"),
                             "session_name": session.get("session_name"), "changed": detail})
+
+    def _journaled(self, values: dict[str, Any]) -> _Entry | None:
+        """``values`` written to the journal as they are (only a text far past its cap
+        is cut first) and queued for the file, or None where there is no journal (or it
+        failed: the row then goes straight to the file)."""
+        if not self._journaling:
+            return None
+        try:
+            values_json = _dumps(list(map(values.get, _JOURNALED)))
+            if len(values_json) > _LONG_ROW:
+                values_json = _dumps(list(map(_cut(values).get, _JOURNALED)))
+        except (TypeError, ValueError, RecursionError):
+            return None  # a value JSON cannot hold: the file's encoding copes
+        with self._queue_lock:
+            journal = self._journal
+            if journal is None and self._journaling:
+                journal = self._open_journal()
+            if journal is None or len(self._queue) >= MAX_PENDING:
+                return None
+            try:
+                entry = _Entry(journal.write(values_json))
+            except OSError as exc:
+                self.problem = f"{type(exc).__name__}: {exc}"
+                return None
+            self._queue.append(entry)
+        return entry
+
+    def _open_journal(self) -> Journal | None:
+        journal = Journal(self.path, self.owner, _JOURNALED)
+        for _ in range(3):  # a reader may take a new file for a dead owner's, once
+            try:
+                journal.open()
+            except OSError as exc:
+                self.problem = f"{type(exc).__name__}: {exc}"
+                continue
+            self._journal = journal
+            return journal
+        self._journaling = False
+        return None
+
+    def _write_now(self, row: dict[str, Any], seq: int | None) -> int | None:
+        with self._lock:
+            self._write_queued()  # rows recorded before this one come first
+            if self._pending:
+                self._retry_pending()
+            try:
+                if seq is None:
+                    seq = self._writer.append(row)
+                else:
+                    self._writer.update(seq, row)
+                self.problem = None
+            except (sqlite3.Error, OSError, ValueError) as exc:
+                self._failed(exc, row if seq is None else None)
+                return None
+        return seq
+
+    def _write_queued(self) -> bool:
+        """Put the journal's rows in the file, oldest first (the caller holds
+        ``_lock``). False while another process holds the file: they wait in the
+        journal for the next try."""
+        with self._queue_lock:
+            batch = list(self._queue)
+        if not batch:
+            return True
+        # This log's own lines: each parses (a None would count as a row refused alone).
+        rows = [parse_line(e.line or b"", _JOURNALED) or (0, {}) for e in batch]
+        try:
+            seqs = self._sqlite.append_journaled(self.owner, rows)
+        except (sqlite3.Error, OSError) as exc:
+            self.problem = f"{type(exc).__name__}: {exc}"
+            if _busy(exc):
+                return False
+            seqs = [None] * len(batch)  # a broken file: those rows are lost, as they come
+        else:
+            self.problem = None
+        self.dropped += seqs.count(None)
+        for entry, seq in zip(batch, seqs, strict=True):
+            entry.seq, entry.done = seq, True
+        with self._queue_lock:
+            for _ in batch:
+                self._queue.popleft()  # only this lock's holder takes rows out
+            if not self._queue and self._journal is not None and self._journal.restart_due:
+                with contextlib.suppress(OSError):
+                    self._journal.restart()
+        return True
 
     def _failed(self, exc: BaseException, row: dict[str, Any] | None) -> None:
         self.problem = f"{type(exc).__name__}: {exc}"
@@ -359,62 +632,65 @@ class CallLog:
                 return
             self._pending.popleft()
 
-    def _encode(self, values: dict[str, Any]) -> dict[str, Any]:
-        row = dict(values)
-        row["owner"] = self.owner
-        row.setdefault("kind", "call")
-        code = row.get("code")
-        if isinstance(code, str):
-            code, truncated = cap_code(code)
-            row["code"], row["code_truncated"] = escape_text(code), int(truncated)
-        else:
-            row["code_truncated"] = 0
-        name = row.get("session_name")
-        if isinstance(name, str):
-            row["session_name"] = escape_text(name)
-        row["state_lost"] = int(bool(row.get("state_lost")))
-        row["retried"] = int(bool(row.get("retried")))
-        for key in ("isolation", "changed"):
-            if key in row:
-                row[key] = _json(row[key])
-        for key in _RETURNED:
-            if row.get(key) is not None:
-                row[key] = cap_output(row[key])
-        return row
-
-    # -- what is worked out later -------------------------------------------------------
-
-    def _defer(self, seq: int | None, work: Callable[[], Any] | None) -> None:
-        """Hand ``work`` (a row's ``changed``, worked out) or a checkpoint (``None``) to
-        the log's own thread."""
-        if seq is None:
+    def _recover(self) -> None:
+        """Insert what the journals of dead logs sharing this file hold (the caller
+        holds ``_lock``)."""
+        if self._writer is not self._sqlite:
             return
-        with self._lock:
-            self._later.append((seq, work))
-            if self._helper is None and not self._closed:
-                self._helper = threading.Thread(target=self._run_later, name="coordex-log",
-                                                daemon=True)
-                self._helper.start()
-        self._later_ready.set()
+        with contextlib.suppress(sqlite3.Error, OSError):
+            recover(self.path, self._sqlite.append_journaled, self._sqlite.forget_journal)
 
-    def _run_later(self) -> None:
+    def _encode(self, values: dict[str, Any]) -> dict[str, Any]:
+        return encode_row(values, self.owner)
+
+    # -- the log's own thread ------------------------------------------------------------
+
+    def _defer(self, entry: _Entry, work: Callable[[], Any]) -> None:
+        """Hand ``work`` (a row's ``changed``, worked out) to the log's own thread."""
+        with self._queue_lock:
+            self._later.append((entry, work))
+        self._wake_helper()
+
+    def _wake_helper(self) -> None:
+        if self._helper is None:
+            with self._queue_lock:
+                if self._helper is None and not self._closed:
+                    self._helper = threading.Thread(target=self._run_helper,
+                                                    name="coordex-log", daemon=True)
+                    self._helper.start()
+        self._wake.set()
+
+    def _run_helper(self) -> None:
+        """Journal rows into the file, ``changed`` worked out, checkpoints; a file
+        another process holds is tried again every :data:`RETRY_SECONDS`."""
+        waiting = False
         while True:
-            self._later_ready.wait()
-            self._later_ready.clear()
+            self._wake.wait(RETRY_SECONDS if waiting else None)
+            self._closing.wait(GATHER_SECONDS)  # let rows gather: one transaction for many
+            self._wake.clear()
+            if self.forked:
+                return
+            with self._lock:
+                if not self._recovered:  # journals of logs that died before this one
+                    self._recovered = True
+                    self._recover()
+                waiting = not self._write_queued()
             self._do_later()
+            if self._sqlite.appended >= CHECKPOINT_ROWS:
+                self._sqlite.appended = 0
+                with contextlib.suppress(sqlite3.Error, OSError):
+                    self._sqlite.checkpoint()
             if self._closed:
                 return
 
     def _do_later(self) -> None:
         while True:
-            with self._lock:
-                if not self._later:
+            with self._queue_lock:
+                if not self._later or not self._later[0][0].done:
                     return
-                seq, work = self._later.popleft()
-            if work is None:
-                with contextlib.suppress(sqlite3.Error, OSError):
-                    self._sqlite.checkpoint()
-                continue
+                entry, work = self._later.popleft()
+            if entry.seq is None:
+                continue  # its row was not written
             try:
                 changed = work()
             except Exception:  # the log never costs the call, nor the other rows
@@ -423,36 +699,48 @@ class CallLog:
                 continue
             with self._lock:
                 try:
-                    self._writer.update(seq, {"changed": _json(changed)})
+                    self._writer.update(entry.seq, {"changed": _json(changed)})
                 except (sqlite3.Error, OSError, ValueError) as exc:
                     self.problem = f"{type(exc).__name__}: {exc}"
 
     def flush(self) -> None:
-        """Write what waits (rows a busy file held back, ``changed`` worked out later)
-        now. Never raises."""
+        """Write what waits (journal rows, rows a busy file held back, ``changed``
+        worked out later) now, and what the journals of dead logs sharing this file
+        hold. Never raises."""
         if self.forked:
             return
         with self._lock:
+            self._recover()
+            self._write_queued()
             self._retry_pending()
         self._do_later()
 
     def close(self) -> None:
-        """Write what waits and close the file. Safe to call twice."""
+        """Write what waits and close the file. Safe to call twice. Rows another
+        process kept the file from taking stay in the journal, for the next reader."""
         if self.forked:
             return
         self._closed = True
-        self._later_ready.set()
+        self._closing.set()
+        self._wake.set()
         helper = self._helper
         if helper is not None and helper is not threading.current_thread():
             helper.join(timeout=5)
         for _ in range(3):  # another process may hold the file a while
             self.flush()
-            if not self._pending:
+            if not self._pending and not self._queue:
                 break
             time.sleep(0.1)
         with self._lock:
             self.dropped += len(self._pending)
             self._pending.clear()
+            with self._queue_lock:
+                journal, self._journal, self._journaling = self._journal, None, False
+                done = not self._queue
+            if journal is not None:
+                journal.close(remove=done)
+                if done:
+                    self._sqlite.forget_journal(self.owner)
             self._writer.close()
             if self._writer is not self._sqlite:
                 self._sqlite.close()
@@ -482,12 +770,25 @@ class LogReader:
     """Reads a log file that another process may be writing (``coordex log``, a page
     of a log this process does not write); offers the same ``query`` as
     :class:`CallLog`. A missing file reads as an empty log. It opens the file read-only
-    and trusts nothing in it (no triggers or views of its schema run)."""
+    and trusts nothing in it (no triggers or views of its schema run); only the
+    journals of dead writers, if any, are written into it first (:meth:`recover`)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
+    def recover(self) -> None:
+        """Insert the rows of journals whose writer died (a process killed after its
+        calls returned) into the file, where the file can be written. Never raises."""
+        writer = SQLiteWriter(self.path, None)
+        try:
+            recover(self.path, writer.append_journaled, writer.forget_journal)
+        except (sqlite3.Error, OSError):
+            pass  # a file this process cannot write: it reads what the file holds
+        finally:
+            writer.close()
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        self.recover()
         if not self.path.exists():
             return []
         conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0)
@@ -524,9 +825,38 @@ def _json(value: Any) -> str | None:
     if value is None:
         return None
     try:
-        return json.dumps(value, default=str)
-    except (TypeError, ValueError):
+        return _dumps(value)
+    except (TypeError, ValueError, RecursionError):
         return None
+
+
+def _json_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, default=str)`` without making an encoder on every call (a
+    call's row is encoded three times: about 3 us of a call): the C encoder that
+    ``json.dumps`` itself uses, made once (a circular value raises RecursionError);
+    ``json.dumps`` itself where there is no such encoder or it says otherwise."""
+    def dumps(value: Any) -> str:
+        return json.dumps(value, default=str)
+
+    make = getattr(json.encoder, "c_make_encoder", None)
+    escape = getattr(json.encoder, "c_encode_basestring_ascii", None)
+    if make is None or escape is None:
+        return dumps
+    try:
+        encoder = make(None, str, escape, None, ": ", ", ", False, False, True)
+
+        def made_once(value: Any) -> str:
+            return "".join(encoder(value, 0))
+
+        sample = [1.5, "caf\u00e9\n\udcff\"", None, {"a": [True, 2]}, float("nan"), object]
+        if made_once(sample) != dumps(sample):
+            return dumps
+    except Exception:  # an interpreter whose encoder takes other arguments
+        return dumps
+    return made_once
+
+
+_dumps = _json_encoder()
 
 
 def rows_where(filters: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
