@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from .backends.base import Outcome, Place, RunRequest, Session, wait_for
 from .core import facts, faults, messages
@@ -266,16 +266,12 @@ def inspected(report: dict[str, Any] | Ran, place: Place,
     if isinstance(report, Ran):
         during = facts.lost_state(report, "read_only")
         lost = during or (report.replaced and not told)
-        error = messages.said(report, _kind(place), "read_only", 0.0, state_lost=lost)["error"]
+        error = messages.said(report, place.kind, "read_only", 0.0, state_lost=lost)["error"]
         return dict(error), during
     report = dict(report)
     if report.pop("replaced", False) and not told:
         report["state_lost"] = True
     return report, False
-
-
-def _kind(place: Place) -> messages.PlaceKind:
-    return cast(messages.PlaceKind, place.kind if place.kind in messages.WORDS else "worker")
 
 
 # Seconds of the call's timeout a retry must have left to be worth running.
@@ -321,7 +317,7 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
         assert isinstance(ran.event, facts.Died)
         hows.append(ran.event.how)
         attempt = dataclasses.replace(request, timeout=left)
-    outcome = messages.said(ran, _kind(place), mode, request.timeout,
+    outcome = messages.said(ran, place.kind, mode, request.timeout,
                             state_lost=lost and mode != "stateless", attempts=len(tried),
                             hows=hows)
     if faults.retried(tried):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..core.facts import Ran
+from ..core.messages import PlaceKind
 from ..core.results import DEFAULT_OUTPUT_LIMIT, OutputBuffer
 from ..core.terminal import QueryFilter
 
@@ -188,7 +189,7 @@ class Place(Protocol):
     event ``Died`` of the attempt's :class:`Ran`.
     """
 
-    kind: str
+    kind: PlaceKind
     retries: bool
 
     def open_session(self) -> Session:

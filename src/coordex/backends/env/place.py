@@ -15,6 +15,7 @@ from typing import Any
 
 from ...core import messages
 from ...core.facts import Ran
+from ...core.messages import PlaceKind
 from ..base import RunRequest
 
 
@@ -28,7 +29,7 @@ class EnvironmentPlace:
     environment (``VIRTUAL_ENV`` and ``PATH`` set).
     """
 
-    kind = "worker"
+    kind: PlaceKind = "worker"
     retries = True
 
     def __init__(self, python: Callable[[], str | Path], env: Callable[[], dict[str, str]],

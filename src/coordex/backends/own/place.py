@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...core.facts import Ran
+from ...core.messages import PlaceKind
 from ...worker import _coordex_copy as copier
 from .. import isolation
 from ..base import RunRequest
@@ -94,7 +95,7 @@ class OwnSession:
 class OwnPlace:
     """Python in the agent's own interpreter: one :class:`OwnInterpreter` per Executor."""
 
-    kind = "own"
+    kind: PlaceKind = "own"
     retries = False  # nothing here can die and be replaced: it is the agent's process
 
     def __init__(self, session_globals: GlobalsProvider, capabilities: Any,

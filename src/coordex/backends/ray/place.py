@@ -429,7 +429,7 @@ class RayPlace:
         self.cluster = cluster
         self.language = language
         # Python on a node is retried once after a death, bash never (SPEC 6).
-        self.kind = "cluster"
+        self.kind: messages.PlaceKind = "cluster"
         self.retries = language == "python"
         self.env = env
         self.progress = progress

@@ -21,6 +21,7 @@ from typing import Any
 from ...core import facts, messages
 from ...core.errors import storage_error
 from ...core.facts import Ran
+from ...core.messages import PlaceKind
 from ...diskspace import free_bytes
 from .. import _reap, isolation
 from ..base import RunRequest
@@ -413,7 +414,7 @@ class ShellPlace:
     their commands) at once, and those calls return a ``crashed`` error dict.
     """
 
-    kind = "shell"
+    kind: PlaceKind = "shell"
     retries = False  # shell commands are rarely safe to run twice (SPEC 6)
 
     def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
