@@ -3,9 +3,13 @@
 
 Blocks of calls alternate between the two executors so drift (CPU frequency, other
 load) hits both alike. The per-call p50 is the figure the log must keep at or below
-30 us. Each call's row is committed before the call returns (so a killed process loses
-no returned call); the mean per call of whole blocks also carries the checkpoints the
-log's own thread runs every few hundred rows.
+30 us. Each call's row is in the log's journal before the call returns (so a killed
+process loses no returned call) and in the SQLite file a few milliseconds later, moved
+there by the log's own thread; the mean per call of whole blocks also carries that
+thread's work (the inserts, and the checkpoints every few hundred rows) where it takes
+the CPU the calls need. The p50 moves by several microseconds from run to run with the
+CPUs the threads wake on: run it a few times (``taskset -c 1`` holds it steady, and
+puts the log's thread on the calls' CPU).
 
 Run: python benchmarks/bench_log.py [--calls N] [--rounds R]
 """
