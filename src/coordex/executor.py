@@ -60,7 +60,7 @@ from .core.shapes import (
 )
 from .log import LOG_FILE, CallLog
 from .log.calls import log_off_error, note_changes, record_call
-from .log.running import RunningCalls, interrupted_by_a_person, where
+from .log.running import RunningCalls, where
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -279,7 +279,9 @@ class Executor:
         else:
             result = self._shape(outcome, session, coordinate, started)
             if running.interrupted:  # a person stopped it from the page
-                result = interrupted_by_a_person(result)
+                result = messages.stopped_by(result, "person")
+            elif cancel is not None and cancel.is_set():  # its caller cancelled it
+                result = messages.stopped_by(result, "caller")
         asked = None if coordinate is not None else (language, state_mode, session_id,
                                                       session_name, venv_id)
         result = record_call(self._call_log, result, code, coordinate, seq, asked)

@@ -162,6 +162,35 @@ def after_a_retry(error: str) -> str:
             + error)
 
 
+# How a timeout's error begins (:func:`timeout`): a call stopped by a person or by its
+# caller is interrupted as at its timeout (SPEC 6), but not for taking too long.
+_TIMEOUT_HEAD = re.compile(r"^The code ran past its timeout of [0-9.]+ ?[a-z]*")
+
+_STOPPED_BY = {
+    "person": ("The call was interrupted by the person watching (from the page)",
+               "It was stopped on purpose, not for taking too long: do not run it again as "
+               "it was. Read its output so far (stdout, stderr), then ask, or change "
+               "course."),
+    "caller": ("The call was cancelled by its caller (the client cancelled the request)",
+               "It was stopped on purpose, not for taking too long: run it again only if "
+               "it is still wanted; its output so far is in stdout and stderr."),
+}
+
+
+def stopped_by(result: dict[str, Any], who: Literal["person", "caller"]) -> dict[str, Any]:
+    """``result`` of a call that ``who`` stopped, worded so: its ``timeout`` error says
+    who stopped it, not its timeout, and what to do instead of running it again with a
+    larger timeout. Other results pass unchanged."""
+    if result.get("error_type") != "timeout":
+        return result
+    error = str(result.get("error") or "")
+    head = _TIMEOUT_HEAD.match(error)
+    words, suggestion = _STOPPED_BY[who]
+    result["error"] = words + (error[head.end():] if head else ". " + error)
+    result["suggestion"] = suggestion
+    return result
+
+
 def killed_by(signal_number: int) -> str:
     """How a process a signal ended is named in every message: one spelling."""
     import signal

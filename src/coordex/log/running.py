@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import re
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..core import messages
 from ..core.errors import CoordexError
 
 OnOutput = Callable[[str, str], None]
@@ -178,27 +178,6 @@ class RunningCalls:
         return {"interrupted": True, "seq": call.seq, "id": call.id, "session": call.where}
 
 
-# How a timeout's error begins (coordex.core.messages.timeout); an interrupt from the
-# page is one (SPEC 6: cancel interrupts as a timeout does), but not the code's fault.
-_TIMEOUT_HEAD = re.compile(r"^The code ran past its timeout of [0-9.]+ ?[a-z]*")
-
-
-def interrupted_by_a_person(result: dict[str, Any]) -> dict[str, Any]:
-    """``result`` of a call a person interrupted from the page, worded so: its
-    ``timeout`` error says who stopped it (not its timeout) and what to do instead of
-    running it again with a larger timeout. Other results pass unchanged."""
-    if result.get("error_type") != "timeout":
-        return result
-    error = str(result.get("error") or "")
-    head = _TIMEOUT_HEAD.match(error)
-    result["error"] = "The call was interrupted by the person watching (from the page)" + (
-        error[head.end():] if head else ". " + error)
-    result["suggestion"] = (
-        "It was stopped on purpose, not for taking too long: do not run it again as it "
-        "was. Read its output so far (stdout, stderr), then ask, or change course.")
-    return result
-
-
 def where(language: Any, venv_id: Any, session_id: Any, session_name: Any,
           state_mode: Any) -> dict[str, Any]:
     return {"language": language, "venv_id": venv_id, "session_id": session_id,
@@ -237,7 +216,7 @@ class Watch:
 
     def done(self, result: Any) -> Any:
         if self._call is not None and self._call.interrupted and isinstance(result, dict):
-            return interrupted_by_a_person(result)
+            return messages.stopped_by(result, "person")
         return result
 
 
