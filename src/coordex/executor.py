@@ -287,9 +287,9 @@ class Executor:
         result = record_call(self._call_log, result, code, coordinate, seq, asked)
         if self._persist is not None and coordinate is not None and \
                 coordinate.state_mode == "stateful":
-            from .log.calls import last_seq
+            from .log.calls import last_row
 
-            self._persist.after_call(result, last_seq())
+            self._persist.after_call(result, last_row())
         return result
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:

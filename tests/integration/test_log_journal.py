@@ -20,7 +20,7 @@ import pytest
 
 from coordex import Executor
 from coordex.log import LOG_FILE, journal, store
-from coordex.log.calls import last_seq, record_call
+from coordex.log.calls import last_row, record_call
 from coordex.log.journal import Journal, parse_line
 from coordex.log.store import CallLog, LogReader, SQLiteWriter
 
@@ -125,8 +125,10 @@ def test_the_seq_of_a_row_still_in_the_journal_is_known_on_asking(root: Path, he
     try:
         result = {"result": "2", "duration_ms": 0.1, "state_mode": "stateless"}
         record_call(log, result, "1 + 1", None)
-        seq = last_seq()  # what a snapshot of a kept session is marked with
-        assert isinstance(seq, int)
+        row = last_row()  # what a snapshot of a kept session is marked with
+        assert row.written and LogReader(log.path).query("SELECT seq FROM calls") == []
+        seq = row.seq()
+        assert isinstance(seq, int) and row.seq() == seq
         assert log.query("SELECT seq, code FROM calls") == [{"seq": seq, "code": "1 + 1"}]
     finally:
         log.close()

@@ -159,15 +159,33 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
     return result
 
 
-def last_seq() -> int | None:
-    """The seq of the row :func:`record_call` wrote last on this thread (once); a row
-    still in the journal is written to the file first."""
+class LoggedRow:
+    """The row :func:`record_call` wrote for a call: whether it was written, and its
+    ``seq``, found only when asked (a row still in the journal is moved into the file
+    first: a commit, which is why most calls never ask)."""
+
+    def __init__(self, noted: Any = None) -> None:
+        self._noted = noted  # a seq, (log, the journal's entry), or None: not written
+
+    @property
+    def written(self) -> bool:
+        if isinstance(self._noted, tuple):
+            entry = self._noted[1]
+            return entry is not None and not (entry.done and entry.seq is None)
+        return self._noted is not None
+
+    def seq(self) -> int | None:
+        if isinstance(self._noted, tuple):
+            log, entry = self._noted
+            self._noted = log.seq_of(entry) if entry is not None else None
+        return self._noted
+
+
+def last_row() -> LoggedRow:
+    """The row :func:`record_call` wrote last on this thread (once)."""
     noted = getattr(_notes, "seq", None)
     _notes.seq = None
-    if isinstance(noted, tuple):
-        log, entry = noted
-        return log.seq_of(entry) if entry is not None else None
-    return noted
+    return LoggedRow(noted)
 
 
 def _as_asked(asked: tuple[Any, ...]) -> tuple[Any, ...]:

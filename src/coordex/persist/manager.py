@@ -37,6 +37,7 @@ from typing import Any
 from ..backends.base import RunRequest
 from ..core.coordinates import SessionKey
 from ..core.errors import make_error
+from ..log.calls import LoggedRow
 from ..log.rebuild import replayable
 from ..worker import _coordex_snapshot as snap
 from . import kinds
@@ -149,8 +150,10 @@ class Persistence:
         and whether it changed names (read by :meth:`after_call`)."""
         self._notes.call, self._notes.changed = call, changed
 
-    def after_call(self, result: dict[str, Any], seq: int | None) -> None:
-        """A stateful call's result was logged as row ``seq``: keep its session."""
+    def after_call(self, result: dict[str, Any], row: LoggedRow) -> None:
+        """A stateful call's result was logged as ``row``: keep its session. The row's
+        seq is asked for only when a snapshot is marked or started with it (a row still
+        in the log's journal is moved into the file for it)."""
         call, changed = getattr(self._notes, "call", None), getattr(self._notes, "changed", False)
         self._notes.call = None
         if call is None:
@@ -171,29 +174,35 @@ class Persistence:
                 fresh = not item.held
                 item.held = True
                 item.identity = identity
-        if seq is None:
-            if self._log is not None:
-                return  # the row could not be written: its call is not counted on
-            seq = 0  # no log: the snapshot alone keeps the session
+        if self._log is None:
+            row = LoggedRow(0)  # no log: the snapshot alone keeps the session
+        elif not row.written:
+            return  # the row could not be written: its call is not counted on
         if result.get("state_lost"):
             # Its state was lost before this call; the calls from here on build it. The
             # snapshot stays: with the calls before the loss it is what rebuild_session
             # brings back (a restore sees the loss in the log and replays after it).
-            if self.store.meta(identity) is None:
-                self._try(lambda: self.store.mark(identity, seq + 1, self._owner))
+            lost_at = row.seq() if self.store.meta(identity) is None else None
+            if lost_at is not None:
+                since = lost_at + 1
+                self._try(lambda: self.store.mark(identity, since, self._owner))
             with self._lock:
                 item.dirty = True
             return
         if "error_type" in result:
             return
         if fresh and self.store.meta(identity) is None:
-            self._try(lambda: self.store.mark(identity, seq, self._owner))
+            first = row.seq()
+            if first is None:
+                return
+            self._try(lambda: self.store.mark(identity, first, self._owner))
         with self._lock:
             # Any call may have changed objects in place; only one that rebound names
             # starts a snapshot before close.
             item.dirty = True
             due = changed and time.monotonic() - item.last_snapshot >= self.interval
-        if due:
+        seq = row.seq() if due else None
+        if seq is not None:
             # Started before this call returns, so no later call of this thread comes
             # first; by this object's thread, which outlives any caller's thread (a
             # fork of the own interpreter dies with the thread that made it).
