@@ -34,13 +34,12 @@ HELD = textwrap.dedent("""
     ex = Executor(root=sys.argv[1])
     for i in range(int(sys.argv[3])):
         ex.execute_code(f"n = {i}", state_mode="stateful", session_name="s")
-    pid = os.fork()
-    if pid == 0:  # a read-only copy's kind of child: it must not keep its parent's lock
+    if os.fork() == 0:  # a read-only copy's kind of child: it must not keep the lock
+        os.write(int(sys.argv[2]), f"{os.getpid()}\\n".encode())  # its fork hooks ran
         os.close(int(sys.argv[2]))
         import time
         time.sleep(60)
         os._exit(0)
-    os.write(int(sys.argv[2]), f"{pid}\\n".encode())
     import threading
     threading.Event().wait()
 """)
