@@ -359,7 +359,7 @@ def _error(event: facts.Event, place: PlaceKind, mode: Mode, seconds: float, att
                 "did not run.", "The session itself is unchanged: run the read-only call "
                 "again (if the reason names processes or memory, free some first).")
         return make_error(
-            "crashed", f"Could not start the session's {WORDS[place].process}: "
+            "crashed", f"Could not start the {WORDS[place].process} for this call: "
             f"{event.reason}.", "Check that the program exists and the machine has free "
             "processes and memory, then run the call again.")
     assert isinstance(event, facts.Busy)
