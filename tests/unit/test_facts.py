@@ -41,3 +41,11 @@ def test_a_bash_copys_names_are_asked_before_they_cross() -> None:
     ran = dataclasses.replace(FULL, rebound=lambda: (["v"], ["w"]))
     wire = facts.to_wire(ran)
     assert (wire["rebound"], wire["deleted"]) == (["v"], ["w"])
+
+
+def test_a_node_answer_this_coordex_cannot_read_is_a_lost_node_not_an_exception() -> None:
+    from coordex.backends.ray.place import _unwrap
+
+    for wire in ({"event": {"kind": "Teleported"}}, {"event": {"kind": "Ok"}, "mood": 1}):
+        event = _unwrap({"ran": wire}).event
+        assert isinstance(event, facts.Died) and event.what == "node" and event.taken

@@ -638,7 +638,12 @@ def _unwrap(reply: dict[str, Any]) -> Ran:
         error = dict(reply["raise"])
         return Ran(facts.StartFailed(error=CoordexError(
             error.pop("error_type"), error.pop("error"), error.pop("suggestion"), **error)))
-    return facts.from_wire(reply["ran"])
+    try:
+        return facts.from_wire(reply["ran"])
+    except (KeyError, TypeError, ValueError) as exc:  # never an exception out of a call
+        return Ran(facts.Died("node", f"the node answered in a form this coordex does not "
+                              f"read ({type(exc).__name__}: {exc}; is it another version?)",
+                              taken=True))
 
 
 def _node_died(lost: NodeLost) -> facts.Died:
