@@ -263,3 +263,37 @@ def test_a_stopped_shell_costs_a_call_its_timeout_and_the_grace_not_more(ex: Exe
     again = ex.execute_code('echo "[$x]"', language="bash", state_mode="stateful",
                             session_name="stopped")
     assert again["stdout"] == "[]\n" and not again.get("state_lost"), again  # reported once
+
+
+IGNORING_HOST = r"""
+import json, sys, tempfile
+from coordex import Executor
+with Executor(root=tempfile.mkdtemp()) as ex:
+    out = {}
+    for language, setup, slow, show in (
+            ("bash", "kept=yes", "sleep 30", "echo $kept"),
+            ("python", "kept = 'yes'", "import time\nwhile True: time.sleep(0.01)", "print(kept)")):
+        ex.execute_code(setup, language=language, state_mode="stateful")
+        r = ex.execute_code(slow, language=language, state_mode="stateful", timeout=0.5)
+        after = ex.execute_code(show, language=language, state_mode="stateful")
+        out[language] = [r.get("error_type"), r.get("state_lost"), after.get("stdout")]
+    print(json.dumps(out))
+"""
+
+
+def test_a_host_that_ignores_sigint_still_interrupts_its_sessions() -> None:
+    """A host started in the background of a script (or under nohup) inherits SIGINT
+    ignored; its shells and workers must not, or no timeout could interrupt them and
+    every one would cost the session its state."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", IGNORING_HOST], capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # noqa: PLW1509
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"bash": ["timeout", False, "yes\n"],
+                     "python": ["timeout", False, "yes\n"]}, found

@@ -94,12 +94,24 @@ def without_owned_mark(env: Any) -> Any:
 
 
 def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen`` in a new session, registered with the keeper."""
+    """``subprocess.Popen`` in a new session, registered with the keeper.
+
+    A host that ignores SIGINT (started in the background of a script, or under
+    ``nohup``) would hand that on, and a shell cannot take back a signal it was started
+    ignoring: no timeout could interrupt it. Then (only then: it costs the fast spawn)
+    the process gets SIGINT back to its default before it starts.
+    """
     popen["start_new_session"] = True
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and "preexec_fn" not in popen:
+        popen["preexec_fn"] = _default_sigint
     popen["env"] = without_owned_mark(popen.get("env"))
     proc: subprocess.Popen[Any] = subprocess.Popen(list(argv), **popen)
     keeper().watch(proc.pid)
     return proc
+
+
+def _default_sigint() -> None:  # in the child, between fork and exec
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run(argv: Sequence[str], what: str, *, timeout: float, check: bool = False,
