@@ -292,7 +292,7 @@ def test_a_host_that_ignores_sigint_still_interrupts_its_sessions() -> None:
 
     done = subprocess.run(
         [sys.executable, "-c", IGNORING_HOST], capture_output=True, text=True, timeout=120,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # noqa: PLW1509
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {"bash": ["timeout", False, "yes\n"],
