@@ -99,7 +99,8 @@ CREATE TABLE IF NOT EXISTS calls (
     retried INTEGER NOT NULL DEFAULT 0,
     isolation TEXT,
     changed TEXT,
-    replay_of INTEGER
+    replay_of INTEGER,
+    stdout TEXT, stderr TEXT, result TEXT, error TEXT, suggestion TEXT, traceback TEXT
 );
 DROP INDEX IF EXISTS calls_by_session;
 DROP INDEX IF EXISTS calls_by_name;
@@ -387,7 +388,12 @@ class SQLiteWriter:
                 have = {r[1] for r in conn.execute("PRAGMA table_info(calls)")}
                 for column in _RETURNED:
                     if column not in have:  # a log written before these columns existed
-                        conn.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
+                        try:
+                            conn.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
+                        except sqlite3.OperationalError as exc:
+                            # Another process opening the same old log added it first.
+                            if "duplicate column" not in str(exc):
+                                raise
             except BaseException:
                 conn.close()
                 raise
