@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +42,22 @@ def child_pids(pid: int | None = None) -> set[int]:
         frontier = {c for c, p in parents.items() if p in frontier and c not in found}
         found |= frontier
     return found
+
+
+def run_then_kill(script: str, *args: str, **popen: object) -> None:
+    """Run ``script`` (``python -c``) with ``args`` and the write end of a pipe as its last
+    argument; once it writes ``done`` there, SIGKILL it and its whole session, as a host
+    dies without closing."""
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", script, *args, str(write_end)],
+                            pass_fds=(write_end,), start_new_session=True, **popen)  # type: ignore[call-overload]
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as report:
+            assert report.readline() == b"done\n"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def alive(pid: int) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from coordex import Executor
-from tests.conftest import assert_no_new_children, child_pids
+from tests.conftest import assert_no_new_children, child_pids, run_then_kill
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -219,17 +218,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("interval", [2.0, 3600.0])
 def test_after_a_sigkill_nothing_a_returned_result_showed_is_lost(
         root: Path, tmp_path: Path, interval: float, no_leftovers: None) -> None:
-    read_end, write_end = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(interval),
-                             str(write_end)], pass_fds=(write_end,), cwd=os.getcwd(),
-                            start_new_session=True)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as report:
-            assert report.readline() == b"done\n"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    run_then_kill(CHILD, str(root), str(interval), cwd=os.getcwd())
     with Executor(root=root, persist=True) as ex:
         py = _ok(ex.execute_code("(n, bump(n))", state_mode="stateful", session_name="py"))
         sh = _ok(ex.execute_code("echo $N; twice", language="bash", state_mode="stateful",
@@ -440,16 +429,7 @@ REBUILT_THEN_KILLED = textwrap.dedent("""
 
 def test_a_rebuilt_session_comes_back_after_a_sigkill_as_it_was(root: Path,
                                                                 no_leftovers: None) -> None:
-    read_end, write_end = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", REBUILT_THEN_KILLED, str(root),
-                             str(write_end)], pass_fds=(write_end,), start_new_session=True)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as report:
-            assert report.readline() == b"done\n"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    run_then_kill(REBUILT_THEN_KILLED, str(root))
     with Executor(root=root, persist=True) as ex:
         r = _ok(ex.execute_code("echo $X", language="bash", state_mode="stateful",
                                 session_name="sh"))

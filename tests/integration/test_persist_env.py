@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordex import Executor
-from tests.conftest import assert_no_new_children, child_pids
+from tests.conftest import assert_no_new_children, child_pids, run_then_kill
 from tests.fakes.wheels import ledgerlib_wheel, requirement
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -101,16 +98,7 @@ def test_after_a_sigkill_an_environment_session_is_its_snapshot_plus_its_later_c
         venv = ex.environments.create("", name="bare")["venv_id"]
         assert ex.environments.build(venv).get("built") is True
     before = child_pids()
-    read_end, write_end = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(venv), str(write_end)],
-                            pass_fds=(write_end,), start_new_session=True)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as report:
-            assert report.readline() == b"done\n"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    run_then_kill(CHILD, str(root), str(venv))
     time.sleep(0.5)
     with Executor(root=root, persist=True) as ex:
         r = _ok(ex.execute_code("(n, bump(n))", state_mode="stateful", venv_id=venv,
