@@ -199,6 +199,35 @@ def _load_mcp_sdk(failed: list[BaseException]) -> None:
         failed.append(exc)
 
 
+# The MCP SDK is the `mcp` extra of coordex-slim (the `coordex` distribution has it): a
+# library-only install says how to add the server before anything starts.
+MCP_SDK = "mcp>=2.3,<3"
+SERVER_INSTALL = ("pip install coordex  (or: pip install 'coordex-slim[mcp]'; "
+                  "or run it without installing: uvx coordex mcp)")
+
+
+def missing_server_sdk() -> str | None:
+    """Why ``coordex mcp`` / ``serve`` cannot run here (no MCP SDK 2.x), or None."""
+    import importlib.metadata
+    import importlib.util
+
+    from packaging.requirements import Requirement
+
+    if importlib.util.find_spec("mcp") is None:
+        found = "is not installed"
+    else:
+        try:
+            version = importlib.metadata.version("mcp")
+        except importlib.metadata.PackageNotFoundError:
+            return None  # an unpackaged SDK on the path: let the import decide
+        if Requirement(MCP_SDK).specifier.contains(version, prereleases=True):
+            return None
+        found = f"is version {version}"
+    return (f"the MCP server needs the MCP SDK ({MCP_SDK}), which {found} in this "
+            f"environment ({sys.executable}). Install the server: {SERVER_INSTALL}. The "
+            "library (import coordex, Executor) works without it.")
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     import threading
 
@@ -820,6 +849,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.func in (cmd_mcp, cmd_serve) and (why := missing_server_sdk()) is not None:
+        _say(why)
+        return EXIT_FAILURE
     try:
         code: int = args.func(args)
         return code
