@@ -103,6 +103,9 @@ class Executor:
         environments_manager: the environment manager to use instead of one made from
             ``root``, ``envs_dir`` and ``build_timeout`` (a confined host passes one whose
             builds run in its builder process).
+        records: where the call log and the function library are written, instead of
+            files under ``root`` (a confined host passes its owner's writer, so the
+            tenant's code cannot change its own log).
         persist: keep sessions on disk under ``root/snapshots`` so they outlive this
             process (SPEC section 12): a later Executor on the same ``root`` restores a
             session on its first call, from its last snapshot plus the stateful calls
