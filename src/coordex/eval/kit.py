@@ -390,7 +390,15 @@ def read_blocks(path: str) -> bytearray:
     seed, size = _seed_file(path)
     import random
 
-    return bytearray(random.Random(seed).randbytes(size))
+    # One random MiB repeated, and each block's first four bytes (its reading) its own.
+    rng, chunk = random.Random(seed), 1 << 20
+    pattern = rng.randbytes(chunk)
+    blocks = bytearray(size)
+    for start in range(0, size, chunk):
+        blocks[start:start + chunk] = pattern[:size - start]
+    for start in range(0, size, BLOCK):
+        blocks[start:start + 4] = rng.randbytes(4)
+    return blocks
 
 
 def load_blocks(path: str) -> bytearray:
