@@ -122,6 +122,9 @@ def test_the_library_alone_runs_without_the_mcp_sdk(wheelhouse: Path, tmp_path: 
     assert server.returncode == 1
     assert "pip install coordex" in server.stderr and "coordex-slim[mcp]" in server.stderr
     assert server.stdout == ""  # nothing on the MCP wire
+    # The README's first command: `pip install .` (this library) then `coordex demo`.
+    demo = _run([str(python.with_name("coordex")), "demo"], env, cwd=tmp_path)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
 
 
 def test_the_server_wheel_installs_in_a_fresh_venv_and_runs_the_demo(
