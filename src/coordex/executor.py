@@ -96,7 +96,7 @@ class Executor:
             joined, the constructor raises ``ValueError`` saying what to do, as it does
             for any bad constructor argument.
         own_on_caller_thread: run own-interpreter code on the calling thread when that
-            is the main thread (about 30 us less per call). The trade: a timeout then
+            is the main thread (one thread hand-off less per call). The trade: a timeout then
             returns only once code blocked in C that retries on signals (``os.system``,
             a long BLAS call) or code that catches every interrupt lets go; by default
             the code runs on a runner thread and the timeout always returns.

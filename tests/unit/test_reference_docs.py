@@ -137,6 +137,13 @@ def test_no_hand_written_page_states_a_measured_figure(page: Path) -> None:
     assert not found, f"{page.name} states measured figures {found[:5]}: generate them"
 
 
+@pytest.mark.parametrize("name", sorted(coordex_docs.PAGES))
+def test_no_generated_page_states_a_measured_figure_either(name: str) -> None:
+    # The generated pages quote docstrings and descriptions: a figure there is one too.
+    found = MEASURED.findall(coordex_docs.PAGES[name]())
+    assert not found, f"{name} quotes measured figures {found[:5]} from the code's words"
+
+
 @pytest.mark.parametrize("page", HAND_WRITTEN, ids=lambda p: p.name)
 def test_no_hand_written_page_copies_a_generated_table(page: Path) -> None:
     text = page.read_text()
