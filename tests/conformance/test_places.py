@@ -387,3 +387,57 @@ def test_a_result_holds_the_specs_keys_and_no_others(at: At) -> None:
                             ("read_only", {"session_name": "k"}, {"isolation"})):
         r = at.run(at.place.set_v, state_mode=mode, **kw)
         assert set(r) == RESULT_KEYS | extra, (mode, r)
+
+
+# -- branches and checkpoints (SPEC 15: the Forkable and Checkpointable capabilities) -------
+
+
+def test_fork_copies_state_and_never_touches_the_source(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="src")
+    forked = at.ex.fork_session(session_name="src", language=at.place.language,
+                                venv_id=at.venv_id, new_name="trial")
+    assert forked["session"] == {"language": at.place.language, "venv_id": at.venv_id,
+                                 "session_id": 2, "session_name": "trial"}
+    assert forked["from"]["session_name"] == "src"
+    assert "shared" in forked["files"] and forked["left_out"] == []
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="trial")["stdout"] == "41\n"
+    at.run(at.place.change_v, state_mode="stateful", session_name="trial")
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="src")["stdout"] == "41\n"
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="trial")["stdout"] == "99\n"
+    names = {s["session_name"] for s in at.ex.list_sessions()["sessions"]}
+    assert {"src", "trial"} <= names
+
+
+def test_fork_to_a_name_in_use_names_a_free_one(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="src")
+    at.run(at.place.set_v, state_mode="stateful", session_name="taken")
+    r = at.ex.fork_session(session_name="src", language=at.place.language,
+                           venv_id=at.venv_id, new_name="taken")
+    assert r["error_type"] == "validation" and "new_name='taken-2'" in r["suggestion"]
+    assert at.ex.fork_session(session_name="nope", language=at.place.language,
+                              venv_id=at.venv_id, new_name="x")["error_type"] == "not_found"
+
+
+def test_checkpoint_then_restore_undoes_later_steps(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    made = at.ex.checkpoint_session(**at.where(session_name="s"), label="before")
+    assert made["checkpoint"].startswith("cp-") and made["label"] == "before"
+    assert made["bytes"] > 0 and made["left_out"] == [] and made["ms"] >= 0
+    at.run(at.place.change_v, state_mode="stateful", session_name="s")
+    back = at.ex.restore_session(**at.where(session_name="s"), checkpoint=made["checkpoint"])
+    assert back["restored"] is True and "not touched" in back["files"]
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="s")["stdout"] == "41\n"
+    listed = at.ex.list_checkpoints(**at.where(session_name="s"))["checkpoints"]
+    assert [c["checkpoint"] for c in listed] == [made["checkpoint"]]
+    at.ex.close_session(**at.where(session_name="s"))
+    assert at.ex.list_checkpoints(**at.where(session_name="s"))["error_type"] == "not_found"
+
+
+def test_a_checkpoint_of_another_session_is_refused(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="a")
+    at.run(at.place.set_v, state_mode="stateful", session_name="b")
+    made = at.ex.checkpoint_session(**at.where(session_name="a"))
+    r = at.ex.restore_session(**at.where(session_name="b"), checkpoint=made["checkpoint"])
+    assert r["error_type"] == "validation" and "belongs to another session" in r["error"]
+    r = at.ex.restore_session(**at.where(session_name="b"), checkpoint="cp-00000000")
+    assert r["error_type"] == "not_found"

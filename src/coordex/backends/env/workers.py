@@ -38,6 +38,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -58,7 +59,8 @@ from ...protocol import (
 )
 from ...worker import _coordex_copy as copier
 from .. import _reap
-from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Written
+from . import branches
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
@@ -619,6 +621,28 @@ class WorkerSession:
             if reply.died or reply.worker_killed:
                 self._replace_quietly()
             return reply.message
+
+    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+
+    def fork(self, timeout: float) -> Forked:
+        return branches.fork(self, timeout)
+
+    def start_checkpoint(self, folder: str, max_bytes: int) -> Callable[[float], Written]:
+        return branches.start_checkpoint(self, folder, max_bytes)
+
+    def restore_checkpoint(self, folder: str, timeout: float) -> Written:
+        return branches.restore_checkpoint(self, folder, timeout)
+
+    def sibling(self) -> WorkerSession:
+        """A new session of the same environment, working folder and capabilities."""
+        return WorkerSession(self._python, env=self._env, cwd=self._cwd,
+                             capabilities=self._capabilities,
+                             start_timeout=self._start_timeout)
+
+    def start_over(self) -> None:
+        """Replace the worker with a fresh one (an empty namespace)."""
+        with self._lock:
+            self._replace_quietly()
 
     def close(self) -> None:
         """End the worker (and everything it started); idempotent, safe from any thread."""
