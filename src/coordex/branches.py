@@ -105,11 +105,19 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
             except BaseException:
                 table.release(new_key)
                 raise
-        if not table.install(new_key, forked.session, key):
+        lock = table.lock_of(new_key)
+        if lock is None or not lock.acquire(timeout=ex.timeout) or \
+                not table.install(new_key, forked.session, key):
             forked.session.close()
             table.release(new_key)
             raise CoordexError("not_found", "The executor closed while the fork was made.",
                                "Open a new Executor.")
+        try:
+            if ex._persist is not None:  # kept from its first moment (SPEC 12)
+                with contextlib.suppress(Exception):
+                    ex._persist.adopt(table.record(new_key), forked.session)
+        finally:
+            lock.release()
         return {"session": table.record(new_key), "from": source, "ms": _ms(started),
                 "copy": forked.copy, "left_out": list(forked.left_out), "files": FILES_SHARED}
     except CoordexError as exc:
@@ -266,11 +274,12 @@ def restore_session(ex: Executor, language: Any, session_id: Any, session_name: 
                         "with rebuild_session, or restore another checkpoint.",
                         session=record, state_lost=True)
                 outcome = {"rebound": list(report.get("names") or [])}
+                if ex._persist is not None:  # what is kept of it on disk starts here
+                    with contextlib.suppress(Exception):
+                        ex._persist.forget(identity)
+                        ex._persist.adopt(record, session)
             finally:
                 ex._table.finish(key, call, outcome)
-        if ex._persist is not None:  # what is kept of it on disk starts from here
-            with contextlib.suppress(Exception):
-                ex._persist.forget(identity)
         return {"restored": True, "checkpoint": checkpoint, "label": info.get("label"),
                 "at": info.get("at"), "session": record, "ms": _ms(started),
                 "left_out": list(report.get("left_out") or []), "files": FILES_UNTOUCHED}

@@ -247,6 +247,12 @@ class SessionTable:
                 entry.calls, entry.bindings = source.calls, dict(source.bindings)
             return True
 
+    def lock_of(self, key: SessionKey) -> threading.Lock | None:
+        """The lock that serialises the calls of ``key``'s session."""
+        with self.lock:
+            slot = self._slots.get(key)
+            return slot.lock if slot is not None else None
+
     def release(self, key: SessionKey) -> None:
         """Give back a reservation whose session never came."""
         with self.lock:
