@@ -443,6 +443,10 @@ def test_a_checkpoint_of_another_session_is_refused(at: At) -> None:
     assert r["error_type"] == "validation" and "belongs to another session" in r["error"]
     r = at.ex.restore_session(**at.where(session_name="b"), checkpoint="cp-00000000")
     assert r["error_type"] == "not_found"
+    other = "bash" if at.place.language == "python" else "python"  # same name, other place
+    at.ex.execute_code("x=1", language=other, state_mode="stateful", session_name="a")
+    r = at.ex.restore_session(language=other, session_name="a", checkpoint=made["checkpoint"])
+    assert r["error_type"] == "validation" and "belongs to another session" in r["error"]
 
 
 def test_a_fork_beyond_max_sessions_is_a_capacity_error(tmp_path: Path) -> None:
