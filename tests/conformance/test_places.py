@@ -497,3 +497,23 @@ def _runs(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def test_what_cannot_be_kept_is_named_in_left_out(at: At) -> None:
+    if at.place.language != "python":
+        pytest.skip("a shell's state is text: nothing is left out")
+    at.run("import threading\nlock = threading.Lock()\nv = 41", state_mode="stateful",
+           session_name="s")
+    forked = at.ex.fork_session(session_name="s", venv_id=at.venv_id, new_name="f")
+    # A process fork carries everything; a copy by value names what it could not carry.
+    carried = forked["copy"] == "process"
+    assert forked["left_out"] == ([] if carried else ["lock"])
+    shown = at.run("print('lock' in globals())", state_mode="stateful", session_name="f")
+    assert shown["stdout"] == f"{carried}\n"
+    made = at.ex.checkpoint_session(**at.where(session_name="s"))
+    assert made["left_out"] == ["lock"]
+    at.run("v = 99", state_mode="stateful", session_name="s")
+    back = at.ex.restore_session(**at.where(session_name="s"), checkpoint=made["checkpoint"])
+    assert back["left_out"] == ["lock"]
+    shown = at.run("print(v, 'lock' in globals())", state_mode="stateful", session_name="s")
+    assert shown["stdout"] == "41 False\n"
