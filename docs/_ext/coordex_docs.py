@@ -11,7 +11,9 @@ function here returns, and the hand-written pages ``{include}`` them:
 - ``call-endings.md``: every event a place reports (``core/facts.py``) in every mode, as
   ``core/messages.said`` words it, with the ``state_lost`` the core decides;
 - ``cli.md``: ``coordex --help`` and every command's help, from the argument parser;
-- ``executor-options.md``: the ``Executor`` constructor's options and defaults.
+- ``executor-options.md``: the ``Executor`` constructor's options and defaults;
+- ``view.md``: what a confined host's file view holds (``hosting/view.py``);
+- ``benchmarks.md``: the benchmarks ``benchmarks/run.py`` runs and the goals it holds.
 
 ``tests/unit/test_reference_docs.py`` holds these pages to the code.
 """
@@ -23,6 +25,7 @@ import inspect
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -316,7 +319,37 @@ def view_page() -> str:
     return "".join(out)
 
 
+def _bench_runner() -> Any:
+    """``benchmarks/run.py`` loaded as a module (it is a script, not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+    spec = importlib.util.spec_from_file_location("coordex_bench_run", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def benchmarks_page() -> str:
+    """What ``benchmarks/run.py`` runs (by default, or with ``--all``) and its goals."""
+    run = _bench_runner()
+    out = [GENERATED_NOTE, "| script | measures | runs | the code it covers |\n"
+           "|---|---|---|---|\n"]
+    for bench in run.BENCHES:
+        command = " ".join([f"{bench.script}.py", *bench.args])
+        covers = ", ".join(f"`{c}`" for c in bench.covers)
+        out.append(f"| `{command}` | {_cell(bench.what)} | "
+                   f"{'by default' if bench.default else 'with `--all`'} | {covers} |\n")
+    out.append("\n| goal | held to |\n|---|---|\n")
+    for goal in run.GOALS:
+        out.append(f"| {_cell(goal.what)} | {_cell(goal.goal())} |\n")
+    return "".join(out)
+
+
 PAGES: dict[str, Callable[[], str]] = {
+    "benchmarks.md": benchmarks_page,
     "view.md": view_page,
     "tools.md": tools_page,
     "tool-formats.md": tool_formats_page,
