@@ -24,6 +24,8 @@ def _build(tmp_path: Path, plant: str | None = None,
     shutil.copytree(ROOT / "docs", tmp_path / "docs",
                     ignore=shutil.ignore_patterns("_build", "generated"))
     shutil.copy(ROOT / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
+    (tmp_path / "benchmarks").mkdir()  # its runner's list is a generated page
+    shutil.copy(ROOT / "benchmarks" / "run.py", tmp_path / "benchmarks" / "run.py")
     if plant is not None:
         target = tmp_path / "docs" / page
         target.write_text((target.read_text() if target.exists() else "") + plant)
