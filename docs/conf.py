@@ -33,8 +33,6 @@ exclude_patterns = ["_build", "_ext", "generated", "Thumbs.db", ".DS_Store"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
-# Links to files outside docs/ (examples, the changelog's source) go to the repository.
-REPOSITORY = "https://github.com/coordex/coordex/blob/main"
 
 autodoc_typehints = "none"
 autodoc_member_order = "bysource"
