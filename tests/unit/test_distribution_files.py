@@ -80,8 +80,8 @@ def test_the_bundle_runs_its_entry_with_uv() -> None:
     config = server["mcp_config"]
     assert config["command"] == "uv"
     assert config["args"] == ["run", "--directory", "${__dirname}", server["entry_point"]]
-    names = [tool["name"] for tool in BUNDLE["tools"]]
-    assert "execute_code" in names and set(names) <= set(TOOL_NAMES)
+    # Shown before install: every tool, in the server's order (a new tool adds a line).
+    assert [tool["name"] for tool in BUNDLE["tools"]] == list(TOOL_NAMES)
     assert set(re.findall(r"\$\{user_config\.(\w+)\}", json.dumps(config))) <= set(
         BUNDLE["user_config"])
 
