@@ -1,11 +1,13 @@
 """The wheels a clean checkout builds install and run as the docs say.
 
-Both distributions are built with ``uv build`` from a copy of the checkout holding only
-what git would commit (nothing ignored, no build leftovers), then: the library alone in
-a fresh environment (the Executor runs; the MCP SDK is absent and never imported), the
-server's wheel in another (``coordex demo`` runs), ``uvx`` from the wheel and from the
-checkout, and the desktop bundle's entry as its manifest starts it — each server listed
-through the official MCP client.
+Both distributions are built with ``uv build --wheel`` from a copy of the checkout
+holding only what git would commit (nothing ignored, no build leftovers): ``coordex`` from
+the checkout's root, ``coordex-slim`` from ``packages/coordex-slim`` (the same source
+tree). Then: the library alone in a fresh environment (the Executor runs; the MCP SDK is
+absent and never imported; ``coordex demo`` runs), the full wheel in another (``coordex
+demo`` runs), ``uvx`` from the wheel and from the checkout, the desktop bundle's entry
+as its manifest starts it, and ``pip install .`` of the checkout then ``coordex mcp`` —
+each server listed through the official MCP client.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def wheelhouse(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     house = tmp_path_factory.mktemp("wheels")
     env = child_env(tmp_path_factory.mktemp("home"))
-    for project in (checkout, checkout / "packages" / "coordex"):
+    for project in (checkout, checkout / "packages" / "coordex-slim"):
         built = _run(["uv", "build", "--wheel", "-o", str(house), str(project)], env)
         assert built.returncode == 0, built.stderr
     names = sorted(p.name for p in house.glob("*.whl"))
@@ -122,7 +124,7 @@ def test_the_library_alone_runs_without_the_mcp_sdk(wheelhouse: Path, tmp_path: 
     assert server.returncode == 1
     assert "pip install coordex" in server.stderr and "coordex-slim[mcp]" in server.stderr
     assert server.stdout == ""  # nothing on the MCP wire
-    # The README's first command: `pip install .` (this library) then `coordex demo`.
+    # The library alone runs the CLI's other commands.
     demo = _run([str(python.with_name("coordex")), "demo"], env, cwd=tmp_path)
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
 
@@ -141,6 +143,20 @@ def test_uvx_runs_the_server_from_the_wheel(wheelhouse: Path, tmp_path: Path) ->
     wheel = wheelhouse / f"coordex-{VERSION}-py3-none-any.whl"
     tools = _listed_tools("uvx", ["--find-links", str(wheelhouse), "--from", str(wheel),
                                   "coordex", "mcp"], child_env(tmp_path / "home"))
+    assert tools == list(TOOL_NAMES)
+
+
+def test_pip_install_of_a_checkout_then_coordex_mcp_is_one_step(
+        checkout: Path, tmp_path: Path) -> None:
+    # The README's first command installs the checkout (`pip install .`); its `coordex mcp`
+    # serves at once, with no extra named.
+    env = child_env(tmp_path / "home")
+    made = _run(["uv", "venv", "-q", "--python", sys.executable, str(tmp_path / "venv")], env)
+    assert made.returncode == 0, made.stderr
+    python = tmp_path / "venv" / "bin" / "python"
+    installed = _run(["uv", "pip", "install", "-q", "--python", str(python), str(checkout)], env)
+    assert installed.returncode == 0, installed.stderr
+    tools = _listed_tools(str(python.with_name("coordex")), ["mcp"], env)
     assert tools == list(TOOL_NAMES)
 
 

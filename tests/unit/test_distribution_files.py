@@ -1,6 +1,7 @@
 """What the package says about itself agrees everywhere it is said.
 
-The README, the two distributions' ``pyproject.toml`` files, ``server.json`` (the MCP
+The README, the two distributions' ``pyproject.toml`` files (``coordex`` at the
+checkout's root, ``coordex-slim`` in ``packages/coordex-slim``), ``server.json`` (the MCP
 registry's entry), the desktop bundle's manifest and ``.ci/run`` each name the version,
 the package, the command or the install line; these tests keep them in step with the
 code and with each other.
@@ -24,8 +25,10 @@ from coordex.tools import TOOL_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-SLIM = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-FULL = tomllib.loads((ROOT / "packages" / "coordex" / "pyproject.toml").read_text())["project"]
+SLIM_DIR = ROOT / "packages" / "coordex-slim"
+FULL_TOML = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SLIM_TOML = tomllib.loads((SLIM_DIR / "pyproject.toml").read_text())
+FULL, SLIM = FULL_TOML["project"], SLIM_TOML["project"]
 SERVER = json.loads((ROOT / "server.json").read_text())
 BUNDLE = json.loads((ROOT / "mcpb" / "manifest.json").read_text())
 BUNDLE_PROJECT = tomllib.loads((ROOT / "mcpb" / "pyproject.toml").read_text())
@@ -37,10 +40,12 @@ def test_the_readme_is_short() -> None:
 
 def test_one_version_everywhere() -> None:
     version = coordex.__version__
-    assert SLIM["version"] == FULL["version"] == version
+    assert FULL["version"] == version
+    # coordex-slim reads coordex.__version__ from the same source tree.
+    assert SLIM["dynamic"] == ["version"] and "version" not in SLIM
+    assert SLIM_TOML["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "coordex.__version__"}
     assert SERVER["version"] == SERVER["packages"][0]["version"] == version
     assert BUNDLE["version"] == version
-    assert f"coordex-slim[mcp]=={version}" in FULL["dependencies"]
     assert BUNDLE_PROJECT["project"]["dependencies"] == [f"coordex=={version}"]
 
 
@@ -66,7 +71,6 @@ def test_the_registry_entry_names_this_package() -> None:
     assert len(SERVER["description"]) <= 100
     found = re.search(r"mcp-name: (\S+)", README)
     assert found is not None and found.group(1) == SERVER["name"]
-    assert f"mcp-name: {SERVER['name']}" in (ROOT / "packages" / "coordex" / "README.md").read_text()
     [package] = SERVER["packages"]
     assert package["registryType"] == "pypi" and package["identifier"] == FULL["name"]
     assert package["runtimeHint"] == "uvx" and package["transport"] == {"type": "stdio"}
@@ -86,18 +90,38 @@ def test_the_bundle_runs_its_entry_with_uv() -> None:
         BUNDLE["user_config"])
 
 
-def test_the_server_is_an_extra_of_the_library() -> None:
+def test_a_checkout_installs_the_server() -> None:
+    # `pip install .` then `coordex mcp`, one step: the root is `coordex`, with the MCP SDK.
+    assert FULL["name"] == "coordex" and SLIM["name"] == "coordex-slim"
+    assert "mcp>=2.3,<3" in FULL["dependencies"]
+    assert not any("coordex" in d for extra in FULL["optional-dependencies"].values()
+                   for d in extra)  # no self-reference: the test extra needs no [mcp]
+    assert FULL["scripts"] == SLIM["scripts"] == {"coordex": "coordex.cli:main"}
+
+
+def test_the_slim_distribution_is_the_library_without_the_mcp_sdk() -> None:
     assert not any(d.startswith("mcp") for d in SLIM["dependencies"])
-    assert any(d.startswith("mcp>=2") for d in SLIM["optional-dependencies"]["mcp"])
-    assert "coordex-slim[mcp]" in SLIM["optional-dependencies"]["test"]
-    assert SLIM["scripts"] == FULL["scripts"] == {"coordex": "coordex.cli:main"}
-    for extra in FULL.get("optional-dependencies", {}):
-        assert extra in SLIM["optional-dependencies"], extra
+    assert SLIM["dependencies"] == [d for d in FULL["dependencies"] if not d.startswith("mcp")]
+    assert sorted(SLIM["optional-dependencies"]) == ["eval", "mcp", "ray"]
+    for extra, needs in SLIM["optional-dependencies"].items():
+        assert needs == FULL["optional-dependencies"][extra], extra
+    assert SLIM["optional-dependencies"]["mcp"] == [
+        d for d in FULL["dependencies"] if d.startswith("mcp")]
+
+
+def test_the_slim_distribution_is_built_from_the_same_source_tree() -> None:
+    tool = SLIM_TOML["tool"]["setuptools"]
+    assert tool["package-dir"] == {"": "../../src"}
+    assert tool["packages"]["find"]["where"] == ["../../src"]
+    assert (SLIM_DIR / tool["package-dir"][""] / "coordex" / "__init__.py").resolve() == (
+        ROOT / "src" / "coordex" / "__init__.py")
+    assert tool["package-data"] == FULL_TOML["tool"]["setuptools"]["package-data"]
+    assert SLIM["requires-python"] == FULL["requires-python"]
 
 
 def test_the_licence_travels_with_both_wheels() -> None:
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
-    assert (ROOT / "packages" / "coordex" / "LICENSE").resolve() == (ROOT / "LICENSE")
+    assert (SLIM_DIR / "LICENSE").resolve() == (ROOT / "LICENSE")
     for project in (SLIM, FULL):
         assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
         assert project["urls"]["Repository"] and project["classifiers"] and project["keywords"]
