@@ -317,8 +317,8 @@ def test_a_half_written_snapshot_is_never_read_and_is_cleared(root: Path,
         r = _ok(ex.execute_code("n", state_mode="stateful", session_name="s"))
     assert r["result"] == "2" and r["restored"]["from"] == "snapshot"
     names = sorted(p.name for p in folder.iterdir())
-    assert names[:2] == ["lock", "meta.json"] and len(names) == 3, names
-    assert names[2] == json.loads((folder / "meta.json").read_text())["file"]
+    assert names[:3] == ["kept.json", "lock", "meta.json"] and len(names) == 4, names
+    assert names[3] == json.loads((folder / "meta.json").read_text())["file"]
 
 
 def test_a_new_session_never_takes_the_id_of_a_kept_one(root: Path, no_leftovers: None) -> None:
