@@ -627,7 +627,10 @@ class Executor:
                 coordinate.session_name)
             if kept is not None and self._table.find(coordinate) is None:
                 assert self._persist is not None
-                self._persist.forget(kept)  # kept on disk only: its snapshot goes
+                if not self._persist.forget(kept):  # kept on disk only: its snapshot goes
+                    from .persist.manager import held_elsewhere
+
+                    raise held_elsewhere(kept.record())
                 return cast(CloseResult, {"closed": True, "session": kept.record()})
             record, session = self._table.remove(coordinate)
             if session is not None:

@@ -272,16 +272,24 @@ def test_two_servers_on_one_root_never_take_each_others_sessions(root: Path,
     try:
         _ok(a.execute_code("who = 'a'", state_mode="stateful"))
         b = Executor(root=root, persist=True)
-        assert _kept(b) == []  # session 0 is held by the other one
+        # Session 0 is held by the other one: listed as such, never restored here.
+        assert [(s["session_id"], s["held_by"]) for s in _kept(b)] == [(0, "another process")]
         r = _ok(b.execute_code("who = 'b'\n'restored'", state_mode="stateful"))
-        assert "restored" not in r
+        assert "restored" not in r and "'session 0 (2)'" in r["kept_apart"]
         _ok(a.execute_code("who += '!'", state_mode="stateful"))
+        # A session a holds is not b's to close (nor to delete from disk).
+        _ok(a.execute_code("n = 1", state_mode="stateful", session_name="held"))
+        refused = b.close_session(session_name="held")
+        assert "held by another coordex process" in refused["error"], refused
+        assert _ok(a.execute_code("n", state_mode="stateful", session_name="held"))["result"] == "1"
     finally:
         a.close()
         if b is not None:
             b.close()
     with Executor(root=root, persist=True) as ex:
         assert _ok(ex.execute_code("who", state_mode="stateful"))["result"] == "'a!'"
+        assert _ok(ex.execute_code("who", state_mode="stateful",
+                                   session_name="session 0 (2)"))["result"] == "'b'"
     # Replayed from the log alone, session 0 is the calls of the process that held it,
     # never the other server's (its call came between them).
     for data in (root / "snapshots").glob("python-own-id0/state-*"):
