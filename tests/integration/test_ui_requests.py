@@ -153,7 +153,7 @@ def test_a_busy_session_never_holds_the_page_and_is_interrupted(ex: Executor,
     runner.join(timeout=15)
     assert out["error_type"] == "timeout" and out["state_lost"] is False
     # The model is told a person stopped it, not that it ran out of time.
-    assert out["error"].startswith("The call was interrupted by the person watching")
+    assert out["error"].startswith("The call was interrupted from the page by the person")
     assert "larger timeout" not in out["suggestion"] and "on purpose" in out["suggestion"]
     row = page.get(f"api/calls/{call['seq']}").json()["call"]
     assert row["outcome"] == "timeout" and "tick 1" in row["stdout"]
