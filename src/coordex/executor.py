@@ -631,6 +631,8 @@ class Executor:
                     from .persist.manager import held_elsewhere
 
                     raise held_elsewhere(kept.record())
+                if self._call_log is not None:  # a rebuild brings it back from the log
+                    self._call_log.event("close", kept.record())
                 return cast(CloseResult, {"closed": True, "session": kept.record()})
             record, session = self._table.remove(coordinate)
             if session is not None:

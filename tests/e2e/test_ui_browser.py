@@ -207,3 +207,70 @@ def test_the_keys_stay_with_the_page(chromium: str, tmp_path: Path) -> None:
             again.wait_for("document.getElementById('status').textContent.startsWith('updated')")
         finally:
             again.close()
+
+
+_CLIPPED = """(() => {
+  // Each session's name cell and each button of the sessions table: whole inside the
+  // viewport and inside its card's visible box (a card scrolls what does not fit).
+  const card = document.querySelector('#sessions').closest('section').getBoundingClientRect();
+  const bad = [];
+  for (const e of document.querySelectorAll('#sessions tbody td.name, #sessions tbody button')) {
+    const r = e.getBoundingClientRect();
+    const inside = (b) => r.left >= b.left - 0.5 && r.right <= b.right + 0.5;
+    if (!inside({left: 0, right: innerWidth}) || !inside(card) || e.scrollWidth > e.clientWidth + 1)
+      bad.push(e.innerText + ' ' + JSON.stringify([r.left, r.right, card.left, card.right]));
+  }
+  return bad;
+})()"""
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_no_button_or_name_of_the_sessions_is_cut_off(chromium: str, tmp_path: Path,
+                                                      width: int) -> None:
+    with Executor(root=tmp_path / "home", persist=True) as ex:  # kept on disk after
+        ex.execute_code("kept = 1", state_mode="stateful", session_name="ledger-2026-q4")
+    with Executor(root=tmp_path / "home", persist=True) as ex:
+        for name in ("a-rather-long-session-name-for-the-quarterly-ledger-audit", "work"):
+            ex.execute_code("x = 1", state_mode="stateful", session_name=name)
+        ex.execute_code("X=1", language="bash", state_mode="stateful", session_name="shell")
+        browser = Browser(chromium, tmp_path / "profile", ex.serve_ui()["url"])
+        try:
+            browser.send("Emulation.setDeviceMetricsOverride", width=width, height=900,
+                         deviceScaleFactor=1, mobile=False)
+            browser.wait_for("document.querySelectorAll('#sessions tbody button"
+                             "[data-act=rebuild]').length >= 4")
+            time.sleep(0.3)  # laid out at the new width
+            browser.screenshot(tmp_path / f"width-{width}.png")
+            assert browser.js(_CLIPPED) == []
+            assert browser.js("document.documentElement.scrollWidth") <= width
+        finally:
+            browser.close()
+
+
+def test_a_closed_session_stays_on_the_page_with_rebuild(chromium: str, tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("rows = [1, 2]", state_mode="stateful", session_name="work")
+        ex.execute_code("rows.append(3)", state_mode="stateful", session_name="work")
+        browser = Browser(chromium, tmp_path / "profile", ex.serve_ui()["url"])
+        try:
+            browser.wait_for("!!document.querySelector('#sessions tbody tr[data-session=work]')")
+            browser.click("#sessions tbody tr[data-session=work] button[data-act=close]")
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            browser.click("#modal-ok")
+            browser.wait_for("document.getElementById('notice').textContent.startsWith('closed')")
+            # Closed, it stays listed, said so, with the calls a rebuild replays.
+            row = "#sessions tbody tr[data-session=work][data-closed]"
+            browser.wait_for(f"!!document.querySelector('{row}')")
+            text = browser.js(f"document.querySelector('{row}').innerText")
+            assert "closed" in text and "2" in text, text
+            assert browser.js(f"!!document.querySelector('{row} button[data-act=close]')") is False
+            browser.click(f"{row} button[data-act=rebuild]")
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            browser.click("#modal-ok")
+            browser.wait_for("document.getElementById('notice').textContent.startsWith('rebuilt')")
+            browser.wait_for("!!document.querySelector('#sessions tbody tr[data-session=work]"
+                             ":not([data-closed])')")
+        finally:
+            browser.close()
+        assert ex.execute_code("rows", state_mode="stateful",
+                               session_name="work")["result"] == "[1, 2, 3]"

@@ -18,7 +18,15 @@ from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, make_error
 from ..core.messages import session_arguments
 from .calls import note_replay, read
-from .rebuild import failed_in, lost_life, ran_in_session, replay_failed, replayable, unfinished_rebuild
+from .rebuild import (
+    failed_in,
+    lives,
+    lost_life,
+    ran_in_session,
+    replay_failed,
+    replayable,
+    unfinished_rebuild,
+)
 from .store import CallLog, decode_row, rows_where
 
 _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, state_mode, "
@@ -182,3 +190,37 @@ def _nothing_logged(log: CallLog, coordinate: Coordinate) -> CoordexError:
     return CoordexError(
         "not_found", f"The call log holds no calls of the session ({wanted}).",
         f"Sessions with stateful calls in the log: {known}. Name one of them.")
+
+
+def closed_sessions(log: CallLog, limit: int = 20, scan: int = 20_000) -> list[dict[str, Any]]:
+    """Sessions whose last life ended with ``close_session`` and holds calls a rebuild
+    would replay (newest first, at most ``limit``; the newest ``scan`` rows of things
+    that happened to sessions are read): each a session record with ``closed: true``,
+    ``closed_at``, ``calls`` (the calls of that life) and ``last_used_at``. A session
+    opened again since (or still kept on disk) ends with something else and is not one."""
+    rows = read(log, f"SELECT {_ROW_COLUMNS}, at FROM calls WHERE {_RAN_IN_SESSION} "
+                "ORDER BY seq DESC LIMIT ?", [scan])
+    by_session: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in reversed([decode_row(r) for r in rows]):
+        named = row.get("session_name") is not None
+        key = (row.get("language"), row.get("venv_id"),
+               row.get("session_name") if named else (row.get("session_id"), row.get("owner")))
+        by_session.setdefault(key, []).append(row)
+    found = []
+    for session_rows in by_session.values():
+        history = lives(session_rows)
+        if not history or history[-1][-1].get("kind") != "close":
+            continue
+        life = history[-1]
+        calls = [row for row in life if row.get("kind") == "call"]
+        if not any(replayable(row) for row in life):
+            continue
+        last = life[-1]
+        found.append({"language": last.get("language"), "venv_id": last.get("venv_id"),
+                      "session_id": last.get("session_id"),
+                      "session_name": last.get("session_name"), "closed": True,
+                      "closed_at": last.get("at"), "calls": len(calls),
+                      "last_used_at": calls[-1].get("at") if calls else last.get("at"),
+                      "created_at": life[0].get("at"), "alive": False, "held": False})
+    found.sort(key=lambda record: -(record["closed_at"] or 0))
+    return found[:limit]

@@ -73,7 +73,31 @@ def sessions(executor: Any, arguments: dict[str, Any]) -> Response:
         holder = _is_busy(session, running)
         session["busy"] = holder is not None
         session["busy_with"] = None if holder is None else holder.get("seq") or holder.get("id")
+    listed["closed"] = _closed(executor, listed.get("sessions", []))
     return _ok(listed)
+
+
+def _closed(executor: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sessions closed with close_session that the log can rebuild (the page offers
+    Rebuild for them); none where this process does not hold the log."""
+    from ..log.replay import closed_sessions
+    from ..log.store import CallLog
+
+    log = getattr(executor, "_call_log", None)
+    if not isinstance(log, CallLog):
+        return []
+    try:
+        closed = closed_sessions(log)
+    except CoordexError:
+        return []
+    shown = {_where(s) for s in listed}
+    return [s for s in closed if _where(s) not in shown]
+
+
+def _where(session: dict[str, Any]) -> tuple[Any, ...]:
+    name = session.get("session_name")
+    return (session.get("language"), session.get("venv_id"),
+            name if name is not None else session.get("session_id") or 0)
 
 
 def calls(executor: Any, arguments: dict[str, Any]) -> Response:
