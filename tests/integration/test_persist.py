@@ -500,3 +500,17 @@ def test_python_values_of_many_shapes_come_back(root: Path, no_leftovers: None) 
                            "{'name': 'a', 'size': 1})")
     # A generator cannot be pickled, and with the log off no call can rebuild it.
     assert r["restored"]["left_out"] == ["numbers"]
+
+
+def test_a_kept_session_is_listed_with_its_calls_from_the_log(root: Path,
+                                                              no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        for step in range(3):
+            _ok(ex.execute_code(f"n = {step}", state_mode="stateful", session_name="s"))
+        last = time.time()
+    time.sleep(0.2)
+    with Executor(root=root, persist=True) as ex:
+        (kept,) = _kept(ex)
+    # What the page shows after a restart: its calls and when it was last used, not 0
+    # and the restart's time.
+    assert kept["calls"] == 3 and kept["last_used_at"] <= last, kept
