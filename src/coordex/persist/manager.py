@@ -98,6 +98,8 @@ class Persistence:
         # Sessions of this process kept apart: slug of their coordinates -> the identity
         # they are kept under (another process holds a session at the same coordinates).
         self._apart: dict[str, Identity] = {}
+        # slug -> (when counted, calls and last use from the log), for list_sessions
+        self._counted: dict[str, tuple[float, dict[str, Any]]] = {}
 
     # -- what list_sessions shows -----------------------------------------------------
 
@@ -142,6 +144,9 @@ class Persistence:
         the processes that held it)."""
         if self._log is None:
             return {}
+        counted = self._counted.get(identity.slug())
+        if counted is not None and time.monotonic() - counted[0] < _COUNT_FOR:
+            return counted[1]  # a page asks every second; a count may lag a few
         from ..log.calls import read
 
         clause, args = self._where(identity)
@@ -150,9 +155,10 @@ class Persistence:
                          f"kind = 'call' AND {clause}", args)
         except Exception:
             return {}
-        if not found or not found[0]["n"]:
-            return {}
-        return {"calls": int(found[0]["n"]), "last_used_at": found[0]["last"]}
+        logged = {"calls": int(found[0]["n"]), "last_used_at": found[0]["last"]} \
+            if found and found[0]["n"] else {}
+        self._counted[identity.slug()] = (time.monotonic(), logged)
+        return logged
 
     def kept_ids(self, language: str, venv_id: int | None) -> set[int]:
         """Ids of the kept sessions of one place not yet restored (a new session never
@@ -723,6 +729,8 @@ class Persistence:
             action()
 
 
+# Seconds a kept session's count of logged calls is reused by list_sessions.
+_COUNT_FOR = 5.0
 # How long a call waits for its session's snapshot to start (a fork: milliseconds).
 _START_WAIT = 2.0
 # Room a snapshot leaves free on its disk beyond the size of the last one.
