@@ -738,6 +738,10 @@ class Executor:
                                              coordinate.session_id, coordinate.session_name)
         plan = None
         record = waiting.record() if waiting is not None else None
+        if waiting is not None and self._persist.held_elsewhere(waiting):
+            from .persist.manager import held_elsewhere
+
+            raise held_elsewhere(waiting.record(), "rebuild")
         if waiting is None:
             found = self._table.find(coordinate)
             if found is None or found[0] == PLAN_KEY or self._call_log is None:

@@ -281,6 +281,10 @@ def test_two_servers_on_one_root_never_take_each_others_sessions(root: Path,
         _ok(a.execute_code("n = 1", state_mode="stateful", session_name="held"))
         refused = b.close_session(session_name="held")
         assert "held by another coordex process" in refused["error"], refused
+        refused = b.rebuild_session(session_name="held")
+        assert "that process's to rebuild" in refused["error"], refused
+        # b's own session 0, kept apart, is b's to rebuild (nothing was lost).
+        assert "nothing to rebuild" in b.rebuild_session()["error"]
         assert _ok(a.execute_code("n", state_mode="stateful", session_name="held"))["result"] == "1"
     finally:
         a.close()

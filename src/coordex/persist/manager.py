@@ -171,11 +171,20 @@ class Persistence:
                      session_name: str | None) -> Identity | None:
         wanted = Identity(language, venv_id, session_id or 0, session_name)
         with self._lock:
+            if wanted.slug() in self._apart:
+                return None  # these coordinates name this process's own session here
             for item in self._kept.values():
                 if not item.held and item.identity.same_session(wanted):
                     return item.identity
         found = self._on_disk(wanted)
         return None if found is None or found.held else found.identity
+
+    def held_elsewhere(self, identity: Identity) -> bool:
+        """Whether another live process holds the kept session ``identity``."""
+        with self._lock:
+            if identity.slug() in self._held:
+                return False
+        return self.store.held_elsewhere(identity)
 
     def _on_disk(self, identity: Identity) -> _Kept | None:
         """What this process knows of ``identity``, or what the disk holds of it now (a
@@ -749,14 +758,16 @@ def _apart_note(local: Identity, apart: Identity) -> str:
             f"{apart.session_name!r}.")
 
 
-def held_elsewhere(record: dict[str, Any]) -> CoordexError:
-    """``close_session`` of a kept session another live process holds."""
+def held_elsewhere(record: dict[str, Any], action: str = "close") -> CoordexError:
+    """``close_session`` (or ``rebuild_session``) of a kept session another live process
+    holds."""
     from ..core.messages import session_arguments
 
     return CoordexError(
         "validation", f"The session ({session_arguments(record)}) is held by another coordex "
-        "process on this data folder; it is that process's to close.",
-        "Close it from the client that uses it, or wait until that process ends; "
+        f"process on this data folder; it is that process's to {action}.",
+        f"{action.capitalize()} it from the client that uses it, or wait until that "
+        "process ends; "
         "list_sessions shows it with held_by.")
 
 
