@@ -449,6 +449,33 @@ class Persistence:
             os.close(fd)
         return True
 
+    def adopt(self, record: dict[str, Any], session: Any) -> None:
+        """A session whose state came other than by its own calls (``fork_session``,
+        ``restore_session``; held by the caller): a snapshot of it is started now, and
+        only the calls logged after this point are replayed over it after a restart."""
+        local = Identity.of(record)
+        identity = self._disk(local)
+        if identity is local and not self._hold(local):
+            apart = self._keep_apart(local)  # another process holds these coordinates
+            if apart is None:
+                return
+            identity = apart
+        aliases = None if identity is local else [dict(local.record(), owner=self._owner)]
+        through = (self._last_seq(identity) if self._log is not None else 0) or 0
+        if aliases is not None and self._log is not None:  # its rows so far: all before
+            through = max(through, self._last_seq_of_all())
+        with self._lock:
+            item = self._kept.get(identity.slug())
+            if item is None or not item.identity.same_session(identity):
+                item = self._kept[identity.slug()] = _Kept(identity)
+            item.held, item.identity, item.attempt = True, identity, 0
+            item.local = None if identity is local else local
+        self._try(lambda: self.store.mark(identity, through + 1, self._owner, aliases))
+        if self._busy_writing(item) and item.in_flight is not None and item.in_flight[2]:
+            _kill(item.in_flight[2])
+        item.in_flight = None
+        self._start(item, session, through)
+
     def _hold(self, identity: Identity) -> bool:
         """Whether this process holds the session's folder (locking it on first use)."""
         slug = identity.slug()
@@ -680,6 +707,15 @@ class Persistence:
     def _last_seq(self, identity: Identity) -> int | None:
         rows = self._rows(identity, "kind = 'call' AND state_mode = 'stateful'", [])
         return rows[-1]["seq"] if rows else None
+
+    def _last_seq_of_all(self) -> int:
+        from ..log.calls import read
+
+        try:
+            found = read(self._log, "SELECT MAX(seq) AS last FROM calls", [])
+        except Exception:
+            return 0
+        return int(found[0]["last"] or 0) if found else 0
 
     def _binding_calls(self, identity: Identity, names: list[str], through: Any) -> list[str]:
         """The code of the logged calls that last bound each of ``names`` (up to the
