@@ -97,3 +97,18 @@ def test_a_bash_snapshot_with_a_changed_byte_is_not_sourced(root: Path) -> None:
                                 session_name="s"))
     assert r["stdout"].strip() == "41" and r["restored"]["from"] == "replay", r
     assert "checksum" in r["restored"]["why"]
+
+
+def test_a_snapshot_nothing_describes_is_a_loss_never_a_fresh_session(root: Path) -> None:
+    with Executor(root=root, persist=True) as ex:
+        _ok(ex.execute_code("n = 41", state_mode="stateful", session_name="s"))
+    (folder,) = (root / "snapshots").iterdir()
+    (folder / "meta.json").unlink()
+    (folder / "kept.json").unlink()
+    with Executor(root=root, persist=True) as ex:
+        r = _ok(ex.execute_code("'n' in globals()", state_mode="stateful", session_name="s"))
+        assert r["result"] == "False" and r["state_lost"] is True and "restored" not in r
+        assert "rebuild_session" in r["suggestion"]
+        rebuilt = ex.rebuild_session(session_name="s")
+        assert rebuilt["replayed"] == 1, rebuilt
+        assert _ok(ex.execute_code("n", state_mode="stateful", session_name="s"))["result"] == "41"

@@ -541,6 +541,12 @@ class Persistence:
         if self._disk(identity) is not identity:
             return None  # kept apart: a session of this process's own
         item = self._on_disk(identity)
+        if item is None and self.store.undescribed(identity) and self._hold(identity):
+            # A snapshot is there but nothing says what it is (meta.json and kept.json
+            # both lost): never used, and said as a loss (rebuild_session replays it).
+            with self._lock:
+                self._kept[identity.slug()] = _Kept(identity, held=True)
+            return {"state_lost": True}
         with self._lock:
             if item is None or item.held or not item.identity.same_session(identity):
                 return None

@@ -88,6 +88,12 @@ class SnapshotStore:
         ``kept.json`` whose ``problem_why`` says so (the session comes back by replay)."""
         return _read(self.folder(identity))
 
+    def undescribed(self, identity: Identity) -> bool:
+        """Whether the folder holds a snapshot's data but neither ``meta.json`` nor
+        ``kept.json`` can say what it is."""
+        folder = self.folder(identity)
+        return any(folder.glob("state-*")) and _read(folder) is None
+
     def keep(self, identity: Identity, meta: dict[str, Any]) -> None:
         """Write ``kept.json`` from ``meta`` (what names the session and its calls)."""
         folder = self.folder(identity)

@@ -15,6 +15,8 @@ A session with a call in flight is *busy*: the page shows it so and never inspec
 from __future__ import annotations
 
 import json
+import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -86,12 +88,23 @@ def _closed(executor: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]
     log = getattr(executor, "_call_log", None)
     if not isinstance(log, CallLog):
         return []
-    try:
-        closed = closed_sessions(log)
-    except CoordexError:
-        return []
+    found = _CLOSED.get(log)
+    if found is None or time.monotonic() - found[0] > _CLOSED_FOR:
+        try:
+            found = (time.monotonic(), closed_sessions(log))
+        except CoordexError:
+            found = (time.monotonic(), [])
+        _CLOSED[log] = found
+    closed = [dict(record) for record in found[1]]
     shown = {_where(s) for s in listed}
     return [s for s in closed if _where(s) not in shown]
+
+
+# The log's closed sessions, read again at most every _CLOSED_FOR seconds (the page
+# asks every second; a read scans the newest rows).
+_CLOSED: weakref.WeakKeyDictionary[Any, tuple[float, list[dict[str, Any]]]] = \
+    weakref.WeakKeyDictionary()
+_CLOSED_FOR = 2.0
 
 
 def _where(session: dict[str, Any]) -> tuple[Any, ...]:
