@@ -425,7 +425,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if oauth is not None:
         _say(f"OAuth: JWTs of {args.oauth_issuer} for {oauth.resource}; metadata at "
              f"{oauth.metadata_url}")
-    app = BearerTenantApp(tenants, oauth=oauth)
+    app = BearerTenantApp(tenants, ui_root=root, oauth=oauth)
 
     def ready() -> None:
         _say(f"serving MCP on http://{shown}:{port}/mcp ({len(tenants)} tenant(s))")
