@@ -199,6 +199,35 @@ def _load_mcp_sdk(failed: list[BaseException]) -> None:
         failed.append(exc)
 
 
+# The MCP SDK is the `mcp` extra of coordex-slim (the `coordex` distribution has it): a
+# library-only install says how to add the server before anything starts.
+MCP_SDK = "mcp>=2.3,<3"
+SERVER_INSTALL = ("pip install coordex  (or: pip install 'coordex-slim[mcp]'; "
+                  "or run it without installing: uvx coordex mcp)")
+
+
+def missing_server_sdk() -> str | None:
+    """Why ``coordex mcp`` / ``serve`` cannot run here (no MCP SDK 2.x), or None."""
+    import importlib.metadata
+    import importlib.util
+
+    from packaging.requirements import Requirement
+
+    if importlib.util.find_spec("mcp") is None:
+        found = "is not installed"
+    else:
+        try:
+            version = importlib.metadata.version("mcp")
+        except importlib.metadata.PackageNotFoundError:
+            return None  # an unpackaged SDK on the path: let the import decide
+        if Requirement(MCP_SDK).specifier.contains(version, prereleases=True):
+            return None
+        found = f"is version {version}"
+    return (f"the MCP server needs the MCP SDK ({MCP_SDK}), which {found} in this "
+            f"environment ({sys.executable}). Install the server: {SERVER_INSTALL}. The "
+            "library (import coordex, Executor) works without it.")
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     import threading
 
@@ -383,9 +412,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
         return EXIT_FAILURE
 
-    app = BearerTenantApp(tenants, ui_root=root)
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
+    try:
+        oauth = _oauth_gate(args, shown, port)
+    except Exception as exc:  # the issuer's metadata or keys cannot be found
+        sock.close()
+        for tenant in tenants:
+            tenant.executor.close()
+        _say(f"cannot use --oauth-issuer {args.oauth_issuer!r}: {exc}")
+        return EXIT_USAGE
+    if oauth is not None:
+        _say(f"OAuth: JWTs of {args.oauth_issuer} for {oauth.resource}; metadata at "
+             f"{oauth.metadata_url}")
+    app = BearerTenantApp(tenants, ui_root=root, oauth=oauth)
 
     def ready() -> None:
         _say(f"serving MCP on http://{shown}:{port}/mcp ({len(tenants)} tenant(s))")
@@ -675,6 +715,40 @@ _NO_PERSIST_HELP = ("do not keep sessions on disk: by default a session's state 
                     "under HOME/snapshots and found again after a restart or a crash")
 
 
+def _add_oauth_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group(
+        "OAuth", "also accept JWT access tokens of one authorization server (hosted "
+        "connectors); bearer tokens keep working")
+    group.add_argument("--oauth-issuer", metavar="URL",
+                       help="the authorization server whose JWTs are accepted (its RFC 8414 "
+                       "or OpenID metadata names its keys)")
+    group.add_argument("--oauth-audience", metavar="VALUE",
+                       help="the 'aud' a token must hold (default: the resource URL, "
+                       "PUBLIC_URL/mcp)")
+    group.add_argument("--oauth-jwks", metavar="URL",
+                       help="the issuer's JWKS URL, instead of finding it in its metadata")
+    group.add_argument("--oauth-tenant-claim", metavar="CLAIM", default=None,
+                       help="the claim naming the token's tenant (default coordex_tenant; "
+                       "optional with one tenant)")
+    group.add_argument("--public-url", metavar="URL",
+                       help="the URL clients reach this server at (default "
+                       "http://HOST:PORT), for the resource URL and its metadata")
+
+
+def _oauth_gate(args: argparse.Namespace, host: str, port: int) -> Any:
+    """The OAuth gate ``--oauth-issuer`` asks for, or None (raises OAuthSetupError)."""
+    if not args.oauth_issuer:
+        return None
+    from .oauth import DEFAULT_TENANT_CLAIM, JWTVerifier, OAuthGate, discover_jwks
+
+    public = (args.public_url or f"http://{host}:{port}").rstrip("/")
+    resource = f"{public}/mcp"
+    jwks = args.oauth_jwks or discover_jwks(args.oauth_issuer)
+    verifier = JWTVerifier(args.oauth_issuer, args.oauth_audience or resource, jwks)
+    return OAuthGate(resource, args.oauth_issuer, verifier,
+                     args.oauth_tenant_claim or DEFAULT_TENANT_CLAIM)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--home", metavar="DIR",
@@ -725,6 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "needs pip install 'coordex[ray]'. With --tokens, each tenant's sessions "
                    "on a node run in a confined host of that tenant there")
     _add_confinement_options(p, tenants=True)
+    _add_oauth_options(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("log", parents=[common], help="show the call log",
@@ -831,6 +906,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.func in (cmd_mcp, cmd_serve) and (why := missing_server_sdk()) is not None:
+        _say(why)
+        return EXIT_FAILURE
     try:
         code: int = args.func(args)
         return code

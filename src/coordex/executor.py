@@ -100,13 +100,16 @@ class Executor:
             joined, the constructor raises ``ValueError`` saying what to do, as it does
             for any bad constructor argument.
         own_on_caller_thread: run own-interpreter code on the calling thread when that
-            is the main thread (about 30 us less per call). The trade: a timeout then
+            is the main thread (one thread hand-off less per call). The trade: a timeout then
             returns only once code blocked in C that retries on signals (``os.system``,
             a long BLAS call) or code that catches every interrupt lets go; by default
             the code runs on a runner thread and the timeout always returns.
         environments_manager: the environment manager to use instead of one made from
             ``root``, ``envs_dir`` and ``build_timeout`` (a confined host passes one whose
             builds run in its builder process).
+        records: where the call log and the function library are written, instead of
+            files under ``root`` (a confined host passes its owner's writer, so the
+            tenant's code cannot change its own log).
         persist: keep sessions on disk under ``root/snapshots`` so they outlive this
             process (SPEC section 12): a later Executor on the same ``root`` restores a
             session on its first call, from its last snapshot plus the stateful calls

@@ -528,9 +528,11 @@ class BearerTenantApp:
     """
 
     def __init__(self, tenants: Sequence[Tenant], path: str = "/mcp",
-                 ui_root: Path | None = None) -> None:
+                 ui_root: Path | None = None, oauth: Any = None) -> None:
         self.tenants = list(tenants)
         self.path = path.rstrip("/") or "/"
+        # coordex.oauth.OAuthGate when serve takes JWTs of an issuer beside the tokens.
+        self.oauth = oauth
         from .ui import UIApp
         from .ui.keys import SignedKeys, secret_under
 
@@ -570,18 +572,34 @@ class BearerTenantApp:
 
             await serve_asgi(self.ui, scope, receive, send)
             return
+        if self.oauth is not None and self.oauth.handles(scope["path"]):
+            await self.oauth.metadata(scope, receive, send)  # RFC 9728, before any token
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         tenant = self.tenant_for(headers.get("authorization"))
+        if tenant is None and self.oauth is not None:
+            try:
+                tenant = await self._oauth_tenant(scope)
+            except PermissionError as exc:
+                await _plain_response(send, 403, f"Forbidden: {exc}\n")
+                return
         if tenant is None:
+            challenge = self.oauth.challenge() if self.oauth is not None \
+                else b'Bearer realm="coordex"'
             await _plain_response(
                 send, 401, "Unauthorized: send 'Authorization: Bearer <token>'.\n",
-                [(b"www-authenticate", b'Bearer realm="coordex"')],
+                [(b"www-authenticate", challenge)],
             )
             return
         if scope["path"].rstrip("/") != self.path:
             await _plain_response(send, 404, f"Not found: the MCP endpoint is {self.path}\n")
             return
         await tenant.manager.handle_request(scope, receive, send)
+
+    async def _oauth_tenant(self, scope: Any) -> Tenant | None:
+        names = [tenant.name for tenant in self.tenants]
+        name = await self.oauth.tenant_name(scope, names)
+        return None if name is None else self.tenants[names.index(name)]
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         message = await receive()
