@@ -15,10 +15,12 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 ErrorType = Literal[
-    "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment"
+    "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment",
+    "busy",
 ]
 ERROR_TYPES: tuple[ErrorType, ...] = (
     "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment",
+    "busy",
 )
 
 
