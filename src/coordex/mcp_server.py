@@ -30,6 +30,7 @@ session id.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hmac
 import io
 import json
@@ -235,6 +236,81 @@ def stopping_result(result: dict[str, Any] | None = None) -> dict[str, Any]:
     return record
 
 
+# --- long work (SPEC 14) ------------------------------------------------------------------
+
+# Seconds a tool call waits over MCP before it answers ``running`` (``--max-wait``): the
+# default of ``wait`` and its most, below the ~60 s at which hosted clients cut a call.
+MAX_WAIT = 45.0
+# The tools that take ``wait``.
+WAITING_TOOLS = ("execute_code", "call_function", "rebuild_session", "wait_call")
+
+
+def with_wait(name: str, arguments: Any, max_wait: float) -> Any:
+    """``arguments`` with ``wait`` at most ``max_wait`` (its default when not given); a
+    ``wait`` that is not a positive number is left for the executor to refuse."""
+    if name not in WAITING_TOOLS or not isinstance(arguments, dict | None):
+        return arguments
+    args = dict(arguments or {})
+    given = args.get("wait")
+    if given is None:
+        args["wait"] = max_wait
+    elif isinstance(given, int | float) and not isinstance(given, bool) and given > 0:
+        args["wait"] = min(float(given), max_wait)
+    return args
+
+
+class Delivery:
+    """Whether the answer to one HTTP request reached the client (SPEC 14).
+
+    Set for each request by :class:`BearerTenantApp` (a context variable, which the SDK
+    carries into the tool handler); the response's last body message marks it
+    delivered. A request that ends without it (the stream broke, the client went away)
+    is lost: the calls that answered it are held for their re-sent twins."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.disconnected = False
+        self.ended = False
+        self._lost: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def on_lost(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.ended:
+                self._lost.append(action)
+                return
+            lost = not self.finished
+        if lost:
+            _in_thread(action)
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended = True
+            actions, self._lost = ([] if self.finished else self._lost), []
+        for action in actions:
+            _in_thread(action)
+
+
+def _in_thread(action: Callable[[], None]) -> None:
+    threading.Thread(target=action, name="coordex-hold", daemon=True).start()
+
+
+DELIVERY: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar(
+    "coordex_delivery", default=None)
+
+
+def _hold(executor: Any, result: Any) -> Callable[[], None]:
+    """What holds ``result``'s call for redelivery (a result with no call_id: nothing)."""
+    def hold() -> None:
+        call_id = result.get("call_id") if isinstance(result, dict) else None
+        hold_call = getattr(executor, "hold_call", None)
+        if isinstance(call_id, str) and hold_call is not None:
+            with contextlib.suppress(Exception):
+                hold_call(call_id)
+
+    return hold
+
+
 # --- the server ------------------------------------------------------------------------
 
 
@@ -273,6 +349,10 @@ async def _run_tool(
 ) -> dict[str, Any]:
     relay = OutputRelay()
     cancel = threading.Event()
+    arguments = with_wait(name, arguments, MAX_WAIT)
+    delivery = DELIVERY.get()
+    lost = threading.Event()  # the request's stream broke: the result is held, not sent
+    answered: list[dict[str, Any]] = []
 
     forward = getattr(executor, "forward_tool", None)
 
@@ -288,9 +368,13 @@ async def _run_tool(
 
     def guarded() -> dict[str, Any]:
         try:
-            return work()
+            result = work()
         except Exception as exc:  # a coordex bug must still reach the model as data
-            return internal_error(exc)
+            result = internal_error(exc)
+        answered.append(result)
+        if lost.is_set():
+            _hold(executor, result)()
+        return result
 
     try:
         async with anyio.create_task_group() as tg:
@@ -302,8 +386,17 @@ async def _run_tool(
             finally:
                 tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class():
-        cancel.set()
+        if delivery is not None and delivery.disconnected:
+            # The stream broke (at 2026-07-28 a closed stream is all a client sends):
+            # the code goes on and its result is held for the re-sent call (SPEC 14).
+            lost.set()
+            if answered:
+                _in_thread(_hold(executor, answered[0]))
+        else:
+            cancel.set()
         raise
+    if delivery is not None:
+        delivery.on_lost(_hold(executor, result))
     if ctx is not None:
         # Output of the last interval (or of a call shorter than one) still goes out,
         # ahead of the result.
@@ -323,7 +416,7 @@ def build_server(executor: Any, name: str = SERVER_NAME,
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        defs = tool_definitions("mcp", default_timeout=default_timeout)
+        defs = tool_definitions("mcp", default_timeout=default_timeout, default_wait=MAX_WAIT)
         assert isinstance(defs, list)  # "mcp" is a known format
         return types.ListToolsResult(tools=[types.Tool.model_validate(d) for d in defs])
 
@@ -573,7 +666,25 @@ class BearerTenantApp:
         if scope["path"].rstrip("/") != self.path:
             await _plain_response(send, 404, f"Not found: the MCP endpoint is {self.path}\n")
             return
-        await tenant.manager.handle_request(scope, receive, send)
+        delivery = Delivery()
+        token = DELIVERY.set(delivery)
+
+        async def watched_receive() -> Any:
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                delivery.disconnected = True
+            return message
+
+        async def watched_send(message: Any) -> None:
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body"):
+                delivery.finished = True
+
+        try:
+            await tenant.manager.handle_request(scope, watched_receive, watched_send)
+        finally:
+            DELIVERY.reset(token)
+            delivery.end()
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         message = await receive()
