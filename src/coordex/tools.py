@@ -584,10 +584,10 @@ def mcp_annotations(tool: ToolSpec) -> dict[str, Any]:
 def output_schema(tool: ToolSpec) -> dict[str, Any]:
     """The MCP ``outputSchema``: the tool's result, or the SPEC error dict."""
     success = copy.deepcopy(tool.result) or {"type": "object"}
-    branches = [success, copy.deepcopy(ERROR_RESULT)]
+    branches = [success]
     if "wait" in tool.parameters["properties"] and tool.result:
         branches.append(copy.deepcopy(RUNNING_RESULT))  # SPEC 14: still running
-    return {"type": "object", "anyOf": branches}
+    return {"type": "object", "anyOf": [*branches, copy.deepcopy(ERROR_RESULT)]}
 
 
 # Keywords OpenAI's strict mode refuses inside a property; their meaning moves into the

@@ -109,20 +109,24 @@ def result_of_row(row: dict[str, Any]) -> dict[str, Any]:
 
     row = decode_row(row)
     stateless = row.get("state_mode") == "stateless"
-    session = session_record(row.get("language"), row.get("venv_id"),
+    session = session_record(str(row.get("language") or "python"), row.get("venv_id"),
                              None if stateless else row.get("session_id"),
                              None if stateless else row.get("session_name"))
-    common = {"session": session, "state_mode": row.get("state_mode"),
-              "duration_ms": row.get("duration_ms"), "from_log": True, "seq": row.get("seq")}
+    common: dict[str, Any] = {"from_log": True, "seq": row.get("seq")}
+    if row.get("state_lost"):
+        common["state_lost"] = True
     if row.get("outcome") in (None, "ok"):
         return success(stdout=row.get("stdout") or "", stderr=row.get("stderr") or "",
                        truncated=False, result=row.get("result"),
-                       exit_code=row.get("exit_code"), images=[], **common,
-                       **({"state_lost": True} if row.get("state_lost") else {}))
+                       exit_code=row.get("exit_code"), images=[], session=session,
+                       state_mode=str(row.get("state_mode")),
+                       duration_ms=float(row.get("duration_ms") or 0.0), **common)
     extra = {k: row[k] for k in ("traceback",) if row.get(k)}
     return make_error(row["outcome"], row.get("error") or "", row.get("suggestion") or "",
                       stdout=row.get("stdout") or "", stderr=row.get("stderr") or "",
-                      state_lost=bool(row.get("state_lost")), **extra, **common)
+                      state_lost=bool(row.get("state_lost")), **extra, session=session,
+                      state_mode=row.get("state_mode"), duration_ms=row.get("duration_ms"),
+                      from_log=True, seq=row.get("seq"))
 
 
 def note_replay(seq: int, code: str) -> None:
