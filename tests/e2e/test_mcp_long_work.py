@@ -147,6 +147,28 @@ def test_a_stream_broken_mid_call_runs_once_and_the_resent_call_is_redelivered(
     assert Path(marker).read_text() == "1"
 
 
+def test_a_2026_stream_closed_mid_call_runs_once_and_is_redelivered(
+        http_server: tuple[Running, str], tmp_path: Path) -> None:
+    """The 2026-07-28 era through the SDK client: abandoning a request closes its
+    stream (that era's only signal). The code goes on, once; the re-sent identical
+    call gets its result, redelivered."""
+    _, url = http_server
+    marker = str(tmp_path / "count")
+    arguments = {"code": LOAD.format(marker=marker, seconds=1.5), "state_mode": "stateful",
+                 "wait": 10}
+
+    async def body(session: ClientSession) -> None:
+        with anyio.move_on_after(0.6):  # the client gives up: its POST's stream is closed
+            await session.call_tool("execute_code", arguments)
+        await anyio.sleep(2.5)  # the load ends meanwhile
+        again = content(await session.call_tool("execute_code", arguments))
+        assert again.get("redelivered") is True, again
+        assert again["result"] == "1"
+
+    with_http(url, "2026-07-28", body)
+    assert Path(marker).read_text() == "1"
+
+
 def test_stdio_wait_call_and_cancel_call(tmp_path: Path) -> None:
     params = StdioServerParameters(command=sys.executable,
                                    args=["-m", "coordex", "mcp", "--max-wait", "1"],
