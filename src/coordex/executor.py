@@ -404,6 +404,7 @@ class Executor:
             running = self.running_calls.start(
                 where(coordinate.language, coordinate.venv_id, coordinate.session_id,
                       coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
+            running.recorded = getattr(_recorded_call, "record", None)
             try:
                 request = RunRequest(code, limit, running.output, output_limit, cancel=cancel)
                 self._progress.callback = running.progress(on_progress)  # the page sees builds

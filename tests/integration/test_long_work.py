@@ -71,6 +71,9 @@ def test_a_detached_session_answers_busy_at_once(ex: Executor, tmp_path: Path) -
     assert time.monotonic() - started < 0.5
     listed = {s["session_name"]: s for s in ex.list_sessions()["sessions"]}
     assert listed["load"]["busy"] is True and listed["load"]["call_id"] == first["call_id"]
+    # The page's running calls (GET running) show it detached, with its call_id.
+    shown = [c for c in ex.running_calls.running() if c["call_id"] == first["call_id"]]
+    assert shown and shown[0]["detached"] is True
     # Other sessions run meanwhile (a bash session: own-interpreter code shares one
     # interpreter with the load).
     other = ex.execute_code("echo 2", language="bash", state_mode="stateful",

@@ -72,6 +72,9 @@ class RunningCall:
         self.at = time.time()
         self.seq: int | None = None
         self.interrupted = False
+        # The call record of a call given ``wait`` (SPEC 14), for its call_id and
+        # whether its client was answered "running".
+        self.recorded: Any = None
         self._relay = relay
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
@@ -107,7 +110,9 @@ class RunningCall:
                 "elapsed_ms": round((time.monotonic() - self.started) * 1000.0, 1),
                 "stdout": out.get("stdout", ""), "stderr": out.get("stderr", ""),
                 "build": out.get("build", ""), "interrupted": self.interrupted,
-                "interruptible": self.cancel is not None}
+                "interruptible": self.cancel is not None,
+                "call_id": getattr(self.recorded, "call_id", None),
+                "detached": bool(getattr(self.recorded, "detached", False))}
 
 
 class RunningCalls:
