@@ -311,6 +311,91 @@ def _hold(executor: Any, result: Any) -> Callable[[], None]:
     return hold
 
 
+# --- the tasks extension (SPEC 14) -----------------------------------------------------------
+
+TASKS = "io.modelcontextprotocol/tasks"
+# How long a task's record is kept (the call record's: an hour), and how often to poll.
+TASK_TTL_MS = 3_600_000
+TASK_POLL_MS = 2_000
+
+
+def wants_tasks(ctx: Any) -> bool:
+    """Whether this request's client declared the tasks extension (2026-07-28: per
+    request, in its ``_meta`` capabilities)."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    meta = getattr(ctx, "meta", None)
+    if not isinstance(meta, dict):
+        return False
+    if meta.get("io.modelcontextprotocol/protocolVersion") not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = meta.get("io.modelcontextprotocol/clientCapabilities")
+    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+    return isinstance(extensions, dict) and TASKS in extensions
+
+
+def _iso(at: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def task_of(record: dict[str, Any], result_type: str) -> dict[str, Any]:
+    """A call record (running, or final) as a task of the tasks extension."""
+    now = time.time()
+    started = now - float(record.get("elapsed_ms") or record.get("duration_ms") or 0) / 1000
+    task: dict[str, Any] = {
+        "resultType": result_type, "taskId": record["call_id"], "status": "working",
+        "createdAt": _iso(started), "lastUpdatedAt": _iso(now), "ttlMs": TASK_TTL_MS,
+        "pollIntervalMs": TASK_POLL_MS}
+    if record.get("running"):
+        task["statusMessage"] = "Running; output so far: " + (
+            str(record.get("stdout") or "")[-500:] or "(none)")
+    else:
+        task["status"] = "completed"
+        task["result"] = to_tool_result(record).model_dump(by_alias=True, mode="json",
+                                                          exclude_none=True)
+    return task
+
+
+def add_tasks(server: Server[Any], executor: Any, limiter: anyio.CapacityLimiter | None) -> None:
+    """Serve ``tasks/get`` and ``tasks/cancel`` from the call record behind
+    ``wait_call`` and ``cancel_call``; a ``tools/call`` answered ``running`` becomes a
+    task for a client that declared the extension (:func:`wants_tasks`)."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CancelTaskRequestParams, GetTaskRequestParams
+
+    def refuse(ctx: Any) -> None:
+        if not wants_tasks(ctx):
+            raise MCPError(code=-32021, message="Missing required client capability",
+                           data={"requiredCapabilities": {"extensions": {TASKS: {}}}})
+
+    async def current(task_id: str) -> dict[str, Any]:
+        record = await anyio.to_thread.run_sync(
+            lambda: executor.wait_call(task_id, 0.001), limiter=limiter)
+        if not isinstance(record, dict) or "call_id" not in record:
+            raise MCPError(code=-32602, message="Failed to retrieve task: Task not found "
+                           "(results are kept an hour after a call ends)")
+        return record
+
+    async def get(ctx: Any, params: GetTaskRequestParams) -> dict[str, Any]:
+        refuse(ctx)
+        return task_of(await current(params.task_id), "complete")
+
+    async def cancel(ctx: Any, params: CancelTaskRequestParams) -> dict[str, Any]:
+        refuse(ctx)
+        await current(params.task_id)
+        # Cooperative and eventually consistent: acknowledged at once, interrupted
+        # as cancel_call interrupts; tasks/get then shows the call's final result.
+        _in_thread(lambda: executor.cancel_call(params.task_id))
+        return {}
+
+    server.add_request_handler("tasks/get", GetTaskRequestParams, get)
+    server.add_request_handler("tasks/cancel", CancelTaskRequestParams, cancel)
+    server.extensions[TASKS] = {}
+
+
 # --- the server ------------------------------------------------------------------------
 
 
@@ -422,9 +507,11 @@ def build_server(executor: Any, name: str = SERVER_NAME,
 
     async def call(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         # Unknown tools and malformed arguments come back from call_tool as error dicts.
         record = await run_tool(executor, params.name, params.arguments, ctx, limiter)
+        if record.get("running") and wants_tasks(ctx):  # SPEC 14: a task of the call
+            return task_of(record, "task")
         return to_tool_result(record)
 
     def input_schema(tool: str) -> dict[str, Any] | None:
@@ -432,14 +519,18 @@ def build_server(executor: Any, name: str = SERVER_NAME,
         defs = tool_definitions("mcp", names=[tool]) if tool in TOOL_NAMES else []
         return defs[0]["inputSchema"] if isinstance(defs, list) and defs else None
 
-    return Server(
+    server: Server[Any] = Server(
         name,
         version=__version__,
         instructions=INSTRUCTIONS,
         get_tool_input_schema=input_schema,
         on_list_tools=list_tools,
-        on_call_tool=call,
+        # The SDK types a tools/call handler's result as CallToolResult (or input
+        # required); a task of the tasks extension is a dict it passes as it is.
+        on_call_tool=cast(Any, call),
     )
+    add_tasks(server, executor, limiter)
+    return server
 
 
 # --- stdio -----------------------------------------------------------------------------

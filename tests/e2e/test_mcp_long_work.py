@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
@@ -207,3 +207,78 @@ def _sse_result(response: httpx.Response) -> dict[str, Any]:
             if "result" in message:
                 return dict(message["result"]["structuredContent"])
     raise AssertionError(response.text)
+
+
+def test_tasks_extension_serves_the_call_record(http_server: tuple[Running, str],
+                                                tmp_path: Path) -> None:
+    """A 2026-07-28 client that declares io.modelcontextprotocol/tasks gets a call past
+    --max-wait as a task (resultType "task", taskId = call_id), polls tasks/get to its
+    result, and tasks/cancel interrupts another: one call record behind tasks and
+    wait_call alike."""
+    import mcp_types as types
+    from mcp.client.extension import ResultClaim
+    from pydantic import ConfigDict
+
+    _, url = http_server
+    marker = str(tmp_path / "count")
+
+    class TaskHandle(types.Result):
+        model_config = ConfigDict(extra="allow")
+        result_type: Literal["task"] = "task"
+
+    class TaskState(types.Result):  # tasks/get and tasks/cancel: resultType "complete"
+        model_config = ConfigDict(extra="allow")
+
+    async def never(handle: TaskHandle, ctx: Any) -> types.CallToolResult:
+        raise AssertionError("resolved by the test itself")
+
+    claim = ResultClaim(result_type="task", model=TaskHandle, resolve=never)
+
+    async def send(session: ClientSession, method: str, task_id: str) -> dict[str, Any]:
+        answer = await session.send_request(
+            types.Request[Any, Any](method=method, params={"taskId": task_id}),
+            TaskState, request_read_timeout_seconds=10)
+        return dict(answer.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+    async def start(session: ClientSession, arguments: dict[str, Any]) -> dict[str, Any]:
+        handle = await session.call_tool("execute_code", arguments, allow_claimed=True)
+        assert isinstance(handle, TaskHandle), handle
+        return dict(handle.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+    async def until_ended(session: ClientSession, task: dict[str, Any]) -> dict[str, Any]:
+        while task["status"] == "working":
+            await anyio.sleep(0.3)
+            task = await send(session, "tasks/get", task["taskId"])
+        return task
+
+    async def main() -> None:
+        client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})
+        async with client, streamable_http_client(url, http_client=client) as (read, write), \
+                ClientSession(read, write, extensions={"io.modelcontextprotocol/tasks": {}},
+                              result_claims={"io.modelcontextprotocol/tasks": [claim]}) \
+                as session:
+            discovered = await session.discover()
+            assert "io.modelcontextprotocol/tasks" in (discovered.capabilities.extensions or {})
+            with anyio.fail_after(60):
+                task = await start(session, {"code": LOAD.format(marker=marker, seconds=3),
+                                             "state_mode": "stateful"})
+                assert task["resultType"] == "task" and task["status"] == "working", task
+                assert task["taskId"].startswith("c_") and task["ttlMs"] >= 3_600_000
+                done = await until_ended(session, task)
+                assert done["status"] == "completed"
+                assert done["result"]["structuredContent"]["result"] == "1"
+                # The same record through wait_call.
+                fetched = content(await session.call_tool("wait_call",
+                                                          {"call_id": task["taskId"]}))
+                assert fetched["result"] == "1"
+                slow = await start(session, {
+                    "code": "import time\nfor _ in range(300):\n    time.sleep(0.1)",
+                    "state_mode": "stateful", "session_name": "slow"})
+                assert await send(session, "tasks/cancel", slow["taskId"]) is not None
+                stopped = await until_ended(session, slow)
+                record = stopped["result"]["structuredContent"]
+                assert record["error_type"] == "timeout" and record["state_lost"] is False
+                with pytest.raises(Exception, match="not found"):
+                    await send(session, "tasks/get", "c_nothing")
+
+    anyio.run(main)
