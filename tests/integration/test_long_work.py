@@ -199,3 +199,18 @@ def test_a_call_without_wait_starts_no_thread(ex: Executor) -> None:
         {t.ident for t in threading.enumerate()}))
     assert seen and not any(t.name.startswith("coordex-call-") for t in threading.enumerate()
                             if t.ident in seen[-1] - before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_first_use_build_counts_toward_wait(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real uv build (no requirements, offline) runs inside the call: past wait the
+    call answers running, and wait_call brings the code's result once it has run."""
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    with Executor(root=tmp_path / "root") as ex:
+        venv = ex.environments.create("", name="bare")["venv_id"]
+        first = ex.execute_code("import sys\nsys.prefix", venv_id=venv, wait=0.05)
+        assert first["running"] is True, first
+        final = ex.wait_call(first["call_id"])
+        assert "envs" in (final["result"] or ""), final
