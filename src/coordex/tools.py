@@ -329,7 +329,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         name="list_sessions",
         title="List sessions",
         description="List the kept sessions (language, venv_id, session_id, session_name, "
-        "calls, alive) and the max_sessions limit. Changes nothing.",
+        "calls, alive) and the max_sessions limit. Changes nothing. A session running a "
+        "call that answered 'running' shows busy: true and that call's call_id.",
         parameters=_object({}),
         result=_result({"sessions": _RECORDS, "max_sessions": {"type": "integer"}},
                        ("sessions", "max_sessions")),
