@@ -282,3 +282,33 @@ def test_tasks_extension_serves_the_call_record(http_server: tuple[Running, str]
                     await send(session, "tasks/get", "c_nothing")
 
     anyio.run(main)
+
+
+def test_a_tenant_sees_only_its_own_calls(tmp_path: Path) -> None:
+    """Through confined tenants: Bob cannot wait for, fetch or cancel Alice's call by
+    its call_id, and her call goes on to its end."""
+    import os
+
+    from .test_mcp_http import call_with_sdk
+
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("alice alice-token-0123456789\nbob bob-token-0123456789\n")
+    os.chmod(tokens, 0o600)
+    env = child_env(tmp_path / "home")
+    with spawn("serve", "--port", "0", "--tokens", str(tokens), "--max-wait", "1",
+               env=env) as running:
+        url = running.wait_for(READY).group(1)
+        alice = call_with_sdk(url, "alice-token-0123456789", [
+            ("execute_code", {"code": "import time\ntime.sleep(3)\n'done'",
+                              "state_mode": "stateful"})])
+        call_id = alice[0]["call_id"]
+        assert alice[0]["running"] is True
+        bob = call_with_sdk(url, "bob-token-0123456789", [
+            ("wait_call", {"call_id": call_id}), ("cancel_call", {"call_id": call_id}),
+            ("list_sessions", {})])
+        assert bob[0]["error_type"] == "not_found" and bob[1]["error_type"] == "not_found"
+        assert "Calls running now: none" in bob[0]["suggestion"]  # hers are not named
+        assert call_id not in json.dumps(bob[2])
+        time.sleep(3)
+        again = call_with_sdk(url, "alice-token-0123456789", [("wait_call", {"call_id": call_id})])
+        assert again[0]["result"] == "'done'"  # Bob's cancel_call did not reach it

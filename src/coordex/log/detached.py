@@ -43,7 +43,7 @@ HOLD_SECONDS = 600.0
 # call log keeps it after that).
 KEEP_SECONDS = 3600.0
 # Finished records kept in memory at most (the oldest go first, to the log alone).
-KEEP_CALLS = 2000
+KEEP_CALLS = 500
 # Seconds ``cancel_call`` waits for the interrupted call to end (its place's grace to
 # interrupt, then kill, is shorter).
 CANCEL_WAIT = 30.0
