@@ -109,6 +109,10 @@ def test_a_load_longer_than_the_request_runs_once_and_reaches_the_model(
         assert "loading" in final["stdout"]
         fetched = content(await session.call_tool("wait_call", {"call_id": first["call_id"]}))
         assert fetched == final
+        # A delivered result is never handed out again: the same call runs anew.
+        twice = [content(await session.call_tool("execute_code", {"code": "import os\nos.urandom(4)"}))
+                 for _ in range(2)]
+        assert "redelivered" not in twice[1] and twice[0]["result"] != twice[1]["result"]
 
     with_http(url, era, body)
     assert Path(marker).read_text() == "1"
@@ -145,6 +149,9 @@ def test_a_stream_broken_mid_call_runs_once_and_the_resent_call_is_redelivered(
     assert record["redelivered"] is True, record
     assert record["result"] == "1"
     assert Path(marker).read_text() == "1"
+    with httpx.Client(timeout=30) as client:  # redelivered once: sent again, it runs again
+        again = _sse_result(client.post(url, headers=session, json={**call, "id": 4}))
+    assert "redelivered" not in again and again["result"] == "2"
 
 
 def test_a_2026_stream_closed_mid_call_runs_once_and_is_redelivered(
