@@ -310,6 +310,11 @@ def test_a_tenant_sees_only_its_own_calls(tmp_path: Path) -> None:
                               "state_mode": "stateful"})])
         call_id = alice[0]["call_id"]
         assert alice[0]["running"] is True
+        # Alice's page lists it among the calls running, detached (it runs in her host).
+        page = httpx.get(url.replace("/mcp", "/ui/api/running"),
+                         headers={"authorization": "Bearer alice-token-0123456789"}).json()
+        listed = [c for c in page["running"] if c.get("call_id") == call_id]
+        assert listed and listed[0]["detached"] is True, page
         bob = call_with_sdk(url, "bob-token-0123456789", [
             ("wait_call", {"call_id": call_id}), ("cancel_call", {"call_id": call_id}),
             ("list_sessions", {})])
@@ -319,3 +324,6 @@ def test_a_tenant_sees_only_its_own_calls(tmp_path: Path) -> None:
         time.sleep(3)
         again = call_with_sdk(url, "alice-token-0123456789", [("wait_call", {"call_id": call_id})])
         assert again[0]["result"] == "'done'"  # Bob's cancel_call did not reach it
+        page = httpx.get(url.replace("/mcp", "/ui/api/running"),
+                         headers={"authorization": "Bearer alice-token-0123456789"}).json()
+        assert not [c for c in page["running"] if c.get("call_id") == call_id]
