@@ -274,8 +274,11 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         raise failed[0]
     import anyio
 
+    from . import mcp_server
     from .mcp_server import serve_stdio
 
+    if args.max_wait is not None:
+        mcp_server.MAX_WAIT = args.max_wait
     _answer_then_interrupt([ex])
     interrupted = False
     try:
@@ -312,7 +315,7 @@ def _read_tokens(path: str) -> dict[str, str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
-    from . import router
+    from . import mcp_server, router
     from .mcp_server import (
         BearerTenantApp,
         TokenFileError,
@@ -320,6 +323,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         make_tenant,
         serve_http,
     )
+
+    if args.max_wait is not None:
+        mcp_server.MAX_WAIT = args.max_wait
 
     env_token = (os.environ.get("COORDEX_TOKEN") or "").strip() or None
     root = base_root(args.home)
@@ -759,6 +765,10 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                         help="default per-call timeout (default 50, below the common "
                         "60 s client request timeout)")
+    limits.add_argument("--max-wait", type=_positive_float, metavar="SECONDS",
+                        help="seconds a tool call waits before it answers 'running' with "
+                        "a call_id (the code goes on; wait_call fetches its result); the "
+                        "default and most of the tools' wait argument (default 45)")
 
     parser = argparse.ArgumentParser(
         prog="coordex",

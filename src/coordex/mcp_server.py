@@ -30,6 +30,7 @@ session id.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hmac
 import io
 import json
@@ -236,6 +237,166 @@ def stopping_result(result: dict[str, Any] | None = None) -> dict[str, Any]:
     return record
 
 
+# --- long work (SPEC 14) ------------------------------------------------------------------
+
+# Seconds a tool call waits over MCP before it answers ``running`` (``--max-wait``): the
+# default of ``wait`` and its most, below the ~60 s at which hosted clients cut a call.
+MAX_WAIT = 45.0
+# The tools that take ``wait``.
+WAITING_TOOLS = ("execute_code", "call_function", "rebuild_session", "wait_call")
+
+
+def with_wait(name: str, arguments: Any, max_wait: float) -> Any:
+    """``arguments`` with ``wait`` at most ``max_wait`` (its default when not given); a
+    ``wait`` that is not a positive number is left for the executor to refuse."""
+    if name not in WAITING_TOOLS or not isinstance(arguments, dict | None):
+        return arguments
+    args = dict(arguments or {})
+    given = args.get("wait")
+    if given is None:
+        args["wait"] = max_wait
+    elif isinstance(given, int | float) and not isinstance(given, bool) and given > 0:
+        args["wait"] = min(float(given), max_wait)
+    return args
+
+
+class Delivery:
+    """Whether the answer to one HTTP request reached the client (SPEC 14).
+
+    Set for each request by :class:`BearerTenantApp` (a context variable, which the SDK
+    carries into the tool handler); the response's last body message marks it
+    delivered. A request that ends without it (the stream broke, the client went away)
+    is lost: the calls that answered it are held for their re-sent twins."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.disconnected = False
+        self.ended = False
+        self._lost: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def on_lost(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.ended:
+                self._lost.append(action)
+                return
+            lost = not self.finished
+        if lost:
+            _in_thread(action)
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended = True
+            actions, self._lost = ([] if self.finished else self._lost), []
+        for action in actions:
+            _in_thread(action)
+
+
+def _in_thread(action: Callable[[], None]) -> None:
+    threading.Thread(target=action, name="coordex-hold", daemon=True).start()
+
+
+DELIVERY: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar(
+    "coordex_delivery", default=None)
+
+
+def _hold(executor: Any, result: Any) -> Callable[[], None]:
+    """What holds ``result``'s call for redelivery (a result with no call_id: nothing)."""
+    def hold() -> None:
+        call_id = result.get("call_id") if isinstance(result, dict) else None
+        hold_call = getattr(executor, "hold_call", None)
+        if isinstance(call_id, str) and hold_call is not None:
+            with contextlib.suppress(Exception):
+                hold_call(call_id)
+
+    return hold
+
+
+# --- the tasks extension (SPEC 14) -----------------------------------------------------------
+
+TASKS = "io.modelcontextprotocol/tasks"
+# How long a task's record is kept (the call record's: an hour), and how often to poll.
+TASK_TTL_MS = 3_600_000
+TASK_POLL_MS = 2_000
+
+
+def wants_tasks(ctx: Any) -> bool:
+    """Whether this request's client declared the tasks extension (2026-07-28: per
+    request, in its ``_meta`` capabilities)."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    meta = getattr(ctx, "meta", None)
+    if not isinstance(meta, dict):
+        return False
+    if meta.get("io.modelcontextprotocol/protocolVersion") not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = meta.get("io.modelcontextprotocol/clientCapabilities")
+    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+    return isinstance(extensions, dict) and TASKS in extensions
+
+
+def _iso(at: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def task_of(record: dict[str, Any], result_type: str) -> dict[str, Any]:
+    """A call record (running, or final) as a task of the tasks extension."""
+    now = time.time()
+    started = now - float(record.get("elapsed_ms") or record.get("duration_ms") or 0) / 1000
+    task: dict[str, Any] = {
+        "resultType": result_type, "taskId": record["call_id"], "status": "working",
+        "createdAt": _iso(started), "lastUpdatedAt": _iso(now), "ttlMs": TASK_TTL_MS,
+        "pollIntervalMs": TASK_POLL_MS}
+    if record.get("running"):
+        task["statusMessage"] = "Running; output so far: " + (
+            str(record.get("stdout") or "")[-500:] or "(none)")
+    else:
+        task["status"] = "completed"
+        task["result"] = to_tool_result(record).model_dump(by_alias=True, mode="json",
+                                                          exclude_none=True)
+    return task
+
+
+def add_tasks(server: Server[Any], executor: Any, limiter: anyio.CapacityLimiter | None) -> None:
+    """Serve ``tasks/get`` and ``tasks/cancel`` from the call record behind
+    ``wait_call`` and ``cancel_call``; a ``tools/call`` answered ``running`` becomes a
+    task for a client that declared the extension (:func:`wants_tasks`)."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CancelTaskRequestParams, GetTaskRequestParams
+
+    def refuse(ctx: Any) -> None:
+        if not wants_tasks(ctx):
+            raise MCPError(code=-32021, message="Missing required client capability",
+                           data={"requiredCapabilities": {"extensions": {TASKS: {}}}})
+
+    async def current(task_id: str) -> dict[str, Any]:
+        record = await anyio.to_thread.run_sync(
+            lambda: executor.wait_call(task_id, 0.001), limiter=limiter)
+        if not isinstance(record, dict) or "call_id" not in record:
+            raise MCPError(code=-32602, message="Failed to retrieve task: Task not found "
+                           "(results are kept an hour after a call ends)")
+        return record
+
+    async def get(ctx: Any, params: GetTaskRequestParams) -> dict[str, Any]:
+        refuse(ctx)
+        return task_of(await current(params.task_id), "complete")
+
+    async def cancel(ctx: Any, params: CancelTaskRequestParams) -> dict[str, Any]:
+        refuse(ctx)
+        await current(params.task_id)
+        # Cooperative and eventually consistent: acknowledged at once, interrupted
+        # as cancel_call interrupts; tasks/get then shows the call's final result.
+        _in_thread(lambda: executor.cancel_call(params.task_id))
+        return {}
+
+    server.add_request_handler("tasks/get", GetTaskRequestParams, get)
+    server.add_request_handler("tasks/cancel", CancelTaskRequestParams, cancel)
+    server.extensions[TASKS] = {}
+
+
 # --- the server ------------------------------------------------------------------------
 
 
@@ -274,6 +435,10 @@ async def _run_tool(
 ) -> dict[str, Any]:
     relay = OutputRelay()
     cancel = threading.Event()
+    arguments = with_wait(name, arguments, MAX_WAIT)
+    delivery = DELIVERY.get()
+    lost = threading.Event()  # the request's stream broke: the result is held, not sent
+    answered: list[dict[str, Any]] = []
 
     forward = getattr(executor, "forward_tool", None)
 
@@ -289,9 +454,13 @@ async def _run_tool(
 
     def guarded() -> dict[str, Any]:
         try:
-            return work()
+            result = work()
         except Exception as exc:  # a coordex bug must still reach the model as data
-            return internal_error(exc)
+            result = internal_error(exc)
+        answered.append(result)
+        if lost.is_set():
+            _hold(executor, result)()
+        return result
 
     try:
         async with anyio.create_task_group() as tg:
@@ -303,8 +472,17 @@ async def _run_tool(
             finally:
                 tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class():
-        cancel.set()
+        if delivery is not None and delivery.disconnected:
+            # The stream broke (at 2026-07-28 a closed stream is all a client sends):
+            # the code goes on and its result is held for the re-sent call (SPEC 14).
+            lost.set()
+            if answered:
+                _in_thread(_hold(executor, answered[0]))
+        else:
+            cancel.set()
         raise
+    if delivery is not None:
+        delivery.on_lost(_hold(executor, result))
     if ctx is not None:
         # Output of the last interval (or of a call shorter than one) still goes out,
         # ahead of the result.
@@ -324,15 +502,17 @@ def build_server(executor: Any, name: str = SERVER_NAME,
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        defs = tool_definitions("mcp", default_timeout=default_timeout)
+        defs = tool_definitions("mcp", default_timeout=default_timeout, default_wait=MAX_WAIT)
         assert isinstance(defs, list)  # "mcp" is a known format
         return types.ListToolsResult(tools=[types.Tool.model_validate(d) for d in defs])
 
     async def call(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         # Unknown tools and malformed arguments come back from call_tool as error dicts.
         record = await run_tool(executor, params.name, params.arguments, ctx, limiter)
+        if record.get("running") and wants_tasks(ctx):  # SPEC 14: a task of the call
+            return task_of(record, "task")
         return to_tool_result(record)
 
     def input_schema(tool: str) -> dict[str, Any] | None:
@@ -340,14 +520,18 @@ def build_server(executor: Any, name: str = SERVER_NAME,
         defs = tool_definitions("mcp", names=[tool]) if tool in TOOL_NAMES else []
         return defs[0]["inputSchema"] if isinstance(defs, list) and defs else None
 
-    return Server(
+    server: Server[Any] = Server(
         name,
         version=__version__,
         instructions=INSTRUCTIONS,
         get_tool_input_schema=input_schema,
         on_list_tools=list_tools,
-        on_call_tool=call,
+        # The SDK types a tools/call handler's result as CallToolResult (or input
+        # required); a task of the tasks extension is a dict it passes as it is.
+        on_call_tool=cast(Any, call),
     )
+    add_tasks(server, executor, limiter)
+    return server
 
 
 # --- stdio -----------------------------------------------------------------------------
@@ -594,7 +778,25 @@ class BearerTenantApp:
         if scope["path"].rstrip("/") != self.path:
             await _plain_response(send, 404, f"Not found: the MCP endpoint is {self.path}\n")
             return
-        await tenant.manager.handle_request(scope, receive, send)
+        delivery = Delivery()
+        token = DELIVERY.set(delivery)
+
+        async def watched_receive() -> Any:
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                delivery.disconnected = True
+            return message
+
+        async def watched_send(message: Any) -> None:
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body"):
+                delivery.finished = True
+
+        try:
+            await tenant.manager.handle_request(scope, watched_receive, watched_send)
+        finally:
+            DELIVERY.reset(token)
+            delivery.end()
 
     async def _oauth_tenant(self, scope: Any) -> Tenant | None:
         names = [tenant.name for tenant in self.tenants]

@@ -15,10 +15,12 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 ErrorType = Literal[
-    "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment"
+    "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment",
+    "busy",
 ]
 ERROR_TYPES: tuple[ErrorType, ...] = (
     "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment",
+    "busy",
 )
 # When each error_type is given (SPEC section 4); the docs' error reference is built from
 # this table, and a test holds it to ERROR_TYPES. Keyed by str: a type another part of

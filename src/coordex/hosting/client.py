@@ -634,6 +634,16 @@ class ConfinedExecutor:
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
         return self._call("serve_ui", {"port": port, "host": host})
 
+    # SPEC 14: the call records live in the host, with the calls.
+    def wait_call(self, call_id: str, wait: float | None = None) -> dict[str, Any]:
+        return self._call("wait_call", {"call_id": call_id, "wait": wait})
+
+    def cancel_call(self, call_id: str) -> dict[str, Any]:
+        return self._call("cancel_call", {"call_id": call_id})
+
+    def hold_call(self, call_id: str) -> dict[str, Any]:
+        return self._call("hold_call", {"call_id": call_id})
+
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
