@@ -35,7 +35,7 @@ from coordex.cli import build_parser
 from coordex.core import facts
 from coordex.core.coordinates import check_coordinate
 from coordex.core.errors import ERROR_MEANINGS, ERROR_TYPES, CoordexError
-from coordex.core.messages import WORDS, build_outside_spec, environment_not_found, said
+from coordex.core.messages import WORDS, build_outside_spec, detached_busy, environment_not_found, said
 from coordex.core.registry import SessionRegistry
 from coordex.tools import FORMATS, TOOL_NAMES, tool_definitions
 
@@ -167,6 +167,8 @@ ERROR_EXAMPLES: dict[str, tuple[str, Callable[[], object]]] = {
     "crashed": ("the worker killed (SIGKILL) under a stateful call, after its retry",
                 lambda: said(_DIED, "worker", "stateful", 60, state_lost=True,
                              attempts=2)["error"]),
+    "busy": ("a stateful call to a session whose earlier call returned `running` and still "
+             "runs", lambda: detached_busy("c-7f3a")),
     "environment": ("a build whose index's certificate is not trusted (a corporate CA)",
                     lambda: build_outside_spec("the environment 'pandas<2'", _TLS_FAILURE,
                                                "coordex.toml")),

@@ -256,6 +256,17 @@ def session_busy() -> dict[str, Any]:
         "another session.", stdout="", stderr="", state_lost=False)
 
 
+def detached_busy(call_id: str) -> dict[str, Any]:
+    """A stateful or read-only call to a session whose detached call (one that returned
+    ``running``, SPEC 14) still runs: answered at once, nothing ran."""
+    return make_error(
+        "busy", f"The session is running an earlier call ({call_id}) that returned "
+        "'running'; nothing ran.",
+        f"Call wait_call(call_id={call_id!r}) for its result, then run this call "
+        f"again; or cancel_call(call_id={call_id!r}) to interrupt it; or use "
+        "another session.", call_id=call_id)
+
+
 def session_closed(place: PlaceKind) -> dict[str, Any]:
     """A call to a kept session that was closed (``close_session``, or its place): one
     sentence for every place."""

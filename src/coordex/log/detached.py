@@ -342,14 +342,9 @@ class CallBook:
 
 
 def busy_error(record: CallRecord) -> dict[str, Any]:
-    from ..core.errors import make_error
+    from ..core.messages import detached_busy
 
-    return make_error(
-        "busy", f"The session is running an earlier call ({record.call_id}) that returned "
-        "'running'; nothing ran.",
-        f"Call wait_call(call_id={record.call_id!r}) for its result, then run this call "
-        f"again; or cancel_call(call_id={record.call_id!r}) to interrupt it; or use "
-        "another session.", call_id=record.call_id)
+    return detached_busy(record.call_id)
 
 
 __all__ = ["CANCEL_WAIT", "HOLD_SECONDS", "KEEP_SECONDS", "CallBook", "CallRecord",
