@@ -14,7 +14,8 @@ Every result - success or error - becomes a tool result: the dict as structured
 content, the same dict as JSON text (image data replaced by a pointer to the image
 blocks, so a model is not fed base64), each image as MCP image content, and
 ``isError`` when the dict is an error. Output produced while a call runs reaches the
-client as progress notifications carrying the newest output.
+client as progress notifications carrying the newest output, and a call that prints
+nothing still sends one every few seconds (the heartbeat: elapsed time, newest line).
 
 Stdio: before anything else starts, :func:`claim_stdio` moves the wire to private
 descriptors and points fd 1 at stderr and fd 0 at /dev/null, so ``os.write(1, ...)``
@@ -68,6 +69,10 @@ from .tools import (
 # of the newest output each one carries.
 PROGRESS_INTERVAL = 0.25
 PROGRESS_TAIL_CHARS = 1000
+# However silent a call, a progress notification at least this often (SPEC 14 asks for
+# one every 10 s; half that leaves room for a loaded machine).
+HEARTBEAT_INTERVAL = 5.0
+HEARTBEAT_LINE_CHARS = 200
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -152,21 +157,43 @@ class OutputRelay:
                 updates.append((self._next(), self._tail))
             return updates
 
+    def beat(self, elapsed: float) -> None:
+        """A heartbeat line for a call silent since the last notification: the seconds
+        it has run and the newest line of its output, if any."""
+        with self._lock:
+            newest = next((line for line in reversed(self._tail.splitlines()) if line.strip()),
+                          "")
+            line = f"running for {elapsed:.0f} s"
+            if newest:
+                line += f"; newest output: {newest[-HEARTBEAT_LINE_CHARS:]}"
+            self._lines.append(line)
+
     def _next(self) -> int:
         self._progress = max(self._seen, self._progress + 1)
         return self._progress
 
 
-async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
-    for progress, message in relay.take():
+async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> bool:
+    """Send what the relay holds; whether anything went."""
+    updates = relay.take()
+    for progress, message in updates:
         # A no-op when the client sent no progress token.
         await ctx.session.report_progress(float(progress), None, message)
+    return bool(updates)
 
 
 async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
+    """Output as it comes, and the heartbeat (SPEC 14): however silent the call, a
+    notification at least every :data:`HEARTBEAT_INTERVAL`, so clients that give up on
+    a call without a sign of life keep waiting for it."""
+    started = last = time.monotonic()
     while True:
         await anyio.sleep(PROGRESS_INTERVAL)
-        await _send_progress(ctx, relay)
+        now = time.monotonic()
+        if now - last >= HEARTBEAT_INTERVAL:
+            relay.beat(now - started)
+        if await _send_progress(ctx, relay):
+            last = now
 
 
 # --- stopping (SPEC section 8) -----------------------------------------------------------
