@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import sessions
+from . import sessions, spill
 from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session, empty_outcome
 from .backends.env import EnvironmentPlace
@@ -167,6 +167,8 @@ class Executor:
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
         self._ui: Any = None
+        # Output and values that do not fit a result go here (SPEC 14).
+        self.spill_folder = spill.folder_of(_working_folder(self.root))
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ context manager
@@ -250,6 +252,7 @@ class Executor:
         started = time.perf_counter()
         coordinate: Coordinate | None = None
         seq: int | None = None  # the call's log row, where one was reserved while it ran
+        tee: spill.Tee | None = None  # a stored function's inner call is fitted by its caller
         try:
             code = coords.check_code(code)
             coordinate = coords.check_coordinate(language, state_mode, session_id,
@@ -264,8 +267,12 @@ class Executor:
             running = self.running_calls.start(
                 where(coordinate.language, coordinate.venv_id, coordinate.session_id,
                       coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
+            if not nested:
+                tee = spill.Tee(self.spill_folder, output_limit, running.output)
             try:
-                request = RunRequest(code, limit, running.output, output_limit, cancel=cancel)
+                request = RunRequest(code, limit, tee or running.output, output_limit,
+                                     cancel=cancel,
+                                     value_limit=None if nested else spill.VALUE_KEEP_CHARS)
                 self._progress.callback = running.progress(on_progress)  # the page sees builds
                 active = self._active_session(coordinate) if nested else None
                 if active is None:
@@ -282,6 +289,8 @@ class Executor:
                 result = messages.stopped_by(result, "person")
             elif cancel is not None and cancel.is_set():  # its caller cancelled it
                 result = messages.stopped_by(result, "caller")
+        if tee is not None:
+            result = tee.finish(result, output_limit)
         asked = None if coordinate is not None else (language, state_mode, session_id,
                                                       session_name, venv_id)
         result = record_call(self._call_log, result, code, coordinate, seq, asked)
@@ -638,6 +647,7 @@ class Executor:
                 self._persist.forget(Identity.of(record))
             if self._call_log is not None:
                 self._call_log.event("close", record)
+            spill.forget_session(self.spill_folder, record)
             return cast(CloseResult, {"closed": True, "session": record})
         except CoordexError as exc:
             return cast(CloseResult, exc.to_dict())
@@ -1021,3 +1031,11 @@ def _error_record(exc: CoordexError, coordinate: Coordinate | None,
 
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
+
+
+def _working_folder(root: Path) -> str:
+    """The folder sessions start in: this process's (its root's, if that is gone)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return str(root)
