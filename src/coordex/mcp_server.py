@@ -42,6 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -92,7 +93,7 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
             {"mime": img.get("mime", "image/png"), "data": f"<image content block {i + 1}>"}
             for i, img in enumerate(images)
         ]
-    content: list[types.TextContent | types.ImageContent] = [
+    content: list[types.TextContent | types.ImageContent | types.ResourceLink] = [
         types.TextContent(type="text", text=json.dumps(text_view, ensure_ascii=False))
     ]
     for img in images:
@@ -101,9 +102,27 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
                 type="image", data=str(img.get("data", "")), mime_type=img.get("mime", "image/png")
             )
         )
+    content.extend(spilled_links(structured))
     return types.CallToolResult(
         content=list(content), structured_content=structured, is_error="error_type" in record
     )
+
+
+def spilled_links(record: dict[str, Any]) -> list[types.ResourceLink]:
+    """A ``resource_link`` for each file holding a stream or value the result cut
+    (``spilled``, SPEC 14): a file the session reads, as a ``file://`` URI."""
+    spilled = record.get("spilled")
+    links = []
+    for name, path in (spilled.items() if isinstance(spilled, dict) else ()):
+        if not (isinstance(path, str) and os.path.isabs(path)):
+            continue
+        links.append(types.ResourceLink(
+            type="resource_link", uri=Path(path).as_uri(), name=f"{name}.txt",
+            title=f"The whole {name} of this call",
+            description=f"This call's {name}, whole; the result holds its head and tail. "
+                        "Read it with execute_code in the same session.",
+            mime_type="text/plain"))
+    return links
 
 
 # --- progress --------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import threading
 import time
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from .core.results import DEFAULT_OUTPUT_LIMIT, RESULT_BUDGET, fit
+from .core.results import DEFAULT_OUTPUT_LIMIT, RESULT_BUDGET, fit, json_bytes
 
 OnOutput = Callable[[str, str], None]
 
@@ -142,7 +143,6 @@ class Tee:
                budget: int = RESULT_BUDGET) -> dict[str, Any]:
         """``record`` within ``budget``, each field cut (here or by the place) kept whole
         in a file and named in ``spilled``; every file not named is deleted."""
-        whole_value = record.get("result")
         fitted, cut = fit(record, budget, value_limit)
         spilled: dict[str, str] = {}
         prefix = session_prefix(record.get("session"))
@@ -158,10 +158,12 @@ class Tee:
                 else:
                     kept.chunks = []
             self._streams.clear()
-        if "result" in cut and isinstance(whole_value, str):
-            path = self._write(f"{prefix}{self._stamp}-result.txt", whole_value)
-            if path is not None:
-                spilled["result"] = path
+        for name in cut:  # the rest: whole in the record as it came
+            label = "result" if name == "value_repr" else name
+            if label not in spilled and isinstance(record.get(name), str):
+                path = self._write(f"{prefix}{self._stamp}-{label}.txt", record[name])
+                if path is not None:
+                    spilled[label] = path
         if spilled:
             fitted["spilled"] = spilled
             prune(self.folder)
@@ -235,3 +237,18 @@ def prune(folder: Path, max_bytes: int = MAX_BYTES) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
             total -= size
+
+
+def fit_function_result(record: dict[str, Any], folder: Path | None,
+                        budget: int = RESULT_BUDGET) -> dict[str, Any]:
+    """A stored function's result within ``budget``: its output as :meth:`Tee.finish`
+    fits it (the record holds it whole up to the transfer limit), and a value too big for
+    its share given as JSON text in ``value_repr`` (``value`` null), cut and spilled as
+    ``result``. Without a ``folder`` nothing is written."""
+    value = record.get("value")
+    if value is not None and json_bytes(value) > budget // 2:
+        record = {**record, "value": None,
+                  "value_repr": json.dumps(value, ensure_ascii=False, default=str)}
+    if folder is None:
+        return fit(record, budget, VALUE_KEEP_CHARS)[0]
+    return Tee(folder).finish(record, VALUE_KEEP_CHARS, budget)

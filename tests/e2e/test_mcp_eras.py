@@ -37,7 +37,8 @@ HEARTBEAT_MAX_GAP = 10.0
 
 
 @pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[tuple[Running, str]]:
+def http_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Running, str]]:
+    monkeypatch.chdir(tmp_path)  # its working folder, where results spill
     env = child_env(tmp_path / "home", COORDEX_TOKEN=TOKEN)
     with spawn("serve", "--port", "0", env=env) as running:
         yield running, running.wait_for(READY).group(1)
@@ -262,3 +263,56 @@ def test_heartbeat_gaps_over_a_minute(tmp_path: Path) -> None:
         assert max(between) <= HEARTBEAT_MAX_GAP
 
     anyio.run(body)
+
+
+# --- results that fit (SPEC 14) -----------------------------------------------------------
+
+
+async def spilled_over_mcp(client: Client) -> None:
+    """A call printing more than one result carries: the result's JSON within 80 KB, a
+    resource link per file, and each file holding the whole stream for the session."""
+    from coordex.core.results import RESULT_BUDGET
+
+    result = await client.call_tool("execute_code", {
+        "code": "print('\\n'.join(f'row {i}' for i in range(40000)))\n'v' * 100000",
+        "state_mode": "stateful", "session_name": "big"})
+    record = structured(result)
+    text = result.content[0]
+    assert len(getattr(text, "text", "").encode()) <= RESULT_BUDGET
+    assert set(record["spilled"]) == {"stdout", "result"}
+    links = {item.uri: item for item in result.content if item.type == "resource_link"}
+    assert set(links) == {Path(p).as_uri() for p in record["spilled"].values()}
+    assert all(link.mime_type == "text/plain" for link in links.values())
+    check = structured(await client.call_tool("execute_code", {
+        "code": f"with open({record['spilled']['stdout']!r}) as f:\n    lines = f.read()"
+                f".splitlines()\nwith open({record['spilled']['result']!r}) as f:\n"
+                "    value = f.read()\n(len(lines), lines[-1], len(value))",
+        "state_mode": "stateful", "session_name": "big"}))
+    assert check["result"] == "(40000, 'row 39999', 100002)", check
+    structured(await client.call_tool("close_session", {"session_name": "big"}))
+    gone = structured(await client.call_tool("execute_code", {
+        "code": f"import os\nos.path.exists({record['spilled']['stdout']!r})"}))
+    assert gone["result"] == "False"
+
+
+def test_what_does_not_fit_comes_as_resource_links_over_stdio(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    monkeypatch.chdir(tmp_path)  # the server works (and spills) in the client's folder
+
+    async def body() -> None:
+        async with connect(tmp_path / "home", "auto") as client:
+            await spilled_over_mcp(client)
+
+    run(body)
+
+
+def test_what_does_not_fit_comes_as_resource_links_over_http(
+        http_server: tuple[Running, str]) -> None:
+    _, url = http_server
+
+    async def body() -> None:
+        async with connect(url, "legacy") as client:
+            await spilled_over_mcp(client)
+
+    run(body)

@@ -104,8 +104,7 @@ def discover(version: str = "2026-07-28", request_id: int | str = 0) -> dict[str
 
 
 def test_the_early_discover_answer_is_the_sdks_and_the_session_goes_on(tmp_path: Path) -> None:
-    from mcp_types import (CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY,
-                           SERVER_INFO_META_KEY)
+    from mcp_types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY
     from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
     from coordex import mcp_hello

@@ -22,8 +22,8 @@ DEFAULT_OUTPUT_LIMIT = 64 * 1024
 # One result's JSON, in bytes (SPEC 14: clients cap a tool result near 25k tokens).
 # Images are not counted: they travel as image content of their own.
 RESULT_BUDGET = 80_000
-# The fields cut to fit, in the order their share of the budget is settled.
-FITTED = ("stdout", "stderr", "result")
+# The fields cut to fit; ``value_repr`` is a stored function's value as text.
+FITTED = ("stdout", "stderr", "result", "value_repr")
 # Room kept for what is added after fitting (``spilled`` and its paths, a duration).
 _ROOM = 1500
 _SURROGATE = re.compile("[\ud800-\udfff]")
