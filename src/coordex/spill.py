@@ -85,7 +85,14 @@ class Tee:
         self._relay = relay
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
-        self._stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_numbers)}"
+        self._named = ""
+
+    @property
+    def _stamp(self) -> str:
+        """The part of this call's file names after the session's (made on first need)."""
+        if not self._named:
+            self._named = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_numbers)}"
+        return self._named
 
     def __call__(self, stream: str, text: str) -> None:
         if stream in _STREAMS and text:

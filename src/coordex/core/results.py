@@ -138,6 +138,8 @@ def fit(record: dict[str, Any], budget: int = RESULT_BUDGET,
     record has one.
     """
     texts = {name: record[name] for name in FITTED if isinstance(record.get(name), str)}
+    if 7 * sum(map(len, texts.values())) < min(budget // 4, value_limit):
+        return record, []  # seven bytes a character at most: nothing to cut (most calls)
     cut: list[str] = []
     record = dict(record)
     value = texts.get("result")
