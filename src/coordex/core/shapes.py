@@ -68,6 +68,9 @@ class RunResult(ErrorFields, total=False):
     isolation: Isolation
     state_lost: bool
     retried: bool
+    # SPEC 14: files holding the whole of what the result cut ("stdout", "stderr",
+    # "result"), present only then.
+    spilled: dict[str, str]
 
 
 class SessionInfo(TypedDict, total=False):
