@@ -133,7 +133,8 @@ class OutputRelay:
 
     ``on_output`` must return at once (it runs on the executor's reader threads), so it
     only records. Build lines (stream ``"build"``: uv's, and the heartbeat while it is
-    silent) are each sent as a notification of their own, in order; the run's output is
+    silent) and this call's own heartbeat lines (:meth:`beat`) are each sent as a
+    notification of their own, in order; the run's output is
     sent at most once per interval as its newest part, a change of stream always
     starting a new line. ``progress`` is the number of characters seen so far, raised by
     one where needed so that it rises with every notification (as MCP requires).
