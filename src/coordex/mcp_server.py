@@ -73,6 +73,7 @@ PROGRESS_TAIL_CHARS = 1000
 # However silent a call, a progress notification at least this often (SPEC 14 asks for
 # one every 10 s; half that leaves room for a loaded machine).
 HEARTBEAT_INTERVAL = 5.0
+HEARTBEAT_FIRST = 1.0
 HEARTBEAT_LINE_CHARS = 200
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -206,7 +207,9 @@ async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay
     """Output as it comes, and the heartbeat (SPEC 14): however silent the call, a
     notification at least every :data:`HEARTBEAT_INTERVAL`, so clients that give up on
     a call without a sign of life keep waiting for it."""
-    started = last = time.monotonic()
+    started = time.monotonic()
+    # The first sign comes early (a fast call sends none), then one every interval.
+    last = started - HEARTBEAT_INTERVAL + HEARTBEAT_FIRST
     while True:
         await anyio.sleep(PROGRESS_INTERVAL)
         now = time.monotonic()

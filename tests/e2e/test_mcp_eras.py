@@ -215,6 +215,9 @@ async def heartbeat_in_both_eras(where: Path | str, homes: tuple[Any, Any]) -> N
 
     async def one(mode: str, place: Any) -> None:
         async with connect(place, mode) as client:
+            # The server is ready (a stdio server answers the handshake before it is):
+            # what is measured is the call's own heartbeat.
+            structured(await client.call_tool("execute_code", {"code": "1"}))
             found[mode] = await silent_call(client, SILENT_SECONDS)
 
     async with anyio.create_task_group() as tg:
@@ -258,6 +261,7 @@ def test_heartbeat_gaps_over_a_minute(tmp_path: Path) -> None:
     call (printed; run with -s to see it)."""
     async def body() -> None:
         async with connect(tmp_path, "auto") as client:
+            structured(await client.call_tool("execute_code", {"code": "1"}))
             times, _, ended = await silent_call(client, 60)
         between = gaps(times, ended)
         print(f"\nheartbeat over a 60 s silent call: {len(times)} notifications, gap max "
