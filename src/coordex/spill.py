@@ -36,6 +36,9 @@ FOLDER = os.path.join(".coordex", "out")
 MAX_BYTES = 1 << 30
 # A value's repr is kept whole up to this many characters (what a place hands back).
 VALUE_KEEP_CHARS = 16 * 1024 * 1024
+# A file still being written that has not grown for this long was left by a process
+# that died during its call.
+PARTIAL_STALE_SECONDS = 3600.0
 _STREAMS = ("stdout", "stderr")
 _numbers = itertools.count(1)
 
@@ -230,13 +233,15 @@ def forget_session(folder: Path, session: dict[str, Any]) -> None:
 def prune(folder: Path, max_bytes: int = MAX_BYTES) -> None:
     """Delete the oldest spilled files until those left hold at most ``max_bytes``."""
     files: list[tuple[float, int, str]] = []
+    stale = time.time() - PARTIAL_STALE_SECONDS
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
-            if entry.name.startswith(".partial-"):
-                continue  # a call still writing it
             with contextlib.suppress(OSError):
                 stat = entry.stat()
-                files.append((stat.st_mtime, stat.st_size, entry.path))
+                if not entry.name.startswith(".partial-"):
+                    files.append((stat.st_mtime, stat.st_size, entry.path))
+                elif stat.st_mtime < stale:  # left by a process killed during its call
+                    os.unlink(entry.path)
     total = sum(size for _, size, _ in files)
     for _, size, path in sorted(files):
         if total <= max_bytes:

@@ -41,9 +41,13 @@ def test_the_oldest_files_go_first_past_the_cap(tmp_path: Path) -> None:
         path = tmp_path / f"stateless-{name}.txt"
         path.write_text("x" * 400)
         os.utime(path, (1_000_000 - age * 100, 1_000_000 - age * 100))
+    writing, left = tmp_path / ".partial-now-stdout.txt", tmp_path / ".partial-old-stdout.txt"
+    writing.write_text("y")
+    left.write_text("y")
+    os.utime(left, (1_000_000, 1_000_000))
     prune(tmp_path, max_bytes=900)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["stateless-middle.txt",
-                                                        "stateless-newest.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".partial-now-stdout.txt", "stateless-middle.txt", "stateless-newest.txt"]
 
 
 def test_a_folder_that_cannot_be_written_costs_the_file_not_the_call(tmp_path: Path) -> None:
