@@ -104,7 +104,10 @@ def test_both_eras_connect_as_fast(tmp_path: Path) -> None:
 
 # --- every tool in each era, over stdio and HTTP --------------------------------------
 
-CALLS: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], bool]]] = [
+Arguments = dict[str, Any] | Callable[[dict[str, dict[str, Any]]], dict[str, Any]]
+# Each tool, its arguments (or a function of the last record of each tool so far), and
+# what its record must hold.
+CALLS: list[tuple[str, Arguments, Callable[[dict[str, Any]], bool]]] = [
     ("execute_code", {"code": "rows = [3, 1, 2]\nlen(rows)", "state_mode": "stateful",
                       "session_name": "audit"}, lambda r: r["result"] == "3"),
     ("execute_code", {"code": "rows.sort(); rows", "state_mode": "read_only",
@@ -123,6 +126,19 @@ CALLS: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], bool]]] = [
     ("rebuild_session", {"session_name": "audit"}, lambda r: "error_type" not in r),
     ("execute_code", {"code": "rows", "state_mode": "stateful", "session_name": "audit"},
      lambda r: r["result"] == "[3, 1, 2]"),
+    ("fork_session", {"session_name": "audit", "new_name": "trial"},
+     lambda r: r["session"]["session_name"] == "trial"),
+    ("checkpoint_session", {"session_name": "audit", "label": "before"},
+     lambda r: r["checkpoint"].startswith("cp-")),
+    ("list_checkpoints", {"session_name": "audit"}, lambda r: len(r["checkpoints"]) == 1),
+    ("execute_code", {"code": "rows.append(9)", "state_mode": "stateful",
+                      "session_name": "audit"}, lambda r: "error_type" not in r),
+    ("restore_session", lambda seen: {"session_name": "audit",
+                                      "checkpoint": seen["checkpoint_session"]["checkpoint"]},
+     lambda r: r["restored"] is True),
+    ("execute_code", {"code": "rows", "state_mode": "stateful", "session_name": "audit"},
+     lambda r: r["result"] == "[3, 1, 2]"),
+    ("close_session", {"session_name": "trial"}, lambda r: r["closed"] is True),
     ("create_environment", {"spec": "", "build": False}, lambda r: r["built"] is False),
 ]
 
@@ -130,8 +146,10 @@ CALLS: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], bool]]] = [
 async def every_tool(client: Client, era: str) -> None:
     listed = {tool.name for tool in (await client.list_tools()).tools}
     assert listed == {name for name, _, _ in CALLS}, listed
+    seen: dict[str, dict[str, Any]] = {}
     for name, arguments, holds in CALLS:
-        record = structured(await client.call_tool(name, arguments))
+        given = arguments(seen) if callable(arguments) else arguments
+        seen[name] = record = structured(await client.call_tool(name, given))
         assert holds(record), (era, name, record)
 
 
@@ -193,7 +211,7 @@ async def silent_call(client: Client, seconds: float) -> tuple[list[float], list
     messages: list[str] = []
     started = time.monotonic()
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
         times.append(time.monotonic() - started)
         messages.append(message or "")
 
@@ -242,7 +260,7 @@ def test_the_heartbeat_carries_the_newest_output_line(tmp_path: Path) -> None:
         async with connect(tmp_path, "auto") as client:
             messages: list[str] = []
 
-            async def progress(value: float, total: float | None, message: str | None) -> None:
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
                 messages.append(message or "")
 
             structured(await client.call_tool("execute_code", {
