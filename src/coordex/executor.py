@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import branches, sessions
+from . import branches, sessions, spill
 from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session, empty_outcome
 from .backends.env import EnvironmentPlace
@@ -179,6 +179,8 @@ class Executor:
         # Calls given ``wait`` (SPEC 14): wait_call, cancel_call, busy, join, redelivery.
         self._calls = CallBook(self._same_session, self._result_from_log)
         self._ui: Any = None
+        # Output and values that do not fit a result go here (SPEC 14).
+        self.spill_folder = spill.folder_of(_working_folder(self.root))
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ context manager
@@ -398,6 +400,7 @@ class Executor:
         started = time.perf_counter()
         coordinate: Coordinate | None = None
         seq: int | None = None  # the call's log row, where one was reserved while it ran
+        tee: spill.Tee | None = None  # a stored function's inner call is fitted by its caller
         try:
             code = coords.check_code(code)
             coordinate = coords.check_coordinate(language, state_mode, session_id,
@@ -413,8 +416,12 @@ class Executor:
                 where(coordinate.language, coordinate.venv_id, coordinate.session_id,
                       coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
             running.recorded = getattr(_recorded_call, "record", None)
+            if not nested:
+                tee = spill.Tee(self.spill_folder, output_limit, running.output)
             try:
-                request = RunRequest(code, limit, running.output, output_limit, cancel=cancel)
+                request = RunRequest(code, limit, tee or running.output, output_limit,
+                                     cancel=cancel,
+                                     value_limit=None if nested else spill.VALUE_KEEP_CHARS)
                 self._progress.callback = running.progress(on_progress)  # the page sees builds
                 active = self._active_session(coordinate) if nested else None
                 if active is None:
@@ -431,6 +438,8 @@ class Executor:
                 result = messages.stopped_by(result, "person")
             elif cancel is not None and cancel.is_set():  # its caller cancelled it
                 result = messages.stopped_by(result, "caller")
+        if tee is not None:
+            result = tee.finish(result, output_limit)
         asked = None if coordinate is not None else (language, state_mode, session_id,
                                                       session_name, venv_id)
         result = record_call(self._call_log, result, code, coordinate, seq, asked)
@@ -801,6 +810,7 @@ class Executor:
             branches.forget(self, record)  # its checkpoints go with it (SPEC 15)
             if self._call_log is not None:
                 self._call_log.event("close", record)
+            spill.forget_session(self.spill_folder, record)
             return cast(CloseResult, {"closed": True, "session": record})
         except CoordexError as exc:
             return cast(CloseResult, exc.to_dict())
@@ -1257,3 +1267,11 @@ def _check_wait(wait: Any) -> float | None:
 
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
+
+
+def _working_folder(root: Path) -> str:
+    """The folder sessions start in: this process's (its root's, if that is gone)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return str(root)

@@ -14,7 +14,8 @@ Every result - success or error - becomes a tool result: the dict as structured
 content, the same dict as JSON text (image data replaced by a pointer to the image
 blocks, so a model is not fed base64), each image as MCP image content, and
 ``isError`` when the dict is an error. Output produced while a call runs reaches the
-client as progress notifications carrying the newest output.
+client as progress notifications carrying the newest output, and a call that prints
+nothing still sends one every few seconds (the heartbeat: elapsed time, newest line).
 
 Stdio: before anything else starts, :func:`claim_stdio` moves the wire to private
 descriptors and points fd 1 at stderr and fd 0 at /dev/null, so ``os.write(1, ...)``
@@ -70,6 +71,11 @@ from .tools import (
 # of the newest output each one carries.
 PROGRESS_INTERVAL = 0.25
 PROGRESS_TAIL_CHARS = 1000
+# However silent a call, a progress notification at least this often (SPEC 14 asks for
+# one every 10 s; half that leaves room for a loaded machine).
+HEARTBEAT_INTERVAL = 5.0
+HEARTBEAT_FIRST = 1.0
+HEARTBEAT_LINE_CHARS = 200
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -89,7 +95,7 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
             {"mime": img.get("mime", "image/png"), "data": f"<image content block {i + 1}>"}
             for i, img in enumerate(images)
         ]
-    content: list[types.TextContent | types.ImageContent] = [
+    content: list[types.TextContent | types.ImageContent | types.ResourceLink] = [
         types.TextContent(type="text", text=json.dumps(text_view, ensure_ascii=False))
     ]
     for img in images:
@@ -98,9 +104,27 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
                 type="image", data=str(img.get("data", "")), mime_type=img.get("mime", "image/png")
             )
         )
+    content.extend(spilled_links(structured))
     return types.CallToolResult(
         content=list(content), structured_content=structured, is_error="error_type" in record
     )
+
+
+def spilled_links(record: dict[str, Any]) -> list[types.ResourceLink]:
+    """A ``resource_link`` for each file holding a stream or value the result cut
+    (``spilled``, SPEC 14): a file the session reads, as a ``file://`` URI."""
+    spilled = record.get("spilled")
+    links = []
+    for name, path in (spilled.items() if isinstance(spilled, dict) else ()):
+        if not (isinstance(path, str) and os.path.isabs(path)):
+            continue
+        links.append(types.ResourceLink(
+            type="resource_link", uri=Path(path).as_uri(), name=f"{name}.txt",
+            title=f"The whole {name} of this call",
+            description=f"This call's {name}, whole; the result holds its head and tail. "
+                        "Read it with execute_code in the same session.",
+            mime_type="text/plain"))
+    return links
 
 
 # --- progress --------------------------------------------------------------------------
@@ -111,7 +135,8 @@ class OutputRelay:
 
     ``on_output`` must return at once (it runs on the executor's reader threads), so it
     only records. Build lines (stream ``"build"``: uv's, and the heartbeat while it is
-    silent) are each sent as a notification of their own, in order; the run's output is
+    silent) and this call's own heartbeat lines (:meth:`beat`) are each sent as a
+    notification of their own, in order; the run's output is
     sent at most once per interval as its newest part, a change of stream always
     starting a new line. ``progress`` is the number of characters seen so far, raised by
     one where needed so that it rises with every notification (as MCP requires).
@@ -154,21 +179,45 @@ class OutputRelay:
                 updates.append((self._next(), self._tail))
             return updates
 
+    def beat(self, elapsed: float) -> None:
+        """A heartbeat line for a call silent since the last notification: the seconds
+        it has run and the newest line of its output, if any."""
+        with self._lock:
+            newest = next((line for line in reversed(self._tail.splitlines()) if line.strip()),
+                          "")
+            line = f"running for {elapsed:.0f} s"
+            if newest:
+                line += f"; newest output: {newest[-HEARTBEAT_LINE_CHARS:]}"
+            self._lines.append(line)
+
     def _next(self) -> int:
         self._progress = max(self._seen, self._progress + 1)
         return self._progress
 
 
-async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
-    for progress, message in relay.take():
+async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> bool:
+    """Send what the relay holds; whether anything went."""
+    updates = relay.take()
+    for progress, message in updates:
         # A no-op when the client sent no progress token.
         await ctx.session.report_progress(float(progress), None, message)
+    return bool(updates)
 
 
 async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
+    """Output as it comes, and the heartbeat (SPEC 14): however silent the call, a
+    notification at least every :data:`HEARTBEAT_INTERVAL`, so clients that give up on
+    a call without a sign of life keep waiting for it."""
+    started = time.monotonic()
+    # The first sign comes early (a fast call sends none), then one every interval.
+    last = started - HEARTBEAT_INTERVAL + HEARTBEAT_FIRST
     while True:
         await anyio.sleep(PROGRESS_INTERVAL)
-        await _send_progress(ctx, relay)
+        now = time.monotonic()
+        if now - last >= HEARTBEAT_INTERVAL:
+            relay.beat(now - started)
+        if await _send_progress(ctx, relay):
+            last = now
 
 
 # --- stopping (SPEC section 8) -----------------------------------------------------------

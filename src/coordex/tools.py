@@ -220,6 +220,8 @@ _RUN_RESULT = {
     "session": _SESSION_RECORD, "state_mode": {"type": "string", "enum": _STATE_MODES},
     "duration_ms": {"type": "number"}, "isolation": {"type": "object"},
     "state_lost": {"type": "boolean"}, "retried": {"type": "boolean"},
+    # SPEC 14: the files holding what a result cut, whole (present only then).
+    "spilled": {"type": "object", "additionalProperties": {"type": "string"}},
 }
 _RUN_REQUIRED = ("stdout", "stderr", "session", "state_mode")
 _FUNCTION_RECORD = {

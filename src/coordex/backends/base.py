@@ -56,6 +56,14 @@ class RunRequest:
     # places that pay to find that out (a bash copy dumps its state at its end) do it
     # only then; Python copies report it always (it costs them nothing).
     report_changes: bool = False
+    # Characters of the last expression's repr handed back; None: ``output_limit``. The
+    # executor asks for more when it keeps what does not fit a result in a file.
+    value_limit: int | None = None
+
+    @property
+    def result_limit(self) -> int:
+        """Characters of the value's repr a place hands back (the rest cut in the middle)."""
+        return self.value_limit or self.output_limit
 
 
 class Cancel(Protocol):

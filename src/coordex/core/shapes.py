@@ -77,6 +77,9 @@ class RunResult(ErrorFields, total=False):
     elapsed_ms: float
     redelivered: bool
     from_log: bool
+    # SPEC 14: files holding the whole of what the result cut ("stdout", "stderr",
+    # "result"), present only then.
+    spilled: dict[str, str]
 
 
 class SessionInfo(TypedDict, total=False):

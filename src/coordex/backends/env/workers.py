@@ -602,7 +602,7 @@ def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
         # The fork child protects the disk itself; "." resolves to the worker's cwd there.
         fields.update(protect=list(request.protect_paths), scratch=request.scratch)
     msg = message("run", id=proc.next_id(), code=request.code, mode=mode,
-                  output_limit=request.output_limit, timeout=request.timeout, **fields)
+                  output_limit=request.result_limit, timeout=request.timeout, **fields)
     return proc.converse(msg, "done", request, capabilities, fork_child=mode != "stateful")
 
 

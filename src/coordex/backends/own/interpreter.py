@@ -294,7 +294,7 @@ class OwnInterpreter:
         def job() -> None:
             local.call, local.in_call = call, True
             try:
-                box["cell"] = engine.run_cell(request.code, namespace, request.output_limit)
+                box["cell"] = engine.run_cell(request.code, namespace, request.result_limit)
             finally:
                 local.call = None
                 local.in_call = False
@@ -363,7 +363,7 @@ class OwnInterpreter:
                 try:
                     try:
                         watchdog.arm(deadline, request.cancel)
-                        cell = engine.run_cell(request.code, namespace, request.output_limit)
+                        cell = engine.run_cell(request.code, namespace, request.result_limit)
                     except engine.Interrupt:  # landed after the cell's own handler
                         pass
                 finally:
@@ -404,7 +404,7 @@ class OwnInterpreter:
         local.call = call
         try:
             with _session_process_state(call.session):
-                cell = engine.run_cell(request.code, namespace, request.output_limit)
+                cell = engine.run_cell(request.code, namespace, request.result_limit)
         finally:
             local.call = saved
             call.open = False
