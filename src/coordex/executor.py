@@ -61,6 +61,7 @@ from .core.shapes import (
 from .log import LOG_FILE, CallLog
 from .log.calls import log_off_error, note_changes, record_call
 from .log.running import RunningCalls, where
+from .observe.hook import call_env, watch_call
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -234,9 +235,22 @@ class Executor:
                 is then interrupted as on a timeout, in every place (state kept; killed
                 only if it ignores the interrupt past the grace period).
         """
-        return cast(RunResult, self._execute(
-            code, language, state_mode, session_id, session_name, venv_id, timeout, on_output,
-            on_progress, cancel, self.output_limit, nested=False))
+        watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
+        if watch is None:
+            return cast(RunResult, self._execute(
+                code, language, state_mode, session_id, session_name, venv_id, timeout,
+                on_output, on_progress, cancel, self.output_limit, nested=False))
+        result: Any = None
+        try:
+            result = self._execute(
+                code, language, state_mode, session_id, session_name, venv_id, timeout,
+                on_output, on_progress, cancel, self.output_limit, nested=False)
+        finally:
+            watch.done({"code": code, "language": language, "state_mode": state_mode,
+                        "session_id": session_id, "session_name": session_name,
+                        "venv_id": venv_id}, result)
+            watch.close()
+        return cast(RunResult, result)
 
     def _execute(self, code: Any, language: Any, state_mode: Any, session_id: Any,
                  session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
@@ -265,7 +279,8 @@ class Executor:
                 where(coordinate.language, coordinate.venv_id, coordinate.session_id,
                       coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
             try:
-                request = RunRequest(code, limit, running.output, output_limit, cancel=cancel)
+                request = RunRequest(code, limit, running.output, output_limit, cancel=cancel,
+                                     env=call_env())
                 self._progress.callback = running.progress(on_progress)  # the page sees builds
                 active = self._active_session(coordinate) if nested else None
                 if active is None:
@@ -881,7 +896,16 @@ class Executor:
         """
         from .tools import route
 
-        return route(self, name, arguments)
+        watch = watch_call(str(name))  # None unless someone observes (SPEC 16)
+        if watch is None:
+            return route(self, name, arguments)
+        result: Any = None
+        try:
+            result = route(self, name, arguments)
+        finally:
+            watch.done(arguments if isinstance(arguments, dict) else None, result)
+            watch.close()
+        return cast(dict[str, Any], result)
 
     # ------------------------------------------------------------------ library hooks
 
