@@ -57,7 +57,7 @@ def test_code_sees_its_span_as_traceparent_in_every_place_and_keeps_none(
         inspected = ex.inspect_session(language="bash", session_id=0)
     calls = by_name(spans, "tools/call execute_code")
     assert len(calls) == 4
-    for printed, span in zip(seen, calls):
+    for printed, span in zip(seen, calls, strict=True):
         # 00-TRACE-SPAN-FLAGS: the call's own span, in the agent's trace.
         assert printed.strip().rsplit("-", 1)[0] == f"00-{trace_id}-{span.context.span_id:016x}"
         assert span.parent.span_id == step.get_span_context().span_id
@@ -124,3 +124,25 @@ def test_the_same_figures_as_otel_metrics(tmp_path: Path, meter: InMemoryMetricR
                   if p.attributes["state_mode"] == "stateless"]
     assert duration.count == 1
     assert "coordex.state_lost" not in points  # nothing lost, nothing counted
+
+
+@pytest.mark.slow
+def test_an_environment_build_is_a_child_span_and_its_worker_sees_traceparent(
+        tmp_path: Path, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    with Executor(root=tmp_path) as ex:
+        venv = ex.environments.create("", name="empty")["venv_id"]
+        code = "import os; print(os.environ['TRACEPARENT'])"
+        kept = ex.execute_code(code, venv_id=venv, state_mode="stateful")
+        fresh = ex.execute_code(code, venv_id=venv)
+        later = ex.execute_code("import os; print(os.environ.get('TRACEPARENT'))",
+                                venv_id=venv, state_mode="stateful")
+    first, second, third = by_name(spans, "tools/call execute_code")
+    [build] = by_name(spans, "coordex.build")
+    assert build.parent.span_id == first.context.span_id
+    assert build.attributes["coordex.outcome"] == "ok"
+    assert build.attributes["coordex.venv_id"] == str(venv)
+    assert first.attributes["coordex.place"] == "env"
+    assert first.attributes["coordex.venv_id"] == venv
+    for result, span in ((kept, first), (fresh, second), (later, third)):
+        assert f"-{span.context.span_id:016x}-" in result["stdout"], result

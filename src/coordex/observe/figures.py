@@ -171,7 +171,10 @@ class Figures:
         return counts
 
     def detached(self) -> dict[str, int]:
-        return dict(hook.DETACHED)
+        """Detached calls by tenant: each tenant's figure, 0 until it has one."""
+        counts = {tenant or "": 0 for tenant, _ in self.sources()}
+        counts.update(hook.DETACHED)
+        return counts
 
     def render(self, tenant: str | None = None) -> bytes:
         """Prometheus text: every series, or under ``--tokens`` one tenant's alone."""

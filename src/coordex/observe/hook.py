@@ -182,7 +182,8 @@ def coordinates(tool: str, arguments: Mapping[str, Any] | None,
         "state_mode": str(record.get("state_mode") or args.get("state_mode") or "stateless"),
         "session": "" if name is None and sid is None else str(name if name is not None else sid),
         "venv_id": "" if venv_id is None else str(venv_id), "place": place,
-        "outcome": _outcome(record), "state_lost": bool(record.get("state_lost")), "retried": bool(record.get("retried")),
+        "outcome": _outcome(record), "state_lost": bool(record.get("state_lost")),
+        "retried": bool(record.get("retried")),
     }
 
 
