@@ -29,7 +29,7 @@ def test_one_span_per_call_with_coordinates_and_outcome(
     assert dict(first.attributes) == {
         "gen_ai.tool.name": "execute_code", "gen_ai.operation.name": "execute_tool",
         "coordex.language": "python", "coordex.state_mode": "stateful",
-        "coordex.session": "work", "coordex.place": "own", "coordex.outcome": "ok",
+        "coordex.session": "work", "coordex.outcome": "ok",
         "coordex.state_lost": False, "coordex.retried": False}
     assert first.status.is_ok
     assert not any(key.startswith("mcp.") for key in first.attributes)  # no MCP here
@@ -38,7 +38,7 @@ def test_one_span_per_call_with_coordinates_and_outcome(
     assert error.status.status_code == trace.StatusCode.ERROR
     # A bash command that exits non-zero is a successful call (SPEC 3).
     assert bash.attributes["coordex.outcome"] == "ok"
-    assert bash.attributes["coordex.place"] == "shell"
+    assert bash.attributes["coordex.language"] == "bash"
     assert "error.type" not in bash.attributes
 
 
@@ -142,7 +142,7 @@ def test_an_environment_build_is_a_child_span_and_its_worker_sees_traceparent(
     assert build.parent.span_id == first.context.span_id
     assert build.attributes["coordex.outcome"] == "ok"
     assert build.attributes["coordex.venv_id"] == str(venv)
-    assert first.attributes["coordex.place"] == "env"
+    assert first.attributes["coordex.language"] == "python"
     assert first.attributes["coordex.venv_id"] == venv
     for result, span in ((kept, first), (fresh, second), (later, third)):
         assert f"-{span.context.span_id:016x}-" in result["stdout"], result

@@ -207,3 +207,34 @@ def test_http_tenants_metrics_spans_health_and_logs(tmp_path: Path) -> None:
     assert ("alice", "execute_code", "crashed") in logged
     assert ("bob", "execute_code", "ok") in logged
     assert not any("os._exit" in line for line in log)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tenants", [True, False], ids=["tokens", "one-token"])
+def test_builds_are_counted_for_the_tenant_that_made_them(tmp_path: Path, tenants: bool) -> None:
+    """A confined tenant's build runs in its jail; its call hands the build back to the
+    server, which counts it under the tenant. A server's own executor counts its own."""
+    extra = ["--tokens", str(_tokens(tmp_path))] if tenants else []
+    env = child_env(tmp_path / "home", UV_OFFLINE="1",
+                    **({} if tenants else {"COORDEX_TOKEN": ALICE}))
+    with spawn("serve", "--port", "0", "--metrics", *extra, env=env) as running:
+        url = running.wait_for(READY).group(1)
+        base = url.rsplit("/mcp", 1)[0]
+        created, ran = _calls(url, ALICE, [
+            ("create_environment", {"spec": "", "name": "empty", "build": True}),
+            ("execute_code", {"code": PRINT_TRACEPARENT, "venv_id": 1}),  # the first id
+        ])
+        scraped = httpx.get(f"{base}/metrics", headers={"authorization": f"Bearer {ALICE}"})
+    assert not created["is_error"] and "_coordex_observed" not in created, created
+    assert created["venv_id"] == 1
+    assert ran.get("stdout", "").startswith(f"00-{TRACE_ID}-"), (created, ran)  # the env worker
+    samples = _samples(scraped.text)
+    label = {"tenant": "alice"} if tenants else {}
+    assert [(s.labels, s.value) for s in samples["coordex_builds_total"]] == [
+        ({**label, "outcome": "ok"}, 1.0)]
+    [count] = samples["coordex_build_duration_seconds_count"]
+    assert (count.labels, count.value) == (label, 1.0)
+    [call] = samples["coordex_calls_total"]
+    assert call.labels == {**label, "language": "python", "state_mode": "stateless",
+                           "place": "env", "outcome": "ok"}
+    assert [s.value for s in samples.get("coordex_state_lost_total", [])] in ([], [0.0])

@@ -123,9 +123,9 @@ class Figures:
                 self._calls.labels(*coords, facts["outcome"]).inc()
                 self._duration.labels(*coords).observe(seconds)
             if facts["state_lost"]:
-                self._lost.labels(*base).inc()
+                _labelled(self._lost, base).inc()
             if tool == "rebuild_session" and facts["outcome"] == "ok":
-                self._rebuilds.labels(*base).inc()
+                _labelled(self._rebuilds, base).inc()
         if self._otel is not None:
             self._otel.count(tenant, tool, facts, seconds)
         if isinstance(result, Mapping):
@@ -137,7 +137,7 @@ class Figures:
         base = [tenant or ""] if self.tenants else []
         if self.registry is not None:
             self._builds.labels(*base, outcome).inc()
-            self._build_time.labels(*base).observe(seconds)
+            _labelled(self._build_time, base).observe(seconds)
         if self._otel is not None:
             self._otel.build(tenant, outcome, seconds)
 
@@ -183,6 +183,11 @@ class Figures:
         if tenant is None or not self.tenants:
             return bytes(generate_latest(self.registry))
         return bytes(generate_latest(_OneTenant(self.registry, tenant)))
+
+
+def _labelled(metric: Any, values: list[str]) -> Any:
+    """``metric`` with these label values; a metric without labels (no tenants) as is."""
+    return metric.labels(*values) if values else metric
 
 
 def _held_sessions(executor: Any) -> list[dict[str, Any]]:

@@ -45,13 +45,17 @@ CALLS_LOG = logging.getLogger("coordex.calls")
 FACTS_KEY = "_coordex_observed"
 
 
+_spans: Any = None  # observe.spans, once OpenTelemetry is loaded
+
+
 def tracing_on() -> bool:
     """True when spans would be recorded: OpenTelemetry loaded and a provider set."""
-    if "opentelemetry.trace" not in sys.modules:
-        return False
-    from . import spans
-
-    return spans.active()
+    global _spans
+    if _spans is None:
+        if "opentelemetry.trace" not in sys.modules:
+            return False
+        from . import spans as _spans
+    return bool(_spans.active())
 
 
 def call_env() -> Mapping[str, str] | None:
@@ -101,21 +105,25 @@ def watch_call(tool: str) -> _Watch | None:
     tracing = tracing_on()
     if not tracing and FIGURES is None and not CALLS_LOG.isEnabledFor(logging.INFO):
         return None
-    span = None
-    if tracing:
-        from . import spans
+    return _Watch(tool, _spans.CallSpan.start(tool, None) if tracing else None)
 
-        span = spans.CallSpan.start(tool, None)
-    return _Watch(tool, span)
+
+_meter_seen: list[Any] = [None]  # the meter provider last found to record nothing
 
 
 def _meter_figures() -> None:
-    """A library user's meter provider gets the same figures as a server's."""
+    """A library user's meter provider gets the same figures as a server's (looked at
+    again only when the global provider changes)."""
     global FIGURES
+    provider = sys.modules["opentelemetry.metrics"].get_meter_provider()
+    if provider is _meter_seen[0]:
+        return
     from .figures import Figures, meter_active
 
     if meter_active():
         FIGURES = Figures(prometheus=False)
+    else:
+        _meter_seen[0] = provider
 
 
 @contextlib.contextmanager
@@ -154,10 +162,11 @@ def coordinates(tool: str, arguments: Mapping[str, Any] | None,
                 result: Any) -> dict[str, Any]:
     """A call's coordinates and outcome, from its result (what ran) and its arguments
     (what was asked, for a call that failed before it had a session)."""
-    args = arguments if isinstance(arguments, Mapping) else {}
-    record = result if isinstance(result, Mapping) else {}
+    # dict, not Mapping: an ABC check costs a call ~1 us here (results are plain dicts).
+    args = arguments if isinstance(arguments, dict) else {}
+    record = result if isinstance(result, dict) else {}
     found = record.get("session")
-    session: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    session: Mapping[str, Any] = found if isinstance(found, dict) else {}
     if tool not in ("execute_code", "call_function") and not session and not any(
             key in args for key in ("language", "state_mode", "session_id", "session_name",
                                     "venv_id")):
