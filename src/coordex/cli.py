@@ -336,7 +336,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         named = {"": secrets.token_urlsafe(32)}
     router.hide_secrets_from_sessions()
-    problem = router.short_tokens(named)
+    problem = router.short_tokens(
+        {**named, **({"COORDEX_METRICS_TOKEN": metrics_token} if metrics_token else {})})
     if problem is not None:
         _say(problem)
         return EXIT_USAGE
