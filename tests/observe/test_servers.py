@@ -215,16 +215,24 @@ def test_builds_are_counted_for_the_tenant_that_made_them(tmp_path: Path, tenant
     """A confined tenant's build runs in its jail; its call hands the build back to the
     server, which counts it under the tenant. A server's own executor counts its own."""
     extra = ["--tokens", str(_tokens(tmp_path))] if tenants else []
-    env = child_env(tmp_path / "home", UV_OFFLINE="1",
-                    **({} if tenants else {"COORDEX_TOKEN": ALICE}))
-    with spawn("serve", "--port", "0", "--metrics", *extra, env=env) as running:
-        url = running.wait_for(READY).group(1)
-        base = url.rsplit("/mcp", 1)[0]
-        created, ran = _calls(url, ALICE, [
-            ("create_environment", {"spec": "", "name": "empty", "build": True}),
-            ("execute_code", {"code": PRINT_TRACEPARENT, "venv_id": 1}),  # the first id
-        ])
-        scraped = httpx.get(f"{base}/metrics", headers={"authorization": f"Bearer {ALICE}"})
+    with receiver() as otlp:
+        env = child_env(tmp_path / "home", UV_OFFLINE="1", **otel_env(otlp),
+                        **({} if tenants else {"COORDEX_TOKEN": ALICE}))
+        with spawn("serve", "--port", "0", "--metrics", "--otel", *extra, env=env) as running:
+            url = running.wait_for(READY).group(1)
+            base = url.rsplit("/mcp", 1)[0]
+            created, ran = _calls(url, ALICE, [
+                ("create_environment", {"spec": "", "name": "empty", "build": True}),
+                ("execute_code", {"code": PRINT_TRACEPARENT, "venv_id": 1}),  # the first id
+            ])
+            scraped = httpx.get(f"{base}/metrics",
+                                headers={"authorization": f"Bearer {ALICE}"})
+            [build] = otlp.wait("coordex.build")
+            [create] = otlp.wait("tools/call create_environment")
+    # The build is the creating call's child, wherever it ran (a host: placed from the
+    # call's start for as long as the host says it took).
+    assert build.parent_span_id == create.span_id and build.trace_id == TRACE_ID
+    assert build.attributes["coordex.outcome"] == "ok"
     assert not created["is_error"] and "_coordex_observed" not in created, created
     assert created["venv_id"] == 1
     assert ran.get("stdout", "").startswith(f"00-{TRACE_ID}-"), (created, ran)  # the env worker
@@ -238,3 +246,25 @@ def test_builds_are_counted_for_the_tenant_that_made_them(tmp_path: Path, tenant
     assert call.labels == {**label, "language": "python", "state_mode": "stateless",
                            "place": "env", "outcome": "ok"}
     assert [s.value for s in samples.get("coordex_state_lost_total", [])] in ([], [0.0])
+
+
+def test_a_collector_that_is_down_does_not_hold_the_stop(tmp_path: Path) -> None:
+    """The last spans are flushed at the stop; with no collector there, the server is
+    still out within SPEC 8's 5 s."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    env = child_env(tmp_path / "home", COORDEX_TOKEN=ALICE, OTEL_EXPORTER_OTLP_ENDPOINT=dead,
+                    OTEL_METRICS_EXPORTER="none", OTEL_BSP_SCHEDULE_DELAY="60000")
+    with spawn("serve", "--port", "0", "--otel", env=env) as running:
+        url = running.wait_for(READY).group(1)
+        _calls(url, ALICE, [("execute_code", {"code": "1"})] * 3)
+        started = time.monotonic()
+        running.process.send_signal(signal.SIGINT)
+        running.process.wait(timeout=15)
+        took = time.monotonic() - started
+    assert took < 5.0, took

@@ -273,7 +273,7 @@ def observed() -> dict[str, Any]:
     env = CALL_ENV.get()
     if env:
         extra["trace"] = dict(env)
-    if FIGURES is not None:
+    if FIGURES is not None or env:  # counted, or a span to hang the builds under
         extra["observe"] = True
     return extra
 

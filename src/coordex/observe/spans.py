@@ -111,6 +111,21 @@ def finish(span: Any, tool: str, arguments: Mapping[str, Any] | None, result: An
         restored = result["restored"]
         if isinstance(restored, Mapping) and isinstance(restored.get("ms"), (int, float)):
             restore_span(span, restored, ended_ns)
+    if isinstance(result, dict) and hook.FACTS_KEY in result:
+        for fact in result[hook.FACTS_KEY] or ():  # builds a confined host made
+            if isinstance(fact, dict) and isinstance(fact.get("seconds"), (int, float)):
+                build_span(span, str(fact.get("build")), float(fact["seconds"]))
+
+
+def build_span(parent: Any, outcome: str, seconds: float) -> None:
+    """A build a confined host made for this call, as the call's child span: the host
+    reports its outcome and how long it took; it is placed from the call's start."""
+    start = getattr(parent, "start_time", None) or time.time_ns()
+    child = tracer().start_span("coordex.build", context=trace.set_span_in_context(parent),
+                                start_time=start, attributes={"coordex.outcome": outcome})
+    if outcome != "ok":
+        child.set_status(StatusCode.ERROR)
+    child.end(end_time=start + int(seconds * 1e9))
 
 
 def restore_span(parent: Any, restored: Mapping[str, Any], ended_ns: int | None) -> None:
@@ -223,6 +238,17 @@ def configure_sdk() -> None:
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
 
 
+# Seconds an OTLP export may take, retries included, unless OTEL_EXPORTER_OTLP_TIMEOUT
+# says otherwise (the SDK's default is 10): a collector that is down must not hold the
+# server past the 5 s it has to stop in (SPEC 8), when the last spans are flushed.
+EXPORT_SECONDS = 2.0
+
+
+def _timeout(signal: str) -> float | None:
+    given = (f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+    return None if any(os.environ.get(name) for name in given) else EXPORT_SECONDS
+
+
 def _exporters(signal: str) -> list[Any]:
     names = os.environ.get(f"OTEL_{signal.upper()}_EXPORTER", "otlp")
     made: list[Any] = []
@@ -240,13 +266,13 @@ def _exporters(signal: str) -> list[Any]:
         elif name.startswith("otlp") and signal == "traces":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            made.append(OTLPSpanExporter())
+            made.append(OTLPSpanExporter(timeout=_timeout(signal)))
         elif name.startswith("otlp"):
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter,
             )
 
-            made.append(OTLPMetricExporter())
+            made.append(OTLPMetricExporter(timeout=_timeout(signal)))
         else:
             raise ValueError(f"OTEL_{signal.upper()}_EXPORTER={name!r} is not one coordex "
                              "knows: use otlp, console or none.")
