@@ -81,3 +81,25 @@ def test_a_server_that_cannot_start_logs_the_traceback(tmp_path: Path) -> None:
     assert line["level"] == "error" and line["logger"] == "coordex.server"
     assert "Traceback (most recent call last)" in line["traceback"]
     assert "FileExistsError" in line["traceback"]
+
+
+@pytest.mark.slow
+def test_a_failed_build_counts_and_an_unknown_environment_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    ex = Executor(root=tmp_path)
+    hook.FIGURES = figures = Figures(sources=lambda: [(None, ex)])
+    try:
+        assert ex.execute_code("1", venv_id=41)["error_type"] == "not_found"
+        venv = ex.environments.create("ledgerlib-does-not-exist==9.9")["venv_id"]
+        assert ex.execute_code("1", venv_id=venv)["error_type"] == "environment"
+        text = figures.render().decode()
+    finally:
+        hook.FIGURES = None
+        ex.close()
+    builds = [(s.labels, s.value) for f in text_string_to_metric_families(text)
+              for s in f.samples if s.name == "coordex_builds_total"]
+    assert builds == [({"outcome": "error"}, 1.0)]

@@ -147,6 +147,11 @@ def watch_build(venv_id: Any) -> Iterator[dict[str, Any]]:
     try:
         yield facts
         outcome = "ok"
+    except BaseException as exc:
+        # An id that names no environment is no build; a build that failed is one.
+        if getattr(exc, "error_type", None) in ("validation", "not_found"):
+            facts["cached"] = True
+        raise
     finally:
         seconds = time.perf_counter() - started
         if span is not None:
