@@ -1,8 +1,9 @@
 """What tracing costs a call (SPEC 16: at most 20 us at p50 with tracing on and no
 exporter; nothing without the extra): the same calls with no tracer provider, with the
 SDK's provider and no exporter, and with an in-memory exporter, in the agent's own
-interpreter, in an environment's worker and in bash. The three settings take turns in
-short rounds, so a noisy neighbour slows each of them alike.
+interpreter, in an environment's worker and in bash; beside them the floor, the SDK's
+own span around the call with nothing of coordex's. The settings take turns in short
+rounds, so a noisy neighbour slows each of them alike.
 
 Run: python benchmarks/bench_observe.py [--rounds N]   (needs pip install 'coordex[otel]')
 """
@@ -37,12 +38,30 @@ def use(provider: TracerProvider | None) -> None:
         trace.set_tracer_provider(provider)
 
 
+class BareSpan:
+    """The floor: the SDK's own span around the call, nothing of coordex's (no
+    attributes, no trace context for the code)."""
+
+    def __init__(self, tool: str) -> None:
+        self.span = trace.get_tracer("floor").start_span(f"tools/call {tool}")
+
+    def done(self, arguments: object, result: object) -> None:
+        self.span.end()
+
+    def close(self) -> None:
+        pass
+
+
 def p50s(call: Callable[[], object], settings: dict[str, TracerProvider | None],
          rounds: int, per_round: int, clock: Callable[[], float]) -> dict[str, float]:
+    import coordex.executor as executor_module
+
+    watch = executor_module.watch_call
     samples: dict[str, list[float]] = {name: [] for name in settings}
     for _ in range(rounds):
         for name, provider in settings.items():
             use(provider)
+            executor_module.watch_call = BareSpan if name == "bare SDK span" else watch
             for _ in range(3):  # warm-up after the switch
                 call()
             for _ in range(per_round):
@@ -50,6 +69,7 @@ def p50s(call: Callable[[], object], settings: dict[str, TracerProvider | None],
                 call()
                 samples[name].append(clock() - started)
             exporter.clear()
+    executor_module.watch_call = watch
     use(None)
     return {name: statistics.median(values) for name, values in samples.items()}
 
@@ -65,8 +85,10 @@ def main() -> None:
     memory = TracerProvider()
     memory.add_span_processor(SimpleSpanProcessor(exporter))
     settings: dict[str, TracerProvider | None] = {
-        "off": None, "on, no exporter": TracerProvider(), "on, in-memory exporter": memory}
-    rows = [("call", "off", "on, no exporter", "cost", "on, in-memory", "cost")]
+        "off": None, "on, no exporter": TracerProvider(), "on, in-memory exporter": memory,
+        "bare SDK span": TracerProvider()}
+    rows = [("call", "off", "on, no exporter", "cost", "on, in-memory", "cost",
+             "the SDK's bare span: cost")]
     with tempfile.TemporaryDirectory() as root, Executor(root=root) as ex:
         venv = ex.environments.create("", name="empty")["venv_id"]
         cases = [
@@ -87,7 +109,8 @@ def main() -> None:
                 rows.append((f"{label} [{clock_name}]", fmt(off), fmt(found["on, no exporter"]),
                              fmt(found["on, no exporter"] - off),
                              fmt(found["on, in-memory exporter"]),
-                             fmt(found["on, in-memory exporter"] - off)))
+                             fmt(found["on, in-memory exporter"] - off),
+                             fmt(found["bare SDK span"] - off)))
     print(table(rows))
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
