@@ -407,7 +407,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _log_start_failure()
         return EXIT_FAILURE
 
-    app = BearerTenantApp(tenants)
+    app = BearerTenantApp(tenants, ui_root=root)
     app.metrics_token = metrics_token
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
