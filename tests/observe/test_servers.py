@@ -15,11 +15,10 @@ import anyio
 import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e._procs import child_env, spawn
+from tests.e2e.test_mcp_http import call_with_sdk
 
 from ._otlp import Receiver, receiver
 
@@ -101,20 +100,7 @@ def _tokens(tmp_path: Path) -> Path:
 
 
 def _calls(url: str, token: str, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
-
-    async def main() -> None:
-        client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-        async with client, streamable_http_client(url, http_client=client) as (read, write), \
-                ClientSession(read, write) as session:
-            await session.initialize()
-            with anyio.fail_after(90):
-                for name, arguments in calls:
-                    results.append(_text(await session.call_tool(
-                        name, arguments, meta={"traceparent": TRACEPARENT})))
-
-    anyio.run(main)
-    return results
+    return call_with_sdk(url, token, calls, meta={"traceparent": TRACEPARENT})
 
 
 def _samples(text: str) -> dict[str, list[Any]]:

@@ -50,3 +50,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.getLogger("coordex").setLevel(level.upper())
+    # The MCP SDK says at INFO what every request does (sessions made and ended): at
+    # --log-level debug only, so a call stays one line.
+    logging.getLogger("mcp").setLevel("DEBUG" if level == "debug" else
+                                      max(logging.WARNING, root.level))
