@@ -189,6 +189,13 @@ def _leave_promptly(code: int) -> int:
 LEAVE_GRACE = 1.0
 
 
+def _log_start_failure() -> None:
+    """A server that cannot start logs why, with the traceback (SPEC 16)."""
+    import logging
+
+    logging.getLogger("coordex.server").error("the server did not start", exc_info=True)
+
+
 # --- mcp -----------------------------------------------------------------------------------
 
 
@@ -242,6 +249,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                                name="coordex-load-mcp")
     loading.start()
     greeting = greet(wire)
+    from .observe import command as observe
+
+    problem = observe.start(args)  # logging, --otel (SPEC 16)
+    if problem is not None:
+        _say(problem)
+        return EXIT_USAGE
     try:
         if args.confine:
             from . import router
@@ -260,6 +273,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             ex = make_executor(args)
     except Exception as exc:
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+        _log_start_failure()
         return EXIT_FAILURE
     if args.ui is not None:
         page = ex.serve_ui(port=args.ui, host=args.ui_host)
@@ -323,10 +337,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         make_tenant,
         serve_http,
     )
+    from .observe import command as observe
 
     if args.max_wait is not None:
         mcp_server.MAX_WAIT = args.max_wait
 
+    tenants: list[Any] = []
+    problem = observe.start(args, tenants=bool(args.tokens), sources=lambda: [
+        (t.name if args.tokens else None, t.executor) for t in tenants])
+    if problem is not None:
+        _say(problem)
+        return EXIT_USAGE
+    metrics_token = observe.metrics_token()
     env_token = (os.environ.get("COORDEX_TOKEN") or "").strip() or None
     root = base_root(args.home)
     named: dict[str, str]
@@ -349,7 +371,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         named = {"": secrets.token_urlsafe(32)}
     router.hide_secrets_from_sessions()
-    problem = router.short_tokens(named)
+    problem = router.short_tokens(
+        {**named, **({"COORDEX_METRICS_TOKEN": metrics_token} if metrics_token else {})})
     if problem is not None:
         _say(problem)
         return EXIT_USAGE
@@ -401,14 +424,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             tenants_cluster.close()
             _say(f"refusing to start: {refusal}")
             return EXIT_USAGE
-    tenants = []
     try:
         for name, token in named.items():
             # Named tenants run confined in root/tenants/NAME; the single COORDEX_TOKEN
             # tenant lives in root itself (or in --confine DIR).
             ex = router.tenant_executor(args, name, root, lambda: make_executor(args, root=root))
             tenants.append(make_tenant(name or "default", token, ex, args.host, args.allowed_host,
-                                       **router.tenant_options(args, confined)))
+                                       **router.tenant_options(args, confined),
+                                       tenant_label=name or None))
     except Exception as exc:
         sock.close()
         for tenant in tenants:
@@ -416,6 +439,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if tenants_cluster is not None:
             tenants_cluster.close()
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+        _log_start_failure()
         return EXIT_FAILURE
 
     port = sock.getsockname()[1]
@@ -432,6 +456,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"OAuth: JWTs of {args.oauth_issuer} for {oauth.resource}; metadata at "
              f"{oauth.metadata_url}")
     app = BearerTenantApp(tenants, ui_root=root, oauth=oauth)
+    app.metrics_token = metrics_token
 
     def ready() -> None:
         _say(f"serving MCP on http://{shown}:{port}/mcp ({len(tenants)} tenant(s))")
@@ -443,10 +468,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         anyio.run(serve_http, app, sock, ready)
     except SystemExit as exc:  # uvicorn exits on a failed startup (e.g. the lifespan)
         _say(f"the HTTP server stopped during startup (code {exc.code}).")
+        _log_start_failure()
         return EXIT_FAILURE
     except BaseException as exc:
         # SIGTERM arrives as KeyboardInterrupt, which anyio may wrap in an exception group.
         if not _only_interrupts(exc):
+            _log_start_failure()
             raise
         interrupted = True
     finally:
@@ -755,6 +782,12 @@ def _oauth_gate(args: argparse.Namespace, host: str, port: int) -> Any:
                      args.oauth_tenant_claim or DEFAULT_TENANT_CLAIM)
 
 
+def _add_observe_options(parser: argparse.ArgumentParser, *, serve: bool) -> None:
+    from .observe.command import add_options
+
+    add_options(parser, serve=serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--home", metavar="DIR",
@@ -789,6 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address the page binds to (default 127.0.0.1)")
     p.add_argument("--no-persist", action="store_true", help=_NO_PERSIST_HELP)
     _add_confinement_options(p, tenants=False)
+    _add_observe_options(p, serve=False)
     p.set_defaults(func=cmd_mcp)
 
     p = sub.add_parser("serve", parents=[common, limits], help="serve MCP over streamable HTTP",
@@ -810,6 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "on a node run in a confined host of that tenant there")
     _add_confinement_options(p, tenants=True)
     _add_oauth_options(p)
+    _add_observe_options(p, serve=True)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("log", parents=[common], help="show the call log",

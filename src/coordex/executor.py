@@ -67,6 +67,7 @@ from .log.calls import log_off_error, note_changes, record_call
 from .log.detached import CallBook
 from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls, where
+from .observe.hook import call_env, watch_call
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -255,6 +256,25 @@ class Executor:
                 ``wait`` that ends in time returns its result with its ``call_id``.
                 Default: wait for the end.
         """
+        watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
+        if watch is None:
+            return self._execute_code(code, language, state_mode, session_id, session_name,
+                                      venv_id, timeout, on_output, on_progress, cancel, wait)
+        result: Any = None
+        try:
+            result = self._execute_code(code, language, state_mode, session_id, session_name,
+                                        venv_id, timeout, on_output, on_progress, cancel, wait)
+        finally:
+            watch.done({"code": code, "language": language, "state_mode": state_mode,
+                        "session_id": session_id, "session_name": session_name,
+                        "venv_id": venv_id}, result)
+            watch.close()
+        return cast(RunResult, result)
+
+    def _execute_code(self, code: Any, language: Any, state_mode: Any, session_id: Any,
+                      session_name: Any, venv_id: Any, timeout: Any,
+                      on_output: OutputCallback | None, on_progress: Any,
+                      cancel: threading.Event | None, wait: Any) -> RunResult:
         if wait is None and not self._calls.active:
             if cancel is None and (record := getattr(_recorded_call, "record", None)):
                 cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
@@ -420,7 +440,7 @@ class Executor:
                 tee = spill.Tee(self.spill_folder, output_limit, running.output)
             try:
                 request = RunRequest(code, limit, tee or running.output, output_limit,
-                                     cancel=cancel,
+                                     cancel=cancel, env=call_env(),
                                      value_limit=None if nested else spill.VALUE_KEEP_CHARS)
                 self._progress.callback = running.progress(on_progress)  # the page sees builds
                 active = self._active_session(coordinate) if nested else None
@@ -1114,7 +1134,16 @@ class Executor:
         """
         from .tools import route
 
-        return route(self, name, arguments)
+        watch = watch_call(str(name))  # None unless someone observes (SPEC 16)
+        if watch is None:
+            return route(self, name, arguments)
+        result: Any = None
+        try:
+            result = route(self, name, arguments)
+        finally:
+            watch.done(arguments if isinstance(arguments, dict) else None, result)
+            watch.close()
+        return cast(dict[str, Any], result)
 
     # ------------------------------------------------------------------ library hooks
 

@@ -58,6 +58,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from . import __version__
 from .core.errors import make_error
 from .mcp_hello import INSTRUCTIONS, SERVER_NAME, Greeting, WireFds, claim_stdio
+from .observe import http as operator_http
+from .observe.hook import watch_tool_call
 from .tools import (
     MCP_DEFAULT_TIMEOUT,
     TOOL_NAMES,
@@ -541,8 +543,12 @@ async def _run_tool(
 
 
 def build_server(executor: Any, name: str = SERVER_NAME,
-                 limiter: anyio.CapacityLimiter | None = None) -> Server[Any]:
-    """A low-level MCP server exposing every coordex tool over ``executor``."""
+                 limiter: anyio.CapacityLimiter | None = None, *,
+                 tenant: str | None = None, transport: str = "pipe") -> Server[Any]:
+    """A low-level MCP server exposing every coordex tool over ``executor``.
+
+    ``tenant`` (under ``--tokens``) labels the calls' figures and log lines;
+    ``transport`` is the span's ``network.transport`` (``pipe`` for stdio, ``tcp``)."""
 
     # The descriptions name the call timeout this server's executor applies (50 s unless
     # the operator chose another with --timeout).
@@ -559,7 +565,15 @@ def build_server(executor: Any, name: str = SERVER_NAME,
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | dict[str, Any]:
         # Unknown tools and malformed arguments come back from call_tool as error dicts.
-        record = await run_tool(executor, params.name, params.arguments, ctx, limiter)
+        watch = watch_tool_call(tenant, transport, params.name, params.arguments, ctx.meta)
+        try:
+            record = await run_tool(executor, params.name, params.arguments, ctx, limiter)
+        except BaseException:
+            if watch is not None:
+                watch.done({"error_type": "cancelled"})
+            raise
+        if watch is not None:
+            watch.done(record)
         if record.get("running") and wants_tasks(ctx):  # SPEC 14: a task of the call
             return task_of(record, "task")
         return to_tool_result(record)
@@ -766,6 +780,8 @@ class BearerTenantApp:
         self.path = path.rstrip("/") or "/"
         # coordex.oauth.OAuthGate when serve takes JWTs of an issuer beside the tokens.
         self.oauth = oauth
+        # The operator's token for /metrics (every tenant's series), when one is set.
+        self.metrics_token: str | None = None
         from .ui import UIApp
         from .ui.keys import SignedKeys, secret_under
 
@@ -799,6 +815,8 @@ class BearerTenantApp:
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        if await operator_http.answer(self, scope, send):  # /healthz, /readyz, /metrics
             return
         if self.ui.handles(scope["path"]):
             from .ui.asgi import serve_asgi
@@ -889,10 +907,12 @@ async def _plain_response(
 def make_tenant(
     name: str, token: str, executor: Any, host: str, extra_hosts: Sequence[str] = (), *,
     limiter: anyio.CapacityLimiter | None = None, max_mcp_sessions: int | None = None,
-    idle_timeout: float | None = None,
+    idle_timeout: float | None = None, tenant_label: str | None = None,
 ) -> Tenant:
-    """One tenant's MCP endpoint; its own thread ``limiter`` and MCP session cap."""
-    server = build_server(executor, limiter=limiter)
+    """One tenant's MCP endpoint; its own thread ``limiter`` and MCP session cap;
+    ``tenant_label`` names it in figures and log lines (under ``--tokens``)."""
+    server = build_server(executor, limiter=limiter, transport="tcp",
+                          tenant=tenant_label)
     manager = StreamableHTTPSessionManager(
         app=server, security_settings=security_settings(host, extra_hosts),
         max_sessions=max_mcp_sessions, session_idle_timeout=idle_timeout or 1800,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -64,6 +64,9 @@ class RunRequest:
     def result_limit(self) -> int:
         """Characters of the value's repr a place hands back (the rest cut in the middle)."""
         return self.value_limit or self.output_limit
+    # Variables the call's code sees in its environment for this call alone, on top of
+    # its session's (the trace context: TRACEPARENT, TRACESTATE; SPEC 16).
+    env: Mapping[str, str] | None = None
 
 
 class Cancel(Protocol):
