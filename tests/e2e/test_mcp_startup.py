@@ -173,7 +173,7 @@ def test_a_confined_server_starts_while_the_sdk_loads(tmp_path: Path) -> None:
     (site / "sitecustomize.py").write_text(SLOW_SYSCONFIG)
     env = child_env(tmp_path / "home", COORDEX_TOKEN="server-env-token-0123456789",
                     PYTHONPATH=str(site))
-    code, err, replies = _confined_mcp(tmp_path / "home", [], env)
+    _, err, replies = _confined_mcp(tmp_path / "home", [], env)
     assert "cannot start" not in err, err
     assert replies[-1]["result"]["structuredContent"]["result"] == "42", replies
 
