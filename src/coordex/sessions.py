@@ -322,9 +322,4 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
                             hows=hows)
     if faults.retried(tried):
         outcome["retried"] = True
-        error = outcome.get("error")
-        if error and error.get("error_type") == "timeout" and lost:
-            # The second run's interrupt kept what that run bound; the state from
-            # before this call went with the first run's process.
-            error["error"] = messages.after_a_retry(str(error.get("error", "")))
     return outcome, ran

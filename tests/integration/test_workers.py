@@ -327,6 +327,7 @@ def test_a_retry_runs_in_what_is_left_of_the_calls_timeout(session: WorkerSessio
     took = time.monotonic() - started
     assert r["error"]["error_type"] == "timeout" and r["retried"] is True, r
     assert r["state_lost"] is True and "state from before this call is lost" in r["error"]["error"]
+    assert "survived" not in r["error"]["error"] + r["error"]["suggestion"]  # one story
     assert took < 4 + 2 + 0.5, took
 
 
