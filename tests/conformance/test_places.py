@@ -387,3 +387,52 @@ def test_a_result_holds_the_specs_keys_and_no_others(at: At) -> None:
                             ("read_only", {"session_name": "k"}, {"isolation"})):
         r = at.run(at.place.set_v, state_mode=mode, **kw)
         assert set(r) == RESULT_KEYS | extra, (mode, r)
+
+
+def test_a_killed_read_only_copy_is_crashed_not_run_again(at: At) -> None:
+    """SPEC 6, "the same event reads the same": an environment's killed copy was run a
+    second time (``retried``, "died 2 times") where the own interpreter's and bash's
+    said ``crashed`` at once."""
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    kill = "kill -9 $$" if at.place.language == "bash" else \
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    r = at.run(kill, state_mode="read_only", session_name="s")
+    assert r["error_type"] == "crashed" and r["state_lost"] is False, r
+    assert "retried" not in r, r
+    assert r["error"] == ("The read-only copy of the session died while running this code "
+                          "(killed by SIGKILL); the session itself is unchanged."), r
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="s")["stdout"] == "41\n"
+
+
+def test_calls_in_flight_at_close_read_the_same_in_every_mode(at: At) -> None:
+    """SPEC 6: a stateful call in flight at ``close()`` said "This code's session was
+    closed" where a stateless one said "The Executor was closed", and a read-only one
+    "This session was closed ... its state is gone"; and close() waited on busy
+    sessions' snapshots (persist) and on code blocked in C."""
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    slow = "sleep 30" if at.place.language == "bash" else "import time\ntime.sleep(30)"
+    results: dict[str, dict[str, Any]] = {}
+    calls = {"stateful": {"session_name": "t"}, "stateless": {},
+             "read_only": {"session_name": "s"}}
+    if at.place.id == "own":  # one call at a time runs in the agent's own interpreter
+        calls = {"stateless": {}}
+
+    def run(mode: str, kw: dict[str, Any]) -> None:
+        results[mode] = at.run(slow, state_mode=mode, timeout=30, **kw)
+
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    at.ex.close()
+    for thread in threads:
+        thread.join(10)
+    assert time.monotonic() - started < 1.5
+    ended = f"its {at.process} was ended"
+    for mode, r in results.items():
+        assert r["error_type"] == "crashed", (mode, r)
+        assert r["error"].startswith(f"The Executor was closed while this code ran; {ended}"), \
+            (mode, r)
+        assert r["state_lost"] is (mode != "stateless"), (mode, r)
+    assert set(results) == set(calls)
