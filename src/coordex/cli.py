@@ -195,7 +195,7 @@ def _leave_promptly(code: int) -> int:
 
 
 # How long threads left after a signal get to finish before the process leaves them.
-LEAVE_GRACE = 1.0
+LEAVE_GRACE = 0.5
 
 
 # --- mcp -----------------------------------------------------------------------------------
