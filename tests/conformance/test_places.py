@@ -436,3 +436,17 @@ def test_calls_in_flight_at_close_read_the_same_in_every_mode(at: At) -> None:
             (mode, r)
         assert r["state_lost"] is (mode != "stateless"), (mode, r)
     assert set(results) == set(calls)
+
+
+def test_output_written_after_its_call_returned_lands_in_no_later_call(at: At) -> None:
+    """SPEC 6 (soak S4): what a background process writes after its call returned went
+    into the session's next call (41 and 74 lines in bash and an environment)."""
+    late = ("(sleep 0.3; echo LATE; echo LATE >&2) &" if at.place.language == "bash" else
+            "import os\nos.spawnlp(os.P_NOWAIT, 'sh', 'sh', '-c', "
+            "'sleep 0.3; echo LATE; echo LATE >&2')")
+    first = at.run(late, state_mode="stateful", session_name="bg")
+    assert "error" not in first and "LATE" not in first["stdout"], first
+    time.sleep(1.0)  # it has written by now, between the calls
+    mine = "echo mine" if at.place.language == "bash" else "print('mine')"
+    r = at.run(mine, state_mode="stateful", session_name="bg")
+    assert (r["stdout"], r["stderr"]) == ("mine\n", ""), r

@@ -292,6 +292,9 @@ class _WorkerProcess:
 
     def _converse(self, msg: dict[str, Any], reply_type: str, request: RunRequest,
                   capabilities: CapabilityHost | None, fork_child: bool) -> _Reply:
+        # SPEC 6: what a process an earlier call started wrote since that call returned
+        # is no call's output: it is dropped before this call begins.
+        self._drop_stale_output()
         captures = {self._out_r: StreamCapture("stdout", request),
                     self._err_r: StreamCapture("stderr", request)}
         reply = _Reply()
@@ -356,13 +359,27 @@ class _WorkerProcess:
         # Pipes are synchronous: whatever the worker (or a fork child that has exited)
         # wrote to fds 1/2 before `done` is already in the pipes, so one non-blocking
         # drain completes the call's output. Only a background process the code left
-        # running can write later; that lands in the next call.
+        # running can write later; the next call drops that before it begins.
         ready = {fd for fd, _ in self._poll.poll(0)}
         for fd, capture in captures.items():
             if fd in ready:
                 self._pump(fd, capture, drain=True)
             capture.finish()
         return self._collect(reply, captures)
+
+    def _drop_stale_output(self) -> None:
+        """Read and drop what waits on the output pipes now (never blocks)."""
+        for fd in (self._out_r, self._err_r):
+            while fd not in self._eof:
+                try:
+                    data = os.read(fd, _READ_SIZE)
+                except OSError:  # BlockingIOError: nothing (more) waits
+                    break
+                if not data:
+                    self._eof.add(fd)
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._poll.unregister(fd)
+                    break
 
     def _pump(self, fd: int, capture: StreamCapture, drain: bool = False) -> None:
         """Read what is ready on an output pipe (all of it when ``drain``)."""

@@ -242,6 +242,9 @@ class Shell:
             self._top_verbose = self._verbose
             line = (b"\\builtin set -v; " if self._verbose else b"\\builtin set +v; ") + line
         out, err = Stream("stdout", request), Stream("stderr", request)
+        # SPEC 6: what a background job of an earlier call wrote since that call returned
+        # is no call's output: it is dropped before this call begins.
+        self._drop_stale_output()
         ending = self.exchange(line, self._number, request, streams=(out, err), spin=spin)
         if not ending.survived and not self.says_go:
             ending.started = True  # a bash without PS0 cannot tell: assume it started
@@ -381,6 +384,22 @@ class Shell:
         except OSError:
             return 0
         return size[0]
+
+    def _drop_stale_output(self) -> None:
+        """Read and drop what waits on the output pipes now (never blocks)."""
+        for fd, _events in self._outputs.poll(0):
+            while True:
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except OSError:  # BlockingIOError: drained
+                    break
+                if not data:
+                    for poller in (self._poller, self._outputs):
+                        try:
+                            poller.unregister(fd)
+                        except KeyError:
+                            pass
+                    break
 
     def _pump(self, fd: int, stream: Stream) -> None:
         """Read what ``fd`` has now (never blocks) into ``stream``."""
