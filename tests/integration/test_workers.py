@@ -360,9 +360,10 @@ def test_timeout_ignoring_sigint_kills_and_loses_state(session: WorkerSession) -
     err = r["error"]
     assert err["error_type"] == "timeout" and err["state_lost"] is True
     assert r["state_lost"] is True and "restarted" in err["error"]
-    assert session.pid != old and session.alive()
+    assert session.alive()  # its new worker starts on a thread, not in the call's time
     r = session.run(req("'x' in dir()"))
     assert r["result"] == "False" and "state_lost" not in r
+    assert session.pid not in (old, -1)
 
 
 def test_read_only_timeout_kills_only_the_copy(session: WorkerSession) -> None:

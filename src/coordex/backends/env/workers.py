@@ -62,7 +62,11 @@ from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
-CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
+CHILD_KILL_GRACE = 0.5  # after SIGUSR1 killed a fork child, how long for its `done`
+# What ending a call takes after its last escalation (kill, reap, drain the pipes): the
+# escalation ends this much before timeout + INTERRUPT_GRACE, so no call returns later
+# than that (SPEC 6), a stopped worker's included.
+END_MARGIN = 0.2
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
@@ -322,7 +326,8 @@ class _WorkerProcess:
                 if stage == 0:
                     reply.interrupted = True
                     self._signal(signal.SIGINT)
-                    stage, escalate_at = 1, now + INTERRUPT_GRACE
+                    last = escalate_at + INTERRUPT_GRACE - END_MARGIN  # the worker's end
+                    stage, escalate_at = 1, last - (CHILD_KILL_GRACE if fork_child else 0.0)
                 elif stage == 1 and fork_child:
                     self._signal(signal.SIGUSR1)
                     stage, escalate_at = 2, now + CHILD_KILL_GRACE
@@ -584,6 +589,7 @@ class WorkerSession:
         self._start_timeout = start_timeout
         self._lock = threading.Lock()
         self._closed = False
+        self._starting = False  # a new worker starts on a thread (_replace_soon)
         self._proc: _WorkerProcess | None = self._start()
 
     def _start(self) -> _WorkerProcess:
@@ -595,7 +601,10 @@ class WorkerSession:
         return self._proc.pid if self._proc is not None else -1
 
     def alive(self) -> bool:
-        return not self._closed and self._proc is not None and self._proc.alive()
+        if self._closed:
+            return False
+        proc = self._proc
+        return self._starting if proc is None else proc.alive()
 
     def run(self, request: RunRequest) -> Ran:
         """Run code in the session's namespace (stateful)."""
@@ -672,6 +681,31 @@ class WorkerSession:
             with contextlib.suppress(CoordexError):
                 self._proc = self._start()
 
+    def _replace_soon(self) -> None:
+        """After a loss this call reports: the old process goes now, the next one starts
+        on a thread (its start is not this call's time: SPEC 6's timeout + 2 s), or at
+        the next call if that comes first."""
+        if self._proc is not None:
+            self._proc.close()
+        self._proc = None
+        if self._closed:
+            return
+
+        def start() -> None:
+            with self._lock:
+                try:
+                    if self._proc is not None or self._closed:
+                        return
+                    with contextlib.suppress(CoordexError):
+                        self._proc = self._start()
+                    if self._closed and self._proc is not None:  # close() came meanwhile
+                        self._proc.close()
+                finally:
+                    self._starting = False
+
+        self._starting = True
+        threading.Thread(target=start, daemon=True, name="coordex-worker-start").start()
+
     def _call(self, request: RunRequest, mode: RunMode) -> Ran:
         """One attempt at a call. A death during it is the fact ``Died`` (of the
         ``process`` or only its ``copy``); whether the call runs once more is the session
@@ -697,7 +731,7 @@ class WorkerSession:
                 # (A worker that died while its read-only fork ran: the fork's result
                 # stands, and the loss is this call's news, not the next call's.)
                 replaced = True
-                self._replace_quietly()
+                self._replace_soon()
             return dataclasses.replace(ran, replaced=True) if replaced else ran
 
 
