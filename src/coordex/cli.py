@@ -32,9 +32,8 @@ def _say(*parts: object) -> None:
 
 def _cannot_start(exc: BaseException) -> None:
     """Why a server cannot start, with the frames that failed: an operator sees where."""
-    import traceback
-
     import logging
+    import traceback
 
     _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
     server_log = logging.getLogger("coordex.server")
