@@ -50,6 +50,9 @@ PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": False}}
+# What a 2026-07-28 server/discover declares besides: the tasks extension (SPEC 14).
+MODERN_CAPABILITIES: dict[str, Any] = {
+    **CAPABILITIES, "extensions": {"io.modelcontextprotocol/tasks": {}}}
 # How long to wait for the client's first message before leaving it to the SDK.
 WAIT_S = 5.0
 
@@ -142,7 +145,7 @@ def discover_result(params: Any) -> dict[str, Any] | None:
         return None
     return {
         "cacheScope": "private",
-        "capabilities": json.loads(json.dumps(CAPABILITIES)),
+        "capabilities": json.loads(json.dumps(MODERN_CAPABILITIES)),
         "instructions": INSTRUCTIONS,
         "resultType": "complete",
         "supportedVersions": list(MODERN_VERSIONS),

@@ -140,6 +140,15 @@ CALLS: list[tuple[str, Arguments, Callable[[dict[str, Any]], bool]]] = [
      lambda r: r["result"] == "[3, 1, 2]"),
     ("close_session", {"session_name": "trial"}, lambda r: r["closed"] is True),
     ("create_environment", {"spec": "", "build": False}, lambda r: r["built"] is False),
+    ("execute_code", {"code": "import time\ntime.sleep(3)\n7", "state_mode": "stateful",
+                      "session_name": "slow", "wait": 0.5}, lambda r: r.get("running") is True),
+    ("wait_call", lambda seen: {"call_id": seen["execute_code"]["call_id"]},
+     lambda r: r["result"] == "7"),
+    ("execute_code", {"code": "import time\nfor _ in range(300):\n    time.sleep(0.1)",
+                      "state_mode": "stateful",
+                      "session_name": "slow", "wait": 0.5}, lambda r: r.get("running") is True),
+    ("cancel_call", lambda seen: {"call_id": seen["execute_code"]["call_id"]},
+     lambda r: r["error_type"] == "timeout" and r["state_lost"] is False),
 ]
 
 
@@ -217,7 +226,7 @@ async def silent_call(client: Client, seconds: float) -> tuple[list[float], list
 
     record = structured(await client.call_tool(
         "execute_code", {"code": f"import time\ntime.sleep({seconds})\n'done'",
-                         "timeout": seconds + 30},
+                         "timeout": seconds + 30, "wait": seconds + 30},
         progress_callback=progress))
     assert record["result"] == "'done'", record
     return times, messages, time.monotonic() - started
@@ -278,7 +287,7 @@ def test_heartbeat_gaps_over_a_minute(tmp_path: Path) -> None:
     """The figure behind SPEC 14's promise: gaps between notifications of a 60 s silent
     call (printed; run with -s to see it)."""
     async def body() -> None:
-        async with connect(tmp_path, "auto") as client:
+        async with connect(tmp_path, "auto", "--max-wait", "120") as client:
             structured(await client.call_tool("execute_code", {"code": "1"}))
             times, _, ended = await silent_call(client, 60)
         between = gaps(times, ended)
