@@ -17,7 +17,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from http.cookies import CookieError, SimpleCookie
 
 COOKIE = "coordex_ui"
 COOKIE_AGE = 7 * 24 * 3600  # kept across browser restarts, as Jupyter's is
@@ -93,17 +92,31 @@ def set_cookie(host: str, key: str, prefix: str) -> str:
             f"Max-Age={COOKIE_AGE}")
 
 
+MAX_COOKIE_HEADER = 8192  # characters of a Cookie header looked at; a longer one holds no key
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
 def cookie_value(headers: Mapping[str, str], host: str) -> str:
+    """The page's key from the ``Cookie`` header, or ``""``.
+
+    Read before anyone is known to be who they say, so it costs time in proportion to
+    the header at most, and a header past :data:`MAX_COOKIE_HEADER` is not read at all:
+    the header is split on ``;``, and only the one cookie of this port's name is taken,
+    when its value is a key this server could have issued (``token_urlsafe``). No
+    general cookie parser runs (the standard library's took seconds of CPU for one
+    crafted header: CVE-2024-7592)."""
     header = headers.get("cookie", "")
-    if not header:
+    if not header or len(header) > MAX_COOKIE_HEADER:
         return ""
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except CookieError:
-        return ""
-    morsel = jar.get(cookie_name(host))
-    return morsel.value if morsel is not None else ""
+    wanted = cookie_name(host)
+    for part in header.split(";"):
+        name, sep, value = part.partition("=")
+        if sep and name.strip() == wanted:
+            value = value.strip()
+            if 0 < len(value) <= 64 and all(c in _KEY_CHARS for c in value):
+                return value
+            return ""
+    return ""
 
 
 def bearer(header: str) -> str:
