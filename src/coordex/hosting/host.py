@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # No controlling terminal for anything of the jail, however this was started (the
+    # owner starts it in a new session already: then this is refused, and moot).
+    with contextlib.suppress(OSError):
+        os.setsid()
     folder = os.path.realpath(args.folder)
     root = os.path.realpath(args.root) if args.root else folder
     environments = os.path.realpath(args.environments) if args.environments else None
