@@ -211,28 +211,34 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
         return confined_executor(args, folder, name=name, hidden=hidden, lazy=True,
                                  environments=environments_folder(root, name, folder),
                                  records=records_folder(root, name, folder),
-                                 nodes=tenant_nodes(args, name))
+                                 nodes=tenant_nodes(args, name, root=root, hidden=hidden))
     if getattr(args, "confine", None):
         folder = Path(args.confine)
         return confined_executor(args, folder, name="default", hidden=hidden,
                                  environments=environments_folder(root, "", folder),
                                  records=records_folder(root, "", folder),
-                                 nodes=tenant_nodes(args, "default"))
+                                 nodes=tenant_nodes(args, "default", root=root, hidden=hidden))
     return make_in_process()
 
 
-def tenant_nodes(args: argparse.Namespace, name: str) -> Any:
+def tenant_nodes(args: argparse.Namespace, name: str, *, root: Path | None = None,
+                 hidden: Sequence[str] = ()) -> Any:
     """With ``--cluster``: the tenant's actors on the cluster (SPEC 10, last bullet), each
     running the tenant's sessions in a confined host of the tenant on its node, with the
-    limits its host has here. The server holds the cluster connection, never the host."""
+    limits its host has here. The server holds the cluster connection, never the host.
+    The node hides what this server hides (``hidden``: its root, its tokens file), and
+    keys the tenant's folder there by this server's identity (kept in ``root``)."""
     if not getattr(args, "cluster", None):
         return None
+    from .hosting.identity import server_identity
     from .hosting.relay import NodeRelay
 
+    server = server_identity(root) if root is not None else ""
     return NodeRelay(args.cluster, {"name": name, "memory_limit": args.memory_limit,
                                     "network": not args.no_network,
                                     "max_calls": args.max_calls,
-                                    "readable": list(getattr(args, "readable", None) or ())})
+                                    "readable": list(getattr(args, "readable", None) or ()),
+                                    "hide": [str(p) for p in hidden], "server": server})
 
 
 def join_cluster_for_tenants(address: str) -> tuple[Any, list[str], str | None]:

@@ -74,9 +74,12 @@ class _Host:
         argv = [*argv, "--in", str(to_host_r), "--out", str(from_host_w),
                 "--lifeline", str(lifeline_r)]
         try:
+            # A session of its own: the keeper and all it starts have no controlling
+            # terminal, so no tenant can read or type into the server's (TIOCSTI), nor
+            # get its signals (^C, SIGHUP) or send it any through the terminal.
             self.process = subprocess.Popen(
                 argv, env=env, cwd=cwd, pass_fds=passed, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except BaseException:
             for fd in (*passed, self._to_host, self._from_host, self._lifeline):
                 os.close(fd)
@@ -666,18 +669,20 @@ def _how_it_ended(code: int | None) -> str:
 
 def readable_paths() -> list[str]:
     """What a host reads beyond the system's folders: the Python installation (its
-    prefixes, the interpreter's folder, the folders on ``sys.path`` that hold packages),
-    coordex's own folder and uv's. Not the current folder, which ``python -m`` puts on
-    ``sys.path`` and which may be anything of the operator's (the server's root)."""
+    prefixes, the interpreter's folder, the folders an isolated interpreter - the host
+    runs ``python -I`` - puts on ``sys.path``), coordex's own folder and uv's.
+
+    Never what this process's own ``sys.path`` adds beyond those: the current folder
+    (``python -m`` puts it there), ``PYTHONPATH``, and what a cluster puts on a worker's
+    path (Ray adds its driver's working folder, which may be a server's base folder
+    holding its root and tokens file). Those are the operator's, not the installation's."""
     import coordex
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(coordex.__file__)))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)),
              package}
-    cwd = os.path.realpath(os.getcwd())
-    paths |= {p for p in sys.path
-              if p and os.path.isdir(p) and os.path.realpath(p) != cwd}
+    paths |= {p for p in _isolated_sys_path() if os.path.isdir(p)}
     try:
         import uv  # the builder's uv binary
 
@@ -686,6 +691,35 @@ def readable_paths() -> list[str]:
     except (ImportError, FileNotFoundError):
         pass
     return sorted(paths)
+
+
+_ISOLATED_PATH: dict[str, tuple[str, ...]] = {}
+
+
+def _isolated_sys_path() -> tuple[str, ...]:
+    """``sys.path`` of ``sys.executable -I`` (no current folder, no ``PYTHONPATH``, no
+    user site), asked once per interpreter; the installation's own folders only."""
+    found = _ISOLATED_PATH.get(sys.executable)
+    if found is None:
+        import json
+
+        try:
+            out = subprocess.run(
+                [sys.executable, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                capture_output=True, text=True, timeout=60, cwd="/", stdin=subprocess.DEVNULL,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}).stdout
+            found = tuple(str(p) for p in json.loads(out) if isinstance(p, str) and p)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            # What site adds for this installation, without asking a new interpreter.
+            import site
+
+            found = tuple(p for p in sys.path if p and any(
+                os.path.realpath(p).startswith(os.path.realpath(prefix) + os.sep)
+                for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix,
+                               sys.base_exec_prefix}))
+            found += tuple(site.getsitepackages())
+        _ISOLATED_PATH[sys.executable] = found
+    return found
 
 
 __all__ = ["DEFAULT_MEMORY_LIMIT", "ConfinedExecutor", "readable_paths"]
