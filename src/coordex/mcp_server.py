@@ -539,8 +539,13 @@ class BearerTenantApp:
                         allowed_hosts=getattr(checks, "allowed_hosts", None),
                         allowed_origins=getattr(checks, "allowed_origins", None))
 
-    def tenant_for(self, authorization: str | None) -> Tenant | None:
+    def tenant_for(self, authorization: str | bytes | None) -> Tenant | None:
         presented = b""
+        if isinstance(authorization, bytes):  # as sent: a token is UTF-8, nothing else
+            try:
+                authorization = authorization.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
         if authorization:
             scheme, _, credentials = authorization.partition(" ")
             if scheme.lower() == "bearer":
@@ -562,8 +567,10 @@ class BearerTenantApp:
 
             await serve_asgi(self.ui, scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        tenant = self.tenant_for(headers.get("authorization"))
+        # Exactly one Authorization header, or none is taken (two could each be read
+        # by a different part: the first by one proxy, the last by another).
+        sent = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
+        tenant = self.tenant_for(sent[0]) if len(sent) == 1 else None
         if tenant is None:
             await _plain_response(
                 send, 401, "Unauthorized: send 'Authorization: Bearer <token>'.\n",

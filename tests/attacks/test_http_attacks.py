@@ -132,3 +132,37 @@ def test_idle_half_requests_leave_room_for_everyone(tmp_path: Path) -> None:
                 sock.close()
         assert running.process.poll() is None
         assert _initialize(url) == 200
+
+
+NON_ASCII = "tokén-ünïcode-0123456789abcdef"
+
+
+def _status(port: int, method: str, path: str, headers: list[bytes], body: bytes = b"") -> str:
+    request = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+               + b"".join(h + b"\r\n" for h in headers)
+               + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    return _raw(port, request, timeout=30)[0].split()[1]
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/ui/api/sessions"])
+def test_a_token_is_one_authorization_header_in_utf_8(tmp_path: Path, path: str) -> None:
+    """Two Authorization headers authorise nothing (one part of a chain of proxies may
+    read the first, another the last), and a token is its UTF-8 bytes: the same
+    characters in latin-1 are another token."""
+    env = child_env(tmp_path / "home", COORDEX_TOKEN=NON_ASCII)
+    with spawn("serve", "--port", "0", env=env) as running:
+        port = urlsplit(running.wait_for(READY).group(1)).port
+        assert port is not None
+        import json
+
+        method, body = ("POST", json.dumps(INITIALIZE).encode()) if path == "/mcp" else ("GET", b"")
+        extra = [b"Accept: application/json, text/event-stream",
+                 b"Content-Type: application/json"] if path == "/mcp" else []
+        good = b"Authorization: Bearer " + NON_ASCII.encode("utf-8")
+        wrong = b"Authorization: Bearer wrong-token-0123456789abc"
+        assert _status(port, method, path, [good, *extra], body) == "200"
+        assert _status(port, method, path, [wrong, good, *extra], body) == "401"
+        assert _status(port, method, path, [good, wrong, *extra], body) == "401"
+        assert _status(port, method, path, [good, good, *extra], body) == "401"
+        latin = b"Authorization: Bearer " + NON_ASCII.encode("latin-1")
+        assert _status(port, method, path, [latin, *extra], body) == "401"

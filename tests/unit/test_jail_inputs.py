@@ -52,3 +52,17 @@ def test_the_page_cookie_is_found_in_time_linear_in_the_header() -> None:
         assert cookie_value({"cookie": 'coordex_ui_8000="' + "\\" * size + '"'}, host) == ""
         assert cookie_value({"cookie": "x=" + "\\;" * size}, host) == ""
     assert time.monotonic() - started < 0.5
+
+
+def test_one_tenant_opening_its_url_again_and_again_logs_no_one_else_out() -> None:
+    from coordex.ui.access import MAX_KEYS, Keys
+
+    keys = Keys()
+    bob_cookie, bob_page = keys.issue("bob-token")
+    for _ in range(MAX_KEYS + 10):
+        keys.issue("alice-token")
+    assert keys.token_for(bob_cookie, bob_page) == "bob-token"
+    first_alice = keys.issue("alice-token")
+    for _ in range(MAX_KEYS):
+        keys.issue("alice-token")
+    assert keys.token_for(*first_alice) is None  # her own oldest goes
