@@ -435,3 +435,32 @@ def test_nothing_can_be_typed_into_a_terminal(room: Room) -> None:
     assert seen["tiocsti"] != "typed", seen
     if room.level == "namespaces+landlock":
         assert seen["tiocsti"] == "1", seen  # EPERM, from the filter
+
+
+def test_no_command_line_in_the_jail_names_what_it_hides(room: Room) -> None:
+    """The jail's pid 1 (and every process of the host) is a fork of the keeper: a
+    command line holding ``--hide`` named the server's root and tokens file."""
+    # At the landlock level /proc is the machine's (the server's own command line is
+    # there, as the README's threat model says): the host's own processes are looked at.
+    found = room.server.code(ALICE, """
+import os
+def line(pid):
+    try:
+        return open(f'/proc/{pid}/cmdline', 'rb').read().decode('utf-8', 'replace')
+    except OSError:
+        return ''
+def parent(pid):
+    try:
+        return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+seen, pid = [], os.getpid()
+while pid > 0 and ('coordex.hosting.host' in line(pid) or pid == os.getpid()):
+    seen.append(line(pid))
+    pid = parent(pid)
+seen.append(line(1))
+'\\n'.join(seen)""")
+    assert not found["is_error"], found
+    text = str(found["result"])
+    assert "coordex.hosting.host" in text or room.level == "landlock", found
+    assert "tokens.txt" not in text and "--hide\\x00" not in text, found

@@ -64,15 +64,21 @@ class _Host:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str,
                  on_node: Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], None]
-                 | None = None, records: Any = None) -> None:
+                 | None = None, records: Any = None, hidden: Sequence[str] = ()) -> None:
         self._on_node = on_node
         self._records = records
         to_host_r, self._to_host = os.pipe()
         self._from_host, from_host_w = os.pipe()
         lifeline_r, self._lifeline = os.pipe()
-        passed = (to_host_r, from_host_w, lifeline_r)
+        # What the host hides (the server's root, its tokens file) travels down a pipe,
+        # not on its command line: the jail's pid 1 is a fork of the keeper, and its
+        # command line is readable inside.
+        hide_r, hide_w = os.pipe()
+        with os.fdopen(hide_w, "wb") as pipe:
+            pipe.write(b"".join(os.fsencode(h) + b"\0" for h in hidden)[:60_000])
+        passed = (to_host_r, from_host_w, lifeline_r, hide_r)
         argv = [*argv, "--in", str(to_host_r), "--out", str(from_host_w),
-                "--lifeline", str(lifeline_r)]
+                "--lifeline", str(lifeline_r), "--hide-fd", str(hide_r)]
         try:
             # A session of its own: the keeper and all it starts have no controlling
             # terminal, so no tenant can read or type into the server's (TIOCSTI), nor
@@ -384,8 +390,7 @@ class ConfinedExecutor:
             self._argv.append("--relay")
         # Probed once per owner process (cached), not once per host start.
         self._argv += ["--level", level if level is not None else best_level()]
-        for path in hide:
-            self._argv += ["--hide", str(path)]
+        self._hidden = [str(path) for path in hide]
         build_env = self._build_settings(build_settings)
         for path in [*readable_paths(), *given, *_setting_paths({**os.environ, **build_env})]:
             self._argv += ["--readable", path]
@@ -490,7 +495,8 @@ class ConfinedExecutor:
         if self._records is not None:
             self._records.new_life()
         host = _Host(self._argv, self._env, str(self.folder),
-                     self._nodes.serve if self._nodes is not None else None, self._records)
+                     self._nodes.serve if self._nodes is not None else None, self._records,
+                     self._hidden)
         ready = host.wait_ready(READY_TIMEOUT)
         if ready is not None and ready.get("fatal") and str(ready.get("error")).startswith(
                 ("TypeError", "ValueError")):
