@@ -131,8 +131,34 @@ def confinement_refusal(level: str, tenants: int, allow_unconfined: bool) -> str
 
 
 def hide_secrets_from_sessions() -> None:
-    """Take ``COORDEX_TOKEN`` out of this process's environment once it has been read."""
+    """Take ``COORDEX_TOKEN`` out of this process's environment once it has been read.
+
+    Out of ``os.environ`` is not enough: ``/proc/PID/environ`` shows the environment the
+    process started with, which the code of an unconfined tenant (in this process, or a
+    child reading its parent's) can read. The value is overwritten there too, in place.
+    """
+    if "COORDEX_TOKEN" in os.environ:
+        _wipe_initial_environment("COORDEX_TOKEN")
     os.environ.pop("COORDEX_TOKEN", None)
+
+
+def _wipe_initial_environment(name: str) -> None:
+    """Overwrite ``name``'s value with NULs where the C library's environment holds it
+    (the block ``/proc/self/environ`` shows, unless it was set again since)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_void_p
+        libc.getenv.argtypes = [ctypes.c_char_p]
+        address = libc.getenv(name.encode())
+        if address:
+            ctypes.memset(address, 0, len(ctypes.string_at(address)))
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 # --- executors ----------------------------------------------------------------------

@@ -166,3 +166,26 @@ def test_a_token_is_one_authorization_header_in_utf_8(tmp_path: Path, path: str)
         assert _status(port, method, path, [good, good, *extra], body) == "401"
         latin = b"Authorization: Bearer " + NON_ASCII.encode("latin-1")
         assert _status(port, method, path, [latin, *extra], body) == "401"
+
+
+def test_the_servers_token_is_in_no_environment_its_tenant_can_read(
+        server: tuple[Running, str]) -> None:
+    """The single tenant of an unconfined server runs in the server's own process: the
+    environment it started with (``/proc/self/environ``) held ``COORDEX_TOKEN``."""
+    from tests.e2e.test_mcp_http import call_with_sdk
+
+    found = call_with_sdk(server[1], TOKEN, [("execute_code", {"code": (
+        "import os\n"
+        "seen = []\n"
+        "for pid in {'self', str(os.getppid()), str(os.getpid())}:\n"
+        "    try:\n"
+        f"        seen.append({TOKEN!r}.encode() in open(f'/proc/{{pid}}/environ', 'rb').read())\n"
+        "    except OSError:\n"
+        "        pass\n"
+        f"(seen, {TOKEN!r} in str(os.environ))")}), ("execute_code", {
+            "code": "cat /proc/$PPID/environ /proc/self/environ 2>/dev/null | tr '\\0' '\\n' | "
+                    "grep -c COORDEX_TOKEN=.; true", "language": "bash"})])
+    python, bash = found
+    seen, in_environ = eval(str(python["result"]))
+    assert seen and not any(seen) and not in_environ, python
+    assert bash["stdout"].strip() == "0", bash
