@@ -578,9 +578,21 @@ class ConfinedExecutor:
 
     def call_tool(self, name: str, arguments: Any = None, on_output: OnOutput | None = None,
                   cancel: threading.Event | None = None) -> dict[str, Any]:
-        """Route a model's tool call into the host (as :func:`coordex.tools.call_tool`)."""
+        """Route a model's tool call into the host (as :func:`coordex.tools.call_tool`).
+
+        An ``execute_code`` call without an environment is bounded as
+        :meth:`execute_code` bounds it: a host that has not answered by its timeout plus
+        :data:`STUCK_GRACE` (stopped by its own code, say) is ended, and the call
+        returns ``crashed`` with ``state_lost: true`` instead of hanging."""
+        deadline = None
+        if name == "execute_code" and isinstance(arguments, dict) \
+                and arguments.get("venv_id") is None:
+            timeout = arguments.get("timeout")
+            timeout = timeout if isinstance(timeout, (int, float)) and not isinstance(
+                timeout, bool) and 0 < timeout < 1e7 else self.timeout
+            deadline = float(timeout) + STUCK_GRACE
         result: dict[str, Any] = self._call("call_tool", {"name": name, "arguments": arguments},
-                                            on_output, cancel)
+                                            on_output, cancel, deadline)
         return result
 
     # The MCP server hands whole tool calls over with this (see mcp_server.run_tool).
