@@ -793,6 +793,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "reference: coordinates chosen by hand per step; model: an OpenAI-compatible "
                    "endpoint chooses (default reference)")
     p.add_argument("--tasks", metavar="NAME,...", help="only these tasks (see --list)")
+    p.add_argument("--suite", choices=("default", "hard"), default="default",
+                   help="default: twelve tasks of nine steps; hard: six tasks of 24 steps with "
+                   "1 GiB of state at --scale 1, state that cannot be pickled, and left-overs "
+                   "planted ten steps before the step they spoil")
     p.add_argument("--out", metavar="DIR", default="coordex-eval",
                    help="where the reports go (default ./coordex-eval); runs of other policies "
                    "kept there are compared")
@@ -804,6 +808,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="NAME", help="model: the model's name")
     p.add_argument("--max-turns", type=_positive_int, default=40, metavar="N",
                    help="model: requests per task before it fails (default 40)")
+    p.add_argument("--tools", choices=("coordex", "kept", "fresh"), default="coordex",
+                   help="model: coordex's own tools (default), or one execute_code with a fixed "
+                   "policy: one interpreter and shell kept for the task (kept), a fresh one "
+                   "every call (fresh)")
+    p.add_argument("--stepwise", action="store_true",
+                   help="model: give the steps one at a time, a new user message each time the "
+                   "model answers without a tool call")
     p.add_argument("--request-timeout", type=_positive_float, default=300.0, metavar="SECONDS",
                    help="model: seconds per request (default 300); the key is read from "
                    "OPENAI_API_KEY")

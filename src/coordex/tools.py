@@ -226,12 +226,16 @@ Choose state_mode by what the code is for:
 - stateful: work of several steps (load, then analyse) - names, files opened and the \
 working directory stay in the session for the next call.
 - stateless: a one-off check - fresh namespace or shell, nothing is kept afterwards.
-- read_only: a look that must not change anything - runs against a copy of an existing \
-session; whatever it changes or writes is discarded (the result's "isolation" says which \
-guarantees held).
+- read_only: a look that must not change anything, or a try of a change you may throw \
+away - runs against a copy of an existing session; whatever it changes or writes is \
+discarded. Its result's "isolation" says what held: copy "fork" (all of the session \
+copied) or "values" (names copied one by one; left_out lists those that could not be); \
+files "discarded" (its writes, a mkdir included, are thrown away), "refused" (writes \
+fail) or "none" (files are not protected on this machine).
 
-Sessions: stateful without a session uses session 0; name one with session_name \
-(e.g. 'audit') or session_id, never both. read_only must name an existing session; \
+Sessions: a new executor holds only session 0; stateful without a session uses it; name \
+one with session_name (e.g. 'audit') or session_id, never both. read_only must name an \
+existing session; \
 stateless must not name one. venv_id runs in a dedicated environment with its own \
 packages (see create_environment); omit it for the agent's own interpreter. null for any \
 argument means the same as leaving it out. A call is interrupted after \

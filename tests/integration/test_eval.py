@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fakes.chat_server import TOKENS_PER_REPLY, ChatServer, Raw, tool_call
 
 SCALE = "0.02"
+WORK_KEYS = {"calls", "code_chars", "result_chars", "exec_s"}
 TASK_KEYS = {"name", "steps", "success", "wall_s", "redo_s", "stale_errors",
-             "calls_by_coordinate", "tokens", "choices"}
+             "calls_by_coordinate", "tokens", "choices"} | WORK_KEYS
 CHOICE_KEYS = {"step", "language", "state_mode", "session", "venv_id"}
 
 
@@ -41,9 +42,9 @@ def load(out: Path) -> dict[str, Any]:
 
 
 def check_shape(report: dict[str, Any]) -> None:
-    assert set(report) == {"policy", "model", "tasks", "total"}
+    assert set(report) == {"policy", "model", "tools", "tasks", "total"}
     assert set(report["total"]) == {"tasks", "succeeded", "wall_s", "redo_s", "stale_errors",
-                                    "tokens"}
+                                    "tokens"} | WORK_KEYS
     for task in report["tasks"]:
         assert set(task) == TASK_KEYS
         for choice in task["choices"]:
@@ -365,3 +366,146 @@ def test_a_model_that_chooses_like_the_reference_gets_every_task_right(tmp_path:
         for number, step in enumerate(steps, start=1):
             assert any(c["step"] == number and (c["language"], c["state_mode"])
                        == (step.language, step.mode) for c in task["choices"]), (task, number)
+
+
+# --- the hard suite (SPEC 13: --suite hard) ---------------------------------------------
+
+
+def test_hard_suite_tells_the_policies_apart_for_the_reasons_it_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from coordex.eval.hard import HARD
+
+    assert len(HARD) >= 6 and all(len(task.steps) >= 20 for task in HARD)
+    assert main(["eval", "--suite", "hard", "--list"]) == 0
+    assert capsys.readouterr().out.split() == [task.name for task in HARD]
+    out = tmp_path / "hard"
+    reports = {}
+    for policy in ("reference", "kept", "fresh"):
+        assert main(["eval", "--suite", "hard", "--policy", policy, "--scale", "0.002",
+                     "--out", str(out)]) == 0
+        reports[policy] = load(out)
+    err = capsys.readouterr().err
+    reference, kept, fresh = reports["reference"], reports["kept"], reports["fresh"]
+    assert reference["total"]["succeeded"] == len(HARD)
+    assert reference["total"]["redo_s"] == 0 and reference["total"]["stale_errors"] == 0
+    # One session kept for good: every task picks up its left-over, each a different kind.
+    assert kept["total"]["succeeded"] == 0
+    assert [t["stale_errors"] for t in kept["tasks"]] == [1] * len(HARD)
+    for left_over in ("'limit'", "'blocks'", "'db'", "'stream'", "'STAGE'", "'score'"):
+        assert f"holds the value the left-over {left_over} gives" in err
+    # A fresh sandbox per call: what cannot be pickled is started over, and the GiB loads
+    # again and again.
+    assert fresh["total"]["succeeded"] == 0 and fresh["total"]["stale_errors"] == 0
+    assert err.count("the stream and the database cannot be pickled") == len(HARD)
+    assert err.count("the shell's folder and STAGE were not kept") == len(HARD)
+    assert fresh["total"]["redo_s"] > 0
+
+
+def test_hard_suite_left_overs_come_ten_steps_before_what_they_spoil() -> None:
+    """Each planted attempt is step 8; the steps that read what it spoils come at 18 or
+    later (the checker's simulation agrees with what the steps compute)."""
+    from coordex.eval.hard import HARD, PLANTS
+
+    for task in HARD:
+        planted = next(n for n, s in enumerate(task.steps, 1) if s.says in
+                       {p.says for p in PLANTS.values()})
+        assert planted == 8 and task.steps[planted - 1].mode == "read_only"
+        spoiled_from = [n for n, s in enumerate(task.steps, 1)
+                        if s.mode == "stateful" and n > planted
+                        and ("summary =" in s.code or "above =" in s.code
+                             or "scored =" in s.code or "crc =" in s.code or "$STAGE" in s.code)]
+        assert min(spoiled_from) - planted >= 10
+
+
+# --- arms, stepwise and the model's own work (SPEC 13) ----------------------------------
+
+
+def test_arms_give_one_fixed_tool_and_run_it_at_the_fixed_coordinate(tmp_path: Path) -> None:
+    """--tools kept|fresh: one execute_code without state_mode or session arguments; a
+    model that sends them anyway runs at the arm's coordinate; the report names the arm,
+    and the arms of one model sit side by side."""
+    plan = [("execute_code", {"code": LOAD, "state_mode": "read_only", "session_name": "x"}),
+            ("execute_code", {"code": "len(ledger)"}),
+            ("list_sessions", {})]
+    runs = {}
+    for arm in ("kept", "fresh"):
+        with ChatServer(scripted(plan)) as server:
+            assert run_eval(tmp_path, "--policy", "model", "--base-url", server.base_url,
+                            "--model", "m", "--tools", arm, "--tasks", "ledger-audit") == 0
+        tools = server.requests[0]["tools"]
+        assert [t["function"]["name"] for t in tools] == ["execute_code"]
+        properties = tools[0]["function"]["parameters"]["properties"]
+        assert "code" in properties and "language" in properties
+        assert not {"state_mode", "session_id", "session_name"} & set(properties)
+        assert ("kept for the whole task" if arm == "kept" else "fresh interpreter") \
+            in tools[0]["function"]["description"]
+        answers = [json.loads(m["content"]) for m in server.requests[-1]["messages"]
+                   if m["role"] == "tool"]
+        runs[arm] = (load(tmp_path), answers)
+    kept, kept_answers = runs["kept"]
+    fresh, fresh_answers = runs["fresh"]
+    assert kept["tools"] == "kept" and fresh["tools"] == "fresh"
+    # kept: the load stays for the next call; fresh: it is gone.
+    assert kept_answers[0]["state_mode"] == "stateful" and "error_type" not in kept_answers[1]
+    assert fresh_answers[0]["state_mode"] == "stateless"
+    assert fresh_answers[1]["exception"] == "NameError"
+    assert kept_answers[2]["error_type"] == "not_found"  # no other tool under a fixed arm
+    task = kept["tasks"][0]
+    assert task["calls"] == 3 and task["code_chars"] > len(LOAD) and task["result_chars"] > 0
+    assert task["exec_s"] > 0
+    text = (tmp_path / "report.md").read_text()
+    assert "| model m (kept only) |" in text and "| model m (fresh only) |" in text
+
+
+def test_stepwise_gives_the_steps_one_at_a_time(tmp_path: Path) -> None:
+    from coordex.eval.suite import BY_NAME
+
+    steps = BY_NAME["ledger-audit"].steps
+    seen_users: list[int] = []
+
+    def person(body: dict[str, Any]) -> dict[str, Any]:
+        users = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        seen_users.append(len(users))
+        last = body["messages"][-1]
+        if last["role"] == "user":  # a new step: one call for it
+            return {"tool_calls": [tool_call(len(seen_users), "execute_code",
+                                             {"code": "1 + 1"})]}
+        return {"content": f"done with step {len(users)}"}
+
+    with ChatServer(person) as server:
+        assert run_eval(tmp_path, "--policy", "model", "--base-url", server.base_url,
+                        "--model", "m", "--stepwise", "--tasks", "ledger-audit") == 0
+        first = [m["content"] for m in server.requests[0]["messages"] if m["role"] == "user"]
+        last = [m["content"] for m in server.requests[-1]["messages"] if m["role"] == "user"]
+    assert len(first) == 1 and first[0].count("Step ") == 1 and "Step 1 of 9:" in first[0]
+    assert len(last) == len(steps) and last[-1].startswith(f"Step {len(steps)} of {len(steps)}:")
+    assert max(seen_users) == len(steps)
+    task = load(tmp_path)["tasks"][0]
+    assert task["calls"] == len(steps)
+    assert task["tokens"] == 2 * len(steps) * TOKENS_PER_REPLY
+
+
+def test_chart_draws_zero_on_an_axis_from_zero(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from coordex.eval import report as reports
+
+    totals = {"tasks": 1, "succeeded": 0, "wall_s": 0.0, "redo_s": 0.0, "stale_errors": 0,
+              "tokens": None, "calls": 0, "code_chars": 0, "result_chars": 0, "exec_s": 0.0}
+    drawn: list[tuple[float, float]] = []
+    real_savefig = plt.Figure.savefig
+
+    def keep_limits(figure: Any, *args: Any, **kwargs: Any) -> None:
+        drawn.extend(ax.get_ylim() for ax in figure.axes)
+        real_savefig(figure, *args, **kwargs)
+
+    plt.Figure.savefig = keep_limits  # type: ignore[method-assign]
+    try:
+        reports.chart([{"policy": "kept", "model": None, "total": totals}], tmp_path / "c.png")
+    finally:
+        plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
+    assert drawn and all(low == 0 and high > 0 for low, high in drawn)

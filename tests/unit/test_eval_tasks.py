@@ -10,15 +10,16 @@ from coordex.eval import report
 from coordex.eval.kit import work_done
 from coordex.eval.measures import CallSeen, by_coordinate, choices, redo_seconds, seen
 from coordex.eval.runner import TaskResult, coordinate
-from coordex.eval.suite import BY_NAME, TASKS
+from coordex.eval.suite import BY_NAME, SUITES, TASKS
 from coordex.eval.tasks import judge, reference_code, same
 
 WS = Path("/srv/eval-space")
 
 
 def test_the_suite_is_long_tasks_each_with_a_planted_attempt() -> None:
-    assert len(TASKS) >= 12 and len(BY_NAME) == len(TASKS)
-    for task in TASKS:
+    assert len(TASKS) >= 12 and len(SUITES["hard"]) >= 6
+    assert len(BY_NAME) == sum(len(suite) for suite in SUITES.values())  # no name twice
+    for task in BY_NAME.values():
         assert len(task.steps) >= 8, task.name
         modes = {(s.language, s.mode) for s in task.steps}
         # A one-off check and a look that must change nothing, in every task.
@@ -139,12 +140,22 @@ def test_choices_and_counts_from_log_rows() -> None:
 
 
 def test_report_totals_and_table() -> None:
-    results = [TaskResult("a", 9, True, 1.25, 0.5, 0, {"python/stateful/own": 9}, 300, []),
+    from coordex.eval.measures import Work
+
+    work = Work()
+    work.add('{"code": "1"}', '{"result": "1"}', 0.25)
+    work.add('{"code": "22"}', '{"result": "22"}', 0.5)
+    results = [TaskResult("a", 9, True, 1.25, 0.5, 0, {"python/stateful/own": 9}, 300, [],
+                          work=work),
                TaskResult("b", 8, False, 2.0, 0.0, 1, {"bash/stateless/own": 8}, None, [])]
-    built = report.build("model", "m1", results)
+    built = report.build("model", "m1", results, tools="kept")
+    assert built["tools"] == "kept"
     assert built["total"] == {"tasks": 2, "succeeded": 1, "wall_s": 3.25, "redo_s": 0.5,
-                              "stale_errors": 1, "tokens": 300}
+                              "stale_errors": 1, "tokens": 300, "calls": 2, "code_chars": 27,
+                              "result_chars": 31, "exec_s": 0.75}
+    assert built["tasks"][0]["calls"] == 2 and built["tasks"][1]["calls"] == 0
     assert built["tasks"][1]["tokens"] is None
     lines = report.table(built).splitlines()
     assert lines[0].split() == list(report.COLUMNS)
-    assert lines[-1].split() == ["total", "17", "1/2", "3.25", "0.50", "1", "17", "300"]
+    assert lines[-1].split() == ["total", "17", "1/2", "3.25", "0.50", "1", "17", "300", "27",
+                                 "31", "0.75"]

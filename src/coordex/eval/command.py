@@ -25,19 +25,20 @@ def _say(*parts: object) -> None:
     print("coordex eval:", *parts, file=sys.stderr, flush=True)
 
 
-def _tasks(text: str | None) -> list[str] | str:
+def _tasks(text: str | None, suite: str = "default") -> list[str] | str:
     """The task names ``--tasks`` asks for, or a message naming what is wrong."""
-    from .suite import BY_NAME, TASKS
+    from .suite import BY_NAME, SUITES
 
+    tasks = SUITES[suite]
     if not text:
-        return [task.name for task in TASKS]
+        return [task.name for task in tasks]
     names = [n.strip() for n in text.split(",") if n.strip()]
     for name in names:
         if name not in BY_NAME:
             near = difflib.get_close_matches(name, list(BY_NAME), n=1)
             hint = f" Did you mean {near[0]!r}?" if near else ""
             return f"no task named {name!r}.{hint} 'coordex eval --list' names them all."
-    return names or [task.name for task in TASKS]
+    return names or [task.name for task in tasks]
 
 
 def _unwritable(out: Path) -> str | None:
@@ -53,13 +54,14 @@ def _unwritable(out: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .suite import BY_NAME, TASKS
+    from .suite import BY_NAME, SUITES
 
+    suite = getattr(args, "suite", "default")
     if args.list:
-        for task in TASKS:
+        for task in SUITES[suite]:
             print(task.name)
         return EXIT_OK
-    chosen = _tasks(args.tasks)
+    chosen = _tasks(args.tasks, suite)
     if isinstance(chosen, str):
         _say(chosen)
         return EXIT_USAGE
@@ -77,14 +79,15 @@ def run(args: argparse.Namespace) -> int:
 
         endpoint = Endpoint(args.base_url, args.model, os.environ.get("OPENAI_API_KEY") or None,
                             timeout=args.request_timeout)
-    elif args.base_url or args.model:
-        _say(f"--base-url and --model are for --policy model; ignored under {args.policy!r}.")
+    elif args.base_url or args.model or args.tools != "coordex" or args.stepwise:
+        _say("--base-url, --model, --tools and --stepwise are for --policy model; ignored "
+             f"under {args.policy!r}.")
     return _run(args, [BY_NAME[n] for n in chosen], endpoint)
 
 
 def _run(args: argparse.Namespace, tasks: list[Any], endpoint: Any) -> int:
     from . import report as reports
-    from .runner import run_suite
+    from .runner import ModelSettings, run_suite
 
     out = Path(args.out).expanduser()
     problem = _unwritable(out)
@@ -94,8 +97,11 @@ def _run(args: argparse.Namespace, tasks: list[Any], endpoint: Any) -> int:
         return EXIT_USAGE
     total = len(tasks)
     done: list[TaskResult] = []
+    model = (ModelSettings(endpoint, tools=args.tools, stepwise=args.stepwise,
+                           max_turns=args.max_turns) if endpoint is not None else None)
     _say(f"{total} task(s), policy {args.policy}"
-         + (f" ({args.model} at {args.base_url})" if endpoint is not None else "")
+         + (f" ({args.model} at {args.base_url}, tools {args.tools}"
+            + (", stepwise)" if args.stepwise else ")") if endpoint is not None else "")
          + f", scale {args.scale:g}")
     started = time.monotonic()
 
@@ -104,14 +110,15 @@ def _run(args: argparse.Namespace, tasks: list[Any], endpoint: Any) -> int:
         status = "ok" if result.success else f"FAILED: {result.note}"
         _say(f"[{len(done)}/{total}] {result.name}: {status} ({result.wall_s:.1f} s)")
 
-    results = run_suite(tasks, args.policy, args.scale, endpoint=endpoint,
-                        max_turns=args.max_turns,
+    results = run_suite(tasks, args.policy, args.scale, model=model,
                         transcripts=out / "transcripts" if endpoint is not None else None,
                         on_task=progress)
-    report = reports.build(args.policy, args.model if endpoint is not None else None, results)
+    report = reports.build(args.policy, args.model if endpoint is not None else None, results,
+                           tools=args.tools if endpoint is not None else None)
     print(reports.table(report))
     try:
-        notes = reports.write(report, results, out, args.scale)
+        notes = reports.write(report, results, out, args.scale,
+                              stepwise=bool(args.stepwise and endpoint is not None))
     except OSError as exc:
         _say(f"cannot write the report into {str(out)!r}: {exc.strerror or exc}.")
         return EXIT_FAILURE

@@ -370,6 +370,108 @@ def dedupe(contacts: list[dict[str, str]], threshold: float, *, quiet: bool = Fa
         return run()
 
 
+# --- blocks (the hard suite) --------------------------------------------------------------
+#
+# State a copy or a pickle cannot carry cheaply: ``blocks`` is one bytearray of 1 GiB at
+# scale 1; ``open_db`` an SQLite connection and ``batches`` a generator over it, which
+# cannot be pickled at all.
+
+BLOCK = 1 << 16  # bytes per block; one reading per block
+
+
+def _seed_file(path: str) -> tuple[int, int]:
+    with open(path, encoding="utf-8") as file:
+        seed, size = file.read().split()
+    return int(seed), int(size)
+
+
+def read_blocks(path: str) -> bytearray:
+    """The bytes a ``blocks.seed`` file describes (cheap: no checks)."""
+    seed, size = _seed_file(path)
+    import random
+
+    # One random MiB repeated, and each block's first four bytes (its reading) its own.
+    rng, chunk = random.Random(seed), 1 << 20
+    pattern = rng.randbytes(chunk)
+    blocks = bytearray(size)
+    for start in range(0, size, chunk):
+        blocks[start:start + chunk] = pattern[:size - start]
+    for start in range(0, size, BLOCK):
+        blocks[start:start + 4] = rng.randbytes(4)
+    return blocks
+
+
+def load_blocks(path: str) -> bytearray:
+    """*Expensive.* The blocks a ``blocks.seed`` file describes, every 64 KiB block
+    verified by its SHA-256 (1 GiB at scale 1)."""
+    with _work(f"load_blocks({_name(path)})"):
+        blocks = read_blocks(path)
+        view = memoryview(blocks)
+        for start in range(0, len(blocks), BLOCK):
+            hashlib.sha256(view[start:start + BLOCK]).digest()
+        view.release()
+        return blocks
+
+
+def readings(blocks: bytearray) -> list[list[int]]:
+    """``[block, value]`` per block: the block's first four bytes as an unsigned int."""
+    return [[n, int.from_bytes(blocks[start:start + 4], "big")]
+            for n, start in enumerate(range(0, len(blocks), BLOCK))]
+
+
+def open_db(blocks: bytearray) -> Any:
+    """An SQLite database in memory with a table ``readings(block, value)`` of
+    ``blocks`` (a connection: it cannot be pickled)."""
+    import sqlite3
+
+    db = sqlite3.connect(":memory:", check_same_thread=False)
+    db.execute("CREATE TABLE readings (block INTEGER PRIMARY KEY, value INTEGER)")
+    db.executemany("INSERT INTO readings VALUES (?, ?)", readings(blocks))
+    db.commit()
+    return db
+
+
+def batch_size(count: int) -> int:
+    """Rows per batch of :func:`batches` over a table of ``count`` rows."""
+    return max(1, count // 8)
+
+
+def batches(db: Any) -> Iterator[list[list[int]]]:
+    """A generator of the readings in batches of an eighth of the table (as it was when
+    the generator was made), in block order, read from ``db`` as it is at each ``next``."""
+    size = batch_size(db.execute("SELECT count(*) FROM readings").fetchone()[0])
+
+    def stream() -> Iterator[list[list[int]]]:
+        offset = 0
+        while True:
+            rows = db.execute("SELECT block, value FROM readings ORDER BY block LIMIT ? OFFSET ?",
+                              (size, offset)).fetchall()
+            if not rows:
+                return
+            offset += len(rows)
+            yield [list(r) for r in rows]
+
+    return stream()
+
+
+def summarise(rows: list[list[int]]) -> dict[str, Any]:
+    """``{"n", "total", "top"}`` of ``[block, value]`` rows (``top`` None when empty)."""
+    values = [v for _, v in rows]
+    return {"n": len(values), "total": sum(values), "top": max(values) if values else None}
+
+
+def above(db: Any, limit: int) -> int:
+    """How many readings of ``db`` are above ``limit``."""
+    return int(db.execute("SELECT count(*) FROM readings WHERE value > ?", (limit,)).fetchone()[0])
+
+
+def crc(blocks: bytearray) -> int:
+    """The CRC-32 of all of ``blocks``."""
+    import zlib
+
+    return zlib.crc32(blocks)
+
+
 def work_done(text: str) -> list[tuple[str, float]]:
     """The ``(key, seconds)`` of every expensive part whose line is in ``text``."""
     return [(m.group(1), float(m.group(2))) for m in MARK_LINE.finditer(text or "")]

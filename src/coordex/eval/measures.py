@@ -5,6 +5,8 @@ Pure: rows and results in, numbers out.
 - **redone work**: every expensive part prints ``[kit] KEY SECONDS`` (``kit.MARK_LINE``);
   the first run of a key in a task is the work, every later run of the same key is work
   done again, and its seconds count as redo time;
+- **the agent's own work**: the calls it made, the characters of code and arguments it
+  sent and of results it read, and the seconds coordex spent running them (:class:`Work`);
 - **calls by coordinate** and **the coordinates chosen, step by step**: from the call
   log's rows (``Executor.history``), which also hold the calls a stored function made on
   its own; from the runner's own record of a call where the log has no row for it (a
@@ -19,6 +21,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kit import work_done
+
+
+@dataclass
+class Work:
+    """What an agent did to get a task done, apart from its own thinking: ``calls`` (tool
+    calls), ``code_chars`` (characters of the arguments it sent, code included, as JSON
+    text), ``result_chars`` (characters of the results it read) and ``exec_s`` (seconds
+    coordex spent running its calls)."""
+
+    calls: int = 0
+    code_chars: int = 0
+    result_chars: int = 0
+    exec_s: float = 0.0
+
+    def add(self, arguments: str, result: str, seconds: float) -> None:
+        self.calls += 1
+        self.code_chars += len(arguments)
+        self.result_chars += len(result)
+        self.exec_s += seconds
+
+    def record(self) -> dict[str, Any]:
+        return {"calls": self.calls, "code_chars": self.code_chars,
+                "result_chars": self.result_chars, "exec_s": round(self.exec_s, 3)}
 
 
 @dataclass

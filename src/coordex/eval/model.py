@@ -5,7 +5,15 @@ The loop is the one any application writes (README, "Tool calls in your own loop
 own tool definitions (``Executor.tool_definitions(format="openai")``); each tool call the
 model makes is routed by ``Executor.call_tool`` exactly as it came, and its result goes
 back as a ``tool`` message. The task ends when the model answers without a tool call,
-or fails after ``max_turns`` requests.
+or fails after ``max_turns`` requests. With ``stepwise`` the steps come one at a time: the
+first user message holds the brief and step 1, and each answer without a tool call
+brings the next step, as a person gives them.
+
+The arm (``--tools``) is what the model is given: ``coordex``, coordex's own tools;
+``kept`` or ``fresh``, one ``execute_code`` without ``state_mode`` or session arguments,
+whose description states its fixed policy (one interpreter and one shell kept for the
+whole task, or a fresh one every call), run by coordex at that fixed coordinate. The
+arms differ in that one thing: the same tasks, checkers, endpoint and measures.
 
 Standard library only (``urllib``), so the eval needs no SDK. What the endpoint does
 wrong is an :class:`EndpointError` with a sentence a person can act on; what the model
@@ -16,11 +24,14 @@ coordinate) is coordex's own error dict handed back to the model, as in producti
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .measures import Work
 
 # A tool result longer than this goes back to the model cut in the middle.
 RESULT_CHARS = 16_000
@@ -32,6 +43,26 @@ In Python, `from coordex.eval import kit` gives the helpers the steps name; thos
 slow take seconds. Stored functions are callable as `functions.NAME(...)` in Python or
 with call_function. Write the files the steps ask for. When every step is done, answer
 with a short summary and no tool call."""
+
+SYSTEM_STEPWISE = """You are an agent doing a data task on this machine through the tools
+you are given. The steps come one at a time from the user: do the step you are given,
+then answer with a short summary and no tool call to get the next one. In Python,
+`from coordex.eval import kit` gives the helpers the steps name; those called slow take
+seconds. Stored functions are callable as `functions.NAME(...)` in Python. Write the
+files the steps ask for."""
+
+ARMS = ("coordex", "kept", "fresh")
+
+# The fixed arms' one tool: what the model is told of its policy.
+FIXED_POLICY = {
+    "kept": "Run Python or bash code. One Python interpreter and one bash shell (one each per "
+            "environment) are kept for the whole task: names, imports, objects, the shell's "
+            "folder and variables stay from one call to the next.",
+    "fresh": "Run Python or bash code. Every call runs in a fresh interpreter or shell: "
+             "nothing is kept from one call to the next but the files written.",
+}
+_FIXED_ARGUMENTS = ("code", "language", "venv_id", "timeout")
+_FIXED_MODE = {"kept": "stateful", "fresh": "stateless"}
 
 
 class EndpointError(Exception):
@@ -92,6 +123,7 @@ class ModelRun:
     none), the requests made, why it failed if it did, and the conversation."""
 
     tokens: int | None = None
+    work: Work = field(default_factory=Work)
     turns: int = 0
     failure: str | None = None
     unreachable: bool = False
@@ -122,15 +154,59 @@ def task_prompt(brief: str, steps: list[str]) -> str:
     return "\n".join(lines)
 
 
-def drive(ex: Any, endpoint: Endpoint, prompt: str, max_turns: int,
-          on_result: Callable[[str, Any, dict[str, Any]], None]) -> ModelRun:
-    """Let the model at ``endpoint`` work through ``prompt`` with ``ex``'s tools.
+def step_prompts(brief: str, steps: list[str]) -> list[str]:
+    """The user messages of a stepwise task: the brief with step 1, then a step each."""
+    total = len(steps)
+    return [(f"{brief}\n\n" if n == 1 else "") + f"Step {n} of {total}: {says}"
+            for n, says in enumerate(steps, start=1)]
+
+
+def arm_tools(ex: Any, arm: str) -> list[dict[str, Any]]:
+    """The tool definitions (OpenAI's format) the model is given under ``arm``."""
+    ours: list[dict[str, Any]] = ex.tool_definitions(format="openai")
+    if arm == "coordex":
+        return ours
+    execute = next(t for t in ours if t["function"]["name"] == "execute_code")["function"]
+    parameters = execute["parameters"]
+    properties = {k: v for k, v in parameters["properties"].items() if k in _FIXED_ARGUMENTS}
+    return [{"type": "function", "function": {
+        "name": "execute_code", "description": FIXED_POLICY[arm],
+        "parameters": {"type": "object", "properties": properties,
+                       "required": [k for k in parameters.get("required", ()) if k in properties]}}}]
+
+
+def route(ex: Any, arm: str, name: str, arguments: Any) -> dict[str, Any]:
+    """A tool call of the model's, run under ``arm``: as it came, for coordex's own tools;
+    at the arm's fixed coordinate (whatever state arguments it sent) for one of the others."""
+    if arm == "coordex":
+        result: dict[str, Any] = ex.call_tool(name, arguments)
+        return result
+    if name != "execute_code":
+        return {"error": f"There is no tool named {name!r}.", "error_type": "not_found",
+                "suggestion": "Call execute_code: it is the one tool."}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return dict(ex.call_tool(name, arguments))
+    if not isinstance(arguments, dict):
+        return dict(ex.call_tool(name, arguments))
+    fixed = {k: v for k, v in arguments.items() if k in _FIXED_ARGUMENTS}
+    return dict(ex.call_tool(name, {**fixed, "state_mode": _FIXED_MODE[arm]}))
+
+
+def drive(ex: Any, endpoint: Endpoint, prompts: list[str], max_turns: int,
+          on_result: Callable[[str, Any, dict[str, Any]], None], *,
+          arm: str = "coordex", stepwise: bool = False) -> ModelRun:
+    """Let the model at ``endpoint`` work through ``prompts`` (one user message, or one
+    a step with ``stepwise``) with the tools of ``arm``.
 
     ``on_result(name, arguments, result)`` sees every tool call and its result.
     """
-    tools = ex.tool_definitions(format="openai")
-    run = ModelRun(messages=[{"role": "system", "content": SYSTEM},
-                             {"role": "user", "content": prompt}])
+    tools = arm_tools(ex, arm)
+    waiting = list(prompts)
+    run = ModelRun(messages=[{"role": "system", "content": SYSTEM_STEPWISE if stepwise else SYSTEM},
+                             {"role": "user", "content": waiting.pop(0)}])
     counted: list[int] = []
     while run.turns < max_turns:
         run.turns += 1
@@ -152,15 +228,23 @@ def drive(ex: Any, endpoint: Endpoint, prompt: str, max_turns: int,
             kept["tool_calls"] = calls
         run.messages.append(kept)
         if not calls:
-            break
+            if not waiting:
+                break
+            run.messages.append({"role": "user", "content": waiting.pop(0)})
+            continue
         for number, call in enumerate(calls):
             named = call.get("function")
             function: Mapping[str, Any] = named if isinstance(named, dict) else {}
             name, arguments = function.get("name"), function.get("arguments")
-            result = ex.call_tool(str(name), arguments)
+            started = time.perf_counter()
+            result = route(ex, arm, str(name), arguments)
+            seconds = time.perf_counter() - started
             on_result(str(name), arguments, result)
+            content = _clip(json.dumps(result, default=str))
+            sent = arguments if isinstance(arguments, str) else json.dumps(arguments, default=str)
+            run.work.add(sent, content, seconds)
             run.messages.append({"role": "tool", "tool_call_id": call.get("id") or f"call_{number}",
-                                 "content": _clip(json.dumps(result, default=str))})
+                                 "content": content})
     else:
         run.failure = (f"the model was still calling tools after --max-turns {max_turns} "
                        "requests; the task is counted as failed")

@@ -19,15 +19,20 @@ from .runner import TaskResult
 
 # The measures the comparison shows, in order: (total's key, heading, lower is better).
 MEASURES = (("succeeded", "tasks succeeded", False), ("wall_s", "wall time (s)", True),
-            ("redo_s", "redo time (s)", True), ("stale_errors", "stale-name errors", True))
+            ("redo_s", "redo time (s)", True), ("stale_errors", "stale-name errors", True),
+            ("code_chars", "code sent (chars)", True), ("exec_s", "execution (s)", True))
+WORK = ("calls", "code_chars", "result_chars", "exec_s")
 
 
-def build(policy: str, model: str | None, results: Sequence[TaskResult]) -> dict[str, Any]:
-    """The report as SPEC 13 gives it."""
+def build(policy: str, model: str | None, results: Sequence[TaskResult],
+          tools: str | None = None) -> dict[str, Any]:
+    """The report as SPEC 13 gives it; ``tools`` names a model's arm (None for a fixed
+    policy)."""
     tokens = [r.tokens for r in results if r.tokens is not None]
     return {
         "policy": policy,
         "model": model,
+        "tools": tools,
         "tasks": [r.record() for r in results],
         "total": {
             "tasks": len(results),
@@ -36,12 +41,22 @@ def build(policy: str, model: str | None, results: Sequence[TaskResult]) -> dict
             "redo_s": round(sum(r.redo_s for r in results), 3),
             "stale_errors": sum(r.stale_errors for r in results),
             "tokens": sum(tokens) if tokens else None,
+            "calls": sum(r.work.calls for r in results),
+            "code_chars": sum(r.work.code_chars for r in results),
+            "result_chars": sum(r.work.result_chars for r in results),
+            "exec_s": round(sum(r.work.exec_s for r in results), 3),
         },
     }
 
 
 def label(report: dict[str, Any]) -> str:
-    return f"model {report['model']}" if report.get("model") else str(report["policy"])
+    """A run's name in the comparison: the policy, or the model with its arm."""
+    if not report.get("model"):
+        return str(report["policy"])
+    name = f"model {report['model']}"
+    if report.get("tools") not in (None, "coordex"):
+        name += f" ({report['tools']} only)"
+    return name + (" stepwise" if report.get("stepwise") else "")
 
 
 def _runs_key(report: dict[str, Any]) -> str:
@@ -50,7 +65,7 @@ def _runs_key(report: dict[str, Any]) -> str:
 
 
 def write(report: dict[str, Any], results: Sequence[TaskResult], out: Path,
-          scale: float) -> list[str]:
+          scale: float, stepwise: bool = False) -> list[str]:
     """Write the three files into ``out``; returns notes for the person (a chart that
     could not be drawn). Runs kept in ``out/runs`` join the comparison when they ran the
     same tasks at the same scale."""
@@ -58,8 +73,8 @@ def write(report: dict[str, Any], results: Sequence[TaskResult], out: Path,
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     runs = out / "runs"
     runs.mkdir(exist_ok=True)
-    kept = dict(report, scale=scale)
-    (runs / f"{_runs_key(report)}.json").write_text(json.dumps(kept, indent=1) + "\n",
+    kept = dict(report, scale=scale, stepwise=stepwise)
+    (runs / f"{_runs_key(kept)}.json").write_text(json.dumps(kept, indent=1) + "\n",
                                                     encoding="utf-8")
     compared = _gather(runs, kept)
     (out / "report.md").write_text(markdown(report, results, compared), encoding="utf-8")
@@ -97,7 +112,8 @@ def _names(report: dict[str, Any]) -> list[str]:
 
 # --- the table -------------------------------------------------------------------------
 
-COLUMNS = ("task", "steps", "success", "wall_s", "redo_s", "stale", "calls", "tokens")
+COLUMNS = ("task", "steps", "success", "wall_s", "redo_s", "stale", "calls", "tokens",
+           "code_chars", "result_chars", "exec_s")
 
 
 def rows(report: dict[str, Any]) -> list[list[str]]:
@@ -106,13 +122,15 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
         out.append([t["name"], str(t["steps"]), "yes" if t["success"] else "NO",
                     f"{t['wall_s']:.2f}", f"{t['redo_s']:.2f}", str(t["stale_errors"]),
                     str(sum(t["calls_by_coordinate"].values())),
-                    "-" if t["tokens"] is None else str(t["tokens"])])
+                    "-" if t["tokens"] is None else str(t["tokens"]),
+                    str(t["code_chars"]), str(t["result_chars"]), f"{t['exec_s']:.2f}"])
     total = report["total"]
     out.append(["total", str(sum(t["steps"] for t in report["tasks"])),
                 f"{total['succeeded']}/{total['tasks']}", f"{total['wall_s']:.2f}",
                 f"{total['redo_s']:.2f}", str(total["stale_errors"]),
                 str(sum(sum(t["calls_by_coordinate"].values()) for t in report["tasks"])),
-                "-" if total["tokens"] is None else str(total["tokens"])])
+                "-" if total["tokens"] is None else str(total["tokens"]),
+                str(total["code_chars"]), str(total["result_chars"]), f"{total['exec_s']:.2f}"])
     return out
 
 
@@ -144,10 +162,13 @@ def markdown(report: dict[str, Any], results: Sequence[TaskResult],
     lines = [f"# coordex eval: {label(report)}", ""]
     if len(compared) > 1:
         lines += ["## Policies side by side", ""]
-        head = ["policy", *(h for _, h, _ in MEASURES), "tokens"]
+        head = ["run", "tasks succeeded", "wall (s)", "redo (s)", "stale", "calls",
+                "code chars", "result chars", "exec (s)", "tokens"]
         body = [[label(r), f"{r['total']['succeeded']}/{r['total']['tasks']}",
                  f"{r['total']['wall_s']:.1f}", f"{r['total']['redo_s']:.1f}",
                  str(r["total"]["stale_errors"]),
+                 *(str(r["total"].get(k, "-")) for k in ("calls", "code_chars", "result_chars")),
+                 "-" if r["total"].get("exec_s") is None else f"{r['total']['exec_s']:.1f}",
                  "-" if r["total"]["tokens"] is None else str(r["total"]["tokens"])]
                 for r in compared]
         lines += [*_md_table(head, body), ""]
@@ -181,10 +202,10 @@ def chart(compared: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [label(r) for r in compared]
-    figure, axes = plt.subplots(1, len(MEASURES), figsize=(3.2 * len(MEASURES), 3.4))
+    figure, axes = plt.subplots(2, len(MEASURES) // 2, figsize=(3.4 * len(MEASURES) // 2, 6.4))
     palette = ["#9aa5b1", "#d08c60", "#4c8c6a", "#5b7fbf", "#a06cb4"]
-    for ax, (key, heading, lower) in zip(axes, MEASURES, strict=True):
-        values = [float(r["total"][key]) for r in compared]
+    for ax, (key, heading, lower) in zip(axes.flat, MEASURES, strict=True):
+        values = [float(r["total"].get(key) or 0) for r in compared]
         bars = ax.bar(range(len(names)), values,
                       color=[palette[i % len(palette)] for i in range(len(names))])
         ax.bar_label(bars, labels=[f"{v:.3g}" for v in values],
@@ -192,8 +213,9 @@ def chart(compared: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_title(heading + (" (lower is better)" if lower else ""), fontsize=9)
         ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
         ax.spines[["top", "right"]].set_visible(False)
-        if key == "succeeded":
-            ax.set_ylim(0, max(r["total"]["tasks"] for r in compared) * 1.15)
+        # Every axis starts at zero; one whose bars are all zero still shows 0 to 1.
+        top = max(r["total"]["tasks"] for r in compared) if key == "succeeded" else max(values)
+        ax.set_ylim(0, top * 1.15 if top > 0 else 1)
     figure.suptitle("coordex eval: " + ", ".join(names), fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

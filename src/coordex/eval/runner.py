@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from . import data
-from .measures import CallSeen, by_coordinate, redo_seconds, seen
+from .measures import CallSeen, Work, by_coordinate, redo_seconds, seen
 from .measures import choices as choices_of
-from .model import Endpoint, drive, task_prompt
+from .model import Endpoint, drive, step_prompts, task_prompt
 from .tasks import Step, Task, Verdict, fill, reference_code
 
 POLICIES = ("fresh", "kept", "reference", "model")
@@ -49,6 +49,7 @@ class TaskResult:
     calls_by_coordinate: dict[str, int]
     tokens: int | None
     choices: list[dict[str, Any]]
+    work: Work = field(default_factory=Work)
     note: str = ""
     stale: tuple[str, ...] = ()
     unreachable: bool = False
@@ -57,7 +58,7 @@ class TaskResult:
         return {"name": self.name, "steps": self.steps, "success": self.success,
                 "wall_s": self.wall_s, "redo_s": self.redo_s, "stale_errors": self.stale_errors,
                 "calls_by_coordinate": self.calls_by_coordinate, "tokens": self.tokens,
-                "choices": self.choices}
+                "choices": self.choices, **self.work.record()}
 
 
 def coordinate(policy: str, task: Task, step: Step, venvs: Mapping[str, int]) -> dict[str, Any]:
@@ -121,6 +122,7 @@ class Steps:
         self.ex = ex
         self.ranges: list[tuple[int, int, int]] = []
         self.calls: list[CallSeen] = []
+        self.work = Work()
         self._start = _last_seq(ex)
 
     def mark(self, step: int) -> None:
@@ -135,18 +137,36 @@ class Steps:
 
 def _run_fixed(ex: Any, policy: str, task: Task, ws: Path, venvs: Mapping[str, int],
                steps: Steps) -> None:
+    import json
+
     for number, step in enumerate(task.steps, start=1):
         where = coordinate(policy, task, step, venvs)
-        result = ex.execute_code(reference_code(task, step, ws, venvs), timeout=CALL_TIMEOUT,
-                                 **where)
+        code = reference_code(task, step, ws, venvs)
+        started = time.perf_counter()
+        result = ex.execute_code(code, timeout=CALL_TIMEOUT, **where)
+        seconds = time.perf_counter() - started
         steps.calls.append(seen(number, result, where))
+        steps.work.add(json.dumps({"code": code, **where}), json.dumps(result, default=str),
+                       seconds)
         steps.mark(number)
 
 
-def _run_model(ex: Any, endpoint: Endpoint, task: Task, ws: Path, venvs: Mapping[str, int],
-               steps: Steps, max_turns: int) -> tuple[int | None, str, bool, list[Any]]:
-    prompt = task_prompt(fill(task.brief, ws, venvs),
-                         [fill(step.says, ws, venvs) for step in task.steps])
+@dataclass(frozen=True)
+class ModelSettings:
+    """How a model is driven: its endpoint, the tools it is given (``--tools``), whether
+    the steps come one at a time (``--stepwise``), and its request budget per task."""
+
+    endpoint: Endpoint
+    tools: str = "coordex"
+    stepwise: bool = False
+    max_turns: int = 40
+
+
+def _run_model(ex: Any, model: ModelSettings, task: Task, ws: Path, venvs: Mapping[str, int],
+               steps: Steps) -> tuple[int | None, str, bool, list[Any]]:
+    brief = fill(task.brief, ws, venvs)
+    says = [fill(step.says, ws, venvs) for step in task.steps]
+    prompts = step_prompts(brief, says) if model.stepwise else [task_prompt(brief, says)]
 
     def on_result(name: str, arguments: Any, result: dict[str, Any]) -> None:
         if name not in CODE_TOOLS:
@@ -156,7 +176,9 @@ def _run_model(ex: Any, endpoint: Endpoint, task: Task, ws: Path, venvs: Mapping
         steps.calls.append(seen(number, result, args))
         steps.mark(number)
 
-    run = drive(ex, endpoint, prompt, max_turns, on_result)
+    run = drive(ex, model.endpoint, prompts, model.max_turns, on_result,
+                arm=model.tools, stepwise=model.stepwise)
+    steps.work = run.work
     return run.tokens, run.failure or "", run.unreachable, run.messages
 
 
@@ -172,7 +194,7 @@ def _arguments(arguments: Any) -> dict[str, Any]:
 
 
 def run_task(task: Task, policy: str, bench: Workbench, scale: float, *,
-             endpoint: Endpoint | None = None, max_turns: int = 40,
+             model: ModelSettings | None = None,
              transcripts: Path | None = None) -> TaskResult:
     """Run one task under ``policy`` and check it."""
     from ..executor import Executor
@@ -192,9 +214,9 @@ def run_task(task: Task, policy: str, bench: Workbench, scale: float, *,
             tokens, note, unreachable = None, "", False
             started = time.perf_counter()
             if policy == "model":
-                assert endpoint is not None
-                tokens, note, unreachable, messages = _run_model(ex, endpoint, task, ws, venvs,
-                                                                 steps, max_turns)
+                assert model is not None
+                tokens, note, unreachable, messages = _run_model(ex, model, task, ws, venvs,
+                                                                 steps)
                 if transcripts is not None:
                     _save_transcript(transcripts / f"{task.name}.json", messages)
             else:
@@ -210,12 +232,12 @@ def run_task(task: Task, policy: str, bench: Workbench, scale: float, *,
         name=task.name, steps=len(task.steps), success=verdict.success,
         wall_s=round(wall, 3), redo_s=redo_seconds(steps.calls),
         stale_errors=len(verdict.stale), calls_by_coordinate=by_coordinate(chosen),
-        tokens=tokens, choices=chosen, note=verdict.reason, stale=verdict.stale,
+        tokens=tokens, choices=chosen, work=steps.work, note=verdict.reason, stale=verdict.stale,
         unreachable=unreachable)
 
 
 def _failed(task: Task, why: str, unreachable: bool = False) -> TaskResult:
-    return TaskResult(task.name, len(task.steps), False, 0.0, 0.0, 0, {}, None, [], why,
+    return TaskResult(task.name, len(task.steps), False, 0.0, 0.0, 0, {}, None, [], note=why,
                       unreachable=unreachable)
 
 
@@ -227,7 +249,7 @@ def _save_transcript(path: Path, messages: list[Any]) -> None:
 
 
 def run_suite(tasks: Sequence[Task], policy: str, scale: float, *,
-              endpoint: Endpoint | None = None, max_turns: int = 40,
+              model: ModelSettings | None = None,
               transcripts: Path | None = None,
               on_task: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
     """Every task of ``tasks`` under ``policy``; a task that cannot run is failed with a
@@ -241,8 +263,8 @@ def run_suite(tasks: Sequence[Task], policy: str, scale: float, *,
                 result = _failed(task, gone.note, unreachable=True)
             else:
                 try:
-                    result = run_task(task, policy, bench, scale, endpoint=endpoint,
-                                      max_turns=max_turns, transcripts=transcripts)
+                    result = run_task(task, policy, bench, scale, model=model,
+                                      transcripts=transcripts)
                 except Exception as exc:  # a fault of the eval's or coordex's: the run goes on
                     result = _failed(task, f"the task could not run: {type(exc).__name__}: {exc}")
                 if result.unreachable:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import data, kit
+from .hard import HARD
 from .tasks import Step, Task, Verdict, all_of, judge_file
 
 _LOAD = "(slow: it checks every row)"
@@ -717,4 +718,5 @@ VARIANCE = Task(
 
 TASKS: tuple[Task, ...] = (AUDIT, FX, TRIAGE, DRIFT, EXPORTS, PINNED, TERMS, RETENTION,
                            FORECAST, ROTATION, PEOPLE, VARIANCE)
-BY_NAME = {task.name: task for task in TASKS}
+SUITES: dict[str, tuple[Task, ...]] = {"default": TASKS, "hard": HARD}
+BY_NAME = {task.name: task for suite in SUITES.values() for task in suite}
