@@ -189,3 +189,16 @@ def test_the_servers_token_is_in_no_environment_its_tenant_can_read(
     seen, in_environ = eval(str(python["result"]))
     assert seen and not any(seen) and not in_environ, python
     assert bash["stdout"].strip() == "0", bash
+
+
+@pytest.mark.parametrize(("site", "status"), [("same-site", "403"), ("cross-site", "403"),
+                                               ("none", "303"), (None, "303")])
+def test_a_link_on_another_port_cannot_log_a_browser_in(server: tuple[Running, str],
+                                                        site: str | None, status: str) -> None:
+    """Login CSRF: a page on another loopback port (a tenant's own listener) is the
+    *same site* as the server's (ports do not make a site); sending a browser to
+    ``/ui/?token=<attacker's>`` set the attacker's keys in the victim's browser."""
+    port = urlsplit(server[1]).port
+    assert port is not None
+    headers = [f"Sec-Fetch-Site: {site}".encode()] if site else []
+    assert _status(port, "GET", f"/ui/?token={TOKEN}", headers) == status
