@@ -66,3 +66,39 @@ def test_one_tenant_opening_its_url_again_and_again_logs_no_one_else_out() -> No
     for _ in range(MAX_KEYS):
         keys.issue("alice-token")
     assert keys.token_for(*first_alice) is None  # her own oldest goes
+
+
+def test_a_hosts_rows_keep_the_logs_caps_and_an_mcp_calls_code(tmp_path: Path) -> None:
+    """Rows "of the host's own" are the tenant's word: each column was cut at 70,000
+    characters only (16 rows of 11 such columns per call: 12.6 MB written by the owner,
+    outside the tenant's folder); and a call handed over by the MCP server
+    (``call_tool``) was not tied to its row, so its code was the host's word too."""
+    import sqlite3
+
+    from coordex.hosting.records import OwnerRecords
+    from coordex.log.store import CODE_CAP_BYTES, LOG_FILE, OUTPUT_CAP_BYTES
+
+    records = OwnerRecords(tmp_path / "records")
+    try:
+        big = "x" * 70_000
+        seq = records.handle("log_append", {"row": {
+            "owner": "t", "kind": "call", "code_truncated": False, "state_lost": False,
+            "retried": False, "code": big, "stdout": big, "session_name": big,
+            "error": big}})
+        assert isinstance(seq, int), seq
+        mcp = {"method": "call_tool", "at": time.time(),
+               "args": {"name": "execute_code", "arguments": {"code": "print('sent')"}}}
+        tied = records.handle("log_append", {"row": {
+            "owner": "t", "kind": "call", "code": "forged()", "code_truncated": False,
+            "state_lost": False, "retried": False}},
+                              7, mcp)
+        assert isinstance(tied, int), tied
+    finally:
+        records.close()
+    with sqlite3.connect(tmp_path / "records" / LOG_FILE) as db:
+        row = db.execute("SELECT code, stdout, session_name, error FROM calls WHERE seq = ?",
+                         (seq,)).fetchone()
+        code = db.execute("SELECT code FROM calls WHERE seq = ?", (tied,)).fetchone()[0]
+    assert len(row[0].encode()) <= CODE_CAP_BYTES + 100, len(row[0])
+    assert all(len(v.encode()) <= OUTPUT_CAP_BYTES + 100 for v in row[1:]), [len(v) for v in row]
+    assert code == "print('sent')"
