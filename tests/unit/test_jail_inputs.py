@@ -102,3 +102,15 @@ def test_a_hosts_rows_keep_the_logs_caps_and_an_mcp_calls_code(tmp_path: Path) -
     assert len(row[0].encode()) <= CODE_CAP_BYTES + 100, len(row[0])
     assert all(len(v.encode()) <= OUTPUT_CAP_BYTES + 100 for v in row[1:]), [len(v) for v in row]
     assert code == "print('sent')"
+
+
+def test_a_seq_past_the_logs_integers_is_a_validation_error(tmp_path: Path) -> None:
+    """It read as a broken log ("environment": move the file away)."""
+    from coordex import Executor
+
+    with Executor(root=tmp_path / "root", persist=False) as ex:
+        ex.execute_code("1")
+        for seq in (99999999999999999999, 1 << 63):
+            found = ex.history(seq=seq)
+            assert found.get("error_type") == "validation", found
+        assert ex.history(seq=1).get("call", {}).get("seq") == 1
