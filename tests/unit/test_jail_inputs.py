@@ -114,3 +114,15 @@ def test_a_seq_past_the_logs_integers_is_a_validation_error(tmp_path: Path) -> N
             found = ex.history(seq=seq)
             assert found.get("error_type") == "validation", found
         assert ex.history(seq=1).get("call", {}).get("seq") == 1
+
+
+def test_a_lone_surrogate_in_a_function_name_is_a_validation_error(tmp_path: Path) -> None:
+    """functions.show and functions.call never raise (SPEC 2): a name holding a lone
+    surrogate raised UnicodeEncodeError from the store."""
+    from coordex import Executor
+
+    with Executor(root=tmp_path / "root", persist=False) as ex:
+        for found in (ex.functions.show("\ud800"), ex.functions.call("\ud800"),
+                      ex.functions.call("f@99999999999999999999999"),
+                      ex.functions.show("f", 10**30)):
+            assert found.get("error_type") == "validation", found
