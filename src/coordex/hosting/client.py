@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -38,6 +39,11 @@ READY_TIMEOUT = 30.0
 CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its host is ended
 STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
 _STDERR_TAIL = 4000
+# Bytes of a reply the owner parses for the reads a page repeats (the sessions, one
+# session, the log): a host's answer past that is refused unread (see _Host).
+MAX_READ_REPLY = {"list_sessions": 16 << 20, "inspect_session": 16 << 20, "history": 64 << 20}
+_PEEKED = 1 << 20  # lines shorter than this are parsed without a look at their head
+_REPLY_HEAD = re.compile(rb'\{"type":"reply","id":(\d{1,18}),')
 KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its cgroups
 # The environment a host starts with: nothing of the owner's but these (no tokens).
 # uv's index and offline settings and the proxies pass too: the jail's builder runs uv.
@@ -57,6 +63,7 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     value: Any = None
     call: dict[str, Any] | None = None  # method and arguments, for the host's records
+    max_reply: int | None = None  # bytes of the reply's line taken; a longer one is refused
 
 
 class _Host:
@@ -127,6 +134,8 @@ class _Host:
                         self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]
                         continue
                     for line in lines.feed(chunk):
+                        if len(line) > _PEEKED and self._refused_as_too_long(line):
+                            continue
                         self._dispatch(wire.decode(line, wire.HOST_TO_OWNER))
         except Exception as exc:  # the tenant's code can write anything there: end the host
             self.stderr_tail += f"\n[owner] {exc}".encode()
@@ -134,6 +143,27 @@ class _Host:
         finally:
             selector.close()
             self._lost()
+
+    def _refused_as_too_long(self, line: bytes) -> bool:
+        """A reply longer than its call takes (:attr:`_Pending.max_reply`): answered
+        with a ``capacity`` error without being parsed. Parsing a tenant's tens of MB
+        for every page request slowed every tenant of the server (one process, one
+        GIL)."""
+        found = _REPLY_HEAD.match(line[:80])
+        if found is None:
+            return False
+        call_id = int(found.group(1))
+        with self._pending_lock:
+            pending = self._pending.get(call_id)
+            if pending is None or pending.max_reply is None or len(line) <= pending.max_reply:
+                return False
+            self._pending.pop(call_id, None)
+        pending.value = make_error(
+            "capacity", f"The tenant's host answered with {len(line) >> 20} MiB, more than "
+            f"{pending.max_reply >> 20} MiB this request may take.",
+            "Close sessions you no longer need, or ask for less (history: a smaller limit).")
+        pending.done.set()
+        return True
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
@@ -185,14 +215,16 @@ class _Host:
         return self.ready
 
     def call(self, method: str, args: dict[str, Any], on_output: OnOutput | None,
-             cancel: threading.Event | None, deadline: float | None = None) -> Any:
+             cancel: threading.Event | None, deadline: float | None = None,
+             max_reply: int | None = None) -> Any:
         """The reply's value, or None when the host died (or was ended) first.
 
         ``deadline`` (seconds) bounds the wait: a host that has not answered by then is
         stuck beyond its own timeouts (code holding the GIL in C) and is ended.
         """
         call_id = next(self._ids)
-        pending = _Pending(on_output, call={"method": method, "args": args, "at": time.time()})
+        pending = _Pending(on_output, call={"method": method, "args": args, "at": time.time()},
+                           max_reply=max_reply)
         if self._records is not None:
             self._records.sent_call()
         with self._pending_lock:
@@ -537,7 +569,7 @@ class ConfinedExecutor:
         host, error, restarted = self._running()
         if host is None:
             return error
-        value = host.call(method, args, on_output, cancel, deadline)
+        value = host.call(method, args, on_output, cancel, deadline, MAX_READ_REPLY.get(method))
         if value is None and not host.alive:
             host.process.wait()
             how = _how_it_ended(host.process.returncode)
