@@ -38,6 +38,7 @@ DEFAULT_MEMORY_LIMIT = 4 << 30
 READY_TIMEOUT = 30.0
 CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its host is ended
 STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
+STOPPED_AFTER = 2.0  # seconds a call waits before the owner looks whether its host is stopped
 _STDERR_TAIL = 4000
 # Bytes of a reply the owner parses for the reads a page repeats (the sessions, one
 # session, the log): a host's answer past that is refused unread (see _Host).
@@ -239,11 +240,17 @@ class _Host:
         except OSError:
             self.kill()
             return None
-        if cancel is None and deadline is None:
-            pending.done.wait()
-            return pending.value
         give_up = None if deadline is None else time.monotonic() + deadline
+        look = time.monotonic() + STOPPED_AFTER
         while not pending.done.wait(0.05):
+            if time.monotonic() > look:
+                # A host its own code stopped (SIGSTOP) answers nothing, ever: ended
+                # now, not at the call's deadline.
+                look = time.monotonic() + 1.0
+                if self.stopped():
+                    self.kill()
+                    pending.done.wait()
+                    break
             if cancel is not None and cancel.is_set():
                 with contextlib.suppress(OSError):
                     self._send({"type": "cancel", "id": call_id})
@@ -253,6 +260,26 @@ class _Host:
                 self.kill()
                 pending.done.wait()
         return pending.value
+
+    def stopped(self) -> bool:
+        """True when a process of the host program (keeper, warden, init, builder or
+        the host itself: they share its command line) is stopped by a signal."""
+        pids, seen = [self.process.pid], 0
+        while pids and seen < 16:
+            pid = pids.pop()
+            seen += 1
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"coordex.hosting.host" not in f.read():
+                        continue
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    if f.read().rpartition(b")")[2].split()[:1] == [b"T"]:
+                        return True
+                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                    pids += [int(child) for child in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        return False
 
     def _send(self, msg: dict[str, Any]) -> None:
         data = memoryview(wire.encode(msg))
