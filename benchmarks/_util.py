@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -22,6 +24,18 @@ def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 3,
         fn()
         samples.append(time.perf_counter() - started)
     return statistics.median(samples)
+
+
+# benchmarks/run.py sets this to a JSON-lines file: the figures its goals are read from.
+RECORD = "COORDEX_BENCH_RECORD"
+
+
+def record(key: str, value: float) -> None:
+    """Keep one figure for ``benchmarks/run.py`` (a no-op when a script runs alone)."""
+    path = os.environ.get(RECORD)
+    if path:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps({"key": key, "value": value}) + "\n")
 
 
 def fmt(seconds: float) -> str:

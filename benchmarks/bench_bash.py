@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 
 import pexpect
-from _util import Owned, median_seconds
+from _util import Owned, median_seconds, record
 
 from coordex.backends import isolation
 from coordex.backends.base import RunRequest
@@ -134,8 +134,12 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")
 
     print(f"{'call':<22} {'coordex ms':>11} {'peer ms':>9} {'ratio':>7} {'target':>7}  peer")
+    keys = {"stateful `true`": "bash.stateful_true.vs_pexpect",
+            f"read_only files={files}": "bash.read_only_paced.vs_dump_restore"}
     for name, ours, theirs, target, peer_name in rows:
         ratio = theirs / ours
+        if name in keys:
+            record(keys[name], ratio)
         verdict = "ok" if ratio >= target else "BELOW"
         print(f"{name:<22} {ours:>11.3f} {theirs:>9.3f} {ratio:>6.1f}x {target:>6.1f}x  "
               f"{peer_name} ({verdict})")

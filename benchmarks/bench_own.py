@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import fmt, median_seconds, table
+from _util import fmt, median_seconds, record, table
 
 from coordex import Executor
 
@@ -35,6 +35,7 @@ def main() -> None:
         call = median_seconds(lambda: ex.execute_code("x = 1", state_mode="stateful"), 5000)
         rows.append(("stateful call 'x = 1'", fmt(call), "bare exec", fmt(bare),
                      f"overhead {fmt(call - bare)}"))
+        record("own.stateful.overhead_us", (call - bare) * 1e6)
         stateless = median_seconds(lambda: ex.execute_code("x = 1"), 3000)
         rows.append(("stateless call 'x = 1'", fmt(stateless), "bare exec", fmt(bare),
                      f"overhead {fmt(stateless - bare)}"))

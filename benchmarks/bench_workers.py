@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import Owned, fmt, median_seconds, table
+from _util import Owned, fmt, median_seconds, record, table
 
 from coordex.backends.base import RunRequest
 from coordex.backends.env.workers import WorkerSession, WorkerTemplate
@@ -69,6 +69,7 @@ def bench_stateful_vs_ipykernel(python: str, rows: list[tuple[str, ...]],
                               300, warmup=10)
         rows.append(("stateful call (x = 1; x + 1)", fmt(ours), "ipykernel + jupyter_client",
                      fmt(peer), ratio(peer, ours)))
+        record("worker.stateful.vs_ipykernel", peer / ours)
         time.sleep(1.0)  # let both settle before measuring idle memory
         kernel_pid = km.provisioner.pid if km.provisioner else None  # type: ignore[attr-defined]
         w_rss, w_pss = memory_kib(session.target.pid)

@@ -14,14 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 from .core.shapes import (
+    CheckpointList,
+    CheckpointResult,
     CloseResult,
     EnvironmentBuilt,
     EnvironmentCreated,
     EnvironmentList,
+    ForkResult,
     HistoryResult,
     InspectResult,
     Language,
     RebuildResult,
+    RestoreResult,
     RunResult,
     SessionsResult,
     StateMode,
@@ -93,6 +97,32 @@ class AsyncExecutor:
                               session_name: str | None = None,
                               venv_id: int | None = None) -> RebuildResult:
         return await asyncio.to_thread(self.sync.rebuild_session, language, session_id,
+                                       session_name, venv_id)
+
+    async def fork_session(self, session_id: int | str | None = None,
+                           session_name: str | None = None, language: Language = "python",
+                           venv_id: int | None = None, *,
+                           new_name: str | None = None) -> ForkResult:
+        return await asyncio.to_thread(self.sync.fork_session, session_id, session_name,
+                                       language, venv_id, new_name=new_name)
+
+    async def checkpoint_session(self, language: Language = "python",
+                                 session_id: int | None = None, session_name: str | None = None,
+                                 venv_id: int | None = None, *,
+                                 label: str | None = None) -> CheckpointResult:
+        return await asyncio.to_thread(self.sync.checkpoint_session, language, session_id,
+                                       session_name, venv_id, label=label)
+
+    async def restore_session(self, language: Language = "python", session_id: int | None = None,
+                              session_name: str | None = None, venv_id: int | None = None, *,
+                              checkpoint: str | None = None) -> RestoreResult:
+        return await asyncio.to_thread(self.sync.restore_session, language, session_id,
+                                       session_name, venv_id, checkpoint=checkpoint)
+
+    async def list_checkpoints(self, language: Language = "python", session_id: int | None = None,
+                               session_name: str | None = None,
+                               venv_id: int | None = None) -> CheckpointList:
+        return await asyncio.to_thread(self.sync.list_checkpoints, language, session_id,
                                        session_name, venv_id)
 
     async def serve_ui(self, port: int = 0) -> UIResult:

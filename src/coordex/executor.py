@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import sessions
+from . import branches, sessions
 from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session, empty_outcome
 from .backends.env import EnvironmentPlace
@@ -43,15 +43,19 @@ from .core.registry import PLAN_KEY
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
 from .core.root import default_root
 from .core.shapes import (
+    CheckpointList,
+    CheckpointResult,
     CloseResult,
     EnvironmentBuilt,
     EnvironmentCreated,
     EnvironmentList,
     EnvironmentShown,
+    ForkResult,
     HistoryResult,
     InspectResult,
     Language,
     RebuildResult,
+    RestoreResult,
     RunResult,
     SessionsResult,
     StateMode,
@@ -163,6 +167,7 @@ class Executor:
                                    self._own_place.open_session(self.plan_namespace))
         self._call_log = self._open_call_log(log, log_max_rows)
         self._persist = self._open_persistence(persist, snapshot_interval, persist_max_bytes)
+        self._persist_max_bytes = int(persist_max_bytes)
         # Calls in flight, for the page (SPEC 11): their output so far, and interrupt.
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
@@ -628,6 +633,7 @@ class Executor:
             if kept is not None and self._table.find(coordinate) is None:
                 assert self._persist is not None
                 self._persist.forget(kept)  # kept on disk only: its snapshot goes
+                branches.forget(self, kept.record())
                 return cast(CloseResult, {"closed": True, "session": kept.record()})
             record, session = self._table.remove(coordinate)
             if session is not None:
@@ -636,11 +642,51 @@ class Executor:
                 from .persist import Identity
 
                 self._persist.forget(Identity.of(record))
+            branches.forget(self, record)  # its checkpoints go with it (SPEC 15)
             if self._call_log is not None:
                 self._call_log.event("close", record)
             return cast(CloseResult, {"closed": True, "session": record})
         except CoordexError as exc:
             return cast(CloseResult, exc.to_dict())
+
+    # ------------------------------------------------------------------ branches (SPEC 15)
+
+    def fork_session(self, session_id: int | str | None = None, session_name: str | None = None,
+                     language: Language = "python", venv_id: int | None = None, *,
+                     new_name: str | None = None) -> ForkResult:
+        """Open a new session ``new_name`` holding a copy of a session's state; the source
+        never changes. Files on disk are shared, not copied.
+
+        Returns ``{"session": {...new...}, "from": {...}, "ms", "copy", "left_out",
+        "files"}``; ``capacity`` beyond ``max_sessions``; ``validation`` when ``new_name``
+        is in use (naming a free one) or the place cannot fork.
+        """
+        return cast(ForkResult, branches.fork_session(self, session_id, session_name, language,
+                                                      venv_id, new_name))
+
+    def checkpoint_session(self, language: Language = "python", session_id: int | None = None,
+                           session_name: str | None = None, venv_id: int | None = None, *,
+                           label: str | None = None) -> CheckpointResult:
+        """Record a session's state (written from a copy: the session keeps answering).
+
+        Returns ``{"checkpoint", "label", "at", "bytes", "ms", "left_out", "session"}``
+        (and ``dropped`` when the oldest of the 10 kept went)."""
+        return cast(CheckpointResult, branches.checkpoint_session(
+            self, language, session_id, session_name, venv_id, label))
+
+    def restore_session(self, language: Language = "python", session_id: int | None = None,
+                        session_name: str | None = None, venv_id: int | None = None, *,
+                        checkpoint: str | None = None) -> RestoreResult:
+        """Put a session back to a checkpoint of it (files on disk are not touched)."""
+        return cast(RestoreResult, branches.restore_session(
+            self, language, session_id, session_name, venv_id, checkpoint))
+
+    def list_checkpoints(self, language: Language = "python", session_id: int | None = None,
+                         session_name: str | None = None,
+                         venv_id: int | None = None) -> CheckpointList:
+        """A session's checkpoints, newest last."""
+        return cast(CheckpointList, branches.list_checkpoints(
+            self, language, session_id, session_name, venv_id))
 
     # ------------------------------------------------------------------ the call log
 

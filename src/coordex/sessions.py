@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -216,6 +216,47 @@ class SessionTable:
         with self.lock:
             if key in self.registry:
                 self.registry.begin_call(key, time.time())
+
+    # -- a session made from another (fork_session) ----------------------------------------
+
+    def reserve_named(self, language: Any, venv_id: int | None, name: str,
+                      taken: Collection[int] = ()) -> SessionKey:
+        """Reserve a new named session (``capacity`` beyond ``max_sessions``), its id the
+        next free one not in ``taken``; :meth:`install` or :meth:`release` follows."""
+        with self.lock:
+            self._check_open()
+            used = {e.key.session_id for e in self.registry.entries()
+                    if (e.key.language, e.key.venv_id) == (language, venv_id)} | set(taken)
+            sid = next(i for i in range(1, len(used) + 2) if i not in used)
+            key = SessionKey(language, venv_id, sid)
+            self.registry.reserve(key, name, time.time())
+            self._slots[key] = Slot(None, threading.Lock())
+            return key
+
+    def install(self, key: SessionKey, session: Session, copied_from: SessionKey) -> bool:
+        """Put a forked session in its reserved place, with the names' provenance of
+        the session it was copied from; False when the table closed meanwhile."""
+        with self.lock:
+            entry, source = self.registry.get(key), self.registry.get(copied_from)
+            slot = self._slots.get(key)
+            if self.closed or entry is None or slot is None:
+                return False
+            slot.session = session
+            self.registry.move(key, "idle")
+            if source is not None:
+                entry.calls, entry.bindings = source.calls, dict(source.bindings)
+            return True
+
+    def lock_of(self, key: SessionKey) -> threading.Lock | None:
+        """The lock that serialises the calls of ``key``'s session."""
+        with self.lock:
+            slot = self._slots.get(key)
+            return slot.lock if slot is not None else None
+
+    def release(self, key: SessionKey) -> None:
+        """Give back a reservation whose session never came."""
+        with self.lock:
+            self._forget(key)
 
     # -- closing -----------------------------------------------------------------------
 

@@ -35,7 +35,8 @@ application sees it (``Executor.call_tool``): never raising, and JSON-normal, so
 equals the structured content the MCP tool returns.
 
 The tools come in three groups: sessions (``execute_code``, ``list_sessions``,
-``inspect_session``, ``close_session``, ``rebuild_session``), environments
+``inspect_session``, ``close_session``, ``rebuild_session``), branches
+(``fork_session``, ``checkpoint_session``, ``restore_session``, ``list_checkpoints``), environments
 (``list_environments``, ``create_environment``) and the stored-function library (``list_functions``,
 ``show_function``, ``define_function``, ``call_function``), which places a stored
 function at a coordinate exactly as ``execute_code`` places code.
@@ -207,6 +208,7 @@ _FUNCTION_RECORD = {
     "venv_id": _NULLABLE_INT, "versions": {"type": "array", "items": {"type": "integer"}},
 }
 _RECORDS = {"type": "array", "items": {"type": "object"}}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
 # The error dict of SPEC section 4; every tool may return one.
 ERROR_RESULT = _result({
     "error": {"type": "string"},
@@ -354,6 +356,68 @@ TOOLS: tuple[ToolSpec, ...] = (
                         "session": _SESSION_RECORD}, ("replayed", "failed_at", "session")),
         destructive=True,
         open_world=True,
+    ),
+    # -- branches and checkpoints (SPEC 15) ------------------------------------------------
+    ToolSpec(
+        name="fork_session",
+        title="Fork a session",
+        description="Fork for a trial of several steps that must not touch the original: "
+        "opens a new session new_name (same language and environment) holding a copy of the "
+        "session's state; the original never changes. Files on disk are shared, not "
+        "copied. Returns the new session, from, ms and left_out (names that could not be "
+        "copied). Close the fork when the trial is over.",
+        parameters=_object({**_SESSION_COORDINATE, "new_name": {
+            "type": "string", "minLength": 1, "maxLength": 200,
+            "description": "Name of the new session, e.g. 'trial'; must not be in use."}},
+            ("new_name",)),
+        result=_result({"session": _SESSION_RECORD, "from": _SESSION_RECORD,
+                        "ms": {"type": "number"}, "copy": {"type": "string"},
+                        "left_out": _STRINGS, "files": {"type": "string"}},
+                       ("session", "from", "ms", "left_out")),
+    ),
+    ToolSpec(
+        name="checkpoint_session",
+        title="Checkpoint a session",
+        description="Checkpoint before a risky stateful step, restore to undo it: records "
+        "the session's state (written from a copy, so the session keeps answering) and "
+        "returns its checkpoint id. Files on disk are not part of it. Up to 10 are kept per "
+        "session (the oldest is dropped); they survive restarts and go with close_session.",
+        parameters=_object({**_SESSION_COORDINATE, "label": {
+            "type": "string", "maxLength": 200,
+            "description": "Optional words saying what the state is, e.g. 'before dedup'."}}),
+        result=_result({"checkpoint": {"type": "string"}, "label": _NULLABLE_STR,
+                        "at": {"type": "number"}, "bytes": _NULLABLE_INT,
+                        "ms": {"type": "number"}, "left_out": _STRINGS,
+                        "session": _SESSION_RECORD},
+                       ("checkpoint", "label", "at", "bytes", "ms", "left_out")),
+    ),
+    ToolSpec(
+        name="restore_session",
+        title="Restore a checkpoint",
+        description="Restore to undo: puts the session back to a checkpoint of it "
+        "(from checkpoint_session or list_checkpoints); what it bound since is gone. Files "
+        "on disk are not touched. Names that could not be kept are listed in left_out.",
+        parameters=_object({**_SESSION_COORDINATE, "checkpoint": {
+            "type": "string", "minLength": 1, "maxLength": 100,
+            "description": "The checkpoint id, e.g. 'cp-1a2b3c4d'."}}, ("checkpoint",)),
+        result=_result({"restored": {"type": "boolean"}, "checkpoint": {"type": "string"},
+                        "label": _NULLABLE_STR, "at": {"type": "number"},
+                        "session": _SESSION_RECORD, "ms": {"type": "number"},
+                        "left_out": _STRINGS, "files": {"type": "string"}},
+                       ("restored", "checkpoint", "session", "left_out")),
+        destructive=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="list_checkpoints",
+        title="List checkpoints",
+        description="List a session's checkpoints (checkpoint, label, at, bytes, left_out), "
+        "newest last. Changes nothing.",
+        parameters=_object(_SESSION_COORDINATE),
+        result=_result({"checkpoints": _RECORDS, "session": _SESSION_RECORD,
+                        "max_checkpoints": {"type": "integer"}}, ("checkpoints",)),
+        read_only=True,
+        idempotent=True,
     ),
     ToolSpec(
         name="list_environments",
@@ -943,6 +1007,10 @@ _HANDLERS: dict[str, _Handler] = {
     "inspect_session": _plain(lambda ex: ex.inspect_session),
     "close_session": _plain(lambda ex: ex.close_session),
     "rebuild_session": _plain(lambda ex: ex.rebuild_session),
+    "fork_session": _plain(lambda ex: ex.fork_session),
+    "checkpoint_session": _plain(lambda ex: ex.checkpoint_session),
+    "restore_session": _plain(lambda ex: ex.restore_session),
+    "list_checkpoints": _plain(lambda ex: ex.list_checkpoints),
     "list_environments": _plain(lambda ex: ex.environments.list),
     "create_environment": _create_environment,
     "list_functions": _plain(lambda ex: ex.functions.list),

@@ -430,3 +430,43 @@ def test_sessions_on_a_cluster_come_back_by_replay_after_a_restart(
         r = ex.execute_code("f", language="bash", state_mode="stateful", session_name="kept")
         assert r.get("stdout") == "42\n", r
         assert r["restored"]["from"] == "replay" and "state_lost" not in r, r
+
+
+def test_a_session_on_a_node_is_forked_and_checkpointed_there(cex: Executor) -> None:
+    """SPEC 15 on a cluster: a bash session's fork lives on its node; its checkpoint is
+    kept by the executor, so it outlives the node."""
+    cex.execute_code("cd /tmp && v=41", language="bash", state_mode="stateful",
+                     session_name="b")
+    forked = cex.fork_session(session_name="b", language="bash", new_name="t")
+    assert forked["session"]["session_name"] == "t", forked
+    nodes = {s["session_name"]: s.get("node") for s in cex.list_sessions()["sessions"]}
+    assert nodes["t"] == nodes["b"]
+    cex.execute_code("v=99", language="bash", state_mode="stateful", session_name="t")
+    assert cex.execute_code('echo "$v $PWD"', language="bash", state_mode="stateful",
+                            session_name="b")["stdout"] == "41 /tmp\n"
+    made = cex.checkpoint_session(language="bash", session_name="t")
+    assert made["bytes"] > 0, made
+    cex.execute_code("v=0", language="bash", state_mode="stateful", session_name="t")
+    back = cex.restore_session(language="bash", session_name="t", checkpoint=made["checkpoint"])
+    assert back.get("restored") is True, back
+    assert cex.execute_code('echo "$v"', language="bash", state_mode="stateful",
+                            session_name="t")["stdout"] == "99\n"
+
+
+def test_a_checkpoint_of_a_session_on_a_lost_node_restores_on_another(
+        cex: Executor, local_cluster: LocalCluster) -> None:
+    cex.execute_code("v=41", language="bash", state_mode="stateful", session_name="lost")
+    made = cex.checkpoint_session(language="bash", session_name="lost")
+    node = next(s["node"] for s in cex.list_sessions()["sessions"]
+                if s["session_name"] == "lost")
+    local_cluster.remove(node)
+    time.sleep(2)  # the cluster notices (fast health checks)
+    back = cex.restore_session(language="bash", session_name="lost",
+                               checkpoint=made["checkpoint"])
+    assert back.get("restored") is True, back
+    after = cex.execute_code('echo "$v"', language="bash", state_mode="stateful",
+                             session_name="lost")
+    assert after["stdout"] == "41\n", after
+    now = next(s["node"] for s in cex.list_sessions()["sessions"]
+               if s["session_name"] == "lost")
+    assert now != node

@@ -387,3 +387,133 @@ def test_a_result_holds_the_specs_keys_and_no_others(at: At) -> None:
                             ("read_only", {"session_name": "k"}, {"isolation"})):
         r = at.run(at.place.set_v, state_mode=mode, **kw)
         assert set(r) == RESULT_KEYS | extra, (mode, r)
+
+
+# -- branches and checkpoints (SPEC 15: the Forkable and Checkpointable capabilities) -------
+
+
+def test_fork_copies_state_and_never_touches_the_source(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="src")
+    forked = at.ex.fork_session(session_name="src", language=at.place.language,
+                                venv_id=at.venv_id, new_name="trial")
+    assert forked["session"] == {"language": at.place.language, "venv_id": at.venv_id,
+                                 "session_id": 2, "session_name": "trial"}
+    assert forked["from"]["session_name"] == "src"
+    assert "shared" in forked["files"] and forked["left_out"] == []
+    if at.place.id == "worker":  # an environment's session is forked as a process
+        assert forked["copy"] == "process"
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="trial")["stdout"] == "41\n"
+    at.run(at.place.change_v, state_mode="stateful", session_name="trial")
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="src")["stdout"] == "41\n"
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="trial")["stdout"] == "99\n"
+    names = {s["session_name"] for s in at.ex.list_sessions()["sessions"]}
+    assert {"src", "trial"} <= names
+
+
+def test_fork_to_a_name_in_use_names_a_free_one(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="src")
+    at.run(at.place.set_v, state_mode="stateful", session_name="taken")
+    r = at.ex.fork_session(session_name="src", language=at.place.language,
+                           venv_id=at.venv_id, new_name="taken")
+    assert r["error_type"] == "validation" and "new_name='taken-2'" in r["suggestion"]
+    assert at.ex.fork_session(session_name="nope", language=at.place.language,
+                              venv_id=at.venv_id, new_name="x")["error_type"] == "not_found"
+
+
+def test_checkpoint_then_restore_undoes_later_steps(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="s")
+    made = at.ex.checkpoint_session(**at.where(session_name="s"), label="before")
+    assert made["checkpoint"].startswith("cp-") and made["label"] == "before"
+    assert made["bytes"] > 0 and made["left_out"] == [] and made["ms"] >= 0
+    at.run(at.place.change_v, state_mode="stateful", session_name="s")
+    back = at.ex.restore_session(**at.where(session_name="s"), checkpoint=made["checkpoint"])
+    assert back["restored"] is True and "not touched" in back["files"]
+    assert at.run(at.place.show_v, state_mode="stateful", session_name="s")["stdout"] == "41\n"
+    listed = at.ex.list_checkpoints(**at.where(session_name="s"))["checkpoints"]
+    assert [c["checkpoint"] for c in listed] == [made["checkpoint"]]
+    at.ex.close_session(**at.where(session_name="s"))
+    assert at.ex.list_checkpoints(**at.where(session_name="s"))["error_type"] == "not_found"
+
+
+def test_a_checkpoint_of_another_session_is_refused(at: At) -> None:
+    at.run(at.place.set_v, state_mode="stateful", session_name="a")
+    at.run(at.place.set_v, state_mode="stateful", session_name="b")
+    made = at.ex.checkpoint_session(**at.where(session_name="a"))
+    r = at.ex.restore_session(**at.where(session_name="b"), checkpoint=made["checkpoint"])
+    assert r["error_type"] == "validation" and "belongs to another session" in r["error"]
+    r = at.ex.restore_session(**at.where(session_name="b"), checkpoint="cp-00000000")
+    assert r["error_type"] == "not_found"
+    other = "bash" if at.place.language == "python" else "python"  # same name, other place
+    at.ex.execute_code("x=1", language=other, state_mode="stateful", session_name="a")
+    r = at.ex.restore_session(language=other, session_name="a", checkpoint=made["checkpoint"])
+    assert r["error_type"] == "validation" and "belongs to another session" in r["error"]
+
+
+def test_a_fork_beyond_max_sessions_is_a_capacity_error(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home", max_sessions=2) as ex:
+        ex.execute_code("v = 1", state_mode="stateful", session_name="a")
+        r = ex.fork_session(session_name="a", new_name="b")
+        assert r["error_type"] == "capacity" and r["sessions"]
+        assert [s["session_name"] for s in ex.list_sessions()["sessions"]] == [None, "a"]
+
+
+def test_only_ten_checkpoints_are_kept_and_the_result_says_which_went(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("v = 0", state_mode="stateful", session_name="a")
+        made = [ex.checkpoint_session(session_name="a", label=str(n)) for n in range(11)]
+        assert "dropped" not in made[9]
+        assert made[10]["dropped"][0]["checkpoint"] == made[0]["checkpoint"]
+        assert "oldest" in made[10]["note"]
+        listed = ex.list_checkpoints(session_name="a")["checkpoints"]
+        assert [c["label"] for c in listed] == [str(n) for n in range(1, 11)]  # newest last
+        gone = ex.restore_session(session_name="a", checkpoint=made[0]["checkpoint"])
+        assert gone["error_type"] == "not_found"
+
+
+def test_a_forked_worker_ends_with_the_executor_even_after_its_source(
+        tmp_path: Path, envs_dir: Path) -> None:
+    ex = Executor(root=tmp_path / "home", envs_dir=envs_dir)
+    try:
+        venv_id = ex.environments.create("# no requirements\n", name="bare")["venv_id"]
+        ex.execute_code("import os", state_mode="stateful", session_name="a", venv_id=venv_id)
+        assert ex.fork_session(session_name="a", venv_id=venv_id, new_name="b")["copy"] == \
+            "process"
+        pid = int(ex.execute_code("print(os.getpid())", state_mode="stateful",
+                                  session_name="b", venv_id=venv_id)["stdout"])
+        ex.close_session(session_name="a", venv_id=venv_id)  # the fork lives on
+        assert ex.execute_code("1", state_mode="stateful", session_name="b",
+                               venv_id=venv_id)["result"] == "1"
+    finally:
+        ex.close()
+    deadline = time.monotonic() + 5
+    while _runs(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _runs(pid)
+
+
+def _runs(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_what_cannot_be_kept_is_named_in_left_out(at: At) -> None:
+    if at.place.language != "python":
+        pytest.skip("a shell's state is text: nothing is left out")
+    at.run("import threading\nlock = threading.Lock()\nv = 41", state_mode="stateful",
+           session_name="s")
+    forked = at.ex.fork_session(session_name="s", venv_id=at.venv_id, new_name="f")
+    # A process fork carries everything; a copy by value names what it could not carry.
+    carried = forked["copy"] == "process"
+    assert forked["left_out"] == ([] if carried else ["lock"])
+    shown = at.run("print('lock' in globals())", state_mode="stateful", session_name="f")
+    assert shown["stdout"] == f"{carried}\n"
+    made = at.ex.checkpoint_session(**at.where(session_name="s"))
+    assert made["left_out"] == ["lock"]
+    at.run("v = 99", state_mode="stateful", session_name="s")
+    back = at.ex.restore_session(**at.where(session_name="s"), checkpoint=made["checkpoint"])
+    assert back["left_out"] == ["lock"]
+    shown = at.run("print(v, 'lock' in globals())", state_mode="stateful", session_name="s")
+    assert shown["stdout"] == "41 False\n"

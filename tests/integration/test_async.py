@@ -72,3 +72,21 @@ def test_the_log_and_rebuild_are_awaitable(tmp_path: Path) -> None:
             assert (await ex.serve_ui())["url"].startswith("http://127.0.0.1:")
 
     asyncio.run(main())
+
+
+def test_fork_and_checkpoints_from_asyncio(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncExecutor(root=tmp_path) as ex:
+            await ex.execute_code("v = [1]", state_mode="stateful", session_name="a")
+            forked = await ex.fork_session(session_name="a", new_name="b")
+            assert forked["session"]["session_name"] == "b"
+            made = await ex.checkpoint_session(session_name="a", label="one")
+            await ex.execute_code("v.append(2)", state_mode="stateful", session_name="a")
+            back = await ex.restore_session(session_name="a", checkpoint=made["checkpoint"])
+            assert back["restored"] is True
+            listed = await ex.list_checkpoints(session_name="a")
+            assert [c["label"] for c in listed["checkpoints"]] == ["one"]
+            again = await ex.execute_code("v", state_mode="stateful", session_name="a")
+            assert again["result"] == "[1]"
+
+    asyncio.run(main())

@@ -17,7 +17,7 @@ import pytest
 from coordex import Executor
 from coordex.tools import TOOLS, get_tool
 
-VOLATILE = {"duration_ms", "created_at", "last_used_at", "spec_hash"}
+VOLATILE = {"duration_ms", "created_at", "last_used_at", "spec_hash", "ms", "at", "checkpoint"}
 
 
 def steady(value: Any) -> Any:
@@ -27,7 +27,7 @@ def steady(value: Any) -> Any:
     if isinstance(value, list):
         return [steady(v) for v in value]
     if isinstance(value, str):  # cell numbers count per process, not per executor
-        return re.sub(r"<cell-\d+>", "<cell>", value)
+        return re.sub(r"cp-[0-9a-f]{8}", "cp-", re.sub(r"<cell-\d+>", "<cell>", value))
     return value
 
 
@@ -57,6 +57,10 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("inspect_session", {"session_name": "audit"}),
     ("inspect_session", {}),
     ("list_sessions", {}),
+    ("fork_session", {"session_name": "audit", "new_name": "trial"}),
+    ("checkpoint_session", {"session_name": "trial", "label": "four rows"}),
+    ("list_checkpoints", {"session_name": "trial"}),
+    ("restore_session", {"session_name": "trial", "checkpoint": "cp-00000000"}),
     ("define_function", {"source": "def double(x, factor=2):\n    return x * factor"}),
     ("show_function", {"name": "double"}),
     ("call_function", {"name": "double", "args": [21]}),
@@ -89,7 +93,10 @@ def test_nulls_mean_omitted_in_every_tool(tmp_path: Path) -> None:
     for (name, args), want, have in zip(CALLS, expected, got, strict=True):
         assert have == want, f"{name}({args})"
     assert expected[2]["result"] == "3"  # the read-only append was discarded
-    assert expected[11]["value"] == 42 and expected[12]["value"] == 10
+    assert expected[15]["value"] == 42 and expected[16]["value"] == 10
+    assert expected[9]["session"]["session_name"] == "trial"
+    assert expected[10]["label"] == "four rows" and len(expected[11]["checkpoints"]) == 1
+    assert expected[12]["error_type"] == "not_found"
     assert expected[4]["error_type"] == "execution"
     assert expected[5]["error_type"] == "validation"  # read_only without a session
 

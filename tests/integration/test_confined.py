@@ -486,3 +486,27 @@ def test_a_confined_hosts_sessions_outlive_it_in_its_own_folder(tmp_path: Path) 
         again = ex.execute_code("x", state_mode="stateful", session_name="keep")
         assert again["result"] == "99" and "replay" in again["restored"]["from"], again
         assert "state_lost" not in again
+
+
+def test_branches_and_checkpoints_inside_the_host(confined: ConfinedExecutor,
+                                                   tmp_path: Path) -> None:
+    """SPEC 15 through the confined host's wire: the fork and the checkpoint are made in
+    the host, the checkpoint kept in the tenant's own folder, and call_tool routes them."""
+    confined.execute_code("rows = [3, 1, 2]", state_mode="stateful", session_name="a")
+    forked = confined.fork_session(session_name="a", new_name="b")
+    assert forked["session"]["session_name"] == "b", forked
+    confined.execute_code("rows.sort()", state_mode="stateful", session_name="b")
+    assert confined.execute_code("rows", state_mode="stateful",
+                                 session_name="a")["result"] == "[3, 1, 2]"
+    made = confined.call_tool("checkpoint_session", {"session_name": "b", "label": "sorted"})
+    assert made["label"] == "sorted", made
+    assert list((tmp_path / "tenant").glob(f"**/checkpoints/*/{made['checkpoint']}"))
+    confined.execute_code("rows = None", state_mode="stateful", session_name="b")
+    back = confined.restore_session(session_name="b", checkpoint=made["checkpoint"])
+    assert back["restored"] is True, back
+    assert confined.execute_code("rows", state_mode="stateful",
+                                 session_name="b")["result"] == "[1, 2, 3]"
+    listed = confined.list_checkpoints(session_name="b")["checkpoints"]
+    assert [c["checkpoint"] for c in listed] == [made["checkpoint"]]
+    refused = confined.restore_session(session_name="a", checkpoint=made["checkpoint"])
+    assert refused["error_type"] == "validation"

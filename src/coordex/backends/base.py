@@ -207,3 +207,57 @@ class Place(Protocol):
     def close(self) -> None:
         """End every process this place started that no session owns."""
         ...
+
+
+# -- capabilities a place's sessions may have (SPEC section 15) ---------------------------
+#
+# Optional: a session that has one says so by having its methods (the protocols are
+# runtime-checkable), and the Executor asks ``isinstance(session, Forkable)``, never which
+# place it is. Each place implements them in its own package.
+
+
+@dataclass(frozen=True)
+class Forked:
+    """A fork of a session: the new session and how its state was copied.
+
+    ``copy`` is ``"process"`` (the process holding the session was forked: copy-on-write)
+    or ``"values"`` (the values were carried into a new session by value); ``left_out``
+    names what could not be carried.
+    """
+
+    session: Session
+    copy: str
+    left_out: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Forkable(Protocol):
+    """A session that can be forked into a new, independent one (``fork_session``)."""
+
+    def fork(self, timeout: float) -> Forked:
+        """A new session holding a copy of this one's state; this one is never changed.
+        Called with the session held (no call runs meanwhile). Raises ``CoordexError``
+        when no copy can be made."""
+        ...
+
+
+# What a checkpoint's writer reports once it is done: ``{"bytes", "left_out", "ms"}``,
+# or ``{"error": why}`` when nothing was written.
+Written = dict[str, Any]
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """A session whose state can be written to a folder and put back (checkpoints)."""
+
+    def start_checkpoint(self, folder: str, max_bytes: int) -> Callable[[float], Written]:
+        """Start writing the session's state into ``folder`` from a copy of it, and
+        return ``finish(timeout)``, which waits for the writer. Called with the session
+        held; ``finish`` is called after it is let go, so the session keeps answering
+        while its copy writes."""
+        ...
+
+    def restore_checkpoint(self, folder: str, timeout: float) -> Written:
+        """Put the state written in ``folder`` back in place of the session's (files on
+        disk are not touched): ``{"left_out", "ms"}``, or ``{"error": why}``."""
+        ...

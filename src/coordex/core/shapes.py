@@ -148,6 +148,60 @@ class RebuildResult(ErrorFields, total=False):
     failure: dict[str, Any]
 
 
+class ForkResult(ErrorFields, total=False):
+    """``fork_session`` (SPEC 15): the new session and the one it was copied from."""
+
+    session: SessionRecord
+    # "from" is a Python keyword: the key is set, and read, as a string.
+    ms: float
+    copy: str
+    left_out: list[str]
+    files: str
+
+
+class CheckpointInfo(TypedDict, total=False):
+    checkpoint: str
+    label: str | None
+    at: float
+    bytes: int | None
+    left_out: list[str]
+
+
+class CheckpointResult(ErrorFields, total=False):
+    """``checkpoint_session`` (SPEC 15)."""
+
+    checkpoint: str
+    label: str | None
+    at: float
+    bytes: int
+    ms: float
+    left_out: list[str]
+    session: SessionRecord
+    dropped: list[CheckpointInfo]
+    note: str
+
+
+class RestoreResult(ErrorFields, total=False):
+    """``restore_session`` (SPEC 15)."""
+
+    restored: bool
+    checkpoint: str
+    label: str | None
+    at: float
+    session: SessionRecord
+    ms: float
+    left_out: list[str]
+    files: str
+
+
+class CheckpointList(ErrorFields, total=False):
+    """``list_checkpoints`` (SPEC 15): newest last."""
+
+    checkpoints: list[CheckpointInfo]
+    session: SessionRecord
+    max_checkpoints: int
+
+
 class UIResult(ErrorFields, total=False):
     """``serve_ui``."""
 
@@ -212,9 +266,10 @@ class EnvironmentBuilt(ErrorFields, total=False):
 
 
 __all__ = [
-    "CloseResult", "EnvironmentBuilt", "EnvironmentCreated", "EnvironmentInfo",
-    "EnvironmentList", "EnvironmentShown", "ErrorFields", "HistoryRecord", "HistoryResult",
+    "CheckpointInfo", "CheckpointList", "CheckpointResult", "CloseResult",
+    "EnvironmentBuilt", "EnvironmentCreated", "EnvironmentInfo", "EnvironmentList",
+    "EnvironmentShown", "ErrorFields", "ForkResult", "HistoryRecord", "HistoryResult",
     "Image", "InspectResult", "Isolation", "Language", "NameInfo", "PackageInfo",
-    "RebuildResult", "RunResult", "SessionInfo", "SessionRecord", "SessionsResult",
-    "StateMode", "ToolFormat", "UIResult",
+    "RebuildResult", "RestoreResult", "RunResult", "SessionInfo", "SessionRecord",
+    "SessionsResult", "StateMode", "ToolFormat", "UIResult",
 ]

@@ -681,6 +681,36 @@ class ConfinedExecutor:
     def rebuild_session(self, **options: Any) -> dict[str, Any]:
         return self._call("rebuild_session", options)
 
+    # SPEC 15: branches and checkpoints, made inside the host (its tenant's own store).
+
+    def fork_session(self, session_id: int | str | None = None, session_name: str | None = None,
+                     language: str = "python", venv_id: int | None = None, *,
+                     new_name: str | None = None) -> dict[str, Any]:
+        return self._call("fork_session", {
+            "session_id": session_id, "session_name": session_name, "language": language,
+            "venv_id": venv_id, "new_name": new_name})
+
+    def checkpoint_session(self, language: str = "python", session_id: int | None = None,
+                           session_name: str | None = None, venv_id: int | None = None, *,
+                           label: str | None = None) -> dict[str, Any]:
+        return self._call("checkpoint_session", {
+            "language": language, "session_id": session_id, "session_name": session_name,
+            "venv_id": venv_id, "label": label})
+
+    def restore_session(self, language: str = "python", session_id: int | None = None,
+                        session_name: str | None = None, venv_id: int | None = None, *,
+                        checkpoint: str | None = None) -> dict[str, Any]:
+        return self._call("restore_session", {
+            "language": language, "session_id": session_id, "session_name": session_name,
+            "venv_id": venv_id, "checkpoint": checkpoint})
+
+    def list_checkpoints(self, language: str = "python", session_id: int | None = None,
+                         session_name: str | None = None,
+                         venv_id: int | None = None) -> dict[str, Any]:
+        return self._call("list_checkpoints", {
+            "language": language, "session_id": session_id, "session_name": session_name,
+            "venv_id": venv_id})
+
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
         return self._call("serve_ui", {"port": port, "host": host})
 

@@ -350,6 +350,25 @@ class Persistence:
         if fd is not None:
             os.close(fd)
 
+    def adopt(self, record: dict[str, Any], session: Any) -> None:
+        """A session whose state came other than by its own calls (``fork_session``,
+        ``restore_session``; held by the caller): a snapshot of it is started now, and
+        only the calls logged after this point are replayed over it after a restart."""
+        identity = Identity.of(record)
+        if not self._hold(identity):
+            return
+        through = (self._last_seq(identity) if self._log is not None else 0) or 0
+        with self._lock:
+            item = self._kept.get(identity.slug())
+            if item is None or not item.identity.same_session(identity):
+                item = self._kept[identity.slug()] = _Kept(identity)
+            item.held, item.identity, item.attempt = True, identity, 0
+        self._try(lambda: self.store.mark(identity, through + 1, self._owner))
+        if self._busy_writing(item) and item.in_flight is not None and item.in_flight[2]:
+            _kill(item.in_flight[2])
+        item.in_flight = None
+        self._start(item, session, through)
+
     def _hold(self, identity: Identity) -> bool:
         """Whether this process holds the session's folder (locking it on first use)."""
         slug = identity.slug()

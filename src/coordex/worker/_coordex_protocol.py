@@ -56,6 +56,9 @@ MESSAGES: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
     "snapshot_done": (WORKER_TO_HOST, ("id", "report"), ()),
     "restore": (HOST_TO_WORKER, ("id", "folder", "pickler"), ("replay",)),
     "restore_done": (WORKER_TO_HOST, ("id", "report"), ()),
+    # A session forked into a new one (SPEC 15): the fork child serves the new session.
+    "fork": (HOST_TO_WORKER, ("id", "fifos"), ()),
+    "fork_done": (WORKER_TO_HOST, ("id", "report"), ()),
 }
 
 RUN_MODES = ("stateful", "read_only", "stateless")

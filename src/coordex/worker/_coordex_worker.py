@@ -807,6 +807,8 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
                     channel.send(outcome)
                 if msg["mode"] == "stateless":
                     fill_standbys(channel)
+            elif kind == "fork":  # fork_session: the child serves the new session
+                channel.send(fork_session(msg, channel, namespace))
             elif kind in ("snapshot", "restore"):  # coordex.persist
                 channel.send(_snapshots().answer(msg, namespace, _user_names(namespace), _fork,
                                                  _prepare_child, _State.unreaped))
@@ -819,6 +821,55 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
                 reap_children()
         except KeyboardInterrupt:
             continue  # an interrupt that raced the end of a cell; the host has its answer
+
+
+def fork_session(msg: Dict[str, Any], channel: Channel, namespace: Dict[str, Any]
+                 ) -> Dict[str, Any]:
+    """Fork this worker into the worker of a new session (``fork_session``, SPEC 15).
+
+    The child is a session leader of its own (closing either worker never ends the
+    other) and talks to the host over the FIFOs in ``msg["fifos"]`` (``in``, ``out``,
+    ``stdout``, ``stderr``); it announces itself with a ``hello`` there and serves on,
+    its namespace a copy-on-write copy of this one. This worker answers at once.
+    """
+    unsafe = copier.fork_unsafe_runtimes()
+    if unsafe:  # a runtime that breaks under fork(): the host copies by value instead
+        return wire.message("fork_done", id=msg["id"], report={"unsafe": list(unsafe)})
+    folder = msg["fifos"]
+    pid = _fork()
+    if pid:  # (not in unreaped: a shutdown waits for those, and this one lives on)
+        return wire.message("fork_done", id=msg["id"], report={"pid": pid})
+    status = 1
+    try:
+        os.setsid()
+        old = (channel.reader.fd, channel.out_fd)
+        out_fd = os.open(os.path.join(folder, "out"), os.O_WRONLY)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            new = os.open(os.path.join(folder, name), os.O_WRONLY)
+            os.dup2(new, fd)
+            os.close(new)
+        in_fd = os.open(os.path.join(folder, "in"), os.O_RDONLY)
+        for fd in old:
+            os.close(fd)
+        for copy, _identity in _State.std_fds.values():
+            os.close(copy)
+        _State.std_fds = {}
+        for _pid, msg_w, result_r in _State.standbys:  # the template's, not ours
+            os.close(msg_w)
+            os.close(result_r)
+        _State.standbys, _State.unreaped, _State.fork_child = [], [], 0
+        keep_std_fds()
+        restore_std_fds()
+        forked = Channel(in_fd, out_fd)
+        _State.channel = forked
+        forked.send(wire.message(
+            "hello", protocol=wire.PROTOCOL_VERSION, python=list(sys.version_info[:3]),
+            pid=os.getpid(), fork=True, executable=sys.executable))
+        serve(forked, namespace)
+        reap_children(block=True)
+        status = 0
+    finally:
+        os._exit(status)
 
 
 def _snapshots() -> Any:

@@ -38,6 +38,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -58,7 +59,8 @@ from ...protocol import (
 )
 from ...worker import _coordex_copy as copier
 from .. import _reap
-from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Written
+from . import branches
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
@@ -178,6 +180,32 @@ class _WorkerProcess:
         finally:
             for fd in (to_worker_r, from_worker_w, out_w, err_w):
                 os.close(fd)
+        self._attach()
+
+    @classmethod
+    def adopt(cls, python: str | Path, pid: int, fds: tuple[int, int, int, int],
+              start_timeout: float = START_TIMEOUT) -> _WorkerProcess:
+        """The worker a session's worker forked (``fork_session``): not our child, a
+        session leader of its own, reached over ``fds`` (to it, from it, its stdout, its
+        stderr). Waits for its ``hello``."""
+        self = cls.__new__(cls)
+        self.python = str(python)
+        self.capability_names, self.hello, self.close_step = None, {}, None
+        self._carry, self._counter, self._closed, self._busy = {}, 0, False, False
+        self._state_lock = threading.Lock()
+        self._proc = _Adopted(pid)  # type: ignore[assignment]
+        self._to_worker, self._from_worker, self._out_r, self._err_r = fds
+        _reap.keeper().watch(pid)  # it ends if this process dies, as a spawned one does
+        self._attach()
+        try:
+            self._handshake(start_timeout)
+        except BaseException:
+            self.kill()
+            self._release_fds()
+            raise
+        return self
+
+    def _attach(self) -> None:
         for fd in (self._out_r, self._err_r):
             os.set_blocking(fd, False)
         # A read-only copy of a Python session in this process must not reach them.
@@ -469,6 +497,38 @@ class _WorkerProcess:
                 os.close(fd)
 
 
+class _Adopted:
+    """What :func:`_reap.stop` and this module ask of a ``Popen``, for a worker that is
+    not our child (a fork of a session's worker): its end is read from ``/proc``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.args = ["(forked worker)"]
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _runs(self.pid):
+            self.returncode = -signal.SIGKILL  # its parent, the source worker, reaps it
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def _runs(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _unread(fd: int) -> int:
     """Bytes written to a pipe and not read yet (asked on its write end)."""
     count = array.array("i", [0])
@@ -559,7 +619,8 @@ class WorkerSession:
 
     def __init__(self, python: str | Path, *, env: dict[str, str] | None = None,
                  cwd: str | None = None, capabilities: CapabilityHost | None = None,
-                 start_timeout: float = START_TIMEOUT) -> None:
+                 start_timeout: float = START_TIMEOUT, proc: _WorkerProcess | None = None
+                 ) -> None:
         self._python = python
         self._env = env
         self._cwd = cwd
@@ -567,7 +628,7 @@ class WorkerSession:
         self._start_timeout = start_timeout
         self._lock = threading.Lock()
         self._closed = False
-        self._proc: _WorkerProcess | None = self._start()
+        self._proc: _WorkerProcess | None = proc if proc is not None else self._start()
 
     def _start(self) -> _WorkerProcess:
         return _WorkerProcess(self._python, self._env, self._cwd, self._start_timeout)
@@ -619,6 +680,49 @@ class WorkerSession:
             if reply.died or reply.worker_killed:
                 self._replace_quietly()
             return reply.message
+
+    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+
+    def fork(self, timeout: float) -> Forked:
+        return branches.fork(self, timeout)
+
+    def start_checkpoint(self, folder: str, max_bytes: int) -> Callable[[float], Written]:
+        return branches.start_checkpoint(self, folder, max_bytes)
+
+    def restore_checkpoint(self, folder: str, timeout: float) -> Written:
+        return branches.restore_checkpoint(self, folder, timeout)
+
+    def sibling(self, proc: _WorkerProcess | None = None) -> WorkerSession:
+        """A new session of the same environment, working folder and capabilities (on
+        ``proc``, a fork of this session's worker, when given)."""
+        if proc is not None and self._capabilities is not None:
+            proc.capability_names = self.worker_capabilities()
+        return WorkerSession(self._python, env=self._env, cwd=self._cwd,
+                             capabilities=self._capabilities,
+                             start_timeout=self._start_timeout, proc=proc)
+
+    def worker_capabilities(self) -> list[str] | None:
+        proc = self._proc
+        return None if proc is None else proc.capability_names
+
+    def fork_process(self, fifos: str, fds: tuple[int, int, int, int], timeout: float
+                     ) -> _WorkerProcess | list[str] | None:
+        """Ask the worker to fork a worker for a new session that talks over ``fifos``
+        (opened here as ``fds``): the new worker, or the runtimes that break under
+        ``fork()`` (then nothing was forked), or None when the worker did not answer."""
+        reply = self.exchange("fork", "fork_done", timeout, fifos=fifos)
+        report = (reply or {}).get("report") or {}
+        if report.get("unsafe"):
+            return list(report["unsafe"])
+        pid = report.get("pid")
+        if not isinstance(pid, int):
+            return None
+        return _WorkerProcess.adopt(self._python, pid, fds, self._start_timeout)
+
+    def start_over(self) -> None:
+        """Replace the worker with a fresh one (an empty namespace)."""
+        with self._lock:
+            self._replace_quietly()
 
     def close(self) -> None:
         """End the worker (and everything it started); idempotent, safe from any thread."""

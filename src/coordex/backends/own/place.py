@@ -16,7 +16,8 @@ from ...core.facts import Ran
 from ...core.messages import PlaceKind
 from ...worker import _coordex_copy as copier
 from .. import isolation
-from ..base import RunRequest
+from ..base import Forked, RunRequest, Written
+from . import branches
 from .interpreter import NamespaceSession, OwnInterpreter
 
 _INSPECT_REPR_LIMIT = 200
@@ -61,6 +62,17 @@ class OwnSession:
 
     def alive(self) -> bool:
         return self.state is not None
+
+    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+
+    def fork(self, timeout: float) -> Forked:
+        return branches.fork(self, timeout)
+
+    def start_checkpoint(self, folder: str, max_bytes: int) -> Callable[[float], Written]:
+        return branches.start_checkpoint(self, folder, max_bytes)
+
+    def restore_checkpoint(self, folder: str, timeout: float) -> Written:
+        return branches.restore_checkpoint(self, folder, timeout)
 
     def close(self) -> None:
         """Drop every reference this session holds, so its memory can be released."""

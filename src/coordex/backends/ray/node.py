@@ -26,6 +26,7 @@ token - shells, workers, their fork children and whatever the code left running.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import secrets
@@ -173,6 +174,7 @@ class NodeHost:
         self._templates: dict[str, Any] = {}
         self._calls: dict[str, _Call] = {}
         self._pythons: dict[str, Path] = {}
+        self._pending: dict[str, tuple[str, Any]] = {}  # checkpoints being written
         self._lock = threading.Lock()
         self._capabilities = _NodeCapabilities()
         self._envs_dir = envs_dir
@@ -280,6 +282,8 @@ class NodeHost:
     def _op(self, call: _Call, op: str, args: dict[str, Any]) -> Any:
         if op == "open":
             return self._open(call, args)
+        if op in _BRANCH_OPS:  # SPEC 15: a fork or a checkpoint of a session here
+            return getattr(self, "_" + op)(args)
         if op == "inspect":
             session = self._session(args["sid"])
             return session.inspect() if session is not None else _gone_session()
@@ -308,6 +312,69 @@ class NodeHost:
                           output_limit=int(args["output_limit"]),
                           protect_paths=tuple(args.get("protect_paths") or ()),
                           scratch=scratch, cancel=call.cancel)
+
+    # -- branches and checkpoints (SPEC 15) --------------------------------------------------
+
+    def _fork(self, args: dict[str, Any]) -> dict[str, Any]:
+        from ..base import Forkable
+
+        session = self._session(args["sid"])
+        if session is None:
+            raise _gone_error()
+        if not isinstance(session, Forkable):
+            raise CoordexError("validation", "This session cannot be forked on its node.",
+                               "Use state_mode='read_only' to try a step on a copy.")
+        forked = session.fork(float(args["timeout"]))
+        with self._lock:
+            self._sessions[args["new_sid"]] = forked.session
+        return {"copy": forked.copy, "left_out": list(forked.left_out)}
+
+    def _checkpoint_start(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Start the session's copy writing into a folder of this node; the driver asks
+        for what it wrote with ``checkpoint_finish`` (the session answers meanwhile)."""
+        from ..base import Checkpointable
+
+        session = self._session(args["sid"])
+        if session is None:
+            raise _gone_error()
+        if not isinstance(session, Checkpointable):
+            raise CoordexError("validation", "This session cannot be checkpointed on its "
+                               "node.", "Rebuild the state in a new session instead.")
+        folder = tempfile.mkdtemp(prefix="coordex-checkpoint-")
+        token = secrets.token_hex(8)
+        finish = session.start_checkpoint(folder, int(args["max_bytes"]))
+        with self._lock:
+            self._pending[token] = (folder, finish)
+        return {"token": token}
+
+    def _checkpoint_finish(self, args: dict[str, Any]) -> dict[str, Any]:
+        """What the copy wrote: ``{"written", "files": {name: base64}}`` (the folder goes;
+        the driver keeps the checkpoint, so it outlives this node)."""
+        with self._lock:
+            folder, finish = self._pending.pop(args["token"])
+        try:
+            written = finish(float(args["timeout"]))
+            files = {} if "error" in written else {
+                p.name: base64.b64encode(p.read_bytes()).decode("ascii")
+                for p in Path(folder).iterdir() if p.is_file()}
+            return {"written": written, "files": files}
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(args["sid"])
+        if session is None:
+            raise _gone_error()
+        folder = tempfile.mkdtemp(prefix="coordex-checkpoint-")
+        try:
+            for name, data in dict(args["files"]).items():
+                if "/" in name or name.startswith("."):
+                    continue
+                (Path(folder) / name).write_bytes(base64.b64decode(data))
+            report: dict[str, Any] = session.restore_checkpoint(folder, float(args["timeout"]))
+            return report
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _session(self, sid: str) -> Any:
         with self._lock:
@@ -479,6 +546,15 @@ def _marked_pids(token: str, exclude: int = -1) -> list[int]:
         except OSError:
             continue
     return found
+
+
+_BRANCH_OPS = ("fork", "checkpoint_start", "checkpoint_finish", "restore")
+
+
+def _gone_error() -> CoordexError:
+    return CoordexError("crashed", "The session is no longer held on its node (it was closed "
+                        "or its node's actor restarted).", "Run a call in the session to open "
+                        "it again, then retry.", state_lost=True)
 
 
 def _gone_session() -> Ran:

@@ -27,6 +27,7 @@ a fresh session elsewhere.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import threading
@@ -34,12 +35,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ...core import facts, messages
 from ...core.errors import CoordexError
 from ...core.facts import Ran
-from ..base import INTERRUPT_GRACE, RunRequest
+from ..base import INTERRUPT_GRACE, Forked, RunRequest, Written
 from .node import NodeHost
 
 # Each wait of the driver on an actor: a poll returns as soon as there is output, so
@@ -548,6 +550,101 @@ class RaySession:
         with contextlib.suppress(Exception):
             self.place.cluster._ray.get(host.handle.close_session.remote(self._sid),
                                         timeout=CLOSE_TIMEOUT)
+
+    # -- capabilities (base.Forkable, base.Checkpointable), made on the node ------------------
+
+    def fork(self, timeout: float) -> Forked:
+        """Fork the session on its node, where the node can hold the copy (a node shared by
+        sessions; a node dedicated to this one session cannot)."""
+        with self._lock:
+            host = self._held_host()
+            if host.dedicated:
+                raise CoordexError(
+                    "capacity", "This session's node is dedicated to it (its environment "
+                    "asks for resources), so it cannot hold a fork.",
+                    "Checkpoint the session instead (checkpoint_session), or fork a session "
+                    "whose environment asks for no resources.")
+            new_sid = uuid.uuid4().hex
+            outcome = self._branch_op(host, "fork", {"sid": self._sid, "new_sid": new_sid,
+                                                     "timeout": timeout}, timeout)
+            forked = RaySession.__new__(RaySession)
+            forked.place, forked.node, forked._lock = self.place, host.node, threading.Lock()
+            forked._closed, forked._host, forked._sid = False, host, new_sid
+            self.place.cluster.placed(host, +1)
+        return Forked(forked, str(outcome.get("copy") or "process"),
+                      tuple(outcome.get("left_out") or ()))
+
+    def start_checkpoint(self, folder: str, max_bytes: int) -> Callable[[float], Written]:
+        """The node's copy of the session writes; ``finish`` brings what it wrote into
+        ``folder`` (the tenant's store): a checkpoint outlives the node."""
+        with self._lock:
+            host = self._held_host()
+            token = self._branch_op(host, "checkpoint_start", {
+                "sid": self._sid, "max_bytes": max_bytes}, 60.0)["token"]
+
+        def finish(timeout: float) -> Written:
+            try:
+                reply = self._branch_op(host, "checkpoint_finish",
+                                        {"token": token, "timeout": timeout}, timeout)
+            except CoordexError as exc:
+                return {"error": exc.error}
+            for name, data in dict(reply.get("files") or {}).items():
+                if "/" not in name:
+                    (Path(folder) / name).write_bytes(base64.b64decode(data))
+            written: Written = dict(reply.get("written") or {})
+            return written
+
+        return finish
+
+    def restore_checkpoint(self, folder: str, timeout: float) -> Written:
+        """Restore on the session's node - on another node if its own was lost (the
+        session is opened again there first)."""
+        files = {p.name: base64.b64encode(p.read_bytes()).decode("ascii")
+                 for p in Path(folder).iterdir() if p.is_file() and p.name != "checkpoint.json"}
+        with self._lock:
+            for attempt in range(2):  # its node found lost by the first: on another
+                try:
+                    if self._host is None:
+                        self._open()
+                    host = self._held_host()
+                    report: Written = self._branch_op(host, "restore", {
+                        "sid": self._sid, "files": files, "timeout": timeout}, timeout)
+                    return report
+                except CoordexError as exc:
+                    if attempt or self._host is not None:
+                        return {"error": exc.error}
+        return {"error": "no node could hold the session"}
+
+    def _held_host(self) -> _Host:
+        if self._closed:
+            raise CoordexError("not_found", "The session is closed.", "Open it again with a "
+                               "stateful call.")
+        if self._host is None:
+            raise CoordexError("crashed", "The session's node was lost; its state is gone.",
+                               "Restore a checkpoint of it (restore_session) or rebuild it "
+                               "(rebuild_session).", state_lost=True)
+        return self._host
+
+    def _branch_op(self, host: _Host, op: str, args: dict[str, Any],
+                   timeout: float) -> dict[str, Any]:
+        try:
+            reply = self.place.cluster.converse(host, op, args, None, _deadline(timeout))
+        except NodeLost as lost:
+            if self._host is host:
+                self._drop(host, lost)
+            raise CoordexError("crashed", f"The session's node was lost ({lost.how}).",
+                               "Restore a checkpoint of it (restore_session) or rebuild it "
+                               "(rebuild_session).", state_lost=True) from None
+        if "raise" in reply:
+            error = dict(reply["raise"])
+            raise CoordexError(error.pop("error_type"), error.pop("error"),
+                               error.pop("suggestion"), **error)
+        if "ran" in reply:  # the node failed under it
+            ran = facts.from_wire(reply["ran"])
+            raise CoordexError("crashed", f"The node could not do it: {ran.event}.",
+                               "Run a call in the session, then try again.")
+        outcome: dict[str, Any] = dict(reply.get("outcome") or {})
+        return outcome
 
     # -- internals ------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from ...core.facts import Ran
 from ...core.messages import PlaceKind
 from ...diskspace import free_bytes
 from .. import _reap, isolation
-from ..base import RunRequest
-from . import launcher
+from ..base import Forked, RunRequest, Written
+from . import branches, launcher
 from .copies import CopySlot, ProtectedCopy
 from .process import Ending, Shell, Stream, shell_env
 from .wire import DUMP as _DUMP
@@ -220,6 +221,36 @@ class ShellSession:
             if self._launcher is not None:
                 self._launcher.close()
                 self._launcher = None
+
+    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+
+    def fork(self, timeout: float) -> Forked:
+        return branches.fork(self, timeout)
+
+    def start_checkpoint(self, folder: str, max_bytes: int) -> Callable[[float], Written]:
+        return branches.start_checkpoint(self, folder, max_bytes)
+
+    def restore_checkpoint(self, folder: str, timeout: float) -> Written:
+        return branches.restore_checkpoint(self, folder, timeout)
+
+    def sibling(self) -> ShellSession:
+        """A new session of the same environment and starting folder."""
+        return ShellSession(env=self._env, cwd=self._cwd)
+
+    def start_over(self) -> str | None:
+        """Replace the shell with a fresh one; None, or why no new one started."""
+        with self._lock:
+            if self._closed:
+                return "the session is closed"
+            self._shell.terminate()
+            self._shell.release()
+            try:
+                self._shell = Shell(self._env, self._cwd)
+                self._baseline = self._dump(self._shell)
+            except (OSError, RuntimeError) as exc:
+                return f"a new shell did not start: {exc}"
+            self._state_version += 1
+        return None
 
     def __enter__(self) -> ShellSession:
         return self
