@@ -203,3 +203,20 @@ def test_a_link_on_another_port_cannot_log_a_browser_in(server: tuple[Running, s
     assert port is not None
     headers = [f"Sec-Fetch-Site: {site}".encode()] if site else []
     assert _status(port, "GET", f"/ui/?token={TOKEN}", headers) == status
+
+
+def test_the_programs_page_server_closes_a_half_sent_request(tmp_path: Path) -> None:
+    """``ex.serve_ui()`` and ``coordex mcp --ui`` serve the page with a thread per
+    connection: a half-sent request held its thread for good."""
+    from coordex import Executor
+
+    with Executor(root=tmp_path / "root", persist=False) as ex:
+        url = ex.serve_ui(port=0)["url"]
+        port = urlsplit(url).port
+        assert port is not None
+        with socket.create_connection(("127.0.0.1", port), timeout=40) as sock:
+            sock.sendall(b"GET /ui/ HTTP/1.1\r\nHost: 127.0")
+            started = time.monotonic()
+            with contextlib.suppress(ConnectionResetError):
+                assert sock.recv(100) == b""
+            assert time.monotonic() - started < 25

@@ -21,6 +21,9 @@ from .app import MAX_BODY, UIApp, single_tenant
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    # Seconds a connection may stay silent (a half-sent request holds a thread until
+    # then): each waiting connection costs a thread, so none waits forever.
+    timeout = 15.0
 
     def do_GET(self) -> None:
         self._answer("GET")
