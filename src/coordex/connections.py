@@ -17,7 +17,9 @@ gives uvicorn its HTTP protocol with these rules:
   that the oldest waiting one is closed (a client that sends its request at once is
   never the oldest). Connections in all are held below the process's descriptor limit
   with :data:`RESERVE` descriptors to spare (for hosts, logs and new connections): past
-  that the oldest waiting connection goes, or, when none waits, the new one.
+  that the oldest waiting connection goes, or, when none waits, the new one. The
+  event loop accepts at most :data:`BACKLOG` connections before it hears of any of them
+  (uvicorn's default of 2,048 ran the process out of descriptors within one burst).
 
 Tenants on this machine all come from the loopback address, so a per-address cap alone
 would let one tenant lock the others out; the oldest-first rule is what keeps room for
@@ -36,7 +38,8 @@ HEADER_DEADLINE = 10.0  # seconds a connection has to send its request line and 
 MAX_HEAD = 64 * 1024  # bytes of request line and headers
 PER_CLIENT_WAITING = 256  # connections of one address waiting for their request
 MAX_WAITING = 1024  # connections waiting for their request, in all
-RESERVE = 128  # descriptors kept free of connections
+BACKLOG = 64  # connections accepted in one go (asyncio takes up to the backlog at once)
+RESERVE = 4 * BACKLOG  # descriptors kept free of connections: room for bursts in flight
 
 
 def connection_cap(reserve: int = RESERVE) -> int:
@@ -187,5 +190,5 @@ def guarded_protocol(guard: Guard | None = None) -> type[asyncio.Protocol]:
     return GuardedH11Protocol
 
 
-__all__ = ["HEADER_DEADLINE", "MAX_HEAD", "MAX_WAITING", "PER_CLIENT_WAITING", "RESERVE", "Guard",
+__all__ = ["BACKLOG", "HEADER_DEADLINE", "MAX_HEAD", "MAX_WAITING", "PER_CLIENT_WAITING", "RESERVE", "Guard",
            "connection_cap", "guarded_protocol"]

@@ -679,10 +679,11 @@ async def serve_http(app: BearerTenantApp, sock: socket.socket,
     # this long, then are cancelled: the server is out within 5 s of the signal.
     # A header deadline, a header size and room for every client (SPEC 8: no tenant's
     # idle half-requests use up the server's descriptors): see coordex.connections.
-    from .connections import guarded_protocol
+    from .connections import BACKLOG, guarded_protocol
 
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=1, http=guarded_protocol())
+                            timeout_graceful_shutdown=1, http=guarded_protocol(),
+                            backlog=BACKLOG)
     server = StoppingServer(config)
 
     async def announce() -> None:

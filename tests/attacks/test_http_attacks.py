@@ -133,6 +133,11 @@ def test_idle_half_requests_leave_room_for_everyone(tmp_path: Path) -> None:
                 sock.close()
         assert running.process.poll() is None
         assert _initialize(url) == 200
+        said = []
+        while not running.lines.empty():
+            said.append(running.lines.get_nowait())
+        # Never out of descriptors (asyncio then stops accepting anyone for a while).
+        assert not any("Too many open files" in line for line in said), said[-5:]
 
 
 NON_ASCII = "tokén-ünïcode-0123456789abcdef"
