@@ -389,6 +389,46 @@ def test_a_result_holds_the_specs_keys_and_no_others(at: At) -> None:
         assert set(r) == RESULT_KEYS | extra, (mode, r)
 
 
+# -- results that fit (SPEC 14) ------------------------------------------------------------
+
+BIG = 150_000  # characters of each stream: more than one result may carry
+
+
+def test_what_does_not_fit_a_result_is_kept_whole_in_a_file(at: At, tmp_path: Path) -> None:
+    from coordex.core.results import RESULT_BUDGET, json_bytes
+
+    at.ex.spill_folder = tmp_path / "work" / ".coordex" / "out"
+    if at.place.language == "python":
+        code = (f"import sys\nprint(''.join(str(i % 10) for i in range({BIG})))\n"
+                f"sys.stderr.write('e' * {BIG})\n'v' * {BIG}")
+    else:
+        code = (f"head -c {BIG} /dev/zero | tr '\\0' 'o'; echo; "
+                f"head -c {BIG} /dev/zero | tr '\\0' 'e' >&2")
+    r = at.run(code, state_mode="stateful", session_name="big")
+    assert json_bytes(r) <= RESULT_BUDGET, json_bytes(r)
+    assert set(r) == RESULT_KEYS | {"spilled"}, r.keys()
+    assert r["truncated"] is True and "characters truncated" in r["stdout"]
+    streams = {"stdout", "stderr"} | ({"result"} if at.place.language == "python" else set())
+    assert set(r["spilled"]) == streams
+    whole = {name: Path(path).read_text() for name, path in r["spilled"].items()}
+    if at.place.language == "python":
+        assert whole["stdout"] == "".join(str(i % 10) for i in range(BIG)) + "\n"
+        assert whole["result"] == repr("v" * BIG)
+    else:
+        assert whole["stdout"] == "o" * BIG + "\n"
+    assert whole["stderr"] == "e" * BIG
+    # The session can read its files; they go with it when it is closed.
+    path = r["spilled"]["stderr"]
+    reread = at.run(f"wc -c < {path}" if at.place.language == "bash" else
+                    f"with open({path!r}) as f:\n    n = len(f.read())\nprint(n)",
+                    state_mode="stateful", session_name="big")
+    assert reread["stdout"].strip() == str(BIG), reread
+    small = at.run(at.place.show_v, state_mode="stateful", session_name="big")
+    assert "spilled" not in small
+    assert at.ex.close_session(at.place.language, session_name="big", venv_id=at.venv_id)["closed"]
+    assert not [p for p in r["spilled"].values() if Path(p).exists()]
+
+
 # -- branches and checkpoints (SPEC 15: the Forkable and Checkpointable capabilities) -------
 
 

@@ -94,3 +94,43 @@ def test_a_malformed_initialize_is_left_to_the_sdk(tmp_path: Path) -> None:
     [(_, answer)] = exchange(tmp_path, [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
                                          "params": {"protocolVersion": 5}}], answers=1)
     assert answer["id"] == 1 and "error" in answer
+
+
+def discover(version: str = "2026-07-28", request_id: int | str = 0) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "server/discover", "params": {
+        "_meta": {"io.modelcontextprotocol/protocolVersion": version,
+                  "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}
+
+
+def test_the_early_discover_answer_is_the_sdks_and_the_session_goes_on(tmp_path: Path) -> None:
+    from mcp_types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    from coordex import mcp_hello
+
+    assert mcp_hello.MODERN_VERSIONS == MODERN_PROTOCOL_VERSIONS
+    assert (mcp_hello.PROTOCOL_VERSION_KEY, mcp_hello.CLIENT_CAPABILITIES_KEY,
+            mcp_hello.SERVER_INFO_KEY) == (PROTOCOL_VERSION_META_KEY,
+                                           CLIENT_CAPABILITIES_META_KEY, SERVER_INFO_META_KEY)
+    listing = discover(request_id=2)
+    listing["method"] = "tools/list"
+    session = [discover(request_id="probe"), listing]
+    [(_, sdk_answer), _] = exchange(tmp_path / "sdk", session, answers=2, sdk_only=True)
+    [(_, answer), (_, listed)] = exchange(tmp_path / "early", session, answers=2)
+    assert answer == sdk_answer
+    assert answer["result"] == mcp_hello.discover_result(discover()["params"])
+    assert listed["id"] == 2 and "execute_code" in json.dumps(listed["result"])
+
+
+def test_discover_is_answered_long_before_the_sdk_is_ready(tmp_path: Path) -> None:
+    listing = discover(request_id=2)
+    listing["method"] = "tools/list"
+    [(answered, hello), (listed, tools)] = exchange(tmp_path, [discover(), listing], answers=2)
+    assert hello["id"] == 0 and tools["id"] == 2
+    assert answered < 0.6 * listed, (answered, listed)
+
+
+def test_a_discover_at_a_version_not_served_is_left_to_the_sdk(tmp_path: Path) -> None:
+    [(_, answer)] = exchange(tmp_path, [discover("2099-01-01")], answers=1)
+    assert answer["id"] == 0 and answer["error"]["code"] == -32022

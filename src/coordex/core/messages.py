@@ -164,10 +164,12 @@ def after_a_retry(error: str) -> str:
 
 # How a timeout's error begins (:func:`timeout`): a call stopped by a person or by its
 # caller is interrupted as at its timeout (SPEC 6), but not for taking too long.
-_TIMEOUT_HEAD = re.compile(r"^The code ran past its timeout of [0-9.]+ ?[a-z]*")
+# What the interrupt did goes with it: the new head already says the call was interrupted.
+_TIMEOUT_HEAD = re.compile(
+    r"^The code ran past its timeout of [0-9.]+ ?[a-z]*(?: and was (?:interrupted|stopped))?")
 
 _STOPPED_BY = {
-    "person": ("The call was interrupted by the person watching (from the page)",
+    "person": ("The call was interrupted from the page by the person watching it",
                "It was stopped on purpose, not for taking too long: do not run it again as "
                "it was. Read its output so far (stdout, stderr), then ask, or change "
                "course."),
@@ -252,6 +254,17 @@ def session_busy() -> dict[str, Any]:
         "timeout", "The session stayed busy with another call for the whole timeout.",
         "Nothing ran and no state changed. Retry later, pass a larger timeout=, or use "
         "another session.", stdout="", stderr="", state_lost=False)
+
+
+def detached_busy(call_id: str) -> dict[str, Any]:
+    """A stateful or read-only call to a session whose detached call (one that returned
+    ``running``, SPEC 14) still runs: answered at once, nothing ran."""
+    return make_error(
+        "busy", f"The session is running an earlier call ({call_id}) that returned "
+        "'running'; nothing ran.",
+        f"Call wait_call(call_id={call_id!r}) for its result, then run this call "
+        f"again; or cancel_call(call_id={call_id!r}) to interrupt it; or use "
+        "another session.", call_id=call_id)
 
 
 def session_closed(place: PlaceKind) -> dict[str, Any]:

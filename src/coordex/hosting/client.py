@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core import messages
 from ..core.errors import make_error
+from ..observe.hook import observed
 from . import wire
 from .jail import best_level
 from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
@@ -545,6 +546,12 @@ class ConfinedExecutor:
                 "builds": ready.get("builds")}
 
     @property
+    def host_alive(self) -> bool:
+        """Whether a host is running now (nothing is started to find out)."""
+        host = self._host
+        return host is not None and host.alive
+
+    @property
     def pid(self) -> int | None:
         """The keeper's process id (the host process tree's root, outside the jail)."""
         return self._host.process.pid if self._host is not None else None
@@ -650,8 +657,9 @@ class ConfinedExecutor:
             timeout = timeout if isinstance(timeout, (int, float)) and not isinstance(
                 timeout, bool) and 0 < timeout < 1e7 else self.timeout
             deadline = float(timeout) + STUCK_GRACE
-        result: dict[str, Any] = self._call("call_tool", {"name": name, "arguments": arguments},
-                                            on_output, cancel, deadline)
+        args: dict[str, Any] = {"name": name, "arguments": arguments}
+        args.update(observed())  # the trace context, and whether builds are counted
+        result: dict[str, Any] = self._call("call_tool", args, on_output, cancel, deadline)
         return result
 
     # The MCP server hands whole tool calls over with this (see mcp_server.run_tool).
@@ -713,6 +721,16 @@ class ConfinedExecutor:
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
         return self._call("serve_ui", {"port": port, "host": host})
+
+    # SPEC 14: the call records live in the host, with the calls.
+    def wait_call(self, call_id: str, wait: float | None = None) -> dict[str, Any]:
+        return self._call("wait_call", {"call_id": call_id, "wait": wait})
+
+    def cancel_call(self, call_id: str) -> dict[str, Any]:
+        return self._call("cancel_call", {"call_id": call_id})
+
+    def hold_call(self, call_id: str) -> dict[str, Any]:
+        return self._call("hold_call", {"call_id": call_id})
 
     # ------------------------------------------------------------------ lifetime
 

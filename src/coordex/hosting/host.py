@@ -613,8 +613,12 @@ def invoke(executor: Any, method: str, args: Any, on_output: Callable[[str, str]
             return executor.execute_code(**args, on_output=on_output, on_progress=progress,
                                          cancel=cancel)
         if method == "call_tool":
-            return tools.call_tool(executor, args.get("name"), args.get("arguments"),
-                                   on_output=on_output, cancel=cancel)
+            from ..observe.hook import observing
+
+            with observing(args) as handed_back:  # the trace context; builds, counted
+                return handed_back(tools.call_tool(executor, args.get("name"),
+                                                   args.get("arguments"),
+                                                   on_output=on_output, cancel=cancel))
         if method == "environments.build":
             return executor.environments.build(**args, on_progress=progress)
         if method == "functions.define":  # a stored function is an object: its record travels

@@ -592,7 +592,10 @@ class FunctionLibrary:
             from ..worker._coordex_engine import safe_repr
 
             record["value"], record["value_repr"] = None, safe_repr(value, 2000)
-        return record
+        from ..spill import fit_function_result
+
+        # SPEC 14: one result stays within what clients accept; the rest goes to a file.
+        return fit_function_result(record, getattr(self._executor, "spill_folder", None))
 
     def _call(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._invoke(call, args, kwargs, echo=call.on_output is None)[1]

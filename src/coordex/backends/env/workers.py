@@ -601,8 +601,10 @@ def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
     if mode == "read_only" and request.scratch is not None:
         # The fork child protects the disk itself; "." resolves to the worker's cwd there.
         fields.update(protect=list(request.protect_paths), scratch=request.scratch)
+    if request.env:  # the call's trace context (SPEC 16)
+        fields["env"] = dict(request.env)
     msg = message("run", id=proc.next_id(), code=request.code, mode=mode,
-                  output_limit=request.output_limit, timeout=request.timeout, **fields)
+                  output_limit=request.result_limit, timeout=request.timeout, **fields)
     return proc.converse(msg, "done", request, capabilities, fork_child=mode != "stateful")
 
 

@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,8 +135,12 @@ def fresh_namespace() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
-    """Enter a session's cwd and environment; on exit record them and restore the host's."""
+def _session_process_state(session: NamespaceSession | None,
+                           call_env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Enter a session's cwd and environment; on exit record them and restore the host's.
+
+    ``call_env``: variables for this call alone (the trace context); the session keeps
+    what it had under those names."""
     host_cwd = _getcwd()
     host_env = environ_snapshot()
     marked = session is not None and bool(session.mark)
@@ -147,9 +151,17 @@ def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
             apply_environ(session.environ)
         if marked:  # what the code starts is the session's (``children``)
             os.environ[OWNED_ENV] = session.mark
+    saved = {key: os.environ.get(key) for key in call_env} if call_env else None
+    if call_env:
+        os.environ.update(call_env)
     try:
         yield
     finally:
+        for key, value in (saved or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if marked:
             os.environ.pop(OWNED_ENV, None)
         cwd, env = _getcwd(), environ_snapshot()
@@ -294,7 +306,7 @@ class OwnInterpreter:
         def job() -> None:
             local.call, local.in_call = call, True
             try:
-                box["cell"] = engine.run_cell(request.code, namespace, request.output_limit)
+                box["cell"] = engine.run_cell(request.code, namespace, request.result_limit)
             finally:
                 local.call = None
                 local.in_call = False
@@ -309,7 +321,7 @@ class OwnInterpreter:
             self._active_runner = runner
             if session is not None:
                 session.runner, session.current = runner, call
-            with _session_process_state(session), routed_streams():
+            with _session_process_state(session, request.env), routed_streams():
                 self._fds.start(sink_out, sink_err)
                 try:
                     runner.submit(job)
@@ -357,13 +369,13 @@ class OwnInterpreter:
             self._active_runner = watchdog
             if session is not None:
                 session.runner, session.current = ON_CALLER, call
-            with _session_process_state(session), routed_streams():
+            with _session_process_state(session, request.env), routed_streams():
                 self._fds.start(call.out, call.err)
                 local.call, local.in_call = call, True
                 try:
                     try:
                         watchdog.arm(deadline, request.cancel)
-                        cell = engine.run_cell(request.code, namespace, request.output_limit)
+                        cell = engine.run_cell(request.code, namespace, request.result_limit)
                     except engine.Interrupt:  # landed after the cell's own handler
                         pass
                 finally:
@@ -403,8 +415,8 @@ class OwnInterpreter:
         saved = getattr(local, "call", None)
         local.call = call
         try:
-            with _session_process_state(call.session):
-                cell = engine.run_cell(request.code, namespace, request.output_limit)
+            with _session_process_state(call.session, request.env):
+                cell = engine.run_cell(request.code, namespace, request.result_limit)
         finally:
             local.call = saved
             call.open = False

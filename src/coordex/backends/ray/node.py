@@ -310,6 +310,7 @@ class NodeHost:
         return RunRequest(code=args["code"], timeout=float(args["timeout"]),
                           on_output=on_output if args.get("stream") else None,
                           output_limit=int(args["output_limit"]),
+                          value_limit=args.get("value_limit"),
                           protect_paths=tuple(args.get("protect_paths") or ()),
                           scratch=scratch, cancel=call.cancel)
 

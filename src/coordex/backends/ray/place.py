@@ -417,7 +417,8 @@ class RayCluster:
 def run_args(request: RunRequest, capabilities: Any) -> dict[str, Any]:
     """A request as plain values for the node (callables stay here)."""
     return {"code": request.code, "timeout": request.timeout,
-            "output_limit": request.output_limit, "stream": request.on_output is not None,
+            "output_limit": request.output_limit, "value_limit": request.value_limit,
+            "stream": request.on_output is not None,
             "protect_paths": list(request.protect_paths),
             "scratch": request.scratch is not None,
             "capabilities": list(capabilities.names())}
