@@ -798,8 +798,13 @@ class BearerTenantApp:
                         allowed_hosts=getattr(checks, "allowed_hosts", None),
                         allowed_origins=getattr(checks, "allowed_origins", None), keys=keys)
 
-    def tenant_for(self, authorization: str | None) -> Tenant | None:
+    def tenant_for(self, authorization: str | bytes | None) -> Tenant | None:
         presented = b""
+        if isinstance(authorization, bytes):  # as sent: a token is UTF-8, nothing else
+            try:
+                authorization = authorization.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
         if authorization:
             scheme, _, credentials = authorization.partition(" ")
             if scheme.lower() == "bearer":
@@ -826,9 +831,11 @@ class BearerTenantApp:
         if self.oauth is not None and self.oauth.handles(scope["path"]):
             await self.oauth.metadata(scope, receive, send)  # RFC 9728, before any token
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        tenant = self.tenant_for(headers.get("authorization"))
-        if tenant is None and self.oauth is not None:
+        # Exactly one Authorization header, or none is taken (two could each be read
+        # by a different part: the first by one proxy, the last by another).
+        sent = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
+        tenant = self.tenant_for(sent[0]) if len(sent) == 1 else None
+        if tenant is None and self.oauth is not None and len(sent) <= 1:
             try:
                 tenant = await self._oauth_tenant(scope)
             except PermissionError as exc:
@@ -967,8 +974,13 @@ async def serve_http(app: BearerTenantApp, sock: socket.socket,
 
     # Streams still open once the answers went (a GET stream, a /ui request) get
     # this long, then are cancelled: the server is out within 5 s of the signal.
+    # A header deadline, a header size and room for every client (SPEC 8: no tenant's
+    # idle half-requests use up the server's descriptors): see coordex.connections.
+    from .connections import BACKLOG, guarded_protocol
+
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=1)
+                            timeout_graceful_shutdown=1, http=guarded_protocol(),
+                            backlog=BACKLOG)
     server = StoppingServer(config)
 
     async def announce() -> None:

@@ -131,8 +131,34 @@ def confinement_refusal(level: str, tenants: int, allow_unconfined: bool) -> str
 
 
 def hide_secrets_from_sessions() -> None:
-    """Take ``COORDEX_TOKEN`` out of this process's environment once it has been read."""
+    """Take ``COORDEX_TOKEN`` out of this process's environment once it has been read.
+
+    Out of ``os.environ`` is not enough: ``/proc/PID/environ`` shows the environment the
+    process started with, which the code of an unconfined tenant (in this process, or a
+    child reading its parent's) can read. The value is overwritten there too, in place.
+    """
+    if "COORDEX_TOKEN" in os.environ:
+        _wipe_initial_environment("COORDEX_TOKEN")
     os.environ.pop("COORDEX_TOKEN", None)
+
+
+def _wipe_initial_environment(name: str) -> None:
+    """Overwrite ``name``'s value with NULs where the C library's environment holds it
+    (the block ``/proc/self/environ`` shows, unless it was set again since)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_void_p
+        libc.getenv.argtypes = [ctypes.c_char_p]
+        address = libc.getenv(name.encode())
+        if address:
+            ctypes.memset(address, 0, len(ctypes.string_at(address)))
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 # --- executors ----------------------------------------------------------------------
@@ -211,28 +237,34 @@ def tenant_executor(args: argparse.Namespace, name: str, root: Path,
         return confined_executor(args, folder, name=name, hidden=hidden, lazy=True,
                                  environments=environments_folder(root, name, folder),
                                  records=records_folder(root, name, folder),
-                                 nodes=tenant_nodes(args, name))
+                                 nodes=tenant_nodes(args, name, root=root, hidden=hidden))
     if getattr(args, "confine", None):
         folder = Path(args.confine)
         return confined_executor(args, folder, name="default", hidden=hidden,
                                  environments=environments_folder(root, "", folder),
                                  records=records_folder(root, "", folder),
-                                 nodes=tenant_nodes(args, "default"))
+                                 nodes=tenant_nodes(args, "default", root=root, hidden=hidden))
     return make_in_process()
 
 
-def tenant_nodes(args: argparse.Namespace, name: str) -> Any:
+def tenant_nodes(args: argparse.Namespace, name: str, *, root: Path | None = None,
+                 hidden: Sequence[str] = ()) -> Any:
     """With ``--cluster``: the tenant's actors on the cluster (SPEC 10, last bullet), each
     running the tenant's sessions in a confined host of the tenant on its node, with the
-    limits its host has here. The server holds the cluster connection, never the host."""
+    limits its host has here. The server holds the cluster connection, never the host.
+    The node hides what this server hides (``hidden``: its root, its tokens file), and
+    keys the tenant's folder there by this server's identity (kept in ``root``)."""
     if not getattr(args, "cluster", None):
         return None
+    from .hosting.identity import server_identity
     from .hosting.relay import NodeRelay
 
+    server = server_identity(root) if root is not None else ""
     return NodeRelay(args.cluster, {"name": name, "memory_limit": args.memory_limit,
                                     "network": not args.no_network,
                                     "max_calls": args.max_calls,
-                                    "readable": list(getattr(args, "readable", None) or ())})
+                                    "readable": list(getattr(args, "readable", None) or ()),
+                                    "hide": [str(p) for p in hidden], "server": server})
 
 
 def join_cluster_for_tenants(address: str) -> tuple[Any, list[str], str | None]:

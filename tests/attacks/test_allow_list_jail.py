@@ -354,3 +354,113 @@ def test_its_call_log_is_not_its_to_change(room: Room) -> None:
     assert all(len(str(r["stdout"] or "")) < 100_000 for r in rows.values())
     assert sum(r["code"] == "flood" for r in rows.values()) <= 2 * 16  # per owner call
     assert not (room.server.home / "tenants" / "alice" / "log.sqlite3").exists()
+
+
+USERNS = """
+import ctypes, json, os, platform, subprocess, sys
+child = '''
+import ctypes, json, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+made = libc.unshare(0x10000000)  # CLONE_NEWUSER, in a process of one thread
+out["unshare"] = [made, ctypes.get_errno()]
+with open("/proc/self/status") as f:
+    out["CapEff"] = [line.split()[1] for line in f if line.startswith("CapEff")][0]
+if platform.machine() == "x86_64":  # clone(CLONE_NEWUSER | SIGCHLD): a child in one
+    pid = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)
+    if pid == 0:
+        os._exit(0)
+    out["clone"] = [pid, ctypes.get_errno()]
+    if pid > 0:
+        os.waitpid(pid, 0)
+print(json.dumps(out))
+'''
+found = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+json.dumps({"out": found.stdout, "err": found.stderr[-400:],
+            "unshare1": subprocess.run(["unshare", "-U", "true"], capture_output=True,
+                                       text=True).returncode})
+"""
+
+
+def test_no_user_namespace_of_its_own(room: Room) -> None:
+    """A user namespace of its own would give the tenant's code every capability there
+    (CAP_NET_ADMIN: nf_tables, the kernel's network administration): refused, at every
+    level, by unshare(2), clone(2) and unshare(1) alike."""
+    seen = _value(room.server.code(ALICE, USERNS))
+    assert isinstance(seen, dict)
+    out = json.loads(seen["out"])
+    assert out["unshare"][0] == -1, seen
+    assert int(out["CapEff"], 16) == 0, seen
+    if "clone" in out:
+        assert out["clone"][0] == -1, seen
+    assert seen["unshare1"] != 0, seen
+
+
+TERMINALS = """
+import json, os, subprocess, sys
+child = '''
+import fcntl, os, pty, termios
+try:
+    master, slave = pty.openpty()  # a terminal of the jail's own devpts
+except OSError:
+    print("no-pty")
+    raise SystemExit
+os.setsid()
+fcntl.ioctl(slave, termios.TIOCSCTTY, 0)  # now this process's controlling terminal
+try:
+    fcntl.ioctl(slave, termios.TIOCSTI, b"x")
+    print("typed")
+except OSError as exc:
+    print(exc.errno)
+'''
+out = {}
+try:
+    fd = os.open("/dev/tty", os.O_RDWR)
+    out["tty"] = "opened"
+    os.close(fd)
+except OSError as exc:
+    out["tty"] = exc.errno
+found = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+out["tiocsti"] = found.stdout.strip() or found.stderr[-300:]
+json.dumps(out)
+"""
+
+
+def test_nothing_can_be_typed_into_a_terminal(room: Room) -> None:
+    """/dev/tty is not in the view (the host has no controlling terminal anyway), and
+    TIOCSTI is refused even on a terminal the jail made and controls itself."""
+    seen = _value(room.server.code(ALICE, TERMINALS))
+    assert isinstance(seen, dict)
+    assert seen["tty"] != "opened", seen
+    assert seen["tiocsti"] != "typed", seen
+    if room.level == "namespaces+landlock":
+        assert seen["tiocsti"] == "1", seen  # EPERM, from the filter
+
+
+def test_no_command_line_in_the_jail_names_what_it_hides(room: Room) -> None:
+    """The jail's pid 1 (and every process of the host) is a fork of the keeper: a
+    command line holding ``--hide`` named the server's root and tokens file."""
+    # At the landlock level /proc is the machine's (the server's own command line is
+    # there, as the README's threat model says): the host's own processes are looked at.
+    found = room.server.code(ALICE, """
+import os
+def line(pid):
+    try:
+        return open(f'/proc/{pid}/cmdline', 'rb').read().decode('utf-8', 'replace')
+    except OSError:
+        return ''
+def parent(pid):
+    try:
+        return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+seen, pid = [], os.getpid()
+while pid > 0 and ('coordex.hosting.host' in line(pid) or pid == os.getpid()):
+    seen.append(line(pid))
+    pid = parent(pid)
+seen.append(line(1))
+'\\n'.join(seen)""")
+    assert not found["is_error"], found
+    text = str(found["result"])
+    assert "coordex.hosting.host" in text or room.level == "landlock", found
+    assert "tokens.txt" not in text and "--hide\\x00" not in text, found

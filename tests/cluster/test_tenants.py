@@ -98,13 +98,20 @@ def _node_pids(pattern: str) -> list[int]:
     return found
 
 
+def _tenants(served: Served, home: Path) -> Path:
+    """The folder of this server's tenants on a node whose root is ``home``: keyed by
+    the server's identity, kept in its root (two servers on one cluster never share
+    one)."""
+    return home / "tenants" / (served.home / "server-id").read_text().strip()
+
+
 def _bobs_secret_and_sleeper(served: Served, home: Path, mark: str) -> int:
     """Bob keeps a file and a background process in his bash session on a node."""
     bob = served.code(BOB, f"echo {SECRET} > secret.txt; sleep {mark} & pwd",
                       language="bash", state_mode="stateful", session_name="vault")
     assert bob.get("is_error") is False, bob
-    assert bob["stdout"].strip() == str(home / "tenants" / "bob"), bob
-    assert (home / "tenants" / "bob" / "secret.txt").read_text().strip() == SECRET
+    assert bob["stdout"].strip() == str(_tenants(served, home) / "bob"), bob
+    assert (_tenants(served, home) / "bob" / "secret.txt").read_text().strip() == SECRET
     deadline = time.monotonic() + 10
     while not (pids := _node_pids(f"sleep {mark}")) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -112,7 +119,7 @@ def _bobs_secret_and_sleeper(served: Served, home: Path, mark: str) -> int:
     return pids[0]
 
 
-ATTACK = ("cat {home}/tenants/bob/secret.txt; ls {home}/tenants; kill -9 {pid}; "
+ATTACK = ("cat {tenants}/bob/secret.txt; ls {tenants} {home}/tenants; kill -9 {pid}; "
           "echo kill=$?; ls /proc | grep -c '^[0-9]'")
 
 
@@ -120,7 +127,8 @@ def test_a_tenant_cannot_read_or_signal_another_tenants_session_on_a_node(
         served: Served, local_cluster: LocalCluster) -> None:
     home = local_cluster.home
     sleeper = _bobs_secret_and_sleeper(served, home, MARKS[0])
-    stolen = served.code(ALICE, ATTACK.format(home=home, pid=sleeper), language="bash",
+    stolen = served.code(ALICE, ATTACK.format(home=home, tenants=_tenants(served, home),
+                                              pid=sleeper), language="bash",
                          state_mode="stateful")
     assert stolen.get("is_error") is False, stolen
     assert SECRET not in stolen["stdout"], stolen
@@ -145,7 +153,8 @@ def test_the_same_attack_succeeds_on_the_unconfined_path(
     home = local_cluster.home
     sleeper = _bobs_secret_and_sleeper(served, home, MARKS[1])
     with Executor(root=tmp_path / "alice", timeout=30, cluster=local_cluster.address) as ex:
-        stolen = ex.execute_code(ATTACK.format(home=home, pid=sleeper), language="bash")
+        stolen = ex.execute_code(ATTACK.format(home=home, tenants=_tenants(served, home),
+                                               pid=sleeper), language="bash")
     assert SECRET in stolen["stdout"], stolen
     assert "kill=0" in stolen["stdout"], stolen
     assert not _node_pids(f"sleep {MARKS[1]}")
@@ -175,16 +184,17 @@ def test_a_tenants_environment_is_built_and_run_in_its_host_on_a_node(
     assert isinstance(created.get("venv_id"), int), created
     # Built by the node jail's builder into the tenant's environments folder there: not
     # inside its own (writable) folder.
-    built_in = str(home / "environments" / "tenants" / "alice") + "/"
+    tenants = _tenants(served, home)
+    built_in = str(home / "environments" / tenants.relative_to(home) / "alice") + "/"
     probe = ("import os, sys\n"
              f"(os.getcwd(), sys.prefix.startswith({built_in!r}), "
-             f"os.path.exists({str(home / 'tenants' / 'bob')!r}), "
+             f"os.path.exists({str(tenants / 'bob')!r}), "
              "len([p for p in os.listdir('/proc') if p.isdigit()]) < 20)")
     kept = served.code(ALICE, probe, venv_id=created["venv_id"], state_mode="stateful")
     assert kept.get("is_error") is False, kept
-    assert kept["result"] == repr((str(home / "tenants" / "alice"), True, False, True)), kept
+    assert kept["result"] == repr((str(tenants / "alice"), True, False, True)), kept
     once = served.code(ALICE, "import os; os.getcwd()", venv_id=created["venv_id"])
-    assert once["result"] == repr(str(home / "tenants" / "alice")), once
+    assert once["result"] == repr(str(tenants / "alice")), once
 
 
 def test_read_only_and_inspect_work_on_a_tenants_session_on_a_node(served: Served) -> None:

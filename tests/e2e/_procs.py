@@ -86,11 +86,14 @@ def stop(process: subprocess.Popen[str]) -> None:
 
 @contextmanager
 def spawn(*args: str, env: Mapping[str, str],
-          wrap: Callable[[list[str]], list[str]] = list) -> Iterator[Running]:
+          wrap: Callable[[list[str]], list[str]] = list,
+          cwd: str | os.PathLike[str] | None = None) -> Iterator[Running]:
     """``coordex ARGS`` running, its stderr lines in ``Running.lines``; ``wrap`` turns the
-    argv into the command actually run (as another user, in a namespace)."""
+    argv into the command actually run (as another user, in a namespace); ``cwd`` is its
+    working folder (the test's by default)."""
     process = subprocess.Popen(wrap([*COORDEX, *args]), env=dict(env), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               cwd=cwd)
     running = Running(process)
     reader = threading.Thread(target=_pump, args=(process.stderr, running.lines), daemon=True)
     reader.start()

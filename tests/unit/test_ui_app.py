@@ -54,7 +54,7 @@ def test_the_cookie_holds_a_key_never_the_token_and_is_named_per_port() -> None:
 
 
 def test_old_keys_are_forgotten() -> None:
-    keys = access.Keys(limit=2, age=3600)
+    keys = access.Keys(limit=2, age=3600, limit_all=2)
     first = keys.issue("t1")
     keys.issue("t2")
     keys.issue("t3")

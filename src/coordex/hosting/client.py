@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -38,7 +39,13 @@ DEFAULT_MEMORY_LIMIT = 4 << 30
 READY_TIMEOUT = 30.0
 CANCEL_GRACE = 10.0  # seconds a cancelled call may take to answer before its host is ended
 STUCK_GRACE = 30.0  # seconds past a call's timeout before its host counts as stuck
+STOPPED_AFTER = 2.0  # seconds a call waits before the owner looks whether its host is stopped
 _STDERR_TAIL = 4000
+# Bytes of a reply the owner parses for the reads a page repeats (the sessions, one
+# session, the log): a host's answer past that is refused unread (see _Host).
+MAX_READ_REPLY = {"list_sessions": 16 << 20, "inspect_session": 16 << 20, "history": 64 << 20}
+_PEEKED = 1 << 20  # lines shorter than this are parsed without a look at their head
+_REPLY_HEAD = re.compile(rb'\{"type":"reply","id":(\d{1,18}),')
 KEEPER_GRACE = 3.0  # seconds a keeper may take to end its jail and remove its cgroups
 # The environment a host starts with: nothing of the owner's but these (no tokens).
 # uv's index and offline settings and the proxies pass too: the jail's builder runs uv.
@@ -58,6 +65,7 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     value: Any = None
     call: dict[str, Any] | None = None  # method and arguments, for the host's records
+    max_reply: int | None = None  # bytes of the reply's line taken; a longer one is refused
 
 
 class _Host:
@@ -65,19 +73,28 @@ class _Host:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str,
                  on_node: Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], None]
-                 | None = None, records: Any = None) -> None:
+                 | None = None, records: Any = None, hidden: Sequence[str] = ()) -> None:
         self._on_node = on_node
         self._records = records
         to_host_r, self._to_host = os.pipe()
         self._from_host, from_host_w = os.pipe()
         lifeline_r, self._lifeline = os.pipe()
-        passed = (to_host_r, from_host_w, lifeline_r)
+        # What the host hides (the server's root, its tokens file) travels down a pipe,
+        # not on its command line: the jail's pid 1 is a fork of the keeper, and its
+        # command line is readable inside.
+        hide_r, hide_w = os.pipe()
+        with os.fdopen(hide_w, "wb") as pipe:
+            pipe.write(b"".join(os.fsencode(h) + b"\0" for h in hidden)[:60_000])
+        passed = (to_host_r, from_host_w, lifeline_r, hide_r)
         argv = [*argv, "--in", str(to_host_r), "--out", str(from_host_w),
-                "--lifeline", str(lifeline_r)]
+                "--lifeline", str(lifeline_r), "--hide-fd", str(hide_r)]
         try:
+            # A session of its own: the keeper and all it starts have no controlling
+            # terminal, so no tenant can read or type into the server's (TIOCSTI), nor
+            # get its signals (^C, SIGHUP) or send it any through the terminal.
             self.process = subprocess.Popen(
                 argv, env=env, cwd=cwd, pass_fds=passed, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except BaseException:
             for fd in (*passed, self._to_host, self._from_host, self._lifeline):
                 os.close(fd)
@@ -119,6 +136,8 @@ class _Host:
                         self.stderr_tail = (self.stderr_tail + chunk)[-_STDERR_TAIL:]
                         continue
                     for line in lines.feed(chunk):
+                        if len(line) > _PEEKED and self._refused_as_too_long(line):
+                            continue
                         self._dispatch(wire.decode(line, wire.HOST_TO_OWNER))
         except Exception as exc:  # the tenant's code can write anything there: end the host
             self.stderr_tail += f"\n[owner] {exc}".encode()
@@ -126,6 +145,27 @@ class _Host:
         finally:
             selector.close()
             self._lost()
+
+    def _refused_as_too_long(self, line: bytes) -> bool:
+        """A reply longer than its call takes (:attr:`_Pending.max_reply`): answered
+        with a ``capacity`` error without being parsed. Parsing a tenant's tens of MB
+        for every page request slowed every tenant of the server (one process, one
+        GIL)."""
+        found = _REPLY_HEAD.match(line[:80])
+        if found is None:
+            return False
+        call_id = int(found.group(1))
+        with self._pending_lock:
+            pending = self._pending.get(call_id)
+            if pending is None or pending.max_reply is None or len(line) <= pending.max_reply:
+                return False
+            self._pending.pop(call_id, None)
+        pending.value = make_error(
+            "capacity", f"The tenant's host answered with {len(line) >> 20} MiB, more than "
+            f"{pending.max_reply >> 20} MiB this request may take.",
+            "Close sessions you no longer need, or ask for less (history: a smaller limit).")
+        pending.done.set()
+        return True
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
@@ -177,14 +217,16 @@ class _Host:
         return self.ready
 
     def call(self, method: str, args: dict[str, Any], on_output: OnOutput | None,
-             cancel: threading.Event | None, deadline: float | None = None) -> Any:
+             cancel: threading.Event | None, deadline: float | None = None,
+             max_reply: int | None = None) -> Any:
         """The reply's value, or None when the host died (or was ended) first.
 
         ``deadline`` (seconds) bounds the wait: a host that has not answered by then is
         stuck beyond its own timeouts (code holding the GIL in C) and is ended.
         """
         call_id = next(self._ids)
-        pending = _Pending(on_output, call={"method": method, "args": args, "at": time.time()})
+        pending = _Pending(on_output, call={"method": method, "args": args, "at": time.time()},
+                           max_reply=max_reply)
         if self._records is not None:
             self._records.sent_call()
         with self._pending_lock:
@@ -199,11 +241,17 @@ class _Host:
         except OSError:
             self.kill()
             return None
-        if cancel is None and deadline is None:
-            pending.done.wait()
-            return pending.value
         give_up = None if deadline is None else time.monotonic() + deadline
+        look = time.monotonic() + STOPPED_AFTER
         while not pending.done.wait(0.05):
+            if time.monotonic() > look:
+                # A host its own code stopped (SIGSTOP) answers nothing, ever: ended
+                # now, not at the call's deadline.
+                look = time.monotonic() + 1.0
+                if self.stopped():
+                    self.kill()
+                    pending.done.wait()
+                    break
             if cancel is not None and cancel.is_set():
                 with contextlib.suppress(OSError):
                     self._send({"type": "cancel", "id": call_id})
@@ -213,6 +261,26 @@ class _Host:
                 self.kill()
                 pending.done.wait()
         return pending.value
+
+    def stopped(self) -> bool:
+        """True when a process of the host program (keeper, warden, init, builder or
+        the host itself: they share its command line) is stopped by a signal."""
+        pids, seen = [self.process.pid], 0
+        while pids and seen < 16:
+            pid = pids.pop()
+            seen += 1
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"coordex.hosting.host" not in f.read():
+                        continue
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    if f.read().rpartition(b")")[2].split()[:1] == [b"T"]:
+                        return True
+                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                    pids += [int(child) for child in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        return False
 
     def _send(self, msg: dict[str, Any]) -> None:
         data = memoryview(wire.encode(msg))
@@ -382,8 +450,7 @@ class ConfinedExecutor:
             self._argv.append("--relay")
         # Probed once per owner process (cached), not once per host start.
         self._argv += ["--level", level if level is not None else best_level()]
-        for path in hide:
-            self._argv += ["--hide", str(path)]
+        self._hidden = [str(path) for path in hide]
         build_env = self._build_settings(build_settings)
         for path in [*readable_paths(), *given, *_setting_paths({**os.environ, **build_env})]:
             self._argv += ["--readable", path]
@@ -494,7 +561,8 @@ class ConfinedExecutor:
         if self._records is not None:
             self._records.new_life()
         host = _Host(self._argv, self._env, str(self.folder),
-                     self._nodes.serve if self._nodes is not None else None, self._records)
+                     self._nodes.serve if self._nodes is not None else None, self._records,
+                     self._hidden)
         ready = host.wait_ready(READY_TIMEOUT)
         if ready is not None and ready.get("fatal") and str(ready.get("error")).startswith(
                 ("TypeError", "ValueError")):
@@ -535,7 +603,7 @@ class ConfinedExecutor:
         host, error, restarted = self._running()
         if host is None:
             return error
-        value = host.call(method, args, on_output, cancel, deadline)
+        value = host.call(method, args, on_output, cancel, deadline, MAX_READ_REPLY.get(method))
         if value is None and not host.alive:
             host.process.wait()
             how = _how_it_ended(host.process.returncode)
@@ -576,10 +644,22 @@ class ConfinedExecutor:
 
     def call_tool(self, name: str, arguments: Any = None, on_output: OnOutput | None = None,
                   cancel: threading.Event | None = None) -> dict[str, Any]:
-        """Route a model's tool call into the host (as :func:`coordex.tools.call_tool`)."""
+        """Route a model's tool call into the host (as :func:`coordex.tools.call_tool`).
+
+        An ``execute_code`` call without an environment is bounded as
+        :meth:`execute_code` bounds it: a host that has not answered by its timeout plus
+        :data:`STUCK_GRACE` (stopped by its own code, say) is ended, and the call
+        returns ``crashed`` with ``state_lost: true`` instead of hanging."""
+        deadline = None
+        if name == "execute_code" and isinstance(arguments, dict) \
+                and arguments.get("venv_id") is None:
+            timeout = arguments.get("timeout")
+            timeout = timeout if isinstance(timeout, (int, float)) and not isinstance(
+                timeout, bool) and 0 < timeout < 1e7 else self.timeout
+            deadline = float(timeout) + STUCK_GRACE
         args: dict[str, Any] = {"name": name, "arguments": arguments}
         args.update(observed())  # the trace context, and whether builds are counted
-        result: dict[str, Any] = self._call("call_tool", args, on_output, cancel)
+        result: dict[str, Any] = self._call("call_tool", args, on_output, cancel, deadline)
         return result
 
     # The MCP server hands whole tool calls over with this (see mcp_server.run_tool).
@@ -714,21 +794,20 @@ def _how_it_ended(code: int | None) -> str:
 
 def readable_paths() -> list[str]:
     """What a host reads beyond the system's folders: the Python installation (its
-    prefixes, the interpreter's folder, the folders on ``sys.path`` that hold packages),
-    coordex's own folder and uv's. Not the current folder, which ``python -m`` puts on
-    ``sys.path`` and which may be anything of the operator's (the server's root)."""
+    prefixes, the interpreter's folder, the folders an isolated interpreter - the host
+    runs ``python -I`` - puts on ``sys.path``), coordex's own folder and uv's.
+
+    Never what this process's own ``sys.path`` adds beyond those: the current folder
+    (``python -m`` puts it there), ``PYTHONPATH``, and what a cluster puts on a worker's
+    path (Ray adds its driver's working folder, which may be a server's base folder
+    holding its root and tokens file). Those are the operator's, not the installation's."""
     import coordex
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(coordex.__file__)))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)),
              package}
-    try:
-        cwd: str | None = os.path.realpath(os.getcwd())
-    except OSError:  # a folder removed under the process: nothing of it to leave out
-        cwd = None
-    paths |= {p for p in sys.path
-              if p and os.path.isdir(p) and os.path.realpath(p) != cwd}
+    paths |= {p for p in _isolated_sys_path() if os.path.isdir(p)}
     try:
         import uv  # the builder's uv binary
 
@@ -737,6 +816,35 @@ def readable_paths() -> list[str]:
     except (ImportError, FileNotFoundError):
         pass
     return sorted(paths)
+
+
+_ISOLATED_PATH: dict[str, tuple[str, ...]] = {}
+
+
+def _isolated_sys_path() -> tuple[str, ...]:
+    """``sys.path`` of ``sys.executable -I`` (no current folder, no ``PYTHONPATH``, no
+    user site), asked once per interpreter; the installation's own folders only."""
+    found = _ISOLATED_PATH.get(sys.executable)
+    if found is None:
+        import json
+
+        try:
+            out = subprocess.run(
+                [sys.executable, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                capture_output=True, text=True, timeout=60, cwd="/", stdin=subprocess.DEVNULL,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}).stdout
+            found = tuple(str(p) for p in json.loads(out) if isinstance(p, str) and p)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            # What site adds for this installation, without asking a new interpreter.
+            import site
+
+            found = tuple(p for p in sys.path if p and any(
+                os.path.realpath(p).startswith(os.path.realpath(prefix) + os.sep)
+                for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix,
+                               sys.base_exec_prefix}))
+            found += tuple(site.getsitepackages())
+        _ISOLATED_PATH[sys.executable] = found
+    return found
 
 
 __all__ = ["DEFAULT_MEMORY_LIMIT", "ConfinedExecutor", "readable_paths"]

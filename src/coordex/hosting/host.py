@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-calls", type=int, default=DEFAULT_MAX_CALLS)
     p.add_argument("--no-network", action="store_true", help="loopback only")
     p.add_argument("--hide", action="append", default=[], help="path made invisible")
+    p.add_argument("--hide-fd", type=int, help="fd to read further paths made invisible from "
+                   "(NUL-separated, to end of file): kept out of the command line, which the "
+                   "jail's own processes can read")
     p.add_argument("--readable", action="append", default=[],
                    help="path the host must read (for the 'landlock' level)")
     p.add_argument("--level", choices=("auto", *jail.LEVELS), default="auto",
@@ -76,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # No controlling terminal for anything of the jail, however this was started (the
+    # owner starts it in a new session already: then this is refused, and moot).
+    with contextlib.suppress(OSError):
+        os.setsid()
     folder = os.path.realpath(args.folder)
     root = os.path.realpath(args.root) if args.root else folder
     environments = os.path.realpath(args.environments) if args.environments else None
@@ -84,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if path is not None:
             os.makedirs(path, exist_ok=True)
     user = _parse_user(args.user)
-    hidden = tuple(os.path.realpath(h) for h in args.hide)
+    hidden = tuple(os.path.realpath(h) for h in [*args.hide, *_read_paths(args.hide_fd)])
     # Never a folder that is or holds a hidden one (the server started from its root).
     readable = tuple(p for p in args.readable if not any(
         jail.iso._within(h, os.path.realpath(p)) or jail.iso._within(os.path.realpath(p), h)
@@ -150,6 +157,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             shutil.rmtree(scratch, ignore_errors=True)
         jail.leave_cgroups(limits)
+
+
+def _read_paths(fd: int | None) -> list[str]:
+    """NUL-separated paths from ``fd``, read to its end; the fd is closed."""
+    if fd is None:
+        return []
+    data = b""
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+    finally:
+        _close_quietly(fd)
+    return [os.fsdecode(p) for p in data.split(b"\0") if p]
 
 
 def _parse_user(text: str | None) -> tuple[int, int, str] | None:

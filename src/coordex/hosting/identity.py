@@ -18,6 +18,7 @@ forks anything (:func:`become`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -55,6 +56,40 @@ def tenant_user(folder: str, name: str, *, ids: tuple[int, int] | None = None,
     if euid is None and not _mapped(number):
         return None  # root of a user namespace that has no such user: it can be no one else
     return number, number, _user_name(name)
+
+
+SERVER_ID_FILE = "server-id"
+
+
+def server_identity(root: str | os.PathLike[str]) -> str:
+    """This server's identity: a random name kept in its root (made at the first start),
+    so two servers sharing a cluster never share a tenant's folder, user or
+    environments on a node, even for tenants of the same name."""
+    import secrets
+
+    path = os.path.join(os.fspath(root), SERVER_ID_FILE)
+    for _ in range(3):
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+            if len(text) == 16 and all(c in "0123456789abcdef" for c in text):
+                return text
+            os.unlink(path)  # damaged: a new identity (its node folders are left behind)
+        except FileNotFoundError:
+            pass
+        except (OSError, UnicodeDecodeError):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        os.makedirs(os.fspath(root), exist_ok=True)
+        text = secrets.token_hex(8)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue  # another process of this server made it first: read that one
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(text + "\n")
+        return text
+    raise OSError(f"cannot keep the server's identity in {path!r}")
 
 
 def _mapped(uid: int) -> bool:
@@ -135,5 +170,5 @@ def become(uid: int, gid: int) -> None:
     iso._libc().prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
-__all__ = ["DEFAULT_RANGE", "become", "collisions", "hand_over", "id_range", "map_writer",
-           "tenant_user"]
+__all__ = ["DEFAULT_RANGE", "SERVER_ID_FILE", "become", "collisions", "hand_over", "id_range",
+           "map_writer", "server_identity", "tenant_user"]

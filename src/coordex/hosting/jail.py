@@ -85,8 +85,11 @@ _LL_IOCTL_DEV = 1 << 15  # ABI 5
 # ``landlock`` level the machine's /dev/pts is shared by every tenant (and the kernel
 # checks a new terminal's other end against Landlock like a path): there a host gets no
 # pseudo-terminal at all, rather than a way into another tenant's.
-DEVICES = iso._DEVICES
-LANDLOCK_DEVICES = tuple(d for d in iso._DEVICES if d not in ("/dev/pts", "/dev/ptmx"))
+# Never ``/dev/tty``: it is whatever terminal controls the opener, and nothing in a jail
+# may reach the server's (the jail's processes are in a session of their own, with no
+# controlling terminal; a terminal the tenant makes in its own devpts is its own).
+DEVICES = tuple(d for d in iso._DEVICES if d != "/dev/tty")
+LANDLOCK_DEVICES = tuple(d for d in DEVICES if d not in ("/dev/pts", "/dev/ptmx"))
 
 
 @dataclass(frozen=True)
@@ -565,6 +568,20 @@ _IPC_SYSCALLS: dict[str, tuple[int, ...]] = {
 }
 # io_uring runs system calls no seccomp filter sees (a socket among them): never in a jail.
 _URING_SYSCALLS = (425, 426, 427)  # the same numbers on every architecture
+# ioctl(2): TIOCSTI (type into a terminal's input) and TIOCLINUX (the console's
+# selection, which can be pasted as input) are refused on every terminal, the jail's own
+# too: typed input is how code reaches whoever reads that terminal.
+_IOCTL_SYSCALL = {"x86_64": 16, "aarch64": 29, "riscv64": 29}
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+# User namespaces: unshare(2) and clone(2) with CLONE_NEWUSER are refused (EPERM), and
+# clone3(2), whose flags lie in memory a filter cannot read, says ENOSYS (libc then
+# falls back to clone). A namespace of its own would hand the tenant's code every
+# capability there (CAP_NET_ADMIN: nf_tables and the rest of the kernel's network
+# administration), as bubblewrap refuses.
+_UNSHARE_SYSCALL = {"x86_64": 272, "aarch64": 97, "riscv64": 97}
+_CLONE_SYSCALL = {"x86_64": 56, "aarch64": 220, "riscv64": 220}
+_CLONE3_SYSCALL = 435  # the same number on every architecture
+_CLONE_NEWUSER = 0x10000000
 # socket(2), for a host that must have no network and has no namespace to be given an
 # empty one in (``landlock`` under an unprivileged user): AF_INET and AF_INET6 refused.
 _SOCKET_SYSCALL = {"x86_64": 41, "aarch64": 198, "riscv64": 198}
@@ -577,7 +594,10 @@ def keep_to_own_processes(shared_ipc: bool = False, no_inet: bool = False) -> No
     work on the calling process alone (pid 0), and fail with EPERM on any other: a
     tenant's code can still lower its own priority or limits, never another's. Code of
     another ABI of the machine (32-bit, x32), whose numbers differ, gets ENOSYS for every
-    call: it does not run in a jail. io_uring fails with EPERM. With ``shared_ipc`` (no
+    call: it does not run in a jail. io_uring fails with EPERM, and so do
+    ``ioctl(TIOCSTI)``/``ioctl(TIOCLINUX)`` on any terminal and a new user namespace
+    (``unshare``/``clone`` with ``CLONE_NEWUSER``; ``clone3`` says ENOSYS, so libc uses
+    ``clone``). With ``shared_ipc`` (no
     namespaces of its own) System V IPC, POSIX message queues, keyrings and inotify
     fail with EPERM too; with ``no_inet`` so do IPv4 and IPv6 sockets. Needs
     no_new_privs."""
@@ -604,6 +624,17 @@ def keep_to_own_processes(shared_ipc: bool = False, no_inet: bool = False) -> No
     refused = [*_URING_SYSCALLS, *(_IPC_SYSCALLS.get(iso._MACHINE, ()) if shared_ipc else ())]
     for nr in refused:
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    jset = 0x45
+    ioctl_nr = _IOCTL_SYSCALL.get(iso._MACHINE)
+    if ioctl_nr is not None:  # ioctl(fd, TIOCSTI or TIOCLINUX, ...)
+        prog += [(jeq, 0, 5, ioctl_nr), (ld, 0, 0, arg[1]), (jeq, 2, 0, _TIOCSTI),
+                 (jeq, 1, 0, _TIOCLINUX), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    for table_nr in (_UNSHARE_SYSCALL, _CLONE_SYSCALL):  # flags are the first argument
+        flags_nr = table_nr.get(iso._MACHINE)
+        if flags_nr is not None:
+            prog += [(jeq, 0, 4, flags_nr), (ld, 0, 0, arg[0]), (jset, 1, 0, _CLONE_NEWUSER),
+                     (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, _CLONE3_SYSCALL), (ret, 0, 0, enosys)]
     socket_nr = _SOCKET_SYSCALL.get(iso._MACHINE)
     if no_inet and socket_nr is not None:  # socket(AF_INET or AF_INET6, ...)
         prog += [(jeq, 0, 5, socket_nr), (ld, 0, 0, arg[0]), (jeq, 2, 0, 2), (jeq, 1, 0, 10),

@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from ..library.store import FunctionRecord, LibraryStore, _storage_failed
-from ..log.store import COLUMNS, LOG_FILE, CallLog, SQLiteWriter
+from ..log.store import (
+    CODE_CAP_BYTES,
+    COLUMNS,
+    LOG_FILE,
+    OUTPUT_CAP_BYTES,
+    CallLog,
+    SQLiteWriter,
+)
 
 LIBRARY_FILE = "library.sqlite3"
 RECORD_OPS = ("log_append", "log_update", "define_function")
@@ -45,7 +52,6 @@ ANSWER_TIMEOUT = 30.0  # seconds the host waits for its owner to write a record
 _CALL_FIELDS = ("code", "language", "state_mode")  # what the owner sent, kept true
 _LATER = ("changed",)  # what a row may gain after its call returned (worked out later)
 MAX_SAID = 16  # rows of the host's own (a session closed) per call of the owner
-VALUE_CAP = 70_000  # characters of one value (the log's own caps are 64 KiB and 16 KiB)
 
 _current = threading.local()
 
@@ -103,6 +109,7 @@ class OwnerRecords:
         answer's value: a ``seq``, None, a function record, or ``{"error": ...}``."""
         if not isinstance(args, dict):
             return {"error": "arguments must be an object"}
+        call = _as_execute_code(call)
         tied = call is not None and call.get("method") == "execute_code"
         try:
             if op == "log_append":
@@ -168,18 +175,40 @@ class OwnerRecords:
                 self._library.close()
 
 
+def _as_execute_code(call: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A ``call_tool`` of ``execute_code`` (how the MCP server hands calls over) read as
+    the ``execute_code`` call it is: its row then keeps the code the owner sent."""
+    if call is None or call.get("method") != "call_tool":
+        return call
+    args = call.get("args") or {}
+    if not isinstance(args, dict) or args.get("name") != "execute_code" \
+            or not isinstance(args.get("arguments"), dict):
+        return call
+    return {**call, "method": "execute_code", "args": args["arguments"]}
+
+
+def _cut(text: str, limit: int) -> str:
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return text
+    half = limit // 2 - 64
+    return (raw[:half].decode("utf-8", "ignore") + "\n[... cut by the owner ...]\n"
+            + raw[-half:].decode("utf-8", "ignore"))
+
+
 def _row(value: Any, columns: tuple[str, ...] | None = COLUMNS) -> dict[str, Any]:
     """The plain values of ``value``; for a log row (``columns``), of those columns
-    only, each string cut to :data:`VALUE_CAP` characters: a host cannot make its owner
-    hold or store more than the log keeps of a call."""
+    only, each string cut to the log's own caps (code 64 KiB, any other text 16 KiB of
+    UTF-8): a host cannot make its owner hold or store more than the log keeps of a
+    call."""
     if not isinstance(value, dict):
         raise TypeError("expected an object")
     row: dict[str, Any] = {}
     for key, item in value.items():
         if columns is not None and key not in columns:
             continue
-        if columns is not None and isinstance(item, str) and len(item) > VALUE_CAP:
-            item = item[:VALUE_CAP // 2] + "\n[... cut by the owner ...]\n" + item[-VALUE_CAP // 2:]
+        if columns is not None and isinstance(item, str) and len(item) * 4 > OUTPUT_CAP_BYTES:
+            item = _cut(item, CODE_CAP_BYTES if key == "code" else OUTPUT_CAP_BYTES)
         if item is None or isinstance(item, (str, int, float, bool)):
             row[str(key)] = item
     return row

@@ -57,11 +57,24 @@ def ray_secrets() -> list[str]:
     return [p for p in paths if p]
 
 
-def node_level(root: Path | None = None) -> str:
-    """The confinement a tenant's host reaches on this node, hiding the node's root."""
+def node_level(root: Path | None = None, hidden: list[str] | None = None) -> str:
+    """The confinement a tenant's host reaches on this node, hiding the node's root
+    (and ``hidden``)."""
     from ..router import confinement_level
 
-    return confinement_level([str(root or node_root()), *ray_secrets()])
+    return confinement_level([str(root or node_root()), *ray_secrets(), *(hidden or ())])
+
+
+def tenant_folder(root: Path, tenant: dict[str, Any]) -> Path:
+    """A tenant's folder on this node: ``tenants/SERVER/NAME``, keyed by the server's
+    identity as well as the tenant's name (its user is numbered from this path), so two
+    servers sharing a cluster never share a tenant's folder, user or environments;
+    ``tenants/NAME`` for a server that names none."""
+    name = str(tenant["name"])
+    server = str(tenant.get("server") or "")
+    if server and server.isalnum() and server.isascii():
+        return root / "tenants" / server / name
+    return root / "tenants" / name
 
 
 def probe() -> dict[str, str]:
@@ -92,8 +105,11 @@ class TenantNodeHost:
 
         self.name = str(tenant["name"])
         root = node_root()
-        self.folder = root / "tenants" / self.name
-        self.level = node_level(root)
+        self.folder = tenant_folder(root, tenant)
+        # What the server hides (its root, its tokens file) stays hidden here too, where
+        # a node shares the server's machine; and the node's own root and Ray's secrets.
+        hidden = [str(root), *ray_secrets(), *(str(p) for p in tenant.get("hide") or ())]
+        self.level = node_level(root, hidden)
         self._host: Any = None
         if self.level == "none":
             return
@@ -102,11 +118,11 @@ class TenantNodeHost:
             network=bool(tenant.get("network", True)),
             max_calls=int(tenant.get("max_calls") or DEFAULT_MAX_CALLS),
             max_processes=int(tenant.get("max_processes") or DEFAULT_MAX_PROCESSES),
-            hide=[str(root), *ray_secrets()], readable=list(tenant.get("readable") or ()),
+            hide=hidden, readable=list(tenant.get("readable") or ()),
             level=self.level, name=f"{self.name}-node", serve="node",
             # Under the node's root, which the jail hides: bound back read-only, built by
             # the jail's builder (the tenant's code on the node cannot change it).
-            environments=root / "environments" / "tenants" / self.name,
+            environments=root / "environments" / self.folder.relative_to(root),
             build_timeout=build_timeout)
         fence(self.shutdown)  # the jail ends with this actor (its lifeline)
 
@@ -175,4 +191,4 @@ class TenantNodeHost:
         return {"events": [], "done": {"ran": facts.to_wire(ran)}}
 
 
-__all__ = ["TenantNodeHost", "node_level", "node_root", "probe", "ray_secrets"]
+__all__ = ["TenantNodeHost", "node_level", "node_root", "probe", "ray_secrets", "tenant_folder"]

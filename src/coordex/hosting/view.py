@@ -55,7 +55,8 @@ ETC_FILES = ("nsswitch.conf", "hosts", "host.conf", "resolv.conf", "gai.conf", "
              "timezone", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives",
              "os-release", "mime.types", "bash.bashrc", "profile", "inputrc", "gitconfig",
              "environment", "locale.alias", "locale.gen")
-DEVICE_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+# Not ``tty``: nothing in a jail has a controlling terminal to reach through it.
+DEVICE_NODES = ("null", "zero", "full", "random", "urandom")
 # The CPU list os.cpu_count() and BLAS libraries read (nothing else of /sys).
 SYS_READ = ("/sys/devices/system/cpu",)
 

@@ -456,8 +456,12 @@ class FunctionLibrary:
         if not isinstance(name, str):
             raise CallError("validation", f"A function name must be a string, got {name!r}.",
                             "Use functions['name'] or functions.get('name').")
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise CallError("validation", f"version must be an integer, got {version!r}.",
+        if not coords.is_valid_text(name):  # a lone surrogate: no stored name holds one
+            raise CallError("validation", f"A function name must be valid text, got {name!r:.80}.",
+                            "Use the name functions.list() shows.")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                    or not 0 <= version < 1 << 63):
+            raise CallError("validation", f"version must be an integer, got {version!r:.40}.",
                             "Pass version=1 (see functions.versions(name)).")
         record = self._store.get(name, version)
         if record is None:

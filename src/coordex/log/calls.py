@@ -294,8 +294,8 @@ DETAIL_KEYS = tuple(c for c in COLUMNS if c != "owner")
 
 def one_call(log: CallLog | LogReader, seq: Any) -> dict[str, Any]:
     """Everything the log keeps of call ``seq``. Raises CoordexError."""
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-        raise validation(f"seq must be a positive integer, got {seq!r}.",
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq < 1 << 63:
+        raise validation(f"seq must be a positive integer below 2**63, got {seq!r:.40}.",
                          "Pass the seq of a call that history() lists.")
     rows = read(log, f"SELECT {', '.join(DETAIL_KEYS)} FROM calls WHERE seq = ? AND "
                 "kind = 'call'", [seq])

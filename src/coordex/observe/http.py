@@ -35,8 +35,12 @@ async def answer(app: Any, scope: Any, send: Any) -> bool:
     figures = hook.FIGURES
     if figures is None or figures.registry is None:
         return False  # no --metrics: the path is nobody's (404 after the token check)
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    authorization = headers.get("authorization")
+    # One Authorization header, in UTF-8, as /mcp takes it: two, or other bytes, are none.
+    sent = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
+    try:
+        authorization = sent[0].decode("utf-8") if len(sent) == 1 else None
+    except UnicodeDecodeError:
+        authorization = None
     if _operator(app, authorization):
         body = figures.render(None)
     else:

@@ -17,12 +17,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from http.cookies import CookieError, SimpleCookie
 
 COOKIE = "coordex_ui"
 COOKIE_AGE = 7 * 24 * 3600  # kept across browser restarts, as Jupyter's is
 PAGE_KEY_HEADER = "x-coordex-key"
-MAX_KEYS = 1000  # browsers remembered; the oldest is forgotten first
+MAX_KEYS = 1000  # browsers remembered per token; that token's oldest is forgotten first
+MAX_ALL_KEYS = 100_000  # browsers remembered in all (a few MB); the oldest go first
 
 LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]")
 LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
@@ -93,17 +93,31 @@ def set_cookie(host: str, key: str, prefix: str) -> str:
             f"Max-Age={COOKIE_AGE}")
 
 
+MAX_COOKIE_HEADER = 8192  # characters of a Cookie header looked at; a longer one holds no key
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
 def cookie_value(headers: Mapping[str, str], host: str) -> str:
+    """The page's key from the ``Cookie`` header, or ``""``.
+
+    Read before anyone is known to be who they say, so it costs time in proportion to
+    the header at most, and a header past :data:`MAX_COOKIE_HEADER` is not read at all:
+    the header is split on ``;``, and only the one cookie of this port's name is taken,
+    when its value is a key this server could have issued (``token_urlsafe``). No
+    general cookie parser runs (the standard library's took seconds of CPU for one
+    crafted header: CVE-2024-7592)."""
     header = headers.get("cookie", "")
-    if not header:
+    if not header or len(header) > MAX_COOKIE_HEADER:
         return ""
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except CookieError:
-        return ""
-    morsel = jar.get(cookie_name(host))
-    return morsel.value if morsel is not None else ""
+    wanted = cookie_name(host)
+    for part in header.split(";"):
+        name, sep, value = part.partition("=")
+        if sep and name.strip() == wanted:
+            value = value.strip()
+            if 0 < len(value) <= 64 and all(c in _KEY_CHARS for c in value):
+                return value
+            return ""
+    return ""
 
 
 def bearer(header: str) -> str:
@@ -112,11 +126,18 @@ def bearer(header: str) -> str:
 
 
 class Keys:
-    """The browsers' keys: ``cookie key -> (page key, token, issued)``, in memory."""
+    """The browsers' keys: ``cookie key -> (page key, token, issued)``, in memory.
 
-    def __init__(self, limit: int = MAX_KEYS, age: float = COOKIE_AGE) -> None:
+    At most ``limit`` per token: a tenant that opens its own URL again and again forgets
+    only its own oldest browsers, never another tenant's.
+    """
+
+    def __init__(self, limit: int = MAX_KEYS, age: float = COOKIE_AGE,
+                 limit_all: int = MAX_ALL_KEYS) -> None:
         self._keys: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        self._by_token: dict[str, OrderedDict[str, None]] = {}
         self._limit = limit
+        self._limit_all = max(limit, limit_all)
         self._age = age
         self._lock = threading.Lock()
 
@@ -124,9 +145,23 @@ class Keys:
         cookie_key, page_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
         with self._lock:
             self._keys[cookie_key] = (page_key, token, time.time())
-            while len(self._keys) > self._limit:
-                self._keys.popitem(last=False)
+            mine = self._by_token.setdefault(token, OrderedDict())
+            mine[cookie_key] = None
+            while len(mine) > self._limit:
+                self._forget(next(iter(mine)))
+            while len(self._keys) > self._limit_all:
+                self._forget(next(iter(self._keys)))
         return cookie_key, page_key
+
+    def _forget(self, cookie_key: str) -> None:
+        entry = self._keys.pop(cookie_key, None)
+        if entry is None:
+            return
+        mine = self._by_token.get(entry[1])
+        if mine is not None:
+            mine.pop(cookie_key, None)
+            if not mine:
+                del self._by_token[entry[1]]
 
     def _entry(self, cookie_key: str) -> tuple[str, str, float] | None:
         if not cookie_key:
@@ -134,7 +169,7 @@ class Keys:
         with self._lock:
             entry = self._keys.get(cookie_key)
             if entry is not None and time.time() - entry[2] > self._age:
-                del self._keys[cookie_key]
+                self._forget(cookie_key)
                 return None
             return entry
 

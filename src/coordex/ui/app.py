@@ -244,8 +244,11 @@ class UIApp:
         host = request.headers.get("host", "")
         token = request.query.get("token", [""])[0]
         if token:
-            if request.headers.get("sec-fetch-site") == "cross-site":
-                # A link on another site must not log this browser in (as its author).
+            if request.headers.get("sec-fetch-site") not in (None, "none", "same-origin"):
+                # A link elsewhere must not log this browser in (as its author): not
+                # on another site, nor on another port of this host ("same-site": a
+                # tenant's own listener on loopback is that). Typed, opened by the
+                # user ("none") or from the page itself only; programs send no header.
                 return text_response(403, "The token may not come from a link on another "
                                      "site. Open the page's URL yourself.\n")
             if self.lookup(token) is None:

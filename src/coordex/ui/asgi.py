@@ -35,6 +35,21 @@ async def serve_asgi(app: UIApp, scope: Any, receive: Any, send: Any) -> None:
     from urllib.parse import parse_qs
 
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    sent = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
+    if sent:
+        # One Authorization header, in UTF-8 (a token is UTF-8): two, or bytes that are
+        # not UTF-8, authorise nothing, whichever of them a part of the server reads.
+        try:
+            headers["authorization"] = sent[0].decode("utf-8") if len(sent) == 1 else ""
+        except UnicodeDecodeError:
+            headers["authorization"] = ""
+        if not headers["authorization"]:
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                    (b"www-authenticate", b'Bearer realm="coordex"')]})
+            await send({"type": "http.response.body",
+                        "body": b"Unauthorized: send one 'Authorization: Bearer <token>'.\n"})
+            return
     method = scope.get("method", "GET")
     body = await _body(receive) if method == "POST" else b""
     if body is None:

@@ -22,6 +22,9 @@ from .keys import SignedKeys, secret_under
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    # Seconds a connection may stay silent (a half-sent request holds a thread until
+    # then): each waiting connection costs a thread, so none waits forever.
+    timeout = 15.0
 
     def do_GET(self) -> None:
         self._answer("GET")
