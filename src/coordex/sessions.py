@@ -111,7 +111,9 @@ class SessionTable:
         with self.lock:
             self._check_open()
             key, created = self.registry.resolve_or_reserve(coordinate, time.time())
-            slot = self._slots.setdefault(key, Slot(None, threading.Lock()))
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slots[key] = Slot(None, threading.Lock())
         if not wait_for(slot.lock, timeout, cancel):
             yield key, None, 0
             return

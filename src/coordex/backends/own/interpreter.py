@@ -74,7 +74,7 @@ from ...core.results import OutputBuffer
 from ...worker import _coordex_engine as engine
 from .._reap import OWNED_ENV
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, emit, wait_for
-from . import children
+from . import children, output
 from .output import Call, FdPump, any_alive, current_mark, install_thread_origin, local, routed_streams
 from .runner import ON_CALLER, OnCaller, Runner, Watchdog, inline_ready
 
@@ -186,11 +186,21 @@ def apply_environ(target: dict[Any, Any]) -> None:
             os.environ[decode_key(key)] = decode_value(value)
 
 
+_known_cwd: list[Any] = [-1, ""]  # [output.chdirs when read, the cwd then]
+
+
 def _getcwd() -> str:
+    """The process's cwd; read again only after an ``os.chdir`` (the audit hook counts
+    them, in every thread), so a call costs no ``getcwd`` where the code moves nowhere."""
+    count = output.chdirs[0]
+    if _known_cwd[0] == count and output.counting_chdirs():
+        return str(_known_cwd[1])
     try:
-        return os.getcwd()
+        cwd = os.getcwd()
     except OSError:  # the folder was removed under us
         return os.path.expanduser("~")
+    _known_cwd[0], _known_cwd[1] = count, cwd
+    return cwd
 
 
 def chdir(path: str) -> None:
