@@ -349,6 +349,11 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
     attempt = request
     while True:
         ran = run(attempt)
+        if not tried and not ran.replaced and not isinstance(ran.event, facts.Died):
+            # The first attempt, nothing died or was replaced: no retry to weigh.
+            lost = facts.lost_state(ran, mode)
+            tried.append(faults.Attempt())
+            break
         lost = lost or facts.lost_state(ran, mode) or (ran.replaced and (bool(tried) or not told))
         tried.append(faults.attempt(ran))
         step = faults.next_step(place.retries, tried)

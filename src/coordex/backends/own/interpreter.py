@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,31 +134,63 @@ def fresh_namespace() -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": builtins}
 
 
-@contextlib.contextmanager
-def _session_process_state(session: NamespaceSession | None) -> Iterator[None]:
-    """Enter a session's cwd and environment; on exit record them and restore the host's."""
-    host_cwd = _getcwd()
-    host_env = environ_snapshot()
-    marked = session is not None and bool(session.mark)
-    if session is not None:
-        if session.cwd != host_cwd:
-            chdir(session.cwd)
-        if session.environ != host_env:
-            apply_environ(session.environ)
-        if marked:  # what the code starts is the session's (``children``)
-            os.environ[OWNED_ENV] = session.mark
-    try:
-        yield
-    finally:
-        if marked:
-            os.environ.pop(OWNED_ENV, None)
-        cwd, env = _getcwd(), environ_snapshot()
+class _session_process_state:
+    """Enter a session's cwd and environment; on exit record them and restore the host's.
+
+    (A class, not a generator: it runs twice a call.)"""
+
+    __slots__ = ("host_cwd", "host_env", "marked", "session")
+
+    def __init__(self, session: NamespaceSession | None) -> None:
+        self.session = session
+
+    def __enter__(self) -> None:
+        session = self.session
+        self.host_cwd = host_cwd = _getcwd()
+        self.host_env = host_env = environ_snapshot()
+        self.marked = session is not None and bool(session.mark)
         if session is not None:
-            session.cwd, session.environ = cwd, env
-        if cwd != host_cwd:
-            chdir(host_cwd)
-        if env != host_env:
-            apply_environ(host_env)
+            if session.cwd != host_cwd:
+                chdir(session.cwd)
+            if session.environ != host_env:
+                apply_environ(session.environ)
+            if self.marked:  # what the code starts is the session's (``children``)
+                _set_mark(session.mark)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.marked:
+            _set_mark(None)
+        cwd, env = _getcwd(), environ_snapshot()
+        if self.session is not None:
+            self.session.cwd, self.session.environ = cwd, env
+        if cwd != self.host_cwd:
+            chdir(self.host_cwd)
+        if env != self.host_env:
+            apply_environ(self.host_env)
+
+
+_ENCODE_KEY = getattr(os.environ, "encodekey", None)
+_ENCODE_VALUE = getattr(os.environ, "encodevalue", None)
+_OWNED_KEY = _ENCODE_KEY(OWNED_ENV) if _ENCODE_KEY is not None else OWNED_ENV
+
+
+def _set_mark(mark: str | None) -> None:
+    """Set (None: unset) ``OWNED_ENV`` as ``os.environ`` would, without its
+    ``MutableMapping`` layers (two of them a call)."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict) or _ENCODE_VALUE is None:
+        if mark is None:
+            os.environ.pop(OWNED_ENV, None)
+        else:
+            os.environ[OWNED_ENV] = mark
+        return
+    if mark is None:
+        if data.pop(_OWNED_KEY, None) is not None:
+            os.unsetenv(_OWNED_KEY)
+    else:
+        value = _ENCODE_VALUE(mark)
+        os.putenv(_OWNED_KEY, value)
+        data[_OWNED_KEY] = value
 
 
 def environ_snapshot() -> dict[Any, Any]:
