@@ -383,7 +383,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
         return EXIT_FAILURE
 
-    app = BearerTenantApp(tenants)
+    app = BearerTenantApp(tenants, ui_root=root)
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
 

@@ -632,8 +632,13 @@ class Executor:
                 coordinate.session_name)
             if kept is not None and self._table.find(coordinate) is None:
                 assert self._persist is not None
-                self._persist.forget(kept)  # kept on disk only: its snapshot goes
+                if not self._persist.forget(kept):  # kept on disk only: its snapshot goes
+                    from .persist.manager import held_elsewhere
+
+                    raise held_elsewhere(kept.record())
                 branches.forget(self, kept.record())
+                if self._call_log is not None:  # a rebuild brings it back from the log
+                    self._call_log.event("close", kept.record())
                 return cast(CloseResult, {"closed": True, "session": kept.record()})
             record, session = self._table.remove(coordinate)
             if session is not None:
@@ -779,6 +784,10 @@ class Executor:
                                              coordinate.session_id, coordinate.session_name)
         plan = None
         record = waiting.record() if waiting is not None else None
+        if waiting is not None and self._persist.held_elsewhere(waiting):
+            from .persist.manager import held_elsewhere
+
+            raise held_elsewhere(waiting.record(), "rebuild")
         if waiting is None:
             found = self._table.find(coordinate)
             if found is None or found[0] == PLAN_KEY or self._call_log is None:

@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -526,10 +527,17 @@ class BearerTenantApp:
     manager and closes the executors on shutdown.
     """
 
-    def __init__(self, tenants: Sequence[Tenant], path: str = "/mcp") -> None:
+    def __init__(self, tenants: Sequence[Tenant], path: str = "/mcp",
+                 ui_root: Path | None = None) -> None:
         self.tenants = list(tenants)
         self.path = path.rstrip("/") or "/"
         from .ui import UIApp
+        from .ui.keys import SignedKeys, secret_under
+
+        # A browser's login outlives a restart: its keys are signed with a secret kept
+        # in the server's data folder (``ui_root``), for whichever token it showed.
+        keys = None if ui_root is None else SignedKeys(
+            secret_under(ui_root), lambda: [tenant.token for tenant in self.tenants])
 
         # The page (SPEC 11): a token may come as ?token= once, then the browser's keys;
         # it shows the token's tenant alone, with the Host/Origin rules of /mcp.
@@ -537,7 +545,7 @@ class BearerTenantApp:
             if self.tenants else None
         self.ui = UIApp(lambda token: getattr(self.tenant_for(f"Bearer {token}"), "executor", None),
                         allowed_hosts=getattr(checks, "allowed_hosts", None),
-                        allowed_origins=getattr(checks, "allowed_origins", None))
+                        allowed_origins=getattr(checks, "allowed_origins", None), keys=keys)
 
     def tenant_for(self, authorization: str | None) -> Tenant | None:
         presented = b""

@@ -257,7 +257,7 @@ def test_serve_shows_a_tenants_running_call_to_that_tenant_alone(tmp_path: Path)
         assert done.json()["interrupted"] is True
         caller.join(timeout=30)
         assert out and out[0]["error_type"] == "timeout" and out[0]["state_lost"] is False
-        assert "interrupted by the person watching" in out[0]["error"]
+        assert "interrupted from the page by the person watching" in out[0]["error"]
         assert _ui(base, alice, "api/running").json() == {"running": []}
 
 
@@ -306,3 +306,36 @@ def test_a_tenants_stuck_page_holds_neither_another_tenant_nor_the_stop(tmp_path
         running.process.send_signal(signal.SIGTERM)
         running.process.wait(timeout=10)
         assert time.monotonic() - stopping < 5.0
+
+
+def test_a_restarted_serve_keeps_each_browser_logged_in_and_the_calls_counted(
+        tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # one port for both runs: the cookie is named by it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = "the-token-0123456789abcdef"
+    env = child_env(tmp_path / "home", COORDEX_TOKEN=token)
+    with httpx.Client() as browser:
+        _restart_keeps_login(browser, port, token, env)
+
+
+def _restart_keeps_login(browser: httpx.Client, port: int, token: str,
+                         env: dict[str, str]) -> None:
+    with spawn("serve", "--port", str(port), env=env) as running:
+        url = running.wait_for(READY).group(1)
+        base = url.removesuffix("/mcp")
+        call_with_sdk(url, token, [("execute_code", {"code": f"n = {i}", "session_name": "s",
+                                                     "state_mode": "stateful"})
+                                   for i in range(3)])
+        login = browser.get(f"{base}/ui/", params={"token": token})
+        assert login.status_code == 303
+        key = login.headers["location"].split("#key=")[1]
+    with spawn("serve", "--port", str(port), env=env) as running:
+        running.wait_for(READY)
+        assert browser.get(f"{base}/ui/").status_code == 200  # no ?token= again
+        listed = browser.get(f"{base}/ui/api/sessions", headers={"X-Coordex-Key": key})
+        assert listed.status_code == 200, listed.text
+        (kept,) = [s for s in listed.json()["sessions"] if s.get("session_name") == "s"]
+        assert kept["held"] is False and kept["calls"] == 3, kept

@@ -128,3 +128,84 @@ def test_a_stopped_server_writes_its_sessions_and_still_exits_within_5_s(tmp_pat
     assert again[0]["result"] == f"({400 << 20}, 7)", again[0]
     assert again[0]["restored"]["from"] in ("snapshot", "replay")
     assert_no_new_children(before)
+
+
+
+
+class _Client:
+    """One ``coordex mcp`` behind its own MCP client, run by a task of its own (each
+    client's streams stay in the task that opened them), told what to call."""
+
+    def __init__(self, tasks: Any, root: Path) -> None:
+        self._send, inbox = anyio.create_memory_object_stream[Any](1)
+        tasks.start_soon(self._serve, root, inbox)
+
+    async def _serve(self, root: Path, inbox: Any) -> None:
+        async with inbox, stdio_client(_server(root)) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            async for tool, arguments, reply in inbox:
+                async with reply:
+                    done = await session.call_tool(tool, arguments)
+                    await reply.send(done.structured_content)
+
+    async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        reply, answer = anyio.create_memory_object_stream[Any](1)
+        async with answer:
+            await self._send.send((tool, arguments, reply))
+            result = await answer.receive()
+        assert isinstance(result, dict)
+        return result
+
+    async def end(self) -> None:
+        await self._send.aclose()
+
+
+async def _two_at_once(root: Path, first_to_end: str) -> None:
+    """Two ``coordex mcp`` on one root, as two desktop clients sharing a data folder:
+    both work in session 0 and in a session named 'shared'; one ends, the other works
+    on, then ends too."""
+    stateful = {"state_mode": "stateful"}
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tasks:
+            a = _Client(tasks, root)
+            await a.call("execute_code", code="x = 1; y = 10", session_name="shared", **stateful)
+            await a.call("execute_code", code="who = 'a'", **stateful)
+            b = _Client(tasks, root)
+            listed = await b.call("list_sessions")
+            held = [s for s in listed["sessions"] if s.get("session_name") == "shared"]
+            assert held == [dict(held[0], held=False, held_by="another process")], listed
+            apart = await b.call("execute_code", code="x = 2", session_name="shared",
+                                 **stateful)
+            # B's session is its own, and said so; A's is untouched.
+            assert "'shared (2)'" in apart.get("kept_apart", ""), apart
+            zero = await b.call("execute_code", code="who = 'b'", **stateful)
+            assert "'session 0 (2)'" in zero.get("kept_apart", ""), zero
+            await a.call("execute_code", code="y += 1", session_name="shared", **stateful)
+            mine = await b.call("execute_code", code="x", session_name="shared", **stateful)
+            assert mine["result"] == "2" and "kept_apart" not in mine, mine
+            ended, going_on = (a, b) if first_to_end == "a" else (b, a)
+            await ended.end()
+            await anyio.sleep(2)  # its server is gone
+            code = "x += 10" if first_to_end == "a" else "y += 100"
+            more = await going_on.call("execute_code", code=code, session_name="shared",
+                                       **stateful)
+            assert "error_type" not in more and "restored" not in more, more
+            await going_on.end()
+
+@pytest.mark.parametrize("first_to_end", ["a", "b"])
+def test_two_servers_on_one_root_lose_nothing_either_returned(tmp_path: Path,
+                                                              first_to_end: str) -> None:
+    root = tmp_path / "home"
+    before = child_pids()
+    anyio.run(_two_at_once, root, first_to_end)
+    after = anyio.run(_calls, _server(root), [
+        {"code": "(x, y)", "session_name": "shared", "state_mode": "stateful"},
+        {"code": "x", "session_name": "shared (2)", "state_mode": "stateful"},
+        {"code": "who", "state_mode": "stateful"},
+        {"code": "who", "session_name": "session 0 (2)", "state_mode": "stateful"},
+    ])
+    shared, apart = ("(1, 11)", "12") if first_to_end == "a" else ("(1, 111)", "2")
+    assert [r.get("result") for r in after] == [shared, apart, "'a'", "'b'"], after
+    assert all(r["restored"]["from"].startswith("snapshot") for r in after), after
+    assert_no_new_children(before)

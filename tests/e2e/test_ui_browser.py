@@ -1,8 +1,9 @@
 """The page in a real headless browser (Debian's chromium, driven over the DevTools
 protocol): a call's output appears while it runs, a click interrupts it, a call opens
 to everything it returned, the filters narrow the log, a session is closed and rebuilt
-from the page, and the token passed once is gone from the address bar. Without chromium
-the tests skip, except in CI."""
+from the page (it stays listed, closed, until then), no button or name of the sessions
+is cut off at 1,400 or 1,024 px, and the token passed once is gone from the address bar.
+Without chromium the tests skip, except in CI."""
 
 from __future__ import annotations
 
@@ -169,18 +170,21 @@ def test_a_session_is_closed_and_rebuilt_from_the_page(chromium: str, tmp_path: 
             browser.click("#modal-ok")
             browser.wait_for("document.getElementById('notice').textContent.startsWith('closed')")
             assert "work" not in {s["session_name"] for s in ex.list_sessions()["sessions"]}
-            # A closed session is gone from the list; rebuild it through the API the
-            # page uses, as a program would, with the page's own keys.
-            answer = browser.js(
-                "fetch('api/rebuild', {method: 'POST', headers: {'Content-Type':"
-                " 'application/json', 'X-Coordex-Key': localStorage.getItem('coordex-key')},"
-                " body: JSON.stringify({language: 'python', session_name: 'work'})})"
-                ".then(r => r.json())")
-            assert answer["replayed"] == 2 and answer["failed_at"] is None, answer
-            browser.wait_for("!!document.querySelector('#sessions tbody tr[data-session=work]')")
-            browser.click("#sessions tbody tr[data-session=work] button[data-act=rebuild]")
+            # Closed, it stays on the page, said so, with the calls a rebuild replays,
+            # and is rebuilt from there.
+            row = "#sessions tbody tr[data-session=work][data-closed]"
+            browser.wait_for(f"!!document.querySelector('{row}')")
+            text = browser.js(f"document.querySelector('{row}').innerText")
+            assert "closed" in text and "2" in text, text
+            assert browser.js(f"!!document.querySelector('{row} button[data-act=close]')") is False
+            browser.click(f"{row} button[data-act=rebuild]")
             browser.wait_for("document.getElementById('modal').className === 'open'")
             assert "run again" in browser.js("document.getElementById('modal-text').textContent")
+            browser.click("#modal-ok")
+            browser.wait_for("document.getElementById('notice').textContent"
+                             ".startsWith('rebuilt work: 2 call(s) replayed')")
+            browser.wait_for("!!document.querySelector('#sessions tbody tr[data-session=work]"
+                             ":not([data-closed])')")
         finally:
             browser.close()
         assert ex.execute_code("rows", state_mode="stateful",
@@ -207,3 +211,42 @@ def test_the_keys_stay_with_the_page(chromium: str, tmp_path: Path) -> None:
             again.wait_for("document.getElementById('status').textContent.startsWith('updated')")
         finally:
             again.close()
+
+
+_CLIPPED = """(() => {
+  // Each session's name cell and each button of the sessions table: whole inside the
+  // viewport and inside its card's visible box (a card scrolls what does not fit).
+  const card = document.querySelector('#sessions').closest('section').getBoundingClientRect();
+  const bad = [];
+  for (const e of document.querySelectorAll('#sessions tbody td.name, #sessions tbody button')) {
+    const r = e.getBoundingClientRect();
+    const inside = (b) => r.left >= b.left - 0.5 && r.right <= b.right + 0.5;
+    if (!inside({left: 0, right: innerWidth}) || !inside(card) || e.scrollWidth > e.clientWidth + 1)
+      bad.push(e.innerText + ' ' + JSON.stringify([r.left, r.right, card.left, card.right]));
+  }
+  return bad;
+})()"""
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_no_button_or_name_of_the_sessions_is_cut_off(chromium: str, tmp_path: Path,
+                                                      width: int) -> None:
+    with Executor(root=tmp_path / "home", persist=True) as ex:  # kept on disk after
+        ex.execute_code("kept = 1", state_mode="stateful", session_name="ledger-2026-q4")
+    with Executor(root=tmp_path / "home", persist=True) as ex:
+        for name in ("a-rather-long-session-name-for-the-quarterly-ledger-audit", "work"):
+            ex.execute_code("x = 1", state_mode="stateful", session_name=name)
+        ex.execute_code("X=1", language="bash", state_mode="stateful", session_name="shell")
+        browser = Browser(chromium, tmp_path / "profile", ex.serve_ui()["url"])
+        try:
+            browser.send("Emulation.setDeviceMetricsOverride", width=width, height=900,
+                         deviceScaleFactor=1, mobile=False)
+            browser.wait_for("document.querySelectorAll('#sessions tbody button"
+                             "[data-act=rebuild]').length >= 4")
+            time.sleep(0.3)  # laid out at the new width
+            browser.screenshot(tmp_path / f"width-{width}.png")
+            assert browser.js(_CLIPPED) == []
+            assert browser.js("document.documentElement.scrollWidth") <= width
+        finally:
+            browser.close()
+

@@ -272,16 +272,28 @@ def test_two_servers_on_one_root_never_take_each_others_sessions(root: Path,
     try:
         _ok(a.execute_code("who = 'a'", state_mode="stateful"))
         b = Executor(root=root, persist=True)
-        assert _kept(b) == []  # session 0 is held by the other one
+        # Session 0 is held by the other one: listed as such, never restored here.
+        assert [(s["session_id"], s["held_by"]) for s in _kept(b)] == [(0, "another process")]
         r = _ok(b.execute_code("who = 'b'\n'restored'", state_mode="stateful"))
-        assert "restored" not in r
+        assert "restored" not in r and "'session 0 (2)'" in r["kept_apart"]
         _ok(a.execute_code("who += '!'", state_mode="stateful"))
+        # A session a holds is not b's to close (nor to delete from disk).
+        _ok(a.execute_code("n = 1", state_mode="stateful", session_name="held"))
+        refused = b.close_session(session_name="held")
+        assert "held by another coordex process" in refused["error"], refused
+        refused = b.rebuild_session(session_name="held")
+        assert "that process's to rebuild" in refused["error"], refused
+        # b's own session 0, kept apart, is b's to rebuild (nothing was lost).
+        assert "nothing to rebuild" in b.rebuild_session()["error"]
+        assert _ok(a.execute_code("n", state_mode="stateful", session_name="held"))["result"] == "1"
     finally:
         a.close()
         if b is not None:
             b.close()
     with Executor(root=root, persist=True) as ex:
         assert _ok(ex.execute_code("who", state_mode="stateful"))["result"] == "'a!'"
+        assert _ok(ex.execute_code("who", state_mode="stateful",
+                                   session_name="session 0 (2)"))["result"] == "'b'"
     # Replayed from the log alone, session 0 is the calls of the process that held it,
     # never the other server's (its call came between them).
     for data in (root / "snapshots").glob("python-own-id0/state-*"):
@@ -317,8 +329,8 @@ def test_a_half_written_snapshot_is_never_read_and_is_cleared(root: Path,
         r = _ok(ex.execute_code("n", state_mode="stateful", session_name="s"))
     assert r["result"] == "2" and r["restored"]["from"] == "snapshot"
     names = sorted(p.name for p in folder.iterdir())
-    assert names[:2] == ["lock", "meta.json"] and len(names) == 3, names
-    assert names[2] == json.loads((folder / "meta.json").read_text())["file"]
+    assert names[:3] == ["kept.json", "lock", "meta.json"] and len(names) == 4, names
+    assert names[3] == json.loads((folder / "meta.json").read_text())["file"]
 
 
 def test_a_new_session_never_takes_the_id_of_a_kept_one(root: Path, no_leftovers: None) -> None:
@@ -492,3 +504,17 @@ def test_python_values_of_many_shapes_come_back(root: Path, no_leftovers: None) 
                            "{'name': 'a', 'size': 1})")
     # A generator cannot be pickled, and with the log off no call can rebuild it.
     assert r["restored"]["left_out"] == ["numbers"]
+
+
+def test_a_kept_session_is_listed_with_its_calls_from_the_log(root: Path,
+                                                              no_leftovers: None) -> None:
+    with Executor(root=root, persist=True) as ex:
+        for step in range(3):
+            _ok(ex.execute_code(f"n = {step}", state_mode="stateful", session_name="s"))
+        last = time.time()
+    time.sleep(0.2)
+    with Executor(root=root, persist=True) as ex:
+        (kept,) = _kept(ex)
+    # What the page shows after a restart: its calls and when it was last used, not 0
+    # and the restart's time.
+    assert kept["calls"] == 3 and kept["last_used_at"] <= last, kept

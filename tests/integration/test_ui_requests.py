@@ -153,7 +153,7 @@ def test_a_busy_session_never_holds_the_page_and_is_interrupted(ex: Executor,
     runner.join(timeout=15)
     assert out["error_type"] == "timeout" and out["state_lost"] is False
     # The model is told a person stopped it, not that it ran out of time.
-    assert out["error"].startswith("The call was interrupted by the person watching")
+    assert out["error"].startswith("The call was interrupted from the page by the person")
     assert "larger timeout" not in out["suggestion"] and "on purpose" in out["suggestion"]
     row = page.get(f"api/calls/{call['seq']}").json()["call"]
     assert row["outcome"] == "timeout" and "tick 1" in row["stdout"]
@@ -215,3 +215,21 @@ def test_an_environment_built_by_a_call_shows_its_lines_as_the_call_runs(
         assert r["result"] == "1", r
     (call,) = seen[0]
     assert call["venv_id"] == venv_id and call["build"].strip()
+
+
+def test_a_browser_stays_logged_in_when_the_server_restarts(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port of its own, used by both runs
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("x = 1", state_mode="stateful", session_name="s")
+        page = Page(ex.serve_ui(port=port)["url"])
+        assert page.get("api/sessions").status_code == 200
+    with Executor(root=tmp_path / "home") as ex:  # the restarted server: a new token
+        ex.serve_ui(port=port)
+        assert page.client.get(page.base).status_code == 200  # the page, by its cookie
+        again = page.get("api/sessions")
+        assert again.status_code == 200, again.text
+        assert page.client.get(page.base + "api/sessions").status_code == 401  # cookie alone

@@ -109,3 +109,17 @@ def test_a_death_before_the_code_was_read_says_so() -> None:
     error = messages.said(ran, "shell", "stateful", 3.0, state_lost=True, attempts=2,
                           hows=["killed by SIGKILL"])["error"]
     assert "before it read the code" in error["error"] and "not retried" not in error["error"]
+
+
+@pytest.mark.parametrize("mode", ["stateful", "stateless", "read_only"])
+@pytest.mark.parametrize("who", ["person", "caller"])
+def test_a_stopped_call_says_it_was_interrupted_once(mode: str, who: str) -> None:
+    from coordex.core import messages
+
+    for survived in (True, False):
+        said = messages.stopped_by(messages.timeout("own", mode, 25, survived=survived), who)
+        error = said["error"]
+        head = "interrupted from the page" if who == "person" else "cancelled by its caller"
+        assert error.startswith(f"The call was {head}"), error
+        assert "and was interrupted" not in error and "and was stopped" not in error, error
+        assert "timeout of 25" not in error, error

@@ -80,3 +80,30 @@ def test_routes_and_arguments() -> None:
     assert not isinstance(bad, dict) and bad.status == 400
     one = api.arguments(Request("GET", "/ui/api/calls/7", {}, {}), "api/calls/7")
     assert one == {"seq": 7}
+
+
+def test_signed_keys_outlive_the_process_that_issued_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from coordex.ui.keys import SECRET_FILE, SignedKeys, secret_under
+
+    secret = secret_under(tmp_path)
+    assert oct((tmp_path / SECRET_FILE).stat().st_mode & 0o777) == "0o600"
+    served = ["token-a-0123456789", "token-b-0123456789"]
+    first = SignedKeys(secret, lambda: served)
+    cookie_key, page_key = first.issue("token-b-0123456789")
+    assert "token" not in cookie_key + page_key
+    # A restart: a new object over the same secret, read again from the folder.
+    again = SignedKeys(secret_under(tmp_path), lambda: served)
+    assert again.token_for(cookie_key, page_key) == "token-b-0123456789"
+    assert again.token_for_cookie(cookie_key) == "token-b-0123456789"
+    assert again.token_for(cookie_key, "") is None and again.token_for(cookie_key, "x" * 22) is None
+    # Changed by one character, signed by another secret, or for a token no longer served.
+    flipped = cookie_key[:-1] + ("A" if cookie_key[-1] != "A" else "B")
+    assert again.token_for_cookie(flipped) is None
+    assert SignedKeys(b"another secret", lambda: served).token_for_cookie(cookie_key) is None
+    assert SignedKeys(secret, lambda: ["token-a-0123456789"]).token_for_cookie(cookie_key) is None
+    assert SignedKeys(secret, lambda: served, age=-1).token_for_cookie(cookie_key) is None
+    # A single-tenant page gets a new token at each start: its key stands for the tenant.
+    one = SignedKeys(secret, lambda: ["old"], single=True)
+    keys = one.issue("old")
+    assert SignedKeys(secret, lambda: ["new"], single=True).token_for(*keys) == "new"
+    assert SignedKeys(secret, lambda: ["new"]).token_for(*keys) is None

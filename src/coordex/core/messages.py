@@ -164,10 +164,12 @@ def after_a_retry(error: str) -> str:
 
 # How a timeout's error begins (:func:`timeout`): a call stopped by a person or by its
 # caller is interrupted as at its timeout (SPEC 6), but not for taking too long.
-_TIMEOUT_HEAD = re.compile(r"^The code ran past its timeout of [0-9.]+ ?[a-z]*")
+# What the interrupt did goes with it: the new head already says the call was interrupted.
+_TIMEOUT_HEAD = re.compile(
+    r"^The code ran past its timeout of [0-9.]+ ?[a-z]*(?: and was (?:interrupted|stopped))?")
 
 _STOPPED_BY = {
-    "person": ("The call was interrupted by the person watching (from the page)",
+    "person": ("The call was interrupted from the page by the person watching it",
                "It was stopped on purpose, not for taking too long: do not run it again as "
                "it was. Read its output so far (stdout, stderr), then ask, or change "
                "course."),

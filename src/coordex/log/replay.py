@@ -18,7 +18,15 @@ from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, make_error
 from ..core.messages import session_arguments
 from .calls import note_replay, read
-from .rebuild import failed_in, lost_life, ran_in_session, replay_failed, replayable, unfinished_rebuild
+from .rebuild import (
+    failed_in,
+    lives,
+    lost_life,
+    ran_in_session,
+    replay_failed,
+    replayable,
+    unfinished_rebuild,
+)
 from .store import CallLog, decode_row, rows_where
 
 _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, state_mode, "
@@ -33,7 +41,7 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     rows = _session_rows(log, coordinate)
     if not any(ran_in_session(row) for row in rows):
         raise _nothing_logged(log, coordinate)
-    mine = rows[0]["owner"] == log.owner
+    mine = rows[-1]["owner"] == log.owner
     open_record = _open_session(executor, coordinate) if mine else None
     live = open_record is not None and bool(open_record.get("alive"))
     plan = coordinate.language == "python" and coordinate.venv_id is None and \
@@ -116,7 +124,8 @@ def _replay_timeout(executor: Any, row: dict[str, Any]) -> float:
 
 
 def _session_rows(log: CallLog, coordinate: Coordinate) -> list[dict[str, Any]]:
-    """The session's rows of one run (this run's if any, else the newest run's)."""
+    """The session's rows of one run (this run's if any, else the newest run's), after
+    the rows of the run before when the session came into this run lost."""
     filters: list[tuple[str, Any]] = [("language", coordinate.language),
                                       ("venv_id", coordinate.venv_id)]
     if coordinate.session_name is not None:
@@ -130,9 +139,21 @@ def _session_rows(log: CallLog, coordinate: Coordinate) -> list[dict[str, Any]]:
         read(log, f"SELECT owner FROM calls WHERE {ran} ORDER BY seq DESC LIMIT 1", params)
     if not owners:
         return []
-    rows = read(log, f"SELECT {_ROW_COLUMNS} FROM calls WHERE {where} AND owner = ? "
-                "ORDER BY seq", [*params, owners[0]["owner"]])
-    return [decode_row(row) for row in rows]
+    rows = [decode_row(row) for row in read(
+        log, f"SELECT {_ROW_COLUMNS} FROM calls WHERE {where} AND owner = ? ORDER BY seq",
+        [*params, owners[0]["owner"]])]
+    first = next((row for row in rows if ran_in_session(row)), None)
+    if owners[0]["owner"] == log.owner and first is not None and \
+            first.get("kind") == "call" and first.get("state_lost"):
+        # The session came into this run lost (what kept it on disk was lost): the
+        # state it lost was built by the run before that logged it.
+        before = read(log, f"SELECT owner FROM calls WHERE {ran} AND owner != ? AND seq < ? "
+                      "ORDER BY seq DESC LIMIT 1", [*params, log.owner, first["seq"]])
+        if before:
+            rows = [decode_row(row) for row in read(
+                log, f"SELECT {_ROW_COLUMNS} FROM calls WHERE {where} AND owner = ? AND "
+                "seq < ? ORDER BY seq", [*params, before[0]["owner"], first["seq"]])] + rows
+    return rows
 
 
 # rebuild.ran_in_session as SQL: which run's rows a rebuild reads is decided by rows of
@@ -182,3 +203,38 @@ def _nothing_logged(log: CallLog, coordinate: Coordinate) -> CoordexError:
     return CoordexError(
         "not_found", f"The call log holds no calls of the session ({wanted}).",
         f"Sessions with stateful calls in the log: {known}. Name one of them.")
+
+
+def closed_sessions(log: CallLog, limit: int = 20, scan: int = 5_000) -> list[dict[str, Any]]:
+    """Sessions whose last life ended with ``close_session`` and holds calls a rebuild
+    would replay (newest first, at most ``limit``; the newest ``scan`` rows of things
+    that happened to sessions are read): each a session record with ``closed: true``,
+    ``closed_at``, ``calls`` (the calls of that life) and ``last_used_at``. A session
+    opened again since (or still kept on disk) ends with something else and is not one."""
+    rows = read(log, "SELECT seq, owner, kind, language, venv_id, session_id, session_name, "
+                f"state_mode, outcome, state_lost, at FROM calls WHERE {_RAN_IN_SESSION} "
+                "ORDER BY seq DESC LIMIT ?", [scan])
+    by_session: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in reversed([decode_row(r) for r in rows]):
+        named = row.get("session_name") is not None
+        key = (row.get("language"), row.get("venv_id"),
+               row.get("session_name") if named else (row.get("session_id"), row.get("owner")))
+        by_session.setdefault(key, []).append(row)
+    found = []
+    for session_rows in by_session.values():
+        history = lives(session_rows)
+        if not history or history[-1][-1].get("kind") != "close":
+            continue
+        life = history[-1]
+        calls = [row for row in life if row.get("kind") == "call"]
+        if not any(replayable(row) for row in life):
+            continue
+        last = life[-1]
+        found.append({"language": last.get("language"), "venv_id": last.get("venv_id"),
+                      "session_id": last.get("session_id"),
+                      "session_name": last.get("session_name"), "closed": True,
+                      "closed_at": last.get("at"), "calls": len(calls),
+                      "last_used_at": calls[-1].get("at") if calls else last.get("at"),
+                      "created_at": life[0].get("at"), "alive": False, "held": False})
+    found.sort(key=lambda record: -(record["closed_at"] or 0))
+    return found[:limit]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import shlex
 import signal
@@ -181,9 +182,10 @@ def snapshot_bash(session: Any, folder: Path, *, attempt: int, through: int,
         return meta
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
+        digest = hashlib.sha256(f.read()).hexdigest()
     os.replace(tmp, folder / name)
     meta = dict(identity, format=snap.FORMAT, kind="bash", file=name, through=through,
-                attempt=attempt, bytes=size, left_out=[], written_at=time.time(),
+                attempt=attempt, bytes=size, sha256=digest, left_out=[], written_at=time.time(),
                 ms=round((time.monotonic() - started) * 1000.0, 1), problem=None)
     snap.write_meta(str(folder), meta)
     for old in folder.glob("state-*"):
@@ -192,12 +194,38 @@ def snapshot_bash(session: Any, folder: Path, *, attempt: int, through: int,
     return meta
 
 
+def bash_snapshot_problem(path: Path, meta: dict[str, Any]) -> str | None:
+    """Why the bash state file ``path`` cannot be trusted (checked against the size and
+    checksum its meta recorded, and for the line a whole dump ends with), or None.
+    Sourcing a cut file would bring back part of the state and claim all of it."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"the snapshot could not be read ({exc.strerror or exc})"
+    if not data:
+        return "the snapshot cannot be read: it is empty"
+    size = meta.get("bytes")
+    if isinstance(size, int) and len(data) != size:
+        return (f"the snapshot cannot be read: it is cut short ({len(data)} of {size} bytes)"
+                if len(data) < size else
+                f"the snapshot cannot be read: it is {len(data)} bytes, not the {size} written")
+    digest = meta.get("sha256")
+    if isinstance(digest, str) and hashlib.sha256(data).hexdigest() != digest:
+        return "the snapshot cannot be read: it is damaged (its checksum does not match)"
+    if not data.endswith(f"\\builtin unset -f {_OPTIONS}\n".encode()):
+        return "the snapshot cannot be read: it is cut short"
+    return None
+
+
 def restore_bash(session: Any, folder: Path) -> dict[str, Any]:
     started = time.monotonic()
     meta = snap.read_meta(str(folder)) or {}
     path = folder / str(meta.get("file"))
     if not path.is_file():
         return {"error": "there is no snapshot"}
+    problem = bash_snapshot_problem(path, meta)
+    if problem is not None:
+        return {"error": problem}
     code = f"\\builtin . {shlex.quote(str(path))} 2>/dev/null || :"
     if not session.run(RunRequest(code=code, timeout=60.0)).ok:
         return {"error": "the shell could not read the snapshot"}

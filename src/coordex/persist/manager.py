@@ -18,6 +18,14 @@ On a session's first call in a new process, :meth:`Persistence.restore` loads th
 snapshot before the call's code runs, replays the calls that bound what could not be
 pickled (``left_out``) and then the calls logged after the snapshot, and says what
 happened in the call's ``restored``.
+
+One root, several processes: a kept session belongs to the one live process that holds
+its folder's lock. Another process never restores it nor writes over it; a session it
+opens under the same coordinates is *kept apart*: its snapshots go to a folder of
+its own under another name (``'work (2)'``, ``'session 0 (2)'``), whose meta names the
+coordinates its calls were logged under by that process (``aliases``), and the call's
+result says so (``kept_apart``). Whichever process ends first, neither loses what it
+returned: a later process restores each by its own name.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from typing import Any
 
 from ..backends.base import RunRequest
 from ..core.coordinates import SessionKey
-from ..core.errors import make_error
+from ..core.errors import CoordexError, make_error
 from ..log.calls import LoggedRow
 from ..log.rebuild import replayable
 from ..worker import _coordex_snapshot as snap
@@ -59,6 +67,8 @@ class _Kept:
     # (attempt, started, pid of the writer if it is our own child, else the worker's)
     in_flight: tuple[int, float, int | None, int | None] | None = None
     meta: dict[str, Any] | None = None  # as found at start, for list_sessions
+    # The coordinates this process holds it under, when kept apart under another name.
+    local: Identity | None = None
 
 
 class Persistence:
@@ -85,27 +95,70 @@ class Persistence:
         self._notes = threading.local()
         self._owner: str | None = getattr(log, "owner", None)
         self._held: dict[str, int] = {}  # slug -> fd of its folder's lock
+        # Sessions of this process kept apart: slug of their coordinates -> the identity
+        # they are kept under (another process holds a session at the same coordinates).
+        self._apart: dict[str, Identity] = {}
+        # slug -> (when counted, calls and last use from the log), for list_sessions
+        self._counted: dict[str, tuple[float, dict[str, Any]]] = {}
 
     # -- what list_sessions shows -----------------------------------------------------
 
     def waiting(self) -> list[dict[str, Any]]:
-        """Kept sessions not yet restored in this process (``held: false``)."""
+        """Kept sessions not held by this process (``held: false``): those it may
+        restore, and those another live process holds (``held_by``)."""
+        self._rescan()
         with self._lock:
-            kept = [k for k in self._kept.values() if not k.held]
+            kept = [k for k in self._kept.values()
+                    if not k.held and k.identity.slug() not in self._held]
         with self._table.lock:  # the plan namespace is open from the start: held
             open_keys = {(e.key.language, e.key.venv_id, e.key.session_id, e.name)
                          for e in self._table.registry.entries()}
-        kept = [k for k in kept if (k.identity.language, k.identity.venv_id,
-                                    k.identity.session_id, k.identity.session_name)
-                not in open_keys]
-        kept = [k for k in kept if not self.store.held_elsewhere(k.identity)]
         records = []
         for item in kept:
+            elsewhere = self.store.held_elsewhere(item.identity)
+            if not elsewhere and (item.identity.language, item.identity.venv_id,
+                                  item.identity.session_id,
+                                  item.identity.session_name) in open_keys:
+                continue
             meta = item.meta or {}
-            records.append({**item.identity.record(), "created_at": meta.get("written_at"),
-                            "last_used_at": meta.get("written_at"), "calls": 0,
-                            "alive": False, "held": False})
+            record = {**item.identity.record(), "created_at": meta.get("written_at"),
+                      "last_used_at": meta.get("written_at"), "calls": 0,
+                      "alive": False, "held": False}
+            record.update(self._logged(item.identity))
+            if elsewhere:
+                record["held_by"] = "another process"
+            records.append(record)
         return records
+
+    def _rescan(self) -> None:
+        """Sessions kept on disk since this process started (by another process on
+        the same root) join what it knows."""
+        found = self.store.kept()
+        with self._lock:
+            for identity, meta in found:
+                if identity.slug() not in self._kept:
+                    self._kept[identity.slug()] = _Kept(identity, meta=meta)
+
+    def _logged(self, identity: Identity) -> dict[str, Any]:
+        """``calls`` and ``last_used_at`` of a kept session, from the log (its calls by
+        the processes that held it)."""
+        if self._log is None:
+            return {}
+        counted = self._counted.get(identity.slug())
+        if counted is not None and time.monotonic() - counted[0] < _COUNT_FOR:
+            return counted[1]  # a page asks every second; a count may lag a few
+        from ..log.calls import read
+
+        clause, args = self._where(identity)
+        try:
+            found = read(self._log, f"SELECT COUNT(*) AS n, MAX(at) AS last FROM calls WHERE "
+                         f"kind = 'call' AND {clause}", args)
+        except Exception:
+            return {}
+        logged = {"calls": int(found[0]["n"]), "last_used_at": found[0]["last"]} \
+            if found and found[0]["n"] else {}
+        self._counted[identity.slug()] = (time.monotonic(), logged)
+        return logged
 
     def kept_ids(self, language: str, venv_id: int | None) -> set[int]:
         """Ids of the kept sessions of one place not yet restored (a new session never
@@ -118,15 +171,45 @@ class Persistence:
                      session_name: str | None) -> Identity | None:
         wanted = Identity(language, venv_id, session_id or 0, session_name)
         with self._lock:
+            if wanted.slug() in self._apart:
+                return None  # these coordinates name this process's own session here
             for item in self._kept.values():
                 if not item.held and item.identity.same_session(wanted):
                     return item.identity
-        return None
+        found = self._on_disk(wanted)
+        return None if found is None or found.held else found.identity
+
+    def held_elsewhere(self, identity: Identity) -> bool:
+        """Whether another live process holds the kept session ``identity``."""
+        with self._lock:
+            if identity.slug() in self._held:
+                return False
+        return self.store.held_elsewhere(identity)
+
+    def _on_disk(self, identity: Identity) -> _Kept | None:
+        """What this process knows of ``identity``, or what the disk holds of it now (a
+        session another process kept after this one started: never taken unknowingly)."""
+        slug = identity.slug()
+        with self._lock:
+            item = self._kept.get(slug)
+        if item is not None or slug in self._held:
+            return item
+        meta = self.store.meta(identity)
+        if meta is None or "language" not in meta:
+            return None
+        try:
+            kept = Identity.of(meta)
+        except (TypeError, ValueError):
+            return None
+        if not kept.same_session(identity):
+            return None
+        with self._lock:
+            return self._kept.setdefault(slug, _Kept(kept, meta=meta))
 
     def describe(self, record: dict[str, Any]) -> dict[str, Any]:
         """How the session ``record`` names is kept, for ``inspect_session``: its last
         snapshot (or None) and, when the last attempt failed, why."""
-        meta = self.store.meta(Identity.of(record)) or {}
+        meta = self.store.meta(self._disk(Identity.of(record))) or {}
         snapshot = None
         if meta.get("file"):
             snapshot = {"at": meta.get("written_at"), "bytes": meta.get("bytes"),
@@ -161,10 +244,17 @@ class Persistence:
         record = result.get("session")
         if not isinstance(record, dict) or record.get("session_id") is None:
             return
-        identity = Identity.of(record)
+        local = Identity.of(record)
+        identity = self._disk(local)
+        if identity is local and not self._hold(local):
+            # Another live process holds a session at these coordinates: this one is
+            # another session, kept apart under a name of its own.
+            apart = self._keep_apart(local)
+            if apart is None:
+                return
+            identity = apart
+        aliases = None if identity is local else [dict(local.record(), owner=self._owner)]
         slug = identity.slug()
-        if not self._hold(identity):
-            return  # another process holds this session's snapshots
         with self._lock:
             item = self._kept.get(slug)
             if item is None or not item.identity.same_session(identity):
@@ -174,6 +264,9 @@ class Persistence:
                 fresh = not item.held
                 item.held = True
                 item.identity = identity
+            item.local = None if identity is local else local
+        if item.local is not None and fresh:
+            result["kept_apart"] = _apart_note(local, identity)
         if self._log is None:
             row = LoggedRow(0)  # no log: the snapshot alone keeps the session
         elif not row.written:
@@ -185,7 +278,7 @@ class Persistence:
             lost_at = row.seq() if self.store.meta(identity) is None else None
             if lost_at is not None:
                 since = lost_at + 1
-                self._try(lambda: self.store.mark(identity, since, self._owner))
+                self._try(lambda: self.store.mark(identity, since, self._owner, aliases))
             with self._lock:
                 item.dirty = True
             return
@@ -195,7 +288,7 @@ class Persistence:
             first = row.seq()
             if first is None:
                 return
-            self._try(lambda: self.store.mark(identity, first, self._owner))
+            self._try(lambda: self.store.mark(identity, first, self._owner, aliases))
         with self._lock:
             # Any call may have changed objects in place; only one that rebound names
             # starts a snapshot before close.
@@ -223,7 +316,7 @@ class Persistence:
         item = self._kept.get(identity.slug())
         if item is None or self._busy_writing(item):
             return
-        found = self._slot(identity)
+        found = self._slot(item.local or identity)
         if found is None:
             return
         key, slot = found
@@ -249,7 +342,7 @@ class Persistence:
         # ``since``: the first logged call of the session's life, for a replay of it all.
         args: dict[str, Any] = {"attempt": item.attempt, "through": through, "max_bytes": self.max_bytes,
                 "identity": {**item.identity.record(), "since": meta.get("since"),
-                             "owners": meta.get("owners")}}
+                             "owners": meta.get("owners"), "aliases": meta.get("aliases")}}
         started = time.monotonic()
         item.dirty, item.last_snapshot = False, started
         free = _free_bytes(folder)
@@ -324,7 +417,7 @@ class Persistence:
                 os.close(fd)
 
     def _at_close(self, item: _Kept, deadline: float) -> None:
-        found = self._slot(item.identity)
+        found = self._slot(item.local or item.identity)
         if found is None:
             return
         _key, slot = found
@@ -337,33 +430,47 @@ class Persistence:
         finally:
             slot.lock.release()
 
-    def forget(self, identity: Identity) -> None:
-        """``close_session``: the session and its snapshot are gone."""
+    def forget(self, identity: Identity) -> bool:
+        """``close_session``: the session and its snapshot are gone. False when another
+        live process holds it (nothing was deleted)."""
         with self._lock:
+            identity = self._apart.pop(identity.slug(), identity)
             item = self._kept.pop(identity.slug(), None)
             fd = self._held.pop(identity.slug(), None)
         if item is not None and item.in_flight is not None and item.in_flight[2] is not None:
             _kill(item.in_flight[2])
         if fd is None and self.store.held_elsewhere(identity):
-            return  # another process's: not this one's to delete
+            if item is not None:
+                with self._lock:
+                    self._kept.setdefault(identity.slug(), item)
+            return False  # another process's: not this one's to delete
         self.store.forget(identity)
         if fd is not None:
             os.close(fd)
+        return True
 
     def adopt(self, record: dict[str, Any], session: Any) -> None:
         """A session whose state came other than by its own calls (``fork_session``,
         ``restore_session``; held by the caller): a snapshot of it is started now, and
         only the calls logged after this point are replayed over it after a restart."""
-        identity = Identity.of(record)
-        if not self._hold(identity):
-            return
+        local = Identity.of(record)
+        identity = self._disk(local)
+        if identity is local and not self._hold(local):
+            apart = self._keep_apart(local)  # another process holds these coordinates
+            if apart is None:
+                return
+            identity = apart
+        aliases = None if identity is local else [dict(local.record(), owner=self._owner)]
         through = (self._last_seq(identity) if self._log is not None else 0) or 0
+        if aliases is not None and self._log is not None:  # its rows so far: all before
+            through = max(through, self._last_seq_of_all())
         with self._lock:
             item = self._kept.get(identity.slug())
             if item is None or not item.identity.same_session(identity):
                 item = self._kept[identity.slug()] = _Kept(identity)
             item.held, item.identity, item.attempt = True, identity, 0
-        self._try(lambda: self.store.mark(identity, through + 1, self._owner))
+            item.local = None if identity is local else local
+        self._try(lambda: self.store.mark(identity, through + 1, self._owner, aliases))
         if self._busy_writing(item) and item.in_flight is not None and item.in_flight[2]:
             _kill(item.in_flight[2])
         item.in_flight = None
@@ -388,6 +495,40 @@ class Persistence:
                 self._held[slug] = fd
         return True
 
+    def _disk(self, local: Identity) -> Identity:
+        """The identity the session at ``local``'s coordinates is kept under here."""
+        with self._lock:
+            return self._apart.get(local.slug(), local)
+
+    def _keep_apart(self, local: Identity) -> Identity | None:
+        """A name of its own for a session of this process whose coordinates another
+        live process holds (``'work (2)'``, ``'session 3 (2)'``): one no session is kept
+        under and none of this process is open as; its folder is locked for this
+        process. None if none could be taken."""
+        base = local.session_name if local.session_name is not None \
+            else f"session {local.session_id}"
+        with self._table.lock:
+            names = {e.name for e in self._table.registry.entries()
+                     if (e.key.language, e.key.venv_id) == (local.language, local.venv_id)}
+        for number in range(2, 100):
+            name = f"{base} ({number})"
+            apart = Identity(local.language, local.venv_id, local.session_id, name)
+            if name in names or self.store.meta(apart) is not None or not self._hold(apart):
+                continue
+            if self.store.meta(apart) is not None:  # kept by another meanwhile
+                self._let_go(apart)
+                continue
+            with self._lock:
+                self._apart[local.slug()] = apart
+            return apart
+        return None
+
+    def _let_go(self, identity: Identity) -> None:
+        with self._lock:
+            fd = self._held.pop(identity.slug(), None)
+        if fd is not None:
+            os.close(fd)
+
     # -- restoring ----------------------------------------------------------------------
 
     def restore(self, key: SessionKey, record: dict[str, Any], session: Any,
@@ -397,12 +538,23 @@ class Persistence:
         something was kept and nothing of it could be brought back; None when nothing
         is kept."""
         identity = Identity.of(record)
+        if self._disk(identity) is not identity:
+            return None  # kept apart: a session of this process's own
+        item = self._on_disk(identity)
+        if item is None and self.store.undescribed(identity) and self._hold(identity):
+            # A snapshot is there but nothing says what it is (meta.json and kept.json
+            # both lost): never used, and said as a loss (rebuild_session replays it).
+            with self._lock:
+                self._kept[identity.slug()] = _Kept(identity, held=True)
+            return {"state_lost": True}
         with self._lock:
-            item = self._kept.get(identity.slug())
             if item is None or item.held or not item.identity.same_session(identity):
                 return None
         if not self._hold(identity):
-            return None  # another live process holds it
+            # Another live process holds it: this session is another, kept apart (and
+            # never written over that one's snapshot, should that process end first).
+            self._keep_apart(identity)
+            return None
         with self._lock:
             item.held = True
         for half in self.store.folder(identity).glob(".state-*"):  # a killed writer's
@@ -469,7 +621,7 @@ class Persistence:
         last snapshot, the plan to bring it back from that snapshot - ``until`` (the row
         that reported the loss), ``calls`` (the seqs replayed after the snapshot) and
         ``failed`` - else None (the log alone rebuilds it)."""
-        identity = Identity.of(record)
+        identity = self._disk(Identity.of(record))
         meta = self.store.meta(identity) or {}
         if not meta.get("file") or not isinstance(meta.get("through"), int):
             return None
@@ -485,7 +637,7 @@ class Persistence:
     def rebuilding(self, record: dict[str, Any], at: int | None, until: int) -> None:
         """The session was closed for a rebuild logged as row ``at``: its next opening
         restores the snapshot and the calls before row ``until``."""
-        identity = Identity.of(record)
+        identity = self._disk(Identity.of(record))
         meta = self.store.meta(identity)
         if meta is not None and at is not None:
             meta["rebuilt"] = {"at": at, "until": until}
@@ -514,20 +666,9 @@ class Persistence:
         if self._log is None:
             return []
         from ..log.calls import read
-        from ..log.store import decode_row, rows_where
+        from ..log.store import decode_row
 
-        filters: list[tuple[str, Any]] = [("language", identity.language),
-                                          ("venv_id", identity.venv_id),
-                                          ("session_name", identity.session_name)]
-        if identity.session_name is None:
-            filters.append(("session_id", identity.session_id))
-        clause, args = rows_where(filters)
-        owners = (self.store.meta(identity) or {}).get("owners")
-        if isinstance(owners, list) and owners:
-            # Only the processes that held this session: another server on the same root
-            # has a session 0 of its own.
-            clause += f" AND owner IN ({', '.join('?' * len(owners))})"
-            args = [*args, *owners]
+        clause, args = self._where(identity)
         try:
             found = read(self._log, "SELECT seq, kind, state_mode, outcome, state_lost, code, "
                          "code_truncated, changed, exit_code, duration_ms FROM calls WHERE "
@@ -535,6 +676,33 @@ class Persistence:
         except Exception:
             return []
         return [decode_row(row) for row in found]
+
+    def _where(self, identity: Identity) -> tuple[str, list[Any]]:
+        """SQL for the log rows of the kept session ``identity``: its coordinates, by
+        the processes that held it (another server on the same root has a session 0 of
+        its own), and the coordinates a process that kept it apart logged it under."""
+        from ..log.store import rows_where
+
+        def coordinates(of: dict[str, Any]) -> tuple[str, list[Any]]:
+            filters: list[tuple[str, Any]] = [("language", of.get("language")),
+                                              ("venv_id", of.get("venv_id")),
+                                              ("session_name", of.get("session_name"))]
+            if of.get("session_name") is None:
+                filters.append(("session_id", of.get("session_id") or 0))
+            return rows_where(filters)
+
+        meta = self.store.meta(identity) or {}
+        clause, args = coordinates(identity.record())
+        owners = meta.get("owners")
+        if isinstance(owners, list) and owners:
+            clause += f" AND owner IN ({', '.join('?' * len(owners))})"
+            args = [*args, *owners]
+        for alias in meta.get("aliases") or []:
+            if isinstance(alias, dict) and alias.get("owner"):
+                more, more_args = coordinates(alias)
+                clause = f"({clause}) OR ({more} AND owner = ?)"
+                args = [*args, *more_args, alias["owner"]]
+        return f"({clause})", args
 
     def _rows_after(self, identity: Identity, through: Any) -> list[dict[str, Any]]:
         after = int(through) if isinstance(through, int) else 0
@@ -545,6 +713,15 @@ class Persistence:
     def _last_seq(self, identity: Identity) -> int | None:
         rows = self._rows(identity, "kind = 'call' AND state_mode = 'stateful'", [])
         return rows[-1]["seq"] if rows else None
+
+    def _last_seq_of_all(self) -> int:
+        from ..log.calls import read
+
+        try:
+            found = read(self._log, "SELECT MAX(seq) AS last FROM calls", [])
+        except Exception:
+            return 0
+        return int(found[0]["last"] or 0) if found else 0
 
     def _binding_calls(self, identity: Identity, names: list[str], through: Any) -> list[str]:
         """The code of the logged calls that last bound each of ``names`` (up to the
@@ -603,10 +780,37 @@ class Persistence:
             action()
 
 
+# Seconds a kept session's count of logged calls is reused by list_sessions.
+_COUNT_FOR = 5.0
 # How long a call waits for its session's snapshot to start (a fork: milliseconds).
 _START_WAIT = 2.0
 # Room a snapshot leaves free on its disk beyond the size of the last one.
 _SPARE_BYTES = 64 << 20
+
+
+def _apart_note(local: Identity, apart: Identity) -> str:
+    """What a call's result says when its session is kept apart (SPEC 12)."""
+    from ..core.messages import session_arguments
+
+    return (f"Another coordex process on this data folder holds the session "
+            f"({session_arguments(local.record())}); this session is a separate one (it does "
+            f"not see that session's state) and is kept on disk apart from it, as "
+            f"session_name={apart.session_name!r}. Keep calling it as before while this "
+            f"process runs; after it ends, it comes back as session_name="
+            f"{apart.session_name!r}.")
+
+
+def held_elsewhere(record: dict[str, Any], action: str = "close") -> CoordexError:
+    """``close_session`` (or ``rebuild_session``) of a kept session another live process
+    holds."""
+    from ..core.messages import session_arguments
+
+    return CoordexError(
+        "validation", f"The session ({session_arguments(record)}) is held by another coordex "
+        f"process on this data folder; it is that process's to {action}.",
+        f"{action.capitalize()} it from the client that uses it, or wait until that "
+        "process ends; "
+        "list_sessions shows it with held_by.")
 
 
 def _free_bytes(folder: Path) -> int | None:

@@ -6,12 +6,19 @@ restored into the session that wrote it. Each folder holds ``meta.json`` and the
 file it names (:mod:`coordex.worker._coordex_snapshot` writes both, atomically); a
 folder whose meta names no file is a *marker*: the session is kept by replaying its
 logged calls alone (none was written yet, it was too large, or it failed).
+
+``kept.json`` repeats what names the session and where its calls are in the log (its
+identity, ``since``, ``owners``, ``aliases``), written only when those change: a
+``meta.json`` that is lost or damaged then costs the snapshot, never the session - it
+comes back by replay, and says why (:meth:`SnapshotStore.meta`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -23,6 +30,10 @@ from ..worker import _coordex_snapshot as snap
 
 FOLDER = "snapshots"
 LOCK = "lock"
+KEPT = "kept.json"
+# What kept.json holds: what a replay of the whole life needs.
+_KEPT_FIELDS = ("language", "venv_id", "session_id", "session_name", "since", "owners",
+                "aliases")
 
 
 @dataclass(frozen=True)
@@ -73,15 +84,35 @@ class SnapshotStore:
         return folder
 
     def meta(self, identity: Identity) -> dict[str, Any] | None:
-        return snap.read_meta(str(self.folder(identity)))
+        """The folder's ``meta.json``; when it is lost or damaged, a marker rebuilt from
+        ``kept.json`` whose ``problem_why`` says so (the session comes back by replay)."""
+        return _read(self.folder(identity))
 
-    def mark(self, identity: Identity, since: int, owner: str | None) -> None:
+    def undescribed(self, identity: Identity) -> bool:
+        """Whether the folder holds a snapshot's data but neither ``meta.json`` nor
+        ``kept.json`` can say what it is."""
+        folder = self.folder(identity)
+        return any(folder.glob("state-*")) and _read(folder) is None
+
+    def keep(self, identity: Identity, meta: dict[str, Any]) -> None:
+        """Write ``kept.json`` from ``meta`` (what names the session and its calls)."""
+        folder = self.folder(identity)
+        kept = {k: meta.get(k) for k in _KEPT_FIELDS}
+        if _read_kept(folder) != kept:
+            _write_json(folder, KEPT, kept)
+
+    def mark(self, identity: Identity, since: int, owner: str | None,
+             aliases: list[dict[str, Any]] | None = None) -> None:
         """Keep ``identity`` by replay from log row ``since`` on, with no snapshot;
-        ``owner``: the call log's name for this process (its rows are the session's)."""
+        ``owner``: the call log's name for this process (its rows are the session's);
+        ``aliases``: other coordinates its rows were logged under, by owner (a session
+        kept apart: :meth:`~coordex.persist.Persistence.after_call`)."""
         folder = self.folder(identity, make=True)
-        snap.write_meta(str(folder), dict(identity.record(), format=snap.FORMAT, file=None,
-                                          since=since, through=since - 1, attempt=0,
-                                          owners=[owner] if owner else None, problem=None))
+        meta = dict(identity.record(), format=snap.FORMAT, file=None, since=since,
+                    through=since - 1, attempt=0, owners=[owner] if owner else None,
+                    aliases=aliases, problem=None)
+        self.keep(identity, meta)
+        snap.write_meta(str(folder), meta)
         for old in folder.glob("state-*"):
             old.unlink(missing_ok=True)
 
@@ -91,7 +122,7 @@ class SnapshotStore:
         if not self.path.is_dir():
             return found
         for folder in sorted(self.path.iterdir()):
-            meta = snap.read_meta(str(folder))
+            meta = _read(folder)
             if meta is None or "language" not in meta:
                 continue
             try:
@@ -107,6 +138,7 @@ class SnapshotStore:
             return
         if owner not in meta["owners"]:
             meta["owners"] = [*meta["owners"], owner]
+            self.keep(identity, meta)
             snap.write_meta(str(self.folder(identity)), meta)
 
     def hold(self, identity: Identity) -> int | None:
@@ -130,3 +162,39 @@ class SnapshotStore:
 
     def forget(self, identity: Identity) -> None:
         shutil.rmtree(self.folder(identity), ignore_errors=True)
+
+
+def _read(folder: Path) -> dict[str, Any] | None:
+    meta = snap.read_meta(str(folder))
+    if meta is not None and "language" in meta:
+        if not (folder / KEPT).exists():  # kept before kept.json was written
+            with contextlib.suppress(OSError):
+                _write_json(folder, KEPT, {k: meta.get(k) for k in _KEPT_FIELDS})
+        return meta
+    kept = _read_kept(folder)
+    if kept is None or "language" not in kept:
+        return None
+    since: int = kept["since"] if isinstance(kept.get("since"), int) else 1
+    what = "is missing" if not (folder / snap.META).exists() else "cannot be read"
+    return dict(kept, format=snap.FORMAT, file=None, since=since, through=since - 1,
+                attempt=0, problem="meta", problem_why=(
+                    f"the snapshot's description (meta.json) {what}, so the snapshot was "
+                    "not used"))
+
+
+def _read_kept(folder: Path) -> dict[str, Any] | None:
+    try:
+        kept = json.loads((folder / KEPT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return kept if isinstance(kept, dict) else None
+
+
+def _write_json(folder: Path, name: str, value: dict[str, Any]) -> None:
+    """``name`` replaced whole: written, synced and renamed."""
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / name)

@@ -15,6 +15,8 @@ A session with a call in flight is *busy*: the page shows it so and never inspec
 from __future__ import annotations
 
 import json
+import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +75,42 @@ def sessions(executor: Any, arguments: dict[str, Any]) -> Response:
         holder = _is_busy(session, running)
         session["busy"] = holder is not None
         session["busy_with"] = None if holder is None else holder.get("seq") or holder.get("id")
+    listed["closed"] = _closed(executor, listed.get("sessions", []))
     return _ok(listed)
+
+
+def _closed(executor: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sessions closed with close_session that the log can rebuild (the page offers
+    Rebuild for them); none where this process does not hold the log."""
+    from ..log.replay import closed_sessions
+    from ..log.store import CallLog
+
+    log = getattr(executor, "_call_log", None)
+    if not isinstance(log, CallLog):
+        return []
+    found = _CLOSED.get(log)
+    if found is None or time.monotonic() - found[0] > _CLOSED_FOR:
+        try:
+            found = (time.monotonic(), closed_sessions(log))
+        except CoordexError:
+            found = (time.monotonic(), [])
+        _CLOSED[log] = found
+    closed = [dict(record) for record in found[1]]
+    shown = {_where(s) for s in listed}
+    return [s for s in closed if _where(s) not in shown]
+
+
+# The log's closed sessions, read again at most every _CLOSED_FOR seconds (the page
+# asks every second; a read scans the newest rows).
+_CLOSED: weakref.WeakKeyDictionary[Any, tuple[float, list[dict[str, Any]]]] = \
+    weakref.WeakKeyDictionary()
+_CLOSED_FOR = 2.0
+
+
+def _where(session: dict[str, Any]) -> tuple[Any, ...]:
+    name = session.get("session_name")
+    return (session.get("language"), session.get("venv_id"),
+            name if name is not None else session.get("session_id") or 0)
 
 
 def calls(executor: Any, arguments: dict[str, Any]) -> Response:

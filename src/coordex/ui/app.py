@@ -150,6 +150,8 @@ class UIApp:
     Args:
         lookup: ``lookup(token)`` -> the executor that token may see, or None. It must
             compare tokens in constant time.
+        keys: where browsers' keys are kept (:class:`coordex.ui.keys.SignedKeys`, or
+            :class:`coordex.ui.access.Keys` by default).
         prefix: the path the page lives at.
         allowed_hosts / allowed_origins: ``Host`` and ``Origin`` values accepted (a
             ``:*`` suffix matches any port); default: loopback names only.
@@ -158,11 +160,13 @@ class UIApp:
     def __init__(self, lookup: Callable[[str], Any | None], prefix: str = "/ui",
                  allowed_hosts: Sequence[str] | None = None,
                  allowed_origins: Sequence[str] | None = None,
-                 threads_per_tenant: int = THREADS_PER_TENANT) -> None:
+                 threads_per_tenant: int = THREADS_PER_TENANT, keys: Any = None) -> None:
         self.lookup = lookup
         self.prefix = prefix.rstrip("/")
         self.checks = access.Checks(allowed_hosts, allowed_origins)
-        self.keys = access.Keys()
+        # The browsers' keys: signed with a secret under the data folder where one is
+        # given (a login outlives a restart: coordex.ui.keys), else held in memory.
+        self.keys = keys if keys is not None else access.Keys()
         self.threads = TenantThreads(threads_per_tenant)
 
     def handles(self, path: str) -> bool:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from ..core.errors import CoordexError
 from .app import MAX_BODY, UIApp, single_tenant
+from .keys import SignedKeys, secret_under
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -69,8 +70,11 @@ class UIServer:
                 "validation", f"Cannot serve the page on {host}:{port}: {exc.strerror or exc}.",
                 "Pass port=0 to take any free port, or another port that is free.")
         hosts, origins = _allowed(host)
+        root = getattr(executor, "root", None)
+        keys = None if root is None else \
+            SignedKeys(secret_under(root), lambda: [self.token], single=True)
         server.app = UIApp(single_tenant(executor, self.token), allowed_hosts=hosts,
-                           allowed_origins=origins)
+                           allowed_origins=origins, keys=keys)
         self._server = server
         self._closed = False
         bound_port = server.server_address[1]

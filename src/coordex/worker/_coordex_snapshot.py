@@ -312,6 +312,8 @@ def read_data(path: str) -> Tuple[bytes, List[Any]]:
     """
     try:
         with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise Unreadable("it is empty")
             if f.read(len(MAGIC)) != MAGIC:
                 raise Unreadable("it is not a coordex snapshot")
             f.seek(0, os.SEEK_END)
