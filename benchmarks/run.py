@@ -89,6 +89,10 @@ BENCHES: tuple[Bench, ...] = (
           default=False, what="a call through a tenant's confined host"),
     Bench("bench_branches", (), ("src/coordex/backends/",), default=False,
           what="forking a session and its checkpoints"),
+    Bench("bench_observe", (), ("src/coordex/observe/",), default=False,
+          what="what a span per call costs with tracing on"),
+    Bench("bench_wait", (), ("src/coordex/log/detached.py",), default=False,
+          what="what `wait` adds to a call that ends before it"),
 )
 BY_SCRIPT = {b.script: b for b in BENCHES}
 

@@ -58,12 +58,14 @@ class AsyncExecutor:
                            session_name: str | None = None, venv_id: int | None = None,
                            timeout: float | None = None,
                            on_output: Callable[[str, str], None] | None = None, *,
-                           on_progress: Callable[[str], None] | None = None) -> RunResult:
-        """``Executor.execute_code``; cancelling the task interrupts the code."""
+                           on_progress: Callable[[str], None] | None = None,
+                           wait: float | None = None) -> RunResult:
+        """``Executor.execute_code``; cancelling the task interrupts the code (a call
+        already answered ``running`` goes on: :meth:`cancel_call` interrupts it)."""
         cancel = threading.Event()
         task = asyncio.ensure_future(asyncio.to_thread(
             self.sync.execute_code, code, language, state_mode, session_id, session_name,
-            venv_id, timeout, on_output, on_progress=on_progress, cancel=cancel))
+            venv_id, timeout, on_output, on_progress=on_progress, cancel=cancel, wait=wait))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -95,9 +97,18 @@ class AsyncExecutor:
 
     async def rebuild_session(self, language: Language = "python", session_id: int | None = None,
                               session_name: str | None = None,
-                              venv_id: int | None = None) -> RebuildResult:
+                              venv_id: int | None = None, *,
+                              wait: float | None = None) -> RebuildResult:
         return await asyncio.to_thread(self.sync.rebuild_session, language, session_id,
-                                       session_name, venv_id)
+                                       session_name, venv_id, wait=wait)
+
+    async def wait_call(self, call_id: str, wait: float | None = None) -> dict[str, Any]:
+        """``Executor.wait_call`` (SPEC 14), off the event loop."""
+        return await asyncio.to_thread(self.sync.wait_call, call_id, wait)
+
+    async def cancel_call(self, call_id: str) -> dict[str, Any]:
+        """``Executor.cancel_call`` (SPEC 14), off the event loop."""
+        return await asyncio.to_thread(self.sync.cancel_call, call_id)
 
     async def fork_session(self, session_id: int | str | None = None,
                            session_name: str | None = None, language: Language = "python",

@@ -30,6 +30,20 @@ def _say(*parts: object) -> None:
     print("coordex:", *parts, file=sys.stderr, flush=True)
 
 
+def _cannot_start(exc: BaseException) -> None:
+    """Why a server cannot start, with the frames that failed: an operator sees where."""
+    import logging
+    import traceback
+
+    _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+    server_log = logging.getLogger("coordex.server")
+    if server_log.hasHandlers():  # --log-format / --log-level set a handler (SPEC 16)
+        server_log.error("the server did not start", exc_info=exc)
+        return
+    sys.stderr.write("".join(traceback.format_exception(exc)))
+    sys.stderr.flush()
+
+
 def _show_error(record: dict[str, Any]) -> None:
     _say(f"error ({record.get('error_type', '?')}): {record.get('error', '')}")
     if record.get("suggestion"):
@@ -186,7 +200,14 @@ def _leave_promptly(code: int) -> int:
 
 
 # How long threads left after a signal get to finish before the process leaves them.
-LEAVE_GRACE = 1.0
+LEAVE_GRACE = 0.5
+
+
+def _log_start_failure() -> None:
+    """A server that cannot start logs why, with the traceback (SPEC 16)."""
+    import logging
+
+    logging.getLogger("coordex.server").error("the server did not start", exc_info=True)
 
 
 # --- mcp -----------------------------------------------------------------------------------
@@ -199,6 +220,35 @@ def _load_mcp_sdk(failed: list[BaseException]) -> None:
         failed.append(exc)
 
 
+# The MCP SDK is the `mcp` extra of coordex-slim (the `coordex` distribution has it): a
+# library-only install says how to add the server before anything starts.
+MCP_SDK = "mcp>=2.3,<3"
+SERVER_INSTALL = ("pip install coordex  (or: pip install 'coordex-slim[mcp]'; "
+                  "or run it without installing: uvx coordex mcp)")
+
+
+def missing_server_sdk() -> str | None:
+    """Why ``coordex mcp`` / ``serve`` cannot run here (no MCP SDK 2.x), or None."""
+    import importlib.metadata
+    import importlib.util
+
+    from packaging.requirements import Requirement
+
+    if importlib.util.find_spec("mcp") is None:
+        found = "is not installed"
+    else:
+        try:
+            version = importlib.metadata.version("mcp")
+        except importlib.metadata.PackageNotFoundError:
+            return None  # an unpackaged SDK on the path: let the import decide
+        if Requirement(MCP_SDK).specifier.contains(version, prereleases=True):
+            return None
+        found = f"is version {version}"
+    return (f"the MCP server needs the MCP SDK ({MCP_SDK}), which {found} in this "
+            f"environment ({sys.executable}). Install the server: {SERVER_INSTALL}. The "
+            "library (import coordex, Executor) works without it.")
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     import threading
 
@@ -208,11 +258,23 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     wire = claim_stdio()
     _terminate_as_interrupt()
     # The MCP SDK takes ~0.5 s to import: it loads while initialize is answered (SPEC 8).
+    # Python 3.11's sysconfig fills its cache of build settings non-atomically, and that
+    # import fills it (zoneinfo) while the executor starting here reads it (uv asks for
+    # "EXE"): the reader could get None. Filled now, before the second thread exists.
+    import sysconfig
+
+    sysconfig.get_config_vars()
     failed: list[BaseException] = []
     loading = threading.Thread(target=_load_mcp_sdk, args=(failed,), daemon=True,
                                name="coordex-load-mcp")
     loading.start()
     greeting = greet(wire)
+    from .observe import command as observe
+
+    problem = observe.start(args)  # logging, --otel (SPEC 16)
+    if problem is not None:
+        _say(problem)
+        return EXIT_USAGE
     try:
         if args.confine:
             from . import router
@@ -230,7 +292,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         else:
             ex = make_executor(args)
     except Exception as exc:
-        _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+        _cannot_start(exc)
         return EXIT_FAILURE
     if args.ui is not None:
         page = ex.serve_ui(port=args.ui, host=args.ui_host)
@@ -245,8 +307,11 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         raise failed[0]
     import anyio
 
+    from . import mcp_server
     from .mcp_server import serve_stdio
 
+    if args.max_wait is not None:
+        mcp_server.MAX_WAIT = args.max_wait
     _answer_then_interrupt([ex])
     interrupted = False
     try:
@@ -283,7 +348,7 @@ def _read_tokens(path: str) -> dict[str, str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
-    from . import router
+    from . import mcp_server, router
     from .mcp_server import (
         BearerTenantApp,
         TokenFileError,
@@ -291,7 +356,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         make_tenant,
         serve_http,
     )
+    from .observe import command as observe
 
+    if args.max_wait is not None:
+        mcp_server.MAX_WAIT = args.max_wait
+
+    tenants: list[Any] = []
+    problem = observe.start(args, tenants=bool(args.tokens), sources=lambda: [
+        (t.name if args.tokens else None, t.executor) for t in tenants])
+    if problem is not None:
+        _say(problem)
+        return EXIT_USAGE
+    metrics_token = observe.metrics_token()
     env_token = (os.environ.get("COORDEX_TOKEN") or "").strip() or None
     root = base_root(args.home)
     named: dict[str, str]
@@ -314,7 +390,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         named = {"": secrets.token_urlsafe(32)}
     router.hide_secrets_from_sessions()
-    problem = router.short_tokens(named)
+    problem = router.short_tokens(
+        {**named, **({"COORDEX_METRICS_TOKEN": metrics_token} if metrics_token else {})})
     if problem is not None:
         _say(problem)
         return EXIT_USAGE
@@ -366,26 +443,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
             tenants_cluster.close()
             _say(f"refusing to start: {refusal}")
             return EXIT_USAGE
-    tenants = []
     try:
         for name, token in named.items():
             # Named tenants run confined in root/tenants/NAME; the single COORDEX_TOKEN
             # tenant lives in root itself (or in --confine DIR).
             ex = router.tenant_executor(args, name, root, lambda: make_executor(args, root=root))
             tenants.append(make_tenant(name or "default", token, ex, args.host, args.allowed_host,
-                                       **router.tenant_options(args, confined)))
+                                       **router.tenant_options(args, confined),
+                                       tenant_label=name or None))
     except Exception as exc:
         sock.close()
         for tenant in tenants:
             tenant.executor.close()
         if tenants_cluster is not None:
             tenants_cluster.close()
-        _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+        _cannot_start(exc)
         return EXIT_FAILURE
 
-    app = BearerTenantApp(tenants, ui_root=root)
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
+    try:
+        oauth = _oauth_gate(args, shown, port)
+    except Exception as exc:  # the issuer's metadata or keys cannot be found
+        sock.close()
+        for tenant in tenants:
+            tenant.executor.close()
+        _say(f"cannot use --oauth-issuer {args.oauth_issuer!r}: {exc}")
+        return EXIT_USAGE
+    if oauth is not None:
+        _say(f"OAuth: JWTs of {args.oauth_issuer} for {oauth.resource}; metadata at "
+             f"{oauth.metadata_url}")
+    app = BearerTenantApp(tenants, ui_root=root, oauth=oauth)
+    app.metrics_token = metrics_token
 
     def ready() -> None:
         _say(f"serving MCP on http://{shown}:{port}/mcp ({len(tenants)} tenant(s))")
@@ -397,10 +486,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         anyio.run(serve_http, app, sock, ready)
     except SystemExit as exc:  # uvicorn exits on a failed startup (e.g. the lifespan)
         _say(f"the HTTP server stopped during startup (code {exc.code}).")
+        _log_start_failure()
         return EXIT_FAILURE
     except BaseException as exc:
         # SIGTERM arrives as KeyboardInterrupt, which anyio may wrap in an exception group.
         if not _only_interrupts(exc):
+            _log_start_failure()
             raise
         interrupted = True
     finally:
@@ -675,6 +766,46 @@ _NO_PERSIST_HELP = ("do not keep sessions on disk: by default a session's state 
                     "under HOME/snapshots and found again after a restart or a crash")
 
 
+def _add_oauth_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group(
+        "OAuth", "also accept JWT access tokens of one authorization server (hosted "
+        "connectors); bearer tokens keep working")
+    group.add_argument("--oauth-issuer", metavar="URL",
+                       help="the authorization server whose JWTs are accepted (its RFC 8414 "
+                       "or OpenID metadata names its keys)")
+    group.add_argument("--oauth-audience", metavar="VALUE",
+                       help="the 'aud' a token must hold (default: the resource URL, "
+                       "PUBLIC_URL/mcp)")
+    group.add_argument("--oauth-jwks", metavar="URL",
+                       help="the issuer's JWKS URL, instead of finding it in its metadata")
+    group.add_argument("--oauth-tenant-claim", metavar="CLAIM", default=None,
+                       help="the claim naming the token's tenant (default coordex_tenant; "
+                       "optional with one tenant)")
+    group.add_argument("--public-url", metavar="URL",
+                       help="the URL clients reach this server at (default "
+                       "http://HOST:PORT), for the resource URL and its metadata")
+
+
+def _oauth_gate(args: argparse.Namespace, host: str, port: int) -> Any:
+    """The OAuth gate ``--oauth-issuer`` asks for, or None (raises OAuthSetupError)."""
+    if not args.oauth_issuer:
+        return None
+    from .oauth import DEFAULT_TENANT_CLAIM, JWTVerifier, OAuthGate, discover_jwks
+
+    public = (args.public_url or f"http://{host}:{port}").rstrip("/")
+    resource = f"{public}/mcp"
+    jwks = args.oauth_jwks or discover_jwks(args.oauth_issuer)
+    verifier = JWTVerifier(args.oauth_issuer, args.oauth_audience or resource, jwks)
+    return OAuthGate(resource, args.oauth_issuer, verifier,
+                     args.oauth_tenant_claim or DEFAULT_TENANT_CLAIM)
+
+
+def _add_observe_options(parser: argparse.ArgumentParser, *, serve: bool) -> None:
+    from .observe.command import add_options
+
+    add_options(parser, serve=serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--home", metavar="DIR",
@@ -685,6 +816,10 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                         help="default per-call timeout (default 50, below the common "
                         "60 s client request timeout)")
+    limits.add_argument("--max-wait", type=_positive_float, metavar="SECONDS",
+                        help="seconds a tool call waits before it answers 'running' with "
+                        "a call_id (the code goes on; wait_call fetches its result); the "
+                        "default and most of the tools' wait argument (default 45)")
 
     parser = argparse.ArgumentParser(
         prog="coordex",
@@ -705,6 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address the page binds to (default 127.0.0.1)")
     p.add_argument("--no-persist", action="store_true", help=_NO_PERSIST_HELP)
     _add_confinement_options(p, tenants=False)
+    _add_observe_options(p, serve=False)
     p.set_defaults(func=cmd_mcp)
 
     p = sub.add_parser("serve", parents=[common, limits], help="serve MCP over streamable HTTP",
@@ -725,6 +861,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "needs pip install 'coordex[ray]'. With --tokens, each tenant's sessions "
                    "on a node run in a confined host of that tenant there")
     _add_confinement_options(p, tenants=True)
+    _add_oauth_options(p)
+    _add_observe_options(p, serve=True)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("log", parents=[common], help="show the call log",
@@ -831,6 +969,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.func in (cmd_mcp, cmd_serve) and (why := missing_server_sdk()) is not None:
+        _say(why)
+        return EXIT_FAILURE
     try:
         code: int = args.func(args)
         return code

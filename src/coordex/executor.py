@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import branches, sessions
+from . import branches, sessions, spill
 from .backends._reap import keeper as _process_keeper
 from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session, empty_outcome
 from .backends.env import EnvironmentPlace
@@ -64,7 +64,10 @@ from .core.shapes import (
 )
 from .log import LOG_FILE, CallLog
 from .log.calls import log_off_error, note_changes, record_call
+from .log.detached import CallBook
+from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls, where
+from .observe.hook import call_env, watch_call
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -100,13 +103,16 @@ class Executor:
             joined, the constructor raises ``ValueError`` saying what to do, as it does
             for any bad constructor argument.
         own_on_caller_thread: run own-interpreter code on the calling thread when that
-            is the main thread (about 30 us less per call). The trade: a timeout then
+            is the main thread (one thread hand-off less per call). The trade: a timeout then
             returns only once code blocked in C that retries on signals (``os.system``,
             a long BLAS call) or code that catches every interrupt lets go; by default
             the code runs on a runner thread and the timeout always returns.
         environments_manager: the environment manager to use instead of one made from
             ``root``, ``envs_dir`` and ``build_timeout`` (a confined host passes one whose
             builds run in its builder process).
+        records: where the call log and the function library are written, instead of
+            files under ``root`` (a confined host passes its owner's writer, so the
+            tenant's code cannot change its own log).
         persist: keep sessions on disk under ``root/snapshots`` so they outlive this
             process (SPEC section 12): a later Executor on the same ``root`` restores a
             session on its first call, from its last snapshot plus the stateful calls
@@ -171,7 +177,11 @@ class Executor:
         # Calls in flight, for the page (SPEC 11): their output so far, and interrupt.
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
+        # Calls given ``wait`` (SPEC 14): wait_call, cancel_call, busy, join, redelivery.
+        self._calls = CallBook(self._same_session, self._result_from_log)
         self._ui: Any = None
+        # Output and values that do not fit a result go here (SPEC 14).
+        self.spill_folder = spill.folder_of(_working_folder(self.root))
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ context manager
@@ -219,7 +229,8 @@ class Executor:
                      venv_id: int | None = None, timeout: float | None = None,
                      on_output: OutputCallback | None = None, *,
                      on_progress: Callable[[str], None] | None = None,
-                     cancel: threading.Event | None = None) -> RunResult:
+                     cancel: threading.Event | None = None,
+                     wait: float | None = None) -> RunResult:
         """Run ``code`` at one coordinate and return the SPEC result or error dict.
 
         Args:
@@ -238,10 +249,164 @@ class Executor:
             cancel: an event a front end sets when its request is cancelled; the code
                 is then interrupted as on a timeout, in every place (state kept; killed
                 only if it ignores the interrupt past the grace period).
+            wait: seconds (> 0) to wait for the end (SPEC 14). A call still running
+                then returns ``{"running": True, "call_id", "elapsed_ms", "stdout",
+                "stderr", "session", "state_mode", "suggestion"}`` and goes on under its
+                own ``timeout``; :meth:`wait_call` fetches its result. A call given
+                ``wait`` that ends in time returns its result with its ``call_id``.
+                Default: wait for the end.
         """
-        return cast(RunResult, self._execute(
-            code, language, state_mode, session_id, session_name, venv_id, timeout, on_output,
-            on_progress, cancel, self.output_limit, nested=False))
+        watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
+        if watch is None:
+            return self._execute_code(code, language, state_mode, session_id, session_name,
+                                      venv_id, timeout, on_output, on_progress, cancel, wait)
+        result: Any = None
+        try:
+            result = self._execute_code(code, language, state_mode, session_id, session_name,
+                                        venv_id, timeout, on_output, on_progress, cancel, wait)
+        finally:
+            watch.done({"code": code, "language": language, "state_mode": state_mode,
+                        "session_id": session_id, "session_name": session_name,
+                        "venv_id": venv_id}, result)
+            watch.close()
+        return cast(RunResult, result)
+
+    def _execute_code(self, code: Any, language: Any, state_mode: Any, session_id: Any,
+                      session_name: Any, venv_id: Any, timeout: Any,
+                      on_output: OutputCallback | None, on_progress: Any,
+                      cancel: threading.Event | None, wait: Any) -> RunResult:
+        if wait is None and not self._calls.active:
+            if cancel is None and (record := getattr(_recorded_call, "record", None)):
+                cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
+            return cast(RunResult, self._execute(
+                code, language, state_mode, session_id, session_name, venv_id, timeout,
+                on_output, on_progress, cancel, self.output_limit, nested=False))
+        asked = {"code": code, "language": language, "state_mode": state_mode,
+                 "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
+                 "timeout": timeout}
+
+        def run(output: OutputCallback | None, event: threading.Event | None) -> dict[str, Any]:
+            return self._execute(code, language, state_mode, session_id, session_name,
+                                 venv_id, timeout, output, on_progress, event,
+                                 self.output_limit, nested=False)
+
+        return cast(RunResult, self._recorded("execute_code", asked, state_mode, run, wait,
+                                              on_output, cancel))
+
+    # ------------------------------------------------------------------ long work (SPEC 14)
+
+    def _recorded(self, tool: str, asked: dict[str, Any], state_mode: Any,
+                  run: Callable[[OutputCallback | None, threading.Event | None], dict[str, Any]],
+                  wait: Any, on_output: OutputCallback | None,
+                  cancel: threading.Event | None) -> dict[str, Any]:
+        """One call through the call book: ``busy``, joined, redelivered or run, and
+        waited for at most ``wait`` seconds."""
+        from .log.detached import inside_call
+
+        started = time.perf_counter()
+        try:
+            wait = _check_wait(wait)
+            self._check_open()
+        except CoordexError as exc:
+            return _error_record(exc, None, started)
+        if inside_call():  # a recorded call's own calls run as they are
+            return run(on_output, cancel)
+        place = None if state_mode == "stateless" else {
+            "language": asked.get("language") or "python", "venv_id": asked.get("venv_id"),
+            "session_id": asked.get("session_id"), "session_name": asked.get("session_name")}
+        mode = state_mode if isinstance(state_mode, str) else None
+        return self._calls.run(tool, asked, place, mode, run, wait, on_output, cancel,
+                               functools.partial(self._asked_session, place))
+
+    def run_recorded(self, tool: str, arguments: dict[str, Any],
+                     run: Callable[[OutputCallback | None, threading.Event | None],
+                                   dict[str, Any]],
+                     wait: float | None, on_output: OutputCallback | None = None,
+                     cancel: threading.Event | None = None) -> dict[str, Any]:
+        """For front ends: run one tool call (``run(on_output, cancel)``) through the
+        call record of SPEC 14, as ``execute_code`` runs with ``wait``: ``busy`` for a
+        session a detached call holds, joined to an identical running call, a held
+        result redelivered, else run and waited for at most ``wait`` seconds."""
+        if wait is None and not self._calls.active:
+            return run(on_output, cancel)
+        return self._recorded(tool, {k: v for k, v in arguments.items() if k != "wait"},
+                              arguments.get("state_mode", "stateless"), run, wait,
+                              on_output, cancel)
+
+    def wait_call(self, call_id: str, wait: float | None = None) -> dict[str, Any]:
+        """The result of a call that returned ``running`` (SPEC 14).
+
+        Args:
+            call_id: the ``call_id`` of a ``running`` record.
+            wait: seconds (> 0) to wait; still running then: another ``running``
+                record. Default: wait for the end.
+
+        Returns:
+            The very dict the call would have returned, ``call_id`` added: kept at
+            least an hour after the call ends, and read from the call log after that
+            or after a restart (then with ``"from_log": true``). ``not_found`` for an
+            unknown or expired id, naming the calls still running.
+        """
+        try:
+            return self._calls.wait_call(call_id, _check_wait(wait))
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    def cancel_call(self, call_id: str) -> dict[str, Any]:
+        """Interrupt a call that returned ``running`` as ``cancel`` does (state kept;
+        killed only if it ignores the interrupt past the grace period) and return its
+        final result, ``call_id`` added. An ended call: its result, unchanged."""
+        try:
+            return self._calls.cancel_call(call_id)
+        except CoordexError as exc:
+            return exc.to_dict()
+
+    def hold_call(self, call_id: str) -> dict[str, Any]:
+        """For front ends: the answer to a request of ``call_id`` was lost before it
+        was delivered (its connection or stream broke; not a cancellation). The call's
+        result is held for 10 minutes: the identical call gets it with
+        ``"redelivered": true`` instead of running again."""
+        return {"held": self._calls.hold(call_id), "call_id": call_id}
+
+    def _same_session(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
+        key_a, key_b = self._session_key(a), self._session_key(b)
+        if key_a is not None and key_b is not None:
+            return key_a == key_b
+        return all(a.get(k) == b.get(k) for k in ("language", "venv_id", "session_id",
+                                                    "session_name"))
+
+    def _session_key(self, place: dict[str, Any]) -> SessionKey | None:
+        try:
+            coordinate = coords.check_coordinate(place.get("language"), "stateful",
+                                                 place.get("session_id"),
+                                                 place.get("session_name"),
+                                                 place.get("venv_id"))
+        except CoordexError:
+            return None
+        with self._table.lock:
+            return self._table.registry.find(coordinate)
+
+    def _asked_session(self, place: dict[str, Any] | None) -> dict[str, Any] | None:
+        if place is None:
+            return None
+        key = self._session_key(place)
+        if key is not None:
+            return self._table.record(key)
+        return session_record(place["language"], place.get("venv_id"),
+                              place.get("session_id"), place.get("session_name"))
+
+    def _result_from_log(self, call_id: str) -> dict[str, Any] | None:
+        """A finished call's result as its log row keeps it (SPEC 14 after a restart)."""
+        from .log.calls import result_of_row
+
+        if self._call_log is None:
+            return None
+        try:
+            rows = self._call_log.query(
+                "SELECT * FROM calls WHERE call_id = ? ORDER BY seq DESC LIMIT 1", [call_id])
+        except Exception:
+            return None
+        return result_of_row(rows[0]) if rows else None
 
     def _execute(self, code: Any, language: Any, state_mode: Any, session_id: Any,
                  session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
@@ -255,6 +420,7 @@ class Executor:
         started = time.perf_counter()
         coordinate: Coordinate | None = None
         seq: int | None = None  # the call's log row, where one was reserved while it ran
+        tee: spill.Tee | None = None  # a stored function's inner call is fitted by its caller
         try:
             code = coords.check_code(code)
             coordinate = coords.check_coordinate(language, state_mode, session_id,
@@ -269,8 +435,13 @@ class Executor:
             running = self.running_calls.start(
                 where(coordinate.language, coordinate.venv_id, coordinate.session_id,
                       coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
+            running.recorded = getattr(_recorded_call, "record", None)
+            if not nested:
+                tee = spill.Tee(self.spill_folder, output_limit, running.output)
             try:
-                request = RunRequest(code, limit, running.output, output_limit, cancel=cancel)
+                request = RunRequest(code, limit, tee or running.output, output_limit,
+                                     cancel=cancel, env=call_env(),
+                                     value_limit=None if nested else spill.VALUE_KEEP_CHARS)
                 self._progress.callback = running.progress(on_progress)  # the page sees builds
                 active = self._active_session(coordinate) if nested else None
                 if active is None:
@@ -287,6 +458,8 @@ class Executor:
                 result = messages.stopped_by(result, "person")
             elif cancel is not None and cancel.is_set():  # its caller cancelled it
                 result = messages.stopped_by(result, "caller")
+        if tee is not None:
+            result = tee.finish(result, output_limit)
         asked = None if coordinate is not None else (language, state_mode, session_id,
                                                       session_name, venv_id)
         result = record_call(self._call_log, result, code, coordinate, seq, asked)
@@ -574,6 +747,13 @@ class Executor:
                     record["node"] = node
             record["held"] = True  # held by this process (SPEC 12: kept ones are not)
             records.append(record)
+        for place, call_id in self._calls.detached_sessions():  # SPEC 14
+            key = self._session_key(place)
+            for record in records:
+                if key is not None and (record.get("language"), record.get("venv_id"),
+                                        record.get("session_id")) == (
+                                            key.language, key.venv_id, key.session_id):
+                    record["busy"], record["call_id"] = True, call_id
         if self._persist is not None:
             records.extend(self._persist.waiting())
         return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
@@ -650,6 +830,7 @@ class Executor:
             branches.forget(self, record)  # its checkpoints go with it (SPEC 15)
             if self._call_log is not None:
                 self._call_log.event("close", record)
+            spill.forget_session(self.spill_folder, record)
             return cast(CloseResult, {"closed": True, "session": record})
         except CoordexError as exc:
             return cast(CloseResult, exc.to_dict())
@@ -741,7 +922,24 @@ class Executor:
 
     def rebuild_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
-                        venv_id: int | None = None) -> RebuildResult:
+                        venv_id: int | None = None, *, wait: float | None = None) -> RebuildResult:
+        """Bring back a session whose state was lost (or that was closed) from the log.
+
+        ``wait`` (seconds > 0): as for :meth:`execute_code`, a rebuild still replaying
+        then returns a ``running`` record; :meth:`wait_call` fetches its result.
+        """
+        if wait is None and not self._calls.active:
+            return self._rebuild_session(language, session_id, session_name, venv_id)
+        asked = {"language": language, "session_id": session_id,
+                 "session_name": session_name, "venv_id": venv_id}
+        return cast(RebuildResult, self._recorded(
+            "rebuild_session", asked, "stateful",
+            lambda output, event: dict(self._rebuild_session(language, session_id,
+                                                             session_name, venv_id)),
+            wait, None, None))
+
+    def _rebuild_session(self, language: Any, session_id: Any, session_name: Any,
+                         venv_id: Any) -> RebuildResult:
         """Bring back a session whose state was lost (or that was closed) from the log.
 
         Replays into a fresh session, in order, the stateful calls that succeeded and
@@ -936,7 +1134,16 @@ class Executor:
         """
         from .tools import route
 
-        return route(self, name, arguments)
+        watch = watch_call(str(name))  # None unless someone observes (SPEC 16)
+        if watch is None:
+            return route(self, name, arguments)
+        result: Any = None
+        try:
+            result = route(self, name, arguments)
+        finally:
+            watch.done(arguments if isinstance(arguments, dict) else None, result)
+            watch.close()
+        return cast(dict[str, Any], result)
 
     # ------------------------------------------------------------------ library hooks
 
@@ -954,8 +1161,10 @@ class Executor:
         ``functions.f.stateful()(...)``) runs there at once instead of waiting for that
         session's lock, which the outer call holds.
         """
+        record = getattr(_recorded_call, "record", None)  # cancel_call reaches it
         return self._execute(code, "python", state_mode, session_id, session_name, venv_id,
-                             timeout, on_output, on_progress, None,
+                             timeout, on_output, on_progress,
+                             record.cancel if record is not None else None,
                              max(output_limit, self.output_limit), nested=True)
 
     def _run_in_active(self, active: tuple[SessionKey, OwnSession], coordinate: Coordinate,
@@ -1074,5 +1283,24 @@ def _error_record(exc: CoordexError, coordinate: Coordinate | None,
     return record
 
 
+def _check_wait(wait: Any) -> float | None:
+    """``wait`` as seconds, or a ``validation`` error naming the fix."""
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0 \
+            or wait != wait:
+        raise validation(f"wait must be a number of seconds > 0, got {wait!r:.80}.",
+                         "Pass e.g. wait=30, or leave it out to wait for the end.")
+    return float(min(wait, 604800.0))
+
+
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
+
+
+def _working_folder(root: Path) -> str:
+    """The folder sessions start in: this process's (its root's, if that is gone)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return str(root)

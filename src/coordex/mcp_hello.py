@@ -13,9 +13,11 @@ importing the MCP SDK takes about half a second (SPEC 8 wants the answer within
    the first to read it, so its session state is what it always is; its own answer to
    it is dropped (:class:`Greeting`), so the client hears one answer.
 
-Anything else as the first message (a malformed ``initialize``, a ``server/discover``
-of the stateless protocol era, nothing within :data:`WAIT_S`) is left to the SDK
-untouched.
+The stateless era (2026-07-28) opens with ``server/discover`` instead, its protocol
+version and client capabilities in ``params._meta``; a well-formed one at a version the
+SDK serves is answered the same way (:func:`discover_result`). Anything else as the
+first message (a malformed request, a version the SDK would refuse, nothing within
+:data:`WAIT_S`) is left to the SDK untouched.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ INSTRUCTIONS = (
 # the capabilities its low-level Server declares for coordex's handlers.
 HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_HANDSHAKE = HANDSHAKE_VERSIONS[-1]
+# The stateless era's versions (mcp_types.version.MODERN_PROTOCOL_VERSIONS) and the
+# ``_meta`` keys of its per-request envelope.
+MODERN_VERSIONS = ("2026-07-28",)
+PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": False}}
 # How long to wait for the client's first message before leaving it to the SDK.
 WAIT_S = 5.0
@@ -59,8 +67,8 @@ class Greeting:
     """What :func:`greet` read and answered, for the SDK to take over.
 
     ``read`` is every byte read from the client so far (the SDK reads them first);
-    ``answered`` the id of the ``initialize`` that was answered (the SDK's own answer to
-    it is dropped), or None.
+    ``answered`` the id of the ``initialize`` or ``server/discover`` that was answered
+    (the SDK's own answer to it is dropped), or None.
     """
 
     read: bytes = b""
@@ -68,7 +76,7 @@ class Greeting:
 
     def drops(self, text: str) -> bool:
         """Whether ``text`` (one message the SDK writes) is its answer to the
-        ``initialize`` already answered; true once at most."""
+        first message already answered; true once at most."""
         if self.answered is None or '"id"' not in text:
             return False
         try:
@@ -125,8 +133,31 @@ def initialize_result(params: Any) -> dict[str, Any] | None:
     }
 
 
+def discover_result(params: Any) -> dict[str, Any] | None:
+    """The SDK's result for ``server/discover`` with ``params``; None when the SDK would
+    refuse them or answer otherwise (it then answers itself)."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or meta.get(PROTOCOL_VERSION_KEY) not in MODERN_VERSIONS \
+            or not isinstance(meta.get(CLIENT_CAPABILITIES_KEY), dict):
+        return None
+    return {
+        "cacheScope": "private",
+        "capabilities": json.loads(json.dumps(CAPABILITIES)),
+        "instructions": INSTRUCTIONS,
+        "resultType": "complete",
+        "supportedVersions": list(MODERN_VERSIONS),
+        "ttlMs": 0,
+        "_meta": {SERVER_INFO_KEY: {"name": SERVER_NAME, "version": __version__}},
+    }
+
+
+# The first messages answered early, each by the SDK's result for its params.
+_EARLY = {"initialize": initialize_result, "server/discover": discover_result}
+
+
 def greet(wire: WireFds, wait: float = WAIT_S) -> Greeting:
-    """Read the client's first message and answer it if it is ``initialize``."""
+    """Read the client's first message and answer it if it is ``initialize`` or
+    ``server/discover``."""
     greeting = Greeting()
     buffer = b""
     deadline = time.monotonic() + wait
@@ -156,12 +187,12 @@ def _answer(line: str) -> tuple[Any, dict[str, Any]] | None:
     except ValueError:
         return None
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" \
-            or message.get("method") != "initialize":
+            or message.get("method") not in _EARLY:
         return None
     request_id = message.get("id")
     if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
         return None
-    result = initialize_result(message.get("params"))
+    result = _EARLY[message["method"]](message.get("params"))
     return None if result is None else (request_id, result)
 
 
@@ -171,4 +202,5 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 __all__ = ["CAPABILITIES", "HANDSHAKE_VERSIONS", "INSTRUCTIONS", "LATEST_HANDSHAKE",
-           "Greeting", "WireFds", "claim_stdio", "greet", "initialize_result"]
+           "MODERN_VERSIONS", "Greeting", "WireFds", "claim_stdio", "discover_result", "greet",
+           "initialize_result"]

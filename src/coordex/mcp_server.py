@@ -14,7 +14,8 @@ Every result - success or error - becomes a tool result: the dict as structured
 content, the same dict as JSON text (image data replaced by a pointer to the image
 blocks, so a model is not fed base64), each image as MCP image content, and
 ``isError`` when the dict is an error. Output produced while a call runs reaches the
-client as progress notifications carrying the newest output.
+client as progress notifications carrying the newest output, and a call that prints
+nothing still sends one every few seconds (the heartbeat: elapsed time, newest line).
 
 Stdio: before anything else starts, :func:`claim_stdio` moves the wire to private
 descriptors and points fd 1 at stderr and fd 0 at /dev/null, so ``os.write(1, ...)``
@@ -30,6 +31,7 @@ session id.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hmac
 import io
 import json
@@ -56,6 +58,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from . import __version__
 from .core.errors import make_error
 from .mcp_hello import INSTRUCTIONS, SERVER_NAME, Greeting, WireFds, claim_stdio
+from .observe import http as operator_http
+from .observe.hook import watch_tool_call
 from .tools import (
     MCP_DEFAULT_TIMEOUT,
     TOOL_NAMES,
@@ -69,6 +73,11 @@ from .tools import (
 # of the newest output each one carries.
 PROGRESS_INTERVAL = 0.25
 PROGRESS_TAIL_CHARS = 1000
+# However silent a call, a progress notification at least this often (SPEC 14 asks for
+# one every 10 s; half that leaves room for a loaded machine).
+HEARTBEAT_INTERVAL = 5.0
+HEARTBEAT_FIRST = 1.0
+HEARTBEAT_LINE_CHARS = 200
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -88,7 +97,7 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
             {"mime": img.get("mime", "image/png"), "data": f"<image content block {i + 1}>"}
             for i, img in enumerate(images)
         ]
-    content: list[types.TextContent | types.ImageContent] = [
+    content: list[types.TextContent | types.ImageContent | types.ResourceLink] = [
         types.TextContent(type="text", text=json.dumps(text_view, ensure_ascii=False))
     ]
     for img in images:
@@ -97,9 +106,27 @@ def to_tool_result(record: dict[str, Any]) -> types.CallToolResult:
                 type="image", data=str(img.get("data", "")), mime_type=img.get("mime", "image/png")
             )
         )
+    content.extend(spilled_links(structured))
     return types.CallToolResult(
         content=list(content), structured_content=structured, is_error="error_type" in record
     )
+
+
+def spilled_links(record: dict[str, Any]) -> list[types.ResourceLink]:
+    """A ``resource_link`` for each file holding a stream or value the result cut
+    (``spilled``, SPEC 14): a file the session reads, as a ``file://`` URI."""
+    spilled = record.get("spilled")
+    links = []
+    for name, path in (spilled.items() if isinstance(spilled, dict) else ()):
+        if not (isinstance(path, str) and os.path.isabs(path)):
+            continue
+        links.append(types.ResourceLink(
+            type="resource_link", uri=Path(path).as_uri(), name=f"{name}.txt",
+            title=f"The whole {name} of this call",
+            description=f"This call's {name}, whole; the result holds its head and tail. "
+                        "Read it with execute_code in the same session.",
+            mime_type="text/plain"))
+    return links
 
 
 # --- progress --------------------------------------------------------------------------
@@ -110,7 +137,8 @@ class OutputRelay:
 
     ``on_output`` must return at once (it runs on the executor's reader threads), so it
     only records. Build lines (stream ``"build"``: uv's, and the heartbeat while it is
-    silent) are each sent as a notification of their own, in order; the run's output is
+    silent) and this call's own heartbeat lines (:meth:`beat`) are each sent as a
+    notification of their own, in order; the run's output is
     sent at most once per interval as its newest part, a change of stream always
     starting a new line. ``progress`` is the number of characters seen so far, raised by
     one where needed so that it rises with every notification (as MCP requires).
@@ -153,21 +181,45 @@ class OutputRelay:
                 updates.append((self._next(), self._tail))
             return updates
 
+    def beat(self, elapsed: float) -> None:
+        """A heartbeat line for a call silent since the last notification: the seconds
+        it has run and the newest line of its output, if any."""
+        with self._lock:
+            newest = next((line for line in reversed(self._tail.splitlines()) if line.strip()),
+                          "")
+            line = f"running for {elapsed:.0f} s"
+            if newest:
+                line += f"; newest output: {newest[-HEARTBEAT_LINE_CHARS:]}"
+            self._lines.append(line)
+
     def _next(self) -> int:
         self._progress = max(self._seen, self._progress + 1)
         return self._progress
 
 
-async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
-    for progress, message in relay.take():
+async def _send_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> bool:
+    """Send what the relay holds; whether anything went."""
+    updates = relay.take()
+    for progress, message in updates:
         # A no-op when the client sent no progress token.
         await ctx.session.report_progress(float(progress), None, message)
+    return bool(updates)
 
 
 async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay) -> None:
+    """Output as it comes, and the heartbeat (SPEC 14): however silent the call, a
+    notification at least every :data:`HEARTBEAT_INTERVAL`, so clients that give up on
+    a call without a sign of life keep waiting for it."""
+    started = time.monotonic()
+    # The first sign comes early (a fast call sends none), then one every interval.
+    last = started - HEARTBEAT_INTERVAL + HEARTBEAT_FIRST
     while True:
         await anyio.sleep(PROGRESS_INTERVAL)
-        await _send_progress(ctx, relay)
+        now = time.monotonic()
+        if now - last >= HEARTBEAT_INTERVAL:
+            relay.beat(now - started)
+        if await _send_progress(ctx, relay):
+            last = now
 
 
 # --- stopping (SPEC section 8) -----------------------------------------------------------
@@ -236,6 +288,166 @@ def stopping_result(result: dict[str, Any] | None = None) -> dict[str, Any]:
     return record
 
 
+# --- long work (SPEC 14) ------------------------------------------------------------------
+
+# Seconds a tool call waits over MCP before it answers ``running`` (``--max-wait``): the
+# default of ``wait`` and its most, below the ~60 s at which hosted clients cut a call.
+MAX_WAIT = 45.0
+# The tools that take ``wait``.
+WAITING_TOOLS = ("execute_code", "call_function", "rebuild_session", "wait_call")
+
+
+def with_wait(name: str, arguments: Any, max_wait: float) -> Any:
+    """``arguments`` with ``wait`` at most ``max_wait`` (its default when not given); a
+    ``wait`` that is not a positive number is left for the executor to refuse."""
+    if name not in WAITING_TOOLS or not isinstance(arguments, dict | None):
+        return arguments
+    args = dict(arguments or {})
+    given = args.get("wait")
+    if given is None:
+        args["wait"] = max_wait
+    elif isinstance(given, int | float) and not isinstance(given, bool) and given > 0:
+        args["wait"] = min(float(given), max_wait)
+    return args
+
+
+class Delivery:
+    """Whether the answer to one HTTP request reached the client (SPEC 14).
+
+    Set for each request by :class:`BearerTenantApp` (a context variable, which the SDK
+    carries into the tool handler); the response's last body message marks it
+    delivered. A request that ends without it (the stream broke, the client went away)
+    is lost: the calls that answered it are held for their re-sent twins."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.disconnected = False
+        self.ended = False
+        self._lost: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def on_lost(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.ended:
+                self._lost.append(action)
+                return
+            lost = not self.finished
+        if lost:
+            _in_thread(action)
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended = True
+            actions, self._lost = ([] if self.finished else self._lost), []
+        for action in actions:
+            _in_thread(action)
+
+
+def _in_thread(action: Callable[[], None]) -> None:
+    threading.Thread(target=action, name="coordex-hold", daemon=True).start()
+
+
+DELIVERY: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar(
+    "coordex_delivery", default=None)
+
+
+def _hold(executor: Any, result: Any) -> Callable[[], None]:
+    """What holds ``result``'s call for redelivery (a result with no call_id: nothing)."""
+    def hold() -> None:
+        call_id = result.get("call_id") if isinstance(result, dict) else None
+        hold_call = getattr(executor, "hold_call", None)
+        if isinstance(call_id, str) and hold_call is not None:
+            with contextlib.suppress(Exception):
+                hold_call(call_id)
+
+    return hold
+
+
+# --- the tasks extension (SPEC 14) -----------------------------------------------------------
+
+TASKS = "io.modelcontextprotocol/tasks"
+# How long a task's record is kept (the call record's: an hour), and how often to poll.
+TASK_TTL_MS = 3_600_000
+TASK_POLL_MS = 2_000
+
+
+def wants_tasks(ctx: Any) -> bool:
+    """Whether this request's client declared the tasks extension (2026-07-28: per
+    request, in its ``_meta`` capabilities)."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    meta = getattr(ctx, "meta", None)
+    if not isinstance(meta, dict):
+        return False
+    if meta.get("io.modelcontextprotocol/protocolVersion") not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = meta.get("io.modelcontextprotocol/clientCapabilities")
+    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+    return isinstance(extensions, dict) and TASKS in extensions
+
+
+def _iso(at: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def task_of(record: dict[str, Any], result_type: str) -> dict[str, Any]:
+    """A call record (running, or final) as a task of the tasks extension."""
+    now = time.time()
+    started = now - float(record.get("elapsed_ms") or record.get("duration_ms") or 0) / 1000
+    task: dict[str, Any] = {
+        "resultType": result_type, "taskId": record["call_id"], "status": "working",
+        "createdAt": _iso(started), "lastUpdatedAt": _iso(now), "ttlMs": TASK_TTL_MS,
+        "pollIntervalMs": TASK_POLL_MS}
+    if record.get("running"):
+        task["statusMessage"] = "Running; output so far: " + (
+            str(record.get("stdout") or "")[-500:] or "(none)")
+    else:
+        task["status"] = "completed"
+        task["result"] = to_tool_result(record).model_dump(by_alias=True, mode="json",
+                                                          exclude_none=True)
+    return task
+
+
+def add_tasks(server: Server[Any], executor: Any, limiter: anyio.CapacityLimiter | None) -> None:
+    """Serve ``tasks/get`` and ``tasks/cancel`` from the call record behind
+    ``wait_call`` and ``cancel_call``; a ``tools/call`` answered ``running`` becomes a
+    task for a client that declared the extension (:func:`wants_tasks`)."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CancelTaskRequestParams, GetTaskRequestParams
+
+    def refuse(ctx: Any) -> None:
+        if not wants_tasks(ctx):
+            raise MCPError(code=-32021, message="Missing required client capability",
+                           data={"requiredCapabilities": {"extensions": {TASKS: {}}}})
+
+    async def current(task_id: str) -> dict[str, Any]:
+        record = await anyio.to_thread.run_sync(
+            lambda: executor.wait_call(task_id, 0.001), limiter=limiter)
+        if not isinstance(record, dict) or "call_id" not in record:
+            raise MCPError(code=-32602, message="Failed to retrieve task: Task not found "
+                           "(results are kept an hour after a call ends)")
+        return record
+
+    async def get(ctx: Any, params: GetTaskRequestParams) -> dict[str, Any]:
+        refuse(ctx)
+        return task_of(await current(params.task_id), "complete")
+
+    async def cancel(ctx: Any, params: CancelTaskRequestParams) -> dict[str, Any]:
+        refuse(ctx)
+        await current(params.task_id)
+        # Cooperative and eventually consistent: acknowledged at once, interrupted
+        # as cancel_call interrupts; tasks/get then shows the call's final result.
+        _in_thread(lambda: executor.cancel_call(params.task_id))
+        return {}
+
+    server.add_request_handler("tasks/get", GetTaskRequestParams, get)
+    server.add_request_handler("tasks/cancel", CancelTaskRequestParams, cancel)
+    server.extensions[TASKS] = {}
+
+
 # --- the server ------------------------------------------------------------------------
 
 
@@ -274,6 +486,10 @@ async def _run_tool(
 ) -> dict[str, Any]:
     relay = OutputRelay()
     cancel = threading.Event()
+    arguments = with_wait(name, arguments, MAX_WAIT)
+    delivery = DELIVERY.get()
+    lost = threading.Event()  # the request's stream broke: the result is held, not sent
+    answered: list[dict[str, Any]] = []
 
     forward = getattr(executor, "forward_tool", None)
 
@@ -289,9 +505,13 @@ async def _run_tool(
 
     def guarded() -> dict[str, Any]:
         try:
-            return work()
+            result = work()
         except Exception as exc:  # a coordex bug must still reach the model as data
-            return internal_error(exc)
+            result = internal_error(exc)
+        answered.append(result)
+        if lost.is_set():
+            _hold(executor, result)()
+        return result
 
     try:
         async with anyio.create_task_group() as tg:
@@ -303,8 +523,17 @@ async def _run_tool(
             finally:
                 tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class():
-        cancel.set()
+        if delivery is not None and delivery.disconnected:
+            # The stream broke (at 2026-07-28 a closed stream is all a client sends):
+            # the code goes on and its result is held for the re-sent call (SPEC 14).
+            lost.set()
+            if answered:
+                _in_thread(_hold(executor, answered[0]))
+        else:
+            cancel.set()
         raise
+    if delivery is not None:
+        delivery.on_lost(_hold(executor, result))
     if ctx is not None:
         # Output of the last interval (or of a call shorter than one) still goes out,
         # ahead of the result.
@@ -314,8 +543,12 @@ async def _run_tool(
 
 
 def build_server(executor: Any, name: str = SERVER_NAME,
-                 limiter: anyio.CapacityLimiter | None = None) -> Server[Any]:
-    """A low-level MCP server exposing every coordex tool over ``executor``."""
+                 limiter: anyio.CapacityLimiter | None = None, *,
+                 tenant: str | None = None, transport: str = "pipe") -> Server[Any]:
+    """A low-level MCP server exposing every coordex tool over ``executor``.
+
+    ``tenant`` (under ``--tokens``) labels the calls' figures and log lines;
+    ``transport`` is the span's ``network.transport`` (``pipe`` for stdio, ``tcp``)."""
 
     # The descriptions name the call timeout this server's executor applies (50 s unless
     # the operator chose another with --timeout).
@@ -324,15 +557,25 @@ def build_server(executor: Any, name: str = SERVER_NAME,
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        defs = tool_definitions("mcp", default_timeout=default_timeout)
+        defs = tool_definitions("mcp", default_timeout=default_timeout, default_wait=MAX_WAIT)
         assert isinstance(defs, list)  # "mcp" is a known format
         return types.ListToolsResult(tools=[types.Tool.model_validate(d) for d in defs])
 
     async def call(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         # Unknown tools and malformed arguments come back from call_tool as error dicts.
-        record = await run_tool(executor, params.name, params.arguments, ctx, limiter)
+        watch = watch_tool_call(tenant, transport, params.name, params.arguments, ctx.meta)
+        try:
+            record = await run_tool(executor, params.name, params.arguments, ctx, limiter)
+        except BaseException:
+            if watch is not None:
+                watch.done({"error_type": "cancelled"})
+            raise
+        if watch is not None:
+            watch.done(record)
+        if record.get("running") and wants_tasks(ctx):  # SPEC 14: a task of the call
+            return task_of(record, "task")
         return to_tool_result(record)
 
     def input_schema(tool: str) -> dict[str, Any] | None:
@@ -340,14 +583,18 @@ def build_server(executor: Any, name: str = SERVER_NAME,
         defs = tool_definitions("mcp", names=[tool]) if tool in TOOL_NAMES else []
         return defs[0]["inputSchema"] if isinstance(defs, list) and defs else None
 
-    return Server(
+    server: Server[Any] = Server(
         name,
         version=__version__,
         instructions=INSTRUCTIONS,
         get_tool_input_schema=input_schema,
         on_list_tools=list_tools,
-        on_call_tool=call,
+        # The SDK types a tools/call handler's result as CallToolResult (or input
+        # required); a task of the tasks extension is a dict it passes as it is.
+        on_call_tool=cast(Any, call),
     )
+    add_tasks(server, executor, limiter)
+    return server
 
 
 # --- stdio -----------------------------------------------------------------------------
@@ -528,9 +775,13 @@ class BearerTenantApp:
     """
 
     def __init__(self, tenants: Sequence[Tenant], path: str = "/mcp",
-                 ui_root: Path | None = None) -> None:
+                 ui_root: Path | None = None, oauth: Any = None) -> None:
         self.tenants = list(tenants)
         self.path = path.rstrip("/") or "/"
+        # coordex.oauth.OAuthGate when serve takes JWTs of an issuer beside the tokens.
+        self.oauth = oauth
+        # The operator's token for /metrics (every tenant's series), when one is set.
+        self.metrics_token: str | None = None
         from .ui import UIApp
         from .ui.keys import SignedKeys, secret_under
 
@@ -565,23 +816,59 @@ class BearerTenantApp:
             return
         if scope["type"] != "http":
             return
+        if await operator_http.answer(self, scope, send):  # /healthz, /readyz, /metrics
+            return
         if self.ui.handles(scope["path"]):
             from .ui.asgi import serve_asgi
 
             await serve_asgi(self.ui, scope, receive, send)
             return
+        if self.oauth is not None and self.oauth.handles(scope["path"]):
+            await self.oauth.metadata(scope, receive, send)  # RFC 9728, before any token
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         tenant = self.tenant_for(headers.get("authorization"))
+        if tenant is None and self.oauth is not None:
+            try:
+                tenant = await self._oauth_tenant(scope)
+            except PermissionError as exc:
+                await _plain_response(send, 403, f"Forbidden: {exc}\n")
+                return
         if tenant is None:
+            challenge = self.oauth.challenge() if self.oauth is not None \
+                else b'Bearer realm="coordex"'
             await _plain_response(
                 send, 401, "Unauthorized: send 'Authorization: Bearer <token>'.\n",
-                [(b"www-authenticate", b'Bearer realm="coordex"')],
+                [(b"www-authenticate", challenge)],
             )
             return
         if scope["path"].rstrip("/") != self.path:
             await _plain_response(send, 404, f"Not found: the MCP endpoint is {self.path}\n")
             return
-        await tenant.manager.handle_request(scope, receive, send)
+        delivery = Delivery()
+        token = DELIVERY.set(delivery)
+
+        async def watched_receive() -> Any:
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                delivery.disconnected = True
+            return message
+
+        async def watched_send(message: Any) -> None:
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body"):
+                delivery.finished = True
+
+        try:
+            await tenant.manager.handle_request(scope, watched_receive, watched_send)
+        finally:
+            DELIVERY.reset(token)
+            delivery.end()
+
+    async def _oauth_tenant(self, scope: Any) -> Tenant | None:
+        names = [tenant.name for tenant in self.tenants]
+        name = await self.oauth.tenant_name(scope, names)
+        return None if name is None else self.tenants[names.index(name)]
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         message = await receive()
@@ -620,10 +907,12 @@ async def _plain_response(
 def make_tenant(
     name: str, token: str, executor: Any, host: str, extra_hosts: Sequence[str] = (), *,
     limiter: anyio.CapacityLimiter | None = None, max_mcp_sessions: int | None = None,
-    idle_timeout: float | None = None,
+    idle_timeout: float | None = None, tenant_label: str | None = None,
 ) -> Tenant:
-    """One tenant's MCP endpoint; its own thread ``limiter`` and MCP session cap."""
-    server = build_server(executor, limiter=limiter)
+    """One tenant's MCP endpoint; its own thread ``limiter`` and MCP session cap;
+    ``tenant_label`` names it in figures and log lines (under ``--tokens``)."""
+    server = build_server(executor, limiter=limiter, transport="tcp",
+                          tenant=tenant_label)
     manager = StreamableHTTPSessionManager(
         app=server, security_settings=security_settings(host, extra_hosts),
         max_sessions=max_mcp_sessions, session_idle_timeout=idle_timeout or 1800,

@@ -128,6 +128,26 @@ _TIMEOUT = {
     "description": f"Seconds before the code is interrupted (default {_TIMEOUT_MARK}); pass "
     "a larger value for long work. Environment builds do not count against it.",
 }
+# Where descriptions name how long a call waits by default (SPEC 14); rendering fills it.
+_WAIT_MARK = "{default_wait}"
+_WAIT = {
+    "type": "number",
+    "exclusiveMinimum": 0,
+    "maximum": 604800,
+    "description": "Seconds to wait for the end before returning {\"running\": true, "
+    "\"call_id\", ...} with the output so far (" + _WAIT_MARK + "). Pass a small wait "
+    "(e.g. 20) for work that may outlast your client's request; the code goes on under "
+    "its own timeout and wait_call(call_id) fetches its result.",
+}
+_RUNNING_LINE = (" A result with \"running\": true means the call goes on: call "
+                 "wait_call with its call_id for the result (do not run the code again; the "
+                 "session answers other calls with error_type 'busy' until it ends).")
+_CALL_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 100,
+    "description": "The call_id of a result with \"running\": true (e.g. 'c_3f2a...').",
+}
 _FUNCTION_NAME = {
     "type": "string",
     "minLength": 1,
@@ -200,6 +220,8 @@ _RUN_RESULT = {
     "session": _SESSION_RECORD, "state_mode": {"type": "string", "enum": _STATE_MODES},
     "duration_ms": {"type": "number"}, "isolation": {"type": "object"},
     "state_lost": {"type": "boolean"}, "retried": {"type": "boolean"},
+    # SPEC 14: the files holding what a result cut, whole (present only then).
+    "spilled": {"type": "object", "additionalProperties": {"type": "string"}},
 }
 _RUN_REQUIRED = ("stdout", "stderr", "session", "state_mode")
 _FUNCTION_RECORD = {
@@ -242,7 +264,9 @@ stateless must not name one. venv_id runs in a dedicated environment with its ow
 packages (see create_environment); omit it for the agent's own interpreter. null for any \
 argument means the same as leaving it out. A call is interrupted after \
 {default_timeout} unless you pass timeout (seconds): pass a larger timeout for long \
-work. Errors come back as {"error", "error_type", "suggestion"}: follow the suggestion."""
+work. Errors come back as {"error", "error_type", "suggestion"}: follow the suggestion.
+Pass wait (seconds; """ + _WAIT_MARK + """) when the work may outlast your client's \
+request.""" + _RUNNING_LINE
 
 _CALL_FUNCTION_DESCRIPTION = """\
 Call a stored function (see list_functions / define_function) with JSON arguments and \
@@ -259,7 +283,8 @@ guarantees held).
 
 Sessions are Python sessions, named as in execute_code: session_name or session_id, never \
 both; read_only must name an existing session; stateless must not name one. Errors come \
-back as {"error", "error_type", "suggestion"}: follow the suggestion."""
+back as {"error", "error_type", "suggestion"}: follow the suggestion. Pass wait (seconds) \
+when the call may outlast your client's request.""" + _RUNNING_LINE
 
 _DEFINE_FUNCTION_DESCRIPTION = """\
 Store a Python function in the library so it can be called later (call_function, or \
@@ -295,6 +320,7 @@ TOOLS: tuple[ToolSpec, ...] = (
                 "session_name": _SESSION_NAME,
                 "venv_id": _VENV_ID,
                 "timeout": _TIMEOUT,
+                "wait": _WAIT,
             },
             required=("code",),
         ),
@@ -307,7 +333,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         name="list_sessions",
         title="List sessions",
         description="List the kept sessions (language, venv_id, session_id, session_name, "
-        "calls, alive) and the max_sessions limit. Changes nothing.",
+        "calls, alive) and the max_sessions limit. Changes nothing. A session running a "
+        "call that answered 'running' shows busy: true and that call's call_id.",
         parameters=_object({}),
         result=_result({"sessions": _RECORDS, "max_sessions": {"type": "integer"}},
                        ("sessions", "max_sessions")),
@@ -349,8 +376,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "stops at the first that fails. Warning: the replayed code runs again - files it "
         "writes are written again, requests it sends are sent again. Returns replayed (how "
         "many calls ran), failed_at (the log seq of the call that failed, or null) and the "
-        "session. Read-only and stateless calls are never replayed.",
-        parameters=_object(_SESSION_COORDINATE),
+        "session. Read-only and stateless calls are never replayed." + _RUNNING_LINE,
+        parameters=_object({**_SESSION_COORDINATE, "wait": _WAIT}),
         result=_result({"replayed": {"type": "integer"},
                         "failed_at": {"type": ["integer", "null"]},
                         "session": _SESSION_RECORD}, ("replayed", "failed_at", "session")),
@@ -558,6 +585,7 @@ TOOLS: tuple[ToolSpec, ...] = (
                 "session_name": _SESSION_NAME,
                 "version": _FUNCTION_VERSION,
                 "timeout": _TIMEOUT,
+                "wait": _WAIT,
             },
             required=("name",),
         ),
@@ -569,7 +597,41 @@ TOOLS: tuple[ToolSpec, ...] = (
         destructive=True,
         open_world=True,
     ),
+    ToolSpec(
+        name="wait_call",
+        title="Wait for a running call",
+        description="Get the result of a call that returned {\"running\": true, "
+        "\"call_id\"}: waits up to wait seconds (" + _WAIT_MARK + ") and returns the "
+        "call's own result (the dict it would have returned, call_id added), or another "
+        "running record with the output so far - then call wait_call again. Never reruns "
+        "or interrupts anything. Results are kept at least an hour after a call ends.",
+        parameters=_object({"call_id": _CALL_ID, "wait": _WAIT}, required=("call_id",)),
+        required=("call_id",),
+        result={},
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="cancel_call",
+        title="Cancel a running call",
+        description="Interrupt a call that returned {\"running\": true, \"call_id\"} "
+        "as a timeout would (a session keeps its state) and return its final result. A "
+        "call that already ended: its result, unchanged.",
+        parameters=_object({"call_id": _CALL_ID}, required=("call_id",)),
+        required=("call_id",),
+        result={},
+        destructive=True,
+        idempotent=True,
+    ),
 )
+
+# What a call given ``wait`` returns while it still runs (SPEC 14).
+RUNNING_RESULT = _result({
+    "running": {"type": "boolean", "const": True}, "call_id": {"type": "string"},
+    "elapsed_ms": {"type": "number"}, "stdout": {"type": "string"},
+    "stderr": {"type": "string"}, "session": {"type": ["object", "null"]},
+    "state_mode": {"type": "string"}, "suggestion": {"type": "string"},
+}, ("running", "call_id", "elapsed_ms", "stdout", "stderr", "state_mode", "suggestion"))
 
 _BY_NAME = {tool.name: tool for tool in TOOLS}
 TOOL_NAMES: tuple[str, ...] = tuple(_BY_NAME)
@@ -593,7 +655,10 @@ def mcp_annotations(tool: ToolSpec) -> dict[str, Any]:
 def output_schema(tool: ToolSpec) -> dict[str, Any]:
     """The MCP ``outputSchema``: the tool's result, or the SPEC error dict."""
     success = copy.deepcopy(tool.result) or {"type": "object"}
-    return {"type": "object", "anyOf": [success, copy.deepcopy(ERROR_RESULT)]}
+    branches = [success]
+    if "wait" in tool.parameters["properties"] and tool.result:
+        branches.append(copy.deepcopy(RUNNING_RESULT))  # SPEC 14: still running
+    return {"type": "object", "anyOf": [*branches, copy.deepcopy(ERROR_RESULT)]}
 
 
 # Keywords OpenAI's strict mode refuses inside a property; their meaning moves into the
@@ -686,13 +751,16 @@ def anthropic_strict(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(tool: ToolSpec, format: ToolFormat, strict: bool = False,
-           default_timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
-    """One tool in one dialect; the schema is copied so callers may mutate it freely."""
+           default_timeout: float = DEFAULT_TIMEOUT,
+           default_wait: float | None = None) -> dict[str, Any]:
+    """One tool in one dialect; the schema is copied so callers may mutate it freely.
+    ``default_wait``: how long a call waits when not told (the MCP server's
+    ``--max-wait``); None: to its end."""
     schema = strict_parameters(tool) if strict else described_defaults(tool)
     if strict and format == "anthropic":
         schema = anthropic_strict(schema)
-    schema = _fill_timeout(schema, default_timeout)
-    description = _fill_timeout(tool.description, default_timeout)
+    schema = _fill_wait(_fill_timeout(schema, default_timeout), default_wait)
+    description = _fill_wait(_fill_timeout(tool.description, default_timeout), default_wait)
     if format == "openai":
         function = {"name": tool.name, "description": description, "parameters": schema}
         if strict:
@@ -727,9 +795,22 @@ def _fill_timeout(value: Any, seconds: float) -> Any:
     return value
 
 
+def _fill_wait(value: Any, seconds: float | None) -> Any:
+    """``value`` with every description's default-wait mark said in words."""
+    if isinstance(value, str):
+        words = ("default: until the end" if seconds is None else
+                 f"default and most: {seconds:g} s")
+        return value.replace(_WAIT_MARK, words)
+    if isinstance(value, dict):
+        return {key: _fill_wait(item, seconds) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_fill_wait(item, seconds) for item in value]
+    return value
+
+
 def tool_definitions(
     format: Any = "openai", strict: Any = False, names: Iterable[str] | None = None,
-    default_timeout: float | None = None,
+    default_timeout: float | None = None, default_wait: float | None = None,
 ) -> list[dict[str, Any]] | dict[str, Any]:
     """The coordex tools rendered for one agent framework.
 
@@ -768,7 +849,7 @@ def tool_definitions(
         )
     if default_timeout is None:
         default_timeout = MCP_DEFAULT_TIMEOUT if format == "mcp" else DEFAULT_TIMEOUT
-    return [render(tool, format, strict, default_timeout)
+    return [render(tool, format, strict, default_timeout, default_wait)
             for tool in TOOLS if tool.name in wanted]
 
 
@@ -985,11 +1066,18 @@ def _define_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
 
 def _call_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
                    cancel: threading.Event | None) -> dict[str, Any]:
-    return cast(dict[str, Any], ex.functions.call(
-        args["name"], args.get("args"), args.get("kwargs"),
-        state_mode=args.get("state_mode", "stateless"), session_id=args.get("session_id"),
-        session_name=args.get("session_name"), version=args.get("version"),
-        timeout=args.get("timeout"), on_output=on_output))
+    def run(output: OnOutput | None, event: threading.Event | None) -> dict[str, Any]:
+        return cast(dict[str, Any], ex.functions.call(
+            args["name"], args.get("args"), args.get("kwargs"),
+            state_mode=args.get("state_mode", "stateless"), session_id=args.get("session_id"),
+            session_name=args.get("session_name"), version=args.get("version"),
+            timeout=args.get("timeout"), on_output=output))
+
+    recorded = getattr(ex, "run_recorded", None)  # SPEC 14: wait, busy, join
+    if recorded is None:
+        return run(on_output, cancel)
+    return cast(dict[str, Any], recorded("call_function", args, run, args.get("wait"),
+                                         on_output, cancel))
 
 
 def _plain(method: Callable[[Any], Any]) -> _Handler:
@@ -1017,6 +1105,8 @@ _HANDLERS: dict[str, _Handler] = {
     "show_function": _show_function,
     "define_function": _define_function,
     "call_function": _call_function,
+    "wait_call": _plain(lambda ex: ex.wait_call),
+    "cancel_call": _plain(lambda ex: ex.cancel_call),
 }
 assert set(_HANDLERS) == set(TOOL_NAMES), "every tool needs exactly one handler"
 

@@ -59,6 +59,7 @@ from tests.conformance.test_places import (  # noqa: E402
     test_stateful_keeps_state,
     test_stateful_without_a_session_uses_session_0,
     test_stateless_sees_and_keeps_nothing,
+    test_what_does_not_fit_a_result_is_kept_whole_in_a_file,
 )
 
 CONFORMANCE = [
@@ -74,7 +75,8 @@ CONFORMANCE = [
     test_list_and_inspect_see_the_session_and_change_nothing,
     test_output_streams_through_on_output,
     test_read_only_sees_the_session_and_changes_nothing, test_stateful_keeps_state,
-    test_stateful_without_a_session_uses_session_0, test_stateless_sees_and_keeps_nothing]
+    test_stateful_without_a_session_uses_session_0, test_stateless_sees_and_keeps_nothing,
+    test_what_does_not_fit_a_result_is_kept_whole_in_a_file]
 
 
 @pytest.fixture(params=[p for p in PLACES if p.id in ("worker", "bash")], ids=lambda p: p.id)

@@ -1,4 +1,4 @@
-"""coordex driven by agent frameworks, as the README's "Use it from..." section shows.
+"""coordex driven by agent frameworks, as docs/frameworks.md shows.
 
 Each test runs a script from ``examples/`` - a framework's own MCP client starting a
 real ``coordex mcp`` over stdio, with a scripted model in place of a real one - and

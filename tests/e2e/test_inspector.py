@@ -1,6 +1,6 @@
 """The MCP Inspector CLI (npm ``@modelcontextprotocol/inspector``) against coordex.
 
-The README's commands, run as written: stdio (``--cli coordex mcp``) and streamable HTTP
+The commands of docs/frameworks.md, run as written: stdio (``--cli coordex mcp``) and streamable HTTP
 (``--transport http --header "Authorization: Bearer ..."``). The package is installed
 with npm into a temporary folder once per test session; without npm the tests skip.
 """

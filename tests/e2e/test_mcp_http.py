@@ -52,9 +52,10 @@ def sse_json(response: httpx.Response) -> dict[str, Any]:
     raise AssertionError(f"no data line in {response.text!r}")
 
 
-def call_with_sdk(url: str, token: str, calls: list[tuple[str, dict[str, Any]]]
-                  ) -> list[dict[str, Any]]:
-    """Run tool calls through the SDK client; return each result's structured content."""
+def call_with_sdk(url: str, token: str, calls: list[tuple[str, dict[str, Any]]],
+                  meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run tool calls through the SDK client; return each result's structured content.
+    ``meta``: each request's ``_meta`` (a trace context, say)."""
     results: list[dict[str, Any]] = []
 
     async def main() -> None:
@@ -64,7 +65,7 @@ def call_with_sdk(url: str, token: str, calls: list[tuple[str, dict[str, Any]]]
             await session.initialize()
             with anyio.fail_after(60):
                 for name, arguments in calls:
-                    result = await session.call_tool(name, arguments)
+                    result = await session.call_tool(name, arguments, meta=meta)
                     assert isinstance(result.structured_content, dict)
                     results.append({"is_error": result.is_error, **result.structured_content})
 

@@ -81,10 +81,10 @@ def test_the_operator_timeout_is_the_one_described(tmp_path: Path) -> None:
     assert results[0]["error_type"] == "timeout"
 
 
-def test_the_readme_desktop_config_starts_a_working_server(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    found = re.search(r"\*\*Claude Desktop\*\*.*?```json\n(.*?)```", readme, re.S)
-    assert found is not None, "the README shows the Claude Desktop config"
+def test_the_documented_desktop_config_starts_a_working_server(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "connect.md").read_text()
+    found = re.search(r"\*\*Claude Desktop\*\*.*?```json\n(.*?)```", page, re.S)
+    assert found is not None, "the docs show the Claude Desktop config"
     server = json.loads(found.group(1))["mcpServers"]["coordex"]
     # The config names the installed command by its full path (a placeholder folder);
     # here it is this interpreter's script of that name.

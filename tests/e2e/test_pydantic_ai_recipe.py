@@ -1,4 +1,4 @@
-"""The README's pydantic-ai recipe survives failing cells (SPEC 8 front ends).
+"""The pydantic-ai recipe of docs/frameworks.md survives failing cells (SPEC 8 front ends).
 
 For a code tool, a cell that raises is routine; with pydantic-ai's default tool error
 behaviour each error result spends one of the tool's retries (1 by default), so two in a

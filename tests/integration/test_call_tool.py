@@ -17,7 +17,10 @@ import pytest
 from coordex import Executor
 from coordex.tools import TOOLS, get_tool
 
-VOLATILE = {"duration_ms", "created_at", "last_used_at", "spec_hash", "ms", "at", "checkpoint"}
+# call_id: a fresh id per call; over MCP every call waits at most --max-wait (SPEC 14)
+# and so carries one, as a Python call given wait does.
+VOLATILE = {"duration_ms", "created_at", "last_used_at", "spec_hash", "ms", "at", "checkpoint",
+            "call_id"}
 
 
 def steady(value: Any) -> Any:
@@ -74,6 +77,8 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("rebuild_session", {"session_name": "audit"}),
     ("close_session", {"session_name": "audit"}),
     ("close_session", {"session_name": "audit"}),
+    ("wait_call", {"call_id": "c_unknown"}),
+    ("cancel_call", {"call_id": "c_unknown"}),
 ]
 
 

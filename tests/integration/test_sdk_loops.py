@@ -1,4 +1,4 @@
-"""The README's tool loops (``examples/``), run with the real OpenAI and Anthropic SDKs.
+"""The tool loops of docs/python-api.md (``examples/``), run with the real OpenAI and Anthropic SDKs.
 
 The SDK clients talk HTTP to a scripted endpoint (``httpx.MockTransport``) that plays
 the model: it asks for a strict-mode tool call (every optional argument null), then

@@ -74,11 +74,17 @@ def test_duration_ms_is_milliseconds(ex):
     assert 300 <= r["duration_ms"] < 5000
 
 
-def test_default_output_limit_is_64k_per_stream(ex):
-    r = ex.execute_code("import sys\nprint('a' * 200_000)\nprint('b' * 200_000, file=sys.stderr)")
+def test_default_output_limit_is_64k_per_stream(ex, tmp_path):
+    ex.spill_folder = tmp_path / "out"
+    r = ex.execute_code("print('a' * 200_000)")
     assert r["truncated"] is True
+    assert 60_000 <= len(r["stdout"]) <= 70_000
+    assert r["stdout"].startswith("a" * 100) and r["stdout"].endswith("a" * 100 + "\n")
+    # Two full streams share one result's budget (SPEC 14), each keeping head and tail.
+    r = ex.execute_code("import sys\nprint('a' * 200_000)\nprint('b' * 200_000, file=sys.stderr)")
+    assert r["truncated"] is True and set(r["spilled"]) == {"stdout", "stderr"}
     for stream, ch in (("stdout", "a"), ("stderr", "b")):
-        assert 60_000 <= len(r[stream]) <= 70_000
+        assert 30_000 <= len(r[stream]) <= 40_000
         assert r[stream].startswith(ch * 100) and r[stream].endswith(ch * 100 + "\n")
 
 

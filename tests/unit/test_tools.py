@@ -40,9 +40,10 @@ def test_every_session_tool_is_defined() -> None:
 
 
 def filled(schema: dict[str, Any], seconds: str) -> dict[str, Any]:
-    """``schema`` with its default-timeout mark written out, as rendering does."""
-    return cast(dict[str, Any], json.loads(json.dumps(schema).replace("{default_timeout}",
-                                                                      seconds)))
+    """``schema`` with its default-timeout and default-wait marks written out, as
+    rendering does (no wait given: a call waits for its end)."""
+    return cast(dict[str, Any], json.loads(json.dumps(schema).replace(
+        "{default_timeout}", seconds).replace("{default_wait}", "default: until the end")))
 
 
 @pytest.mark.parametrize("fmt", ["openai", "openai-responses", "anthropic", "mcp"])
@@ -278,7 +279,7 @@ def test_library_tools_are_defined_in_every_dialect(fmt: str) -> None:
 def test_library_tool_arguments() -> None:
     call = props_of("call_function")
     assert set(call) == {"name", "args", "kwargs", "state_mode", "session_id", "session_name",
-                         "version", "timeout"}
+                         "version", "timeout", "wait"}
     assert call["state_mode"]["enum"] == ["stateless", "stateful", "read_only"]
     assert call["state_mode"]["default"] == "stateless"
     assert "array" in call["args"]["type"] and "items" in call["args"]  # OpenAI wants items

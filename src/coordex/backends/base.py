@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,6 +56,17 @@ class RunRequest:
     # places that pay to find that out (a bash copy dumps its state at its end) do it
     # only then; Python copies report it always (it costs them nothing).
     report_changes: bool = False
+    # Characters of the last expression's repr handed back; None: ``output_limit``. The
+    # executor asks for more when it keeps what does not fit a result in a file.
+    value_limit: int | None = None
+
+    @property
+    def result_limit(self) -> int:
+        """Characters of the value's repr a place hands back (the rest cut in the middle)."""
+        return self.value_limit or self.output_limit
+    # Variables the call's code sees in its environment for this call alone, on top of
+    # its session's (the trace context: TRACEPARENT, TRACESTATE; SPEC 16).
+    env: Mapping[str, str] | None = None
 
 
 class Cancel(Protocol):

@@ -15,11 +15,37 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 ErrorType = Literal[
-    "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment"
+    "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment",
+    "busy",
 ]
 ERROR_TYPES: tuple[ErrorType, ...] = (
     "validation", "not_found", "capacity", "execution", "timeout", "crashed", "environment",
+    "busy",
 )
+# When each error_type is given (SPEC section 4); the docs' error reference is built from
+# this table, and a test holds it to ERROR_TYPES. Keyed by str: a type another part of
+# coordex answers with (a call still running, "busy") is described here too.
+ERROR_MEANINGS: dict[str, str] = {
+    "validation": "an impossible coordinate: stateless naming a session; read_only without "
+                  "one; both session_id and session_name; an unknown language or state_mode; "
+                  "an argument of the wrong type",
+    "not_found": "a named or numbered session, environment or stored function that does not "
+                 "exist; the suggestion lists the ones that do, or the nearest name",
+    "capacity": "opening one more session than max_sessions allow; the error lists the open "
+                "sessions (`sessions`)",
+    "execution": "the code raised (Python); with `traceback`, `exception` (the type's name), "
+                 "`stdout` and `stderr`",
+    "timeout": "the call ran past its timeout, or was cancelled; the words and `state_lost` "
+               "say whether the session kept its state (interrupted) or lost it (restarted)",
+    "crashed": "the process, shell, copy or node running the call died, or the session was "
+               "closed under it, and the call could not complete (after the one retry "
+               "allowed); `state_lost` says whether the session's state went with it",
+    "environment": "an environment could not be built or used (a bad spec, an unresolvable "
+                   "requirement, an index that cannot be reached, a full disk); the message "
+                   "quotes the resolver's reason",
+    "busy": "the session is running a call that returned `running`; the suggestion names "
+            "`wait_call`",
+}
 
 
 class CoordexError(Exception):

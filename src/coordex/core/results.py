@@ -1,16 +1,32 @@
-"""Result shaping: bounded output capture and the success dict of SPEC section 3.
+"""Result shaping: bounded output capture, the success dict of SPEC section 3, and the
+budget one result's JSON stays within (SPEC 14).
 
 :class:`OutputBuffer` keeps at most ``limit`` characters of a stream however much is
 written: the first half in ``head``, the newest half in a ring of chunks as ``tail``,
 and a count of what was dropped in between. Memory stays O(limit).
+
+:func:`fit` cuts a finished result's ``stdout``, ``stderr`` and ``result`` in the
+middle until its JSON is within :data:`RESULT_BUDGET` bytes, and names the fields it
+cut; the caller keeps their whole text elsewhere (:mod:`coordex.spill`) and says where
+in ``spilled``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections import deque
 from typing import Any
 
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
+# One result's JSON, in bytes (SPEC 14: clients cap a tool result near 25k tokens).
+# Images are not counted: they travel as image content of their own.
+RESULT_BUDGET = 80_000
+# The fields cut to fit; ``value_repr`` is a stored function's value as text.
+FITTED = ("stdout", "stderr", "result", "value_repr")
+# Room kept for what is added after fitting (``spilled`` and its paths, a duration).
+_ROOM = 1500
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def cut_marker(dropped: int) -> str:
@@ -101,3 +117,63 @@ def success(*, stdout: str, stderr: str, truncated: bool, result: str | None,
     }
     record.update(extra)
     return record
+
+
+def json_bytes(value: Any) -> int:
+    """Bytes of ``value`` as JSON text on a UTF-8 wire; a lone surrogate in a string
+    counts as the seven-character escape that carries it."""
+    extra = len(_SURROGATE.findall(value)) * 6 if isinstance(value, str) else 0
+    return len(json.dumps(value, ensure_ascii=False, default=str).encode("utf-8", "replace")) \
+        + extra
+
+
+def fit(record: dict[str, Any], budget: int = RESULT_BUDGET,
+        value_limit: int = DEFAULT_OUTPUT_LIMIT) -> tuple[dict[str, Any], list[str]]:
+    """``record`` with its output and value cut in the middle so that its JSON stays
+    within ``budget`` bytes, and the names of the fields cut here.
+
+    ``result`` is first cut to ``value_limit`` characters (SPEC 3). The budget left once
+    every other field is counted is shared out: a field smaller than its share keeps
+    all of it, and what it leaves goes to the others. A cut sets ``truncated`` where the
+    record has one.
+    """
+    texts = {name: record[name] for name in FITTED if isinstance(record.get(name), str)}
+    if 7 * sum(map(len, texts.values())) < min(budget // 4, value_limit):
+        return record, []  # seven bytes a character at most: nothing to cut (most calls)
+    cut: list[str] = []
+    record = dict(record)
+    value = texts.get("result")
+    if value is not None and len(value) > value_limit:
+        texts["result"], _ = truncate_middle(value, value_limit)
+        cut.append("result")
+    sizes = {name: json_bytes(text) for name, text in texts.items()}
+    # Images travel as image content of their own: not counted.
+    rest = json_bytes({**record, **dict.fromkeys(texts, ""), "images": []})
+    room = budget - rest - _ROOM
+    if sum(sizes.values()) > room:
+        left = max(room, 0)
+        names = sorted(sizes, key=lambda name: sizes[name])
+        for index, name in enumerate(names):
+            share = left // (len(names) - index)
+            if sizes[name] > share:
+                texts[name] = _cut_to_bytes(texts[name], share)
+                sizes[name] = json_bytes(texts[name])
+                if name not in cut:
+                    cut.append(name)
+            left -= sizes[name]
+    for name in cut:
+        record[name] = texts[name]
+    if cut and "truncated" in record:
+        record["truncated"] = True
+    return record, [name for name in FITTED if name in cut]
+
+
+def _cut_to_bytes(text: str, share: int) -> str:
+    """``text`` cut in the middle until its JSON fits ``share`` bytes."""
+    size = json_bytes(text)
+    chars = max(0, int(len(text) * share / max(size, 1)) - 64)
+    while True:
+        shorter, _ = truncate_middle(text, chars)
+        if json_bytes(shorter) <= share or chars == 0:
+            return shorter
+        chars = int(chars * 0.9)

@@ -68,6 +68,18 @@ class RunResult(ErrorFields, total=False):
     isolation: Isolation
     state_lost: bool
     retried: bool
+    # SPEC 14: a call given ``wait`` carries its ``call_id``; one still running then is
+    # ``{"running": True, "call_id", "elapsed_ms", "stdout", "stderr", "session",
+    # "state_mode", "suggestion"}``; a result handed to a re-sent call is
+    # ``redelivered``; one read back from the call log says ``from_log``.
+    call_id: str
+    running: bool
+    elapsed_ms: float
+    redelivered: bool
+    from_log: bool
+    # SPEC 14: files holding the whole of what the result cut ("stdout", "stderr",
+    # "result"), present only then.
+    spilled: dict[str, str]
 
 
 class SessionInfo(TypedDict, total=False):

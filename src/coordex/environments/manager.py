@@ -264,6 +264,14 @@ class EnvironmentManager:
         return self._ensure(venv_id, on_progress)[0].python
 
     def _ensure(self, venv_id: int, on_progress: ProgressCallback | None) -> tuple[_Ready, bool]:
+        from ..observe.hook import watch_build
+
+        with watch_build(venv_id) as build:  # a span and the build's figures (SPEC 16)
+            ready, build["cached"] = self._ensure_now(venv_id, on_progress)
+        return ready, build["cached"]
+
+    def _ensure_now(self, venv_id: int,
+                    on_progress: ProgressCallback | None) -> tuple[_Ready, bool]:
         if not _is_id(venv_id):
             raise CoordexError(
                 "validation", f"venv_id must be an integer from 0 to {MAX_VENV_ID}, got "

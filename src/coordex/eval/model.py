@@ -1,6 +1,6 @@
 """``--policy model``: an OpenAI-compatible Chat Completions endpoint drives a task.
 
-The loop is the one any application writes (README, "Tool calls in your own loop"):
+The loop is the one any application writes (docs/python-api.md, "Tool calls in your own loop"):
 ``POST {base_url}/chat/completions`` with the task as the user message and coordex's
 own tool definitions (``Executor.tool_definitions(format="openai")``); each tool call the
 model makes is routed by ``Executor.call_tool`` exactly as it came, and its result goes

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..core import messages
 from ..core.errors import make_error
+from ..observe.hook import observed
 from . import wire
 from .jail import best_level
 from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
@@ -478,6 +479,12 @@ class ConfinedExecutor:
                 "builds": ready.get("builds")}
 
     @property
+    def host_alive(self) -> bool:
+        """Whether a host is running now (nothing is started to find out)."""
+        host = self._host
+        return host is not None and host.alive
+
+    @property
     def pid(self) -> int | None:
         """The keeper's process id (the host process tree's root, outside the jail)."""
         return self._host.process.pid if self._host is not None else None
@@ -570,8 +577,9 @@ class ConfinedExecutor:
     def call_tool(self, name: str, arguments: Any = None, on_output: OnOutput | None = None,
                   cancel: threading.Event | None = None) -> dict[str, Any]:
         """Route a model's tool call into the host (as :func:`coordex.tools.call_tool`)."""
-        result: dict[str, Any] = self._call("call_tool", {"name": name, "arguments": arguments},
-                                            on_output, cancel)
+        args: dict[str, Any] = {"name": name, "arguments": arguments}
+        args.update(observed())  # the trace context, and whether builds are counted
+        result: dict[str, Any] = self._call("call_tool", args, on_output, cancel)
         return result
 
     # The MCP server hands whole tool calls over with this (see mcp_server.run_tool).
@@ -633,6 +641,16 @@ class ConfinedExecutor:
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
         return self._call("serve_ui", {"port": port, "host": host})
+
+    # SPEC 14: the call records live in the host, with the calls.
+    def wait_call(self, call_id: str, wait: float | None = None) -> dict[str, Any]:
+        return self._call("wait_call", {"call_id": call_id, "wait": wait})
+
+    def cancel_call(self, call_id: str) -> dict[str, Any]:
+        return self._call("cancel_call", {"call_id": call_id})
+
+    def hold_call(self, call_id: str) -> dict[str, Any]:
+        return self._call("hold_call", {"call_id": call_id})
 
     # ------------------------------------------------------------------ lifetime
 
@@ -705,7 +723,10 @@ def readable_paths() -> list[str]:
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)),
              package}
-    cwd = os.path.realpath(os.getcwd())
+    try:
+        cwd: str | None = os.path.realpath(os.getcwd())
+    except OSError:  # a folder removed under the process: nothing of it to leave out
+        cwd = None
     paths |= {p for p in sys.path
               if p and os.path.isdir(p) and os.path.realpath(p) != cwd}
     try:

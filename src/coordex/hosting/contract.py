@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 # The Executor's public names that are objects of its own process, not data: what a
 # ConfinedExecutor does not offer (SPEC 9: "everything but plan_namespace and capability").
 IN_PROCESS_ONLY = ("plan_namespace", "capability", "call_capability", "run_function_code",
-                   "environments_manager", "running_calls")
+                   "environments_manager", "running_calls", "run_recorded")
 # Of ``functions``, the ones that hand back objects of the host (a stored function to
 # call in Python, a decorator taking a function object) rather than data.
 FUNCTIONS_IN_PROCESS_ONLY = ("get", "stateless", "stateful", "read_only")
@@ -63,6 +63,12 @@ class ExecutorLike(Protocol):
                          session_name: str | None = ..., venv_id: int | None = ...) -> Any: ...
 
     def serve_ui(self, port: int = ..., *, host: str = ...) -> Any: ...
+
+    def wait_call(self, call_id: str, wait: float | None = ...) -> Any: ...
+
+    def cancel_call(self, call_id: str) -> Any: ...
+
+    def hold_call(self, call_id: str) -> Any: ...
 
     def tool_definitions(self, format: Any = ..., **options: Any) -> Any: ...
 

@@ -593,18 +593,24 @@ def invoke(executor: Any, method: str, args: Any, on_output: Callable[[str, str]
             return executor.execute_code(**args, on_output=on_output, on_progress=progress,
                                          cancel=cancel)
         if method == "call_tool":
-            return tools.call_tool(executor, args.get("name"), args.get("arguments"),
-                                   on_output=on_output, cancel=cancel)
+            from ..observe.hook import observing
+
+            with observing(args) as handed_back:  # the trace context; builds, counted
+                return handed_back(tools.call_tool(executor, args.get("name"),
+                                                   args.get("arguments"),
+                                                   on_output=on_output, cancel=cancel))
         if method == "environments.build":
             return executor.environments.build(**args, on_progress=progress)
         if method == "functions.define":  # a stored function is an object: its record travels
             from ..core.errors import CoordexError
 
             try:
-                record = executor.functions.define(**args).record
+                stored = executor.functions.define(**args)
             except CoordexError as exc:
                 return exc.to_dict()
-            return executor.functions.show(record.name, record.version)
+            if isinstance(stored, dict):  # coordex's storage failed: said, not raised
+                return stored
+            return executor.functions.show(stored.record.name, stored.record.version)
         owner_name, _, name = method.rpartition(".")
         owner = getattr(executor, owner_name) if owner_name else executor
         function = getattr(owner, name, None)

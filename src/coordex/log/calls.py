@@ -95,6 +95,40 @@ def _own_file(path: Any) -> bool:
     return any(name == own or name.startswith(own + "-") for own in _OWN_FILES)
 
 
+def note_call_id(call_id: str | None) -> None:
+    """The next row written on this thread is the call ``call_id`` (SPEC 14: its result
+    is read back from the log by that id)."""
+    _notes.call_id = call_id
+
+
+def result_of_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A finished call's result dict as its log row keeps it (outputs capped as the log
+    caps them), marked ``"from_log": true``."""
+    from ..core.errors import make_error
+    from ..core.results import session_record, success
+
+    row = decode_row(row)
+    stateless = row.get("state_mode") == "stateless"
+    session = session_record(str(row.get("language") or "python"), row.get("venv_id"),
+                             None if stateless else row.get("session_id"),
+                             None if stateless else row.get("session_name"))
+    common: dict[str, Any] = {"from_log": True, "seq": row.get("seq")}
+    if row.get("state_lost"):
+        common["state_lost"] = True
+    if row.get("outcome") in (None, "ok"):
+        return success(stdout=row.get("stdout") or "", stderr=row.get("stderr") or "",
+                       truncated=False, result=row.get("result"),
+                       exit_code=row.get("exit_code"), images=[], session=session,
+                       state_mode=str(row.get("state_mode")),
+                       duration_ms=float(row.get("duration_ms") or 0.0), **common)
+    extra = {k: row[k] for k in ("traceback",) if row.get(k)}
+    return make_error(row["outcome"], row.get("error") or "", row.get("suggestion") or "",
+                      stdout=row.get("stdout") or "", stderr=row.get("stderr") or "",
+                      state_lost=bool(row.get("state_lost")), **extra, session=session,
+                      state_mode=row.get("state_mode"), duration_ms=row.get("duration_ms"),
+                      from_log=True, seq=row.get("seq"))
+
+
 def note_replay(seq: int, code: str) -> None:
     """The next call of exactly ``code`` on this thread replays logged call ``seq``."""
     _notes.replay = (seq, code)
@@ -122,6 +156,9 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
         changed = getattr(_notes, "changed", None)
         if changed is not None:
             _notes.changed = None
+        call_id = getattr(_notes, "call_id", None)
+        if call_id is not None:
+            _notes.call_id = None
         replay = getattr(_notes, "replay", None)
         replay_of = None
         if replay is not None and replay[1] is code:
@@ -148,15 +185,22 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             "exit_code": result.get("exit_code"), "state_lost": state_lost,
             "retried": result.get("retried"), "isolation": result.get("isolation"),
             "changed": changed, "replay_of": replay_of,
-            "stdout": result.get("stdout") or None, "stderr": result.get("stderr") or None,
+            # SPEC 11: what the call returned, an empty stream as "" (None: it had none).
+            "stdout": _text_or_none(result.get("stdout")),
+            "stderr": _text_or_none(result.get("stderr")),
             "result": result.get("result"), "error": result.get("error"),
-            "suggestion": result.get("suggestion"), "traceback": result.get("traceback")}
+            "suggestion": result.get("suggestion"), "traceback": result.get("traceback"),
+            "call_id": call_id}
         # A row reserved while the call ran is completed in the file; any other goes
         # through the journal (durable at once, in the file a moment later).
         _notes.seq = log.append(row, seq) if seq is not None else (log, log.record(row))
     except Exception:  # the log never costs the call
         pass
     return result
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class LoggedRow:

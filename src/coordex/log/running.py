@@ -30,6 +30,9 @@ from ..core.errors import CoordexError
 OnOutput = Callable[[str, str], None]
 # Characters of each stream a running call keeps: the first and the last this many.
 KEEP_CHARS = 8 * 1024
+# Seconds past its timeout a detached call a confined host runs stays listed when no
+# final result of it passed by (it has surely ended by then).
+DETACHED_GRACE = 60.0
 
 
 class _Stream:
@@ -72,6 +75,10 @@ class RunningCall:
         self.at = time.time()
         self.seq: int | None = None
         self.interrupted = False
+        # The call record of a call given ``wait`` (SPEC 14), for its call_id and
+        # whether its client was answered "running".
+        self.recorded: Any = None
+        self.expires: float | None = None  # a detached forwarded call: listed until then
         self._relay = relay
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
@@ -107,7 +114,9 @@ class RunningCall:
                 "elapsed_ms": round((time.monotonic() - self.started) * 1000.0, 1),
                 "stdout": out.get("stdout", ""), "stderr": out.get("stderr", ""),
                 "build": out.get("build", ""), "interrupted": self.interrupted,
-                "interruptible": self.cancel is not None}
+                "interruptible": self.cancel is not None,
+                "call_id": getattr(self.recorded, "call_id", None),
+                "detached": bool(getattr(self.recorded, "detached", False))}
 
 
 class RunningCalls:
@@ -136,9 +145,34 @@ class RunningCalls:
             self._calls.pop(call.id, None)
             return call.seq
 
+    def keep(self, call: RunningCall, call_id: str, executor: Any, expires: float) -> bool:
+        """A forwarded call answered ``running``: it stays listed, detached, until
+        :meth:`ended` or ``expires`` (monotonic); the page's interrupt cancels it.
+        False (not kept) when a call joined to the same ``call_id`` is listed already."""
+        with self._lock:
+            if any(getattr(c.recorded, "call_id", None) == call_id
+                   for c in self._calls.values()):
+                return False
+        call.recorded = _Detached(call_id)
+        call.expires = expires
+        if executor is not None and hasattr(executor, "cancel_call"):
+            call.cancel = _CancelCall(executor, call_id)
+        return True
+
+    def ended(self, call_id: str) -> None:
+        """A final result of ``call_id`` passed by."""
+        with self._lock:
+            for run_id, call in list(self._calls.items()):
+                if getattr(call.recorded, "call_id", None) == call_id:
+                    del self._calls[run_id]
+
     def running(self) -> list[dict[str, Any]]:
         """The calls in flight, oldest first, each with a ``seq`` of its own row."""
+        now = time.monotonic()
         with self._lock:
+            for run_id, call in list(self._calls.items()):
+                if call.expires is not None and now > call.expires:
+                    del self._calls[run_id]
             calls = sorted(self._calls.values(), key=lambda c: c.id)
             for call in calls:
                 if call.seq is None and self._reserve is not None:
@@ -178,6 +212,15 @@ class RunningCalls:
         return {"interrupted": True, "seq": call.seq, "id": call.id, "session": call.where}
 
 
+class _Detached:
+    """What a front end knows of a detached call a confined host runs."""
+
+    detached = True
+
+    def __init__(self, call_id: str) -> None:
+        self.call_id = call_id
+
+
 def where(language: Any, venv_id: Any, session_id: Any, session_name: Any,
           state_mode: Any) -> dict[str, Any]:
     return {"language": language, "venv_id": venv_id, "session_id": session_id,
@@ -208,16 +251,45 @@ def calls_of(executor: Any) -> RunningCalls:
 
 class Watch:
     """What :func:`tracked` yields: the ``on_output`` to hand over, and ``done(result)``
-    which words the result of a call a person interrupted."""
+    which words the result of a call a person interrupted and follows long work (SPEC
+    14): a call answered ``running`` stays listed, detached, until its final result
+    passes by (a ``wait_call``) or its timeout has surely passed."""
 
-    def __init__(self, output: OnOutput | None, call: RunningCall | None) -> None:
+    def __init__(self, output: OnOutput | None, call: RunningCall | None,
+                 registry: RunningCalls | None = None, executor: Any = None,
+                 expires: float = 0.0) -> None:
         self.output = output
         self._call = call
+        self._registry = registry
+        self._executor = executor
+        self._expires = expires
+        self.kept = False
 
     def done(self, result: Any) -> Any:
         if self._call is not None and self._call.interrupted and isinstance(result, dict):
             return messages.stopped_by(result, "person")
+        if self._registry is not None and isinstance(result, dict) and \
+                isinstance(result.get("call_id"), str):
+            if result.get("running") and self._call is not None:
+                self.kept = self._registry.keep(self._call, result["call_id"], self._executor,
+                                                self._expires)
+            elif not result.get("running"):
+                self._registry.ended(result["call_id"])
         return result
+
+
+class _CancelCall(threading.Event):
+    """The cancel event of a detached call a confined host runs: setting it (the page's
+    interrupt) asks the host to ``cancel_call`` it."""
+
+    def __init__(self, executor: Any, call_id: str) -> None:
+        super().__init__()
+        self._executor, self._call_id = executor, call_id
+
+    def set(self) -> None:
+        super().set()
+        threading.Thread(target=self._executor.cancel_call, args=(self._call_id,),
+                         name="coordex-cancel", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -225,17 +297,27 @@ def tracked(executor: Any, tool: str, arguments: Any, on_output: OnOutput | None
             cancel: threading.Event | None) -> Iterator[Watch]:
     """Track one tool call a front end forwards to ``executor`` (an ``execute_code``
     only; other tools pass through)."""
-    if tool != "execute_code" or isinstance(getattr(executor, "running_calls", None),
-                                            RunningCalls):
+    if isinstance(getattr(executor, "running_calls", None), RunningCalls):
+        yield Watch(on_output, None)
+        return
+    registry = calls_of(executor)
+    if tool in ("wait_call", "cancel_call"):  # a final result ends a detached call's listing
+        yield Watch(on_output, None, registry)
+        return
+    if tool != "execute_code":
         yield Watch(on_output, None)
         return
     args = arguments if isinstance(arguments, dict) else {}
-    registry = calls_of(executor)
     call = registry.start(where(args.get("language") or "python", args.get("venv_id"),
                                 args.get("session_id"), args.get("session_name"),
                                 args.get("state_mode") or "stateless"),
                           args.get("code"), cancel, on_output)
+    limit = args.get("timeout") or getattr(executor, "timeout", None) or 60.0
+    expires = time.monotonic() + (float(limit) if isinstance(limit, int | float) else 60.0) \
+        + DETACHED_GRACE
+    watch = Watch(call.output, call, registry, executor, expires)
     try:
-        yield Watch(call.output, call)
+        yield watch
     finally:
-        registry.finish(call)
+        if not watch.kept:
+            registry.finish(call)

@@ -100,7 +100,8 @@ CREATE TABLE IF NOT EXISTS calls (
     isolation TEXT,
     changed TEXT,
     replay_of INTEGER,
-    stdout TEXT, stderr TEXT, result TEXT, error TEXT, suggestion TEXT, traceback TEXT
+    stdout TEXT, stderr TEXT, result TEXT, error TEXT, suggestion TEXT, traceback TEXT,
+    call_id TEXT
 );
 DROP INDEX IF EXISTS calls_by_session;
 DROP INDEX IF EXISTS calls_by_name;
@@ -113,7 +114,7 @@ CREATE TABLE IF NOT EXISTS journals (owner TEXT PRIMARY KEY, upto INTEGER NOT NU
 # newest end: a few milliseconds for 100,000 rows. ``journals``: how far each log's
 # journal is in this file (``journal.py``).
 # What a call returned; added to logs written before these columns existed.
-_RETURNED = ("stdout", "stderr", "result", "error", "suggestion", "traceback")
+_RETURNED = ("stdout", "stderr", "result", "error", "suggestion", "traceback", "call_id")
 
 # Row kinds: a call ran; a session was closed; a session was started over by a rebuild.
 COLUMNS = ("seq", "at", "owner", "kind", "language", "venv_id", "session_id", "session_name",

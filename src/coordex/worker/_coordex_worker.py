@@ -292,17 +292,36 @@ def _flush_user_streams() -> None:
             pass
 
 
+def enter_call_env(msg: Dict[str, Any]) -> Dict[str, Optional[str]]:
+    """Set the call's own variables (the trace context, ``env``); what they replaced."""
+    env = msg.get("env") or {}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    return saved
+
+
+def leave_call_env(saved: Dict[str, Optional[str]]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:
     # A plain copy (C speed) and a filter over the few names that changed: the diff
     # costs next to nothing however many names the session holds.
     before = namespace.copy()
     outcome = None
+    saved = enter_call_env(msg) if "env" in msg else None
     try:
         try:
             _State.in_user_code = True
             outcome = engine.run_cell(msg["code"], namespace, msg["output_limit"])
         finally:
             _State.in_user_code = False
+            if saved is not None:
+                leave_call_env(saved)
             # A cell may have replaced our handlers (even with SIG_IGN for itself); the
             # next cell must be interruptible again.
             install_signal_handlers()
@@ -600,6 +619,7 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
         if files == "none" and _expected_files(msg) != "none":
             raise SystemExit  # protection did not hold this once: run nothing
         before = namespace.copy()
+        enter_call_env(msg)
         outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # What the copy changed, for the host's call log; the session never sees it.
@@ -746,6 +766,7 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if "capabilities" not in msg:  # forked on demand, not a prepared standby
             namespace = fresh_namespace()
+        enter_call_env(msg)
         outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _flush_user_streams()

@@ -199,7 +199,7 @@ def _start_values(session: own.NamespaceSession, request: RunRequest,
     decode_value = getattr(os.environ, "decodevalue", lambda v: v)
     env = {decode_key(k): decode_value(v) for k, v in session.environ.items()}
     payload = {"values": values, "left_out": left_out, "code": request.code,
-               "output_limit": request.output_limit, "protect": list(request.protect_paths),
+               "output_limit": request.result_limit, "protect": list(request.protect_paths),
                "scratch": request.scratch, "capabilities": capability_names,
                "sys_path": list(sys.path)}
     try:
@@ -269,7 +269,7 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         if files == "none" and expected != "none":
             raise SystemExit  # protection did not hold this once: run nothing
         before = dict(namespace)
-        cell = engine.run_cell(request.code, namespace, request.output_limit)
+        cell = engine.run_cell(request.code, namespace, request.result_limit)
         # What the copy changed, for the call log: the session itself never sees it.
         cell["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
         cell["deleted"] = [k for k in before if k not in namespace]

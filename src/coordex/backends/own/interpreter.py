@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,12 +137,15 @@ def fresh_namespace() -> dict[str, Any]:
 class _session_process_state:
     """Enter a session's cwd and environment; on exit record them and restore the host's.
 
-    (A class, not a generator: it runs twice a call.)"""
+    ``call_env``: variables for this call alone (the trace context); the session keeps
+    what it had under those names. (A class, not a generator: it runs twice a call.)"""
 
-    __slots__ = ("host_cwd", "host_env", "marked", "session")
+    __slots__ = ("call_env", "host_cwd", "host_env", "marked", "saved", "session")
 
-    def __init__(self, session: NamespaceSession | None) -> None:
+    def __init__(self, session: NamespaceSession | None,
+                 call_env: Mapping[str, str] | None = None) -> None:
         self.session = session
+        self.call_env = call_env
 
     def __enter__(self) -> None:
         session = self.session
@@ -156,8 +159,18 @@ class _session_process_state:
                 apply_environ(session.environ)
             if self.marked:  # what the code starts is the session's (``children``)
                 _set_mark(session.mark)
+        call_env = self.call_env
+        self.saved = {key: os.environ.get(key) for key in call_env} if call_env else None
+        if call_env:
+            os.environ.update(call_env)
 
     def __exit__(self, *exc: object) -> None:
+        if self.saved:
+            for key, value in self.saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         if self.marked:
             _set_mark(None)
         cwd, env = _getcwd(), environ_snapshot()
@@ -336,7 +349,7 @@ class OwnInterpreter:
         def job() -> None:
             local.call, local.in_call = call, True
             try:
-                box["cell"] = engine.run_cell(request.code, namespace, request.output_limit)
+                box["cell"] = engine.run_cell(request.code, namespace, request.result_limit)
             finally:
                 local.call = None
                 local.in_call = False
@@ -351,7 +364,7 @@ class OwnInterpreter:
             self._active_runner = runner
             if session is not None:
                 session.runner, session.current = runner, call
-            with _session_process_state(session), routed_streams():
+            with _session_process_state(session, request.env), routed_streams():
                 self._fds.start(sink_out, sink_err)
                 try:
                     runner.submit(job)
@@ -360,7 +373,10 @@ class OwnInterpreter:
                                         _AnyOf(request.cancel, self._closing))
                     if not finished:
                         runner.interrupt()
-                        finished = runner.done.acquire(True, INTERRUPT_GRACE)
+                        # At close() the answer is not held for code blocked in C: it
+                        # says the code may still run (the server must leave promptly).
+                        finished = runner.done.acquire(
+                            True, CLOSE_GRACE if self._closing.is_set() else INTERRUPT_GRACE)
                 finally:
                     self._fds.stop()
                     call.open = False
@@ -399,13 +415,13 @@ class OwnInterpreter:
             self._active_runner = watchdog
             if session is not None:
                 session.runner, session.current = ON_CALLER, call
-            with _session_process_state(session), routed_streams():
+            with _session_process_state(session, request.env), routed_streams():
                 self._fds.start(call.out, call.err)
                 local.call, local.in_call = call, True
                 try:
                     try:
                         watchdog.arm(deadline, request.cancel)
-                        cell = engine.run_cell(request.code, namespace, request.output_limit)
+                        cell = engine.run_cell(request.code, namespace, request.result_limit)
                     except engine.Interrupt:  # landed after the cell's own handler
                         pass
                 finally:
@@ -445,8 +461,8 @@ class OwnInterpreter:
         saved = getattr(local, "call", None)
         local.call = call
         try:
-            with _session_process_state(call.session):
-                cell = engine.run_cell(request.code, namespace, request.output_limit)
+            with _session_process_state(call.session, request.env):
+                cell = engine.run_cell(request.code, namespace, request.result_limit)
         finally:
             local.call = saved
             call.open = False
@@ -525,6 +541,10 @@ class OwnInterpreter:
         # What the code started (Popen, os.fork, and what those started) ends too.
         self.owned.end()
         self.owned.disarm()
+
+
+# At close(), how long a call's interrupted code gets to stop before the call answers.
+CLOSE_GRACE = 0.25
 
 
 class _AnyOf:

@@ -417,7 +417,8 @@ class RayCluster:
 def run_args(request: RunRequest, capabilities: Any) -> dict[str, Any]:
     """A request as plain values for the node (callables stay here)."""
     return {"code": request.code, "timeout": request.timeout,
-            "output_limit": request.output_limit, "stream": request.on_output is not None,
+            "output_limit": request.output_limit, "value_limit": request.value_limit,
+            "stream": request.on_output is not None,
             "protect_paths": list(request.protect_paths),
             "scratch": request.scratch is not None,
             "capabilities": list(capabilities.names())}
@@ -457,7 +458,10 @@ class RayPlace:
         except NodeLost as lost:
             self._forget_stateless(host, lost)
             return Ran(_node_died(lost))
-        return _unwrap(reply)
+        ran = _unwrap(reply)
+        if _said_node_lost(ran):
+            self._forget_stateless(host, NodeLost(ran.event.how, started=True))  # type: ignore[union-attr]
+        return ran
 
     def _stateless_host(self) -> _Host:
         if not self.resources:
@@ -707,6 +711,8 @@ class RaySession:
                 self._drop(host, gone)
                 return Ran(_node_died(gone), replaced=replaced)
             ran = _unwrap(reply)
+            if _said_node_lost(ran):  # the node said it lost the cluster: gone, as above
+                self._drop(host, NodeLost(ran.event.how, started=True))  # type: ignore[union-attr]
             return dataclasses.replace(ran, replaced=replaced or ran.replaced)
 
 
@@ -741,6 +747,10 @@ def _unwrap(reply: dict[str, Any]) -> Ran:
         return Ran(facts.Died("node", f"the node answered in a form this coordex does not "
                               f"read ({type(exc).__name__}: {exc}; is it another version?)",
                               taken=True))
+
+
+def _said_node_lost(ran: Ran) -> bool:
+    return isinstance(ran.event, facts.Died) and ran.event.what == "node"
 
 
 def _node_died(lost: NodeLost) -> facts.Died:

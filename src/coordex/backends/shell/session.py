@@ -15,7 +15,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +132,8 @@ class ShellSession:
     def run(self, request: RunRequest) -> Ran:
         """Run ``request.code`` in the kept shell; what it changes stays."""
         self._state_version += 1  # a read-only copy's saved state may be stale now
+        if request.env:  # the call's trace context, for this call alone (SPEC 16)
+            return self._call(with_call_env(request.code, request.env), request)
         return self._call(request.code, request)
 
     def run_read_only(self, request: RunRequest) -> Ran:
@@ -467,7 +469,10 @@ class ShellPlace:
         if self._closed:
             return Ran(facts.Closed("executor"))
         try:
-            shell = Shell(shell_env(self._env), self._cwd)
+            env = shell_env(self._env)
+            if request.env:  # the call's trace context (SPEC 16)
+                env = {**env, **request.env}
+            shell = Shell(env, self._cwd)
         except (OSError, RuntimeError) as exc:
             return _start_failed(exc)
         with self._lock:
@@ -495,6 +500,13 @@ class ShellPlace:
             running = list(self._running)
         for shell in running:
             shell.terminate(_STATELESS_STEPS)
+
+
+def with_call_env(code: str, env: Mapping[str, str]) -> str:
+    """``code`` run with ``env`` exported for it alone: an assignment before ``eval``
+    lasts as long as the eval (bash outside POSIX mode), so the session keeps none."""
+    assigned = " ".join(f"{key}={_shell_quote(value)}" for key, value in env.items())
+    return f"{assigned} \\builtin eval {_shell_quote(code)}"
 
 
 def run_stateless(request: RunRequest, *, env: dict[str, str] | None = None,

@@ -1,0 +1,307 @@
+"""The hooks the call path holds: standard library only, and all but free when off.
+
+Three places call in here: ``Executor.execute_code`` / ``Executor.call_tool``
+(:func:`watch_call`), the MCP server's tool dispatch (:func:`watch_tool_call`, the
+server side of every tenant), and an environment build (:func:`watch_build`). Each asks
+first whether anyone observes: tracing is on when ``opentelemetry.trace`` is already
+imported *and* a real tracer provider is set (a dict lookup and an ``isinstance``);
+metrics when a front end installed :data:`FIGURES` or a meter provider is set. When no
+one observes, a hook returns ``None`` and nothing of OpenTelemetry or
+``prometheus_client`` is ever imported by coordex.
+
+Three context variables carry a call's facts across the layers of one process:
+``IN_TOOL_CALL`` (a front end already made this call's span and counts it, so the
+executor makes no second one), ``CALL_ENV`` (``TRACEPARENT``/``TRACESTATE`` the call's
+code sees) and ``CALL_FACTS`` (builds a confined host made during the call, handed back
+to the server with the result, which counts them for the tenant).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+IN_TOOL_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "coordex_in_tool_call", default=False)
+CALL_ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "coordex_call_env", default=None)
+CALL_FACTS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "coordex_call_facts", default=None)
+
+# The server's figures (observe.figures.Figures), set by `coordex serve --metrics` or
+# when a meter provider is configured; None: nothing is counted.
+FIGURES: Any = None
+# Detached calls in flight (SPEC 14), by tenant: read by the coordex_detached_calls
+# gauge. Long work sets it; until then it stays 0.
+DETACHED: dict[str, int] = {}
+
+CALLS_LOG = logging.getLogger("coordex.calls")
+# The key under which a confined host hands its call's facts back to the server.
+FACTS_KEY = "_coordex_observed"
+
+
+_spans: Any = None  # observe.spans, once OpenTelemetry is loaded
+
+
+def tracing_on() -> bool:
+    """True when spans would be recorded: OpenTelemetry loaded and a provider set."""
+    global _spans
+    if _spans is None:
+        if "opentelemetry.trace" not in sys.modules:
+            return False
+        from . import spans as _spans
+    return bool(_spans.active())
+
+
+def call_env() -> Mapping[str, str] | None:
+    """``TRACEPARENT`` (and ``TRACESTATE``) for the call running in this context."""
+    return CALL_ENV.get()
+
+
+def content_on() -> bool:
+    import os
+
+    return os.environ.get("COORDEX_OTEL_CONTENT") == "1"
+
+
+class _Watch:
+    """One call watched by the executor (a library user's call, no front end)."""
+
+    __slots__ = ("_env_token", "_span", "_started", "_token", "tool")
+
+    def __init__(self, tool: str, span: Any) -> None:
+        self.tool = tool
+        self._span = span
+        self._started = time.perf_counter()
+        self._token = IN_TOOL_CALL.set(True)
+        self._env_token = CALL_ENV.set(span.env() if span is not None else CALL_ENV.get())
+
+    def done(self, arguments: Mapping[str, Any] | None, result: Any) -> None:
+        seconds = time.perf_counter() - self._started
+        if self._span is not None:
+            self._span.done(self.tool, arguments, result, seconds)
+        if FIGURES is not None:
+            FIGURES.count(None, self.tool, arguments, result, seconds)
+        if CALLS_LOG.isEnabledFor(logging.INFO):
+            log_call(None, self.tool, arguments, result, seconds)
+
+    def close(self) -> None:
+        CALL_ENV.reset(self._env_token)
+        IN_TOOL_CALL.reset(self._token)
+
+
+def watch_call(tool: str) -> _Watch | None:
+    """The executor's hook: a watch for one library call, or None when no one observes
+    (or a front end already watches this call)."""
+    if IN_TOOL_CALL.get():
+        return None
+    if FIGURES is None and "opentelemetry.metrics" in sys.modules:
+        _meter_figures()
+    tracing = tracing_on()
+    if not tracing and FIGURES is None and not CALLS_LOG.isEnabledFor(logging.INFO):
+        return None
+    return _Watch(tool, _spans.CallSpan.start(tool, None) if tracing else None)
+
+
+_meter_seen: list[Any] = [None]  # the meter provider last found to record nothing
+
+
+def _meter_figures() -> None:
+    """A library user's meter provider gets the same figures as a server's (looked at
+    again only when the global provider changes)."""
+    global FIGURES
+    provider = sys.modules["opentelemetry.metrics"].get_meter_provider()
+    if provider is _meter_seen[0]:
+        return
+    from .figures import Figures, meter_active
+
+    if meter_active():
+        FIGURES = Figures(prometheus=False)
+    else:
+        _meter_seen[0] = provider
+
+
+@contextlib.contextmanager
+def watch_build(venv_id: Any) -> Iterator[dict[str, Any]]:
+    """Around an environment build: a child span, and the build counted (in this
+    process's figures, or handed back to the server by a confined host). The body sets
+    ``cached`` in the dict it gets; a cached environment is no build."""
+    facts: dict[str, Any] = {"cached": False}
+    tracing = tracing_on()
+    sink = CALL_FACTS.get()
+    if not tracing and FIGURES is None and sink is None:
+        yield facts
+        return
+    started = time.perf_counter()
+    span = None
+    if tracing:
+        from . import spans
+
+        span = spans.child("coordex.build", {"coordex.venv_id": str(venv_id)})
+    outcome = "error"
+    try:
+        yield facts
+        outcome = "ok"
+    except BaseException as exc:
+        # An id that names no environment is no build; a build that failed is one.
+        if getattr(exc, "error_type", None) in ("validation", "not_found"):
+            facts["cached"] = True
+        raise
+    finally:
+        seconds = time.perf_counter() - started
+        if span is not None:
+            spans.end_child(span, outcome, cached=bool(facts.get("cached")))
+        if not facts.get("cached"):
+            if FIGURES is not None:
+                FIGURES.build(None, outcome, seconds)
+            if sink is not None:
+                sink.append({"build": outcome, "seconds": seconds})
+
+
+def coordinates(tool: str, arguments: Mapping[str, Any] | None,
+                result: Any) -> dict[str, Any]:
+    """A call's coordinates and outcome, from its result (what ran) and its arguments
+    (what was asked, for a call that failed before it had a session)."""
+    # dict, not Mapping: an ABC check costs a call ~1 us here (results are plain dicts).
+    args = arguments if isinstance(arguments, dict) else {}
+    record = result if isinstance(result, dict) else {}
+    found = record.get("session")
+    session: Mapping[str, Any] = found if isinstance(found, dict) else {}
+    if tool not in ("execute_code", "call_function") and not session and not any(
+            key in args for key in ("language", "state_mode", "session_id", "session_name",
+                                    "venv_id")):
+        return {"tool": tool, "language": "", "state_mode": "", "session": "", "venv_id": "",
+                "place": "", "outcome": _outcome(record), "state_lost": bool(
+                    record.get("state_lost")), "retried": bool(record.get("retried"))}
+    language = session.get("language") or args.get("language") or "python"
+    venv_id = session.get("venv_id") if "venv_id" in session else args.get("venv_id")
+    name = session.get("session_name") or args.get("session_name")
+    sid = session.get("session_id") if session.get("session_id") is not None \
+        else args.get("session_id")
+    if language == "bash":
+        place = "shell"
+    elif venv_id is None:
+        place = "own"
+    else:
+        place = "env"
+    if session.get("node"):
+        place = "cluster"
+    return {
+        "tool": tool, "language": str(language),
+        "state_mode": str(record.get("state_mode") or args.get("state_mode") or "stateless"),
+        "session": "" if name is None and sid is None else str(name if name is not None else sid),
+        "venv_id": "" if venv_id is None else str(venv_id), "place": place,
+        "outcome": _outcome(record), "state_lost": bool(record.get("state_lost")),
+        "retried": bool(record.get("retried")),
+    }
+
+
+def _outcome(record: Mapping[str, Any]) -> str:
+    error_type = record.get("error_type")
+    if error_type:
+        return str(error_type)
+    return "running" if record.get("running") else "ok"
+
+
+def log_call(tenant: str | None, tool: str, arguments: Mapping[str, Any] | None,
+             result: Any, seconds: float) -> None:
+    """The one INFO line of a call: tenant, coordinates, outcome, ms; never code or output."""
+    facts = coordinates(tool, arguments, result)
+    facts["ms"] = round(seconds * 1000, 3)
+    if tenant:
+        facts = {"tenant": tenant, **facts}
+    text = " ".join(f"{key}={value}" for key, value in facts.items() if value not in ("", None))
+    CALLS_LOG.info("call %s", text, extra={"coordex": facts})
+
+
+class _ToolWatch:
+    """One tool call watched by a front end (the server's side, for every tenant)."""
+
+    __slots__ = ("_busy", "_env_token", "_span", "_started", "_token", "arguments",
+                 "tenant", "tool")
+
+    def __init__(self, tenant: str | None, tool: str, arguments: Any, span: Any,
+                 env: Mapping[str, str] | None) -> None:
+        self.tenant, self.tool, self._span = tenant, tool, span
+        self.arguments = arguments if isinstance(arguments, Mapping) else {}
+        self._started = time.perf_counter()
+        self._busy = FIGURES.began(tenant, tool, self.arguments) if FIGURES is not None else None
+        self._token = IN_TOOL_CALL.set(True)
+        self._env_token = CALL_ENV.set(env)
+
+    def done(self, result: Any) -> None:
+        seconds = time.perf_counter() - self._started
+        CALL_ENV.reset(self._env_token)
+        IN_TOOL_CALL.reset(self._token)
+        if self._span is not None:
+            from . import spans
+
+            spans.finish(self._span, self.tool, self.arguments, result)
+        if FIGURES is not None:
+            FIGURES.ended(self._busy)
+            FIGURES.count(self.tenant, self.tool, self.arguments, result, seconds)
+        if CALLS_LOG.isEnabledFor(logging.INFO):
+            log_call(self.tenant, self.tool, self.arguments, result, seconds)
+        if isinstance(result, dict):
+            result.pop(FACTS_KEY, None)
+
+
+def watch_tool_call(tenant: str | None, transport: str, tool: str, arguments: Any,
+                    meta: Mapping[str, Any] | None) -> _ToolWatch | None:
+    """The MCP server's hook, in its ``tools/call`` handler (inside the SDK's span for
+    the request): None when no one observes and no trace context came with the call."""
+    carried = isinstance(meta, Mapping) and "traceparent" in meta
+    tracing = tracing_on()
+    if not (tracing or carried or FIGURES is not None or CALLS_LOG.isEnabledFor(logging.INFO)):
+        return None
+    span = env = None
+    if tracing or carried:
+        from . import spans
+
+        span = spans.server_span(transport) if tracing else None
+        env = spans.trace_env()
+    return _ToolWatch(tenant, tool, arguments, span, env)
+
+
+# --- across a confined host's pipe ------------------------------------------------------
+
+
+def observed() -> dict[str, Any]:
+    """What a server's client sends with a tool call into a confined host: the trace
+    context (``trace``) and whether to hand back the call's builds (``observe``)."""
+    extra: dict[str, Any] = {}
+    env = CALL_ENV.get()
+    if env:
+        extra["trace"] = dict(env)
+    if FIGURES is not None or env:  # counted, or a span to hang the builds under
+        extra["observe"] = True
+    return extra
+
+
+@contextlib.contextmanager
+def observing(args: Mapping[str, Any]) -> Iterator[Any]:
+    """In a confined host, around one tool call from the server: the call's code sees
+    the server's trace context, and the builds it made go back with its result (under
+    :data:`FACTS_KEY`, taken off by the server before anyone sees the result)."""
+    trace = args.get("trace")
+    env = {k: v for k, v in trace.items() if k in ("TRACEPARENT", "TRACESTATE")
+           and isinstance(v, str)} if isinstance(trace, Mapping) else None
+    facts: list[dict[str, Any]] | None = [] if args.get("observe") else None
+    tokens = (CALL_ENV.set(env or None), CALL_FACTS.set(facts), IN_TOOL_CALL.set(True))
+
+    def handed_back(result: Any) -> Any:
+        if facts and isinstance(result, dict):
+            return {**result, FACTS_KEY: list(facts)}
+        return result
+
+    try:
+        yield handed_back
+    finally:
+        IN_TOOL_CALL.reset(tokens[2])
+        CALL_FACTS.reset(tokens[1])
+        CALL_ENV.reset(tokens[0])

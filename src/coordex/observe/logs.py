@@ -1,0 +1,56 @@
+"""The servers' logs: stdlib ``logging`` on stderr, as text or JSON lines.
+
+``coordex serve|mcp --log-level LEVEL --log-format text|json``. Each call is one INFO
+line of the ``coordex.calls`` logger (tenant, coordinates, outcome, ms; never code or
+output, :func:`coordex.observe.hook.log_call`); a JSON line carries those as fields.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, a call's fields, and the
+    traceback of an exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(), "logger": record.name,
+            "message": record.getMessage(),
+        }
+        facts = getattr(record, "coordex", None)
+        if isinstance(facts, dict):
+            line.update(facts)
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def configure(level: str = "info", fmt: str = "text") -> None:
+    """Send ``logging`` to stderr at ``level`` in ``fmt`` (replacing earlier handlers
+    this function installed)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.set_name("coordex")
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if old.get_name() == "coordex":
+            root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    logging.getLogger("coordex").setLevel(level.upper())
+    # The MCP SDK says at INFO what every request does (sessions made and ended): at
+    # --log-level debug only, so a call stays one line.
+    logging.getLogger("mcp").setLevel("DEBUG" if level == "debug" else
+                                      max(logging.WARNING, root.level))
