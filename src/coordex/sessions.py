@@ -111,7 +111,9 @@ class SessionTable:
         with self.lock:
             self._check_open()
             key, created = self.registry.resolve_or_reserve(coordinate, time.time())
-            slot = self._slots.setdefault(key, Slot(None, threading.Lock()))
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slots[key] = Slot(None, threading.Lock())
         if not wait_for(slot.lock, timeout, cancel):
             yield key, None, 0
             return
@@ -358,6 +360,11 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
     attempt = request
     while True:
         ran = run(attempt)
+        if not tried and not ran.replaced and not isinstance(ran.event, facts.Died):
+            # The first attempt, nothing died or was replaced: no retry to weigh.
+            lost = facts.lost_state(ran, mode)
+            tried.append(faults.Attempt())
+            break
         lost = lost or facts.lost_state(ran, mode) or (ran.replaced and (bool(tried) or not told))
         tried.append(faults.attempt(ran))
         step = faults.next_step(place.retries, tried, read_only=mode == "read_only")

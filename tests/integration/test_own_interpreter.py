@@ -212,6 +212,40 @@ def test_cwd_and_environment_are_kept_per_session(ex: Executor, tmp_path: Path) 
     assert r["result"] is None
 
 
+def test_cwd_moves_of_the_host_and_of_code_threads_are_seen(ex: Executor,
+                                                             tmp_path: Path) -> None:
+    """The cwd is read again only after an os.chdir: one by the host between calls,
+    or by a thread the code left running, must still be noticed."""
+    host_cwd = os.getcwd()
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.mkdir()
+    second.mkdir()
+    ex.execute_code("import os; os.getcwd()", state_mode="stateful", session_name="c")
+    try:
+        os.chdir(first)  # the host moves between calls: a new session starts there
+        r = ex.execute_code("import os; os.getcwd()", state_mode="stateful", session_name="d")
+        assert r["result"] == repr(str(first))
+        assert os.getcwd() == str(first)
+        r = ex.execute_code("import os; os.getcwd()", state_mode="stateful", session_name="c")
+        assert r["result"] == repr(host_cwd) and os.getcwd() == str(first)
+        # A thread of the code moves the process after its call returned: the session
+        # that next runs finds the process where the thread left it, and the host gets
+        # its own cwd back after that call.
+        code = (f"import os, threading, time\n"
+                f"def later():\n    time.sleep(0.2)\n    os.chdir({str(second)!r})\n"
+                f"t = threading.Thread(target=later); t.start()")
+        ex.execute_code(code, state_mode="stateful", session_name="e")
+        import time
+
+        time.sleep(0.5)
+        assert os.getcwd() == str(second)
+        os.chdir(first)
+        r = ex.execute_code("import os; os.getcwd()", state_mode="stateful", session_name="d")
+        assert r["result"] == repr(str(first)) and os.getcwd() == str(first)
+    finally:
+        os.chdir(host_cwd)
+
+
 def test_capabilities_are_globals_in_every_session(ex: Executor) -> None:
     @ex.capability
     def lookup(key: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -23,6 +24,7 @@ def _runner() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_run", ROOT / "benchmarks" / "run.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while made
     spec.loader.exec_module(module)
     return module
 

@@ -12,6 +12,7 @@ not have run, so they are left to the identity comparison.
 from __future__ import annotations
 
 import ast
+import functools
 
 _TARGETS = (ast.Assign, ast.AugAssign, ast.AnnAssign)
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -20,10 +21,17 @@ _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 def bound_names(code: str) -> list[str]:
     """Names the top level of ``code`` binds whenever it runs to the end; [] if it does
     not parse (the place reports the syntax error)."""
+    if len(code) > 4096:  # kept only for short cells
+        return list(_bound_names.__wrapped__(code))
+    return list(_bound_names(code))
+
+
+@functools.lru_cache(maxsize=256)  # a repeated cell (a stored function's) is not parsed again
+def _bound_names(code: str) -> tuple[str, ...]:
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
-        return []
+        return ()
     names: list[str] = []
     for statement in tree.body:
         if isinstance(statement, _TARGETS):
@@ -37,7 +45,7 @@ def bound_names(code: str) -> list[str]:
                          if alias.name != "*")
         elif isinstance(statement, _DEFINITIONS):
             names.append(statement.name)
-    return list(dict.fromkeys(names))
+    return tuple(dict.fromkeys(names))
 
 
 def _names_in(target: ast.expr) -> list[str]:

@@ -33,6 +33,13 @@ class SessionKey:
     venv_id: int | None
     session_id: int
 
+    def __post_init__(self) -> None:
+        # Keys are looked up several times a call: hash the three fields once.
+        object.__setattr__(self, "_hash", hash((self.language, self.venv_id, self.session_id)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined,no-any-return]
+
     def describe(self) -> str:
         where = "own interpreter" if self.venv_id is None else f"venv_id={self.venv_id}"
         return f"{self.language} session {self.session_id} ({where})"

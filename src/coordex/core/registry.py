@@ -108,9 +108,12 @@ class SessionRegistry:
         language, venv = coordinate.language, coordinate.venv_id
         if coordinate.session_name is not None:
             sid = self._names.get((language, venv, coordinate.session_name))
-            return None if sid is None else SessionKey(language, venv, sid)
-        key = SessionKey(language, venv, coordinate.session_id or 0)
-        return key if key in self._entries else None
+            if sid is None:
+                return None
+            entry = self._entries.get(SessionKey(language, venv, sid))
+            return entry.key if entry is not None else SessionKey(language, venv, sid)
+        entry = self._entries.get(SessionKey(language, venv, coordinate.session_id or 0))
+        return entry.key if entry is not None else None  # the table's own key object
 
     def require(self, coordinate: Coordinate) -> SessionKey:
         """The existing session a coordinate names, else a ``not_found`` error."""

@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,7 @@ from ...core.results import OutputBuffer
 from ...worker import _coordex_engine as engine
 from .._reap import OWNED_ENV
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, emit, wait_for
-from . import children
+from . import children, output
 from .output import Call, FdPump, any_alive, current_mark, install_thread_origin, local, routed_streams
 from .runner import ON_CALLER, OnCaller, Runner, Watchdog, inline_ready
 
@@ -134,43 +134,76 @@ def fresh_namespace() -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": builtins}
 
 
-@contextlib.contextmanager
-def _session_process_state(session: NamespaceSession | None,
-                           call_env: Mapping[str, str] | None = None) -> Iterator[None]:
+class _session_process_state:
     """Enter a session's cwd and environment; on exit record them and restore the host's.
 
     ``call_env``: variables for this call alone (the trace context); the session keeps
-    what it had under those names."""
-    host_cwd = _getcwd()
-    host_env = environ_snapshot()
-    marked = session is not None and bool(session.mark)
-    if session is not None:
-        if session.cwd != host_cwd:
-            chdir(session.cwd)
-        if session.environ != host_env:
-            apply_environ(session.environ)
-        if marked:  # what the code starts is the session's (``children``)
-            os.environ[OWNED_ENV] = session.mark
-    saved = {key: os.environ.get(key) for key in call_env} if call_env else None
-    if call_env:
-        os.environ.update(call_env)
-    try:
-        yield
-    finally:
-        for key, value in (saved or {}).items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        if marked:
-            os.environ.pop(OWNED_ENV, None)
-        cwd, env = _getcwd(), environ_snapshot()
+    what it had under those names. (A class, not a generator: it runs twice a call.)"""
+
+    __slots__ = ("call_env", "host_cwd", "host_env", "marked", "saved", "session")
+
+    def __init__(self, session: NamespaceSession | None,
+                 call_env: Mapping[str, str] | None = None) -> None:
+        self.session = session
+        self.call_env = call_env
+
+    def __enter__(self) -> None:
+        session = self.session
+        self.host_cwd = host_cwd = _getcwd()
+        self.host_env = host_env = environ_snapshot()
+        self.marked = session is not None and bool(session.mark)
         if session is not None:
-            session.cwd, session.environ = cwd, env
-        if cwd != host_cwd:
-            chdir(host_cwd)
-        if env != host_env:
-            apply_environ(host_env)
+            if session.cwd != host_cwd:
+                chdir(session.cwd)
+            if session.environ != host_env:
+                apply_environ(session.environ)
+            if self.marked:  # what the code starts is the session's (``children``)
+                _set_mark(session.mark)
+        call_env = self.call_env
+        self.saved = {key: os.environ.get(key) for key in call_env} if call_env else None
+        if call_env:
+            os.environ.update(call_env)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved:
+            for key, value in self.saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        if self.marked:
+            _set_mark(None)
+        cwd, env = _getcwd(), environ_snapshot()
+        if self.session is not None:
+            self.session.cwd, self.session.environ = cwd, env
+        if cwd != self.host_cwd:
+            chdir(self.host_cwd)
+        if env != self.host_env:
+            apply_environ(self.host_env)
+
+
+_ENCODE_KEY = getattr(os.environ, "encodekey", None)
+_ENCODE_VALUE = getattr(os.environ, "encodevalue", None)
+_OWNED_KEY = _ENCODE_KEY(OWNED_ENV) if _ENCODE_KEY is not None else OWNED_ENV
+
+
+def _set_mark(mark: str | None) -> None:
+    """Set (None: unset) ``OWNED_ENV`` as ``os.environ`` would, without its
+    ``MutableMapping`` layers (two of them a call)."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict) or _ENCODE_VALUE is None:
+        if mark is None:
+            os.environ.pop(OWNED_ENV, None)
+        else:
+            os.environ[OWNED_ENV] = mark
+        return
+    if mark is None:
+        if data.pop(_OWNED_KEY, None) is not None:
+            os.unsetenv(_OWNED_KEY)
+    else:
+        value = _ENCODE_VALUE(mark)
+        os.putenv(_OWNED_KEY, value)
+        data[_OWNED_KEY] = value
 
 
 def environ_snapshot() -> dict[Any, Any]:
@@ -198,11 +231,21 @@ def apply_environ(target: dict[Any, Any]) -> None:
             os.environ[decode_key(key)] = decode_value(value)
 
 
+_known_cwd: list[Any] = [-1, ""]  # [output.chdirs when read, the cwd then]
+
+
 def _getcwd() -> str:
+    """The process's cwd; read again only after an ``os.chdir`` (the audit hook counts
+    them, in every thread), so a call costs no ``getcwd`` where the code moves nowhere."""
+    count = output.chdirs[0]
+    if _known_cwd[0] == count and output.counting_chdirs():
+        return str(_known_cwd[1])
     try:
-        return os.getcwd()
+        cwd = os.getcwd()
     except OSError:  # the folder was removed under us
         return os.path.expanduser("~")
+    _known_cwd[0], _known_cwd[1] = count, cwd
+    return cwd
 
 
 def chdir(path: str) -> None:

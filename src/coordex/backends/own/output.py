@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
 import selectors
 import sys
 import threading
@@ -266,12 +267,17 @@ _STDIN = _RoutedStdin(sys.stdin)
 _SPAWN_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
                            "os.system", "subprocess.Popen", "pty.fork"})
 _spawns = [0]
+# ``os.chdir`` and ``os.fchdir`` calls, in any thread: while it stays put, the cwd read
+# last is still the cwd (see ``interpreter.getcwd``).
+chdirs = [0]
 _spawn_hook_installed = False
 
 
 def _count_spawn(event: str, args: tuple[Any, ...]) -> None:
     if event in _SPAWN_EVENTS:
         _spawns[0] += 1
+    elif event == "os.chdir":
+        chdirs[0] += 1
 
 
 def _install_spawn_counter() -> None:
@@ -335,9 +341,16 @@ class FdPump:
                     self._owned.add(r)
                     self._sel.register(r, selectors.EVENT_READ, fd)
                     self._pipes[fd] = (r, w)
+                self._ready = select.poll()  # which of the two has data left, in one call
+                for r, _ in self._pipes.values():
+                    self._ready.register(r, select.POLLIN)
             for fd, (r, _) in self._pipes.items():
                 self._sinks[r] = out if fd == 1 else err
-                self._decoders[r] = utf8_decoder()
+                decoder = self._decoders.get(r)
+                if decoder is None:
+                    self._decoders[r] = utf8_decoder()
+                else:
+                    decoder.reset()
             self._spawns_at_start = _spawns[0]
         for fd, (_, w) in self._pipes.items():
             self._saved[fd] = os.dup(fd)
@@ -354,11 +367,18 @@ class FdPump:
         retire = _spawns[0] != self._spawns_at_start
         deadline = time.monotonic() + 1.0
         with self._lock:  # what is left in the pipes was written during the call
-            pipes = dict(self._pipes)
+            pipes = self._pipes
             if retire:
                 self._pipes = {}
+            else:  # most calls leave nothing: one poll says so, no read at all
+                ready = [fd for fd, _ in self._ready.poll(0)]
             for r, w in pipes.values():
-                sink, decoder = self._sinks.pop(r, None), self._decoders.pop(r)
+                sink, decoder = self._sinks.pop(r, None), self._decoders[r]
+                if not retire and r not in ready:
+                    tail = decoder.decode(b"", final=True)  # a character cut short
+                    if tail and sink is not None:
+                        sink(tail)
+                    continue
                 if retire:  # our write end goes: only what the code started holds one
                     copier.release(w)
                     os.close(w)
@@ -447,3 +467,8 @@ def utf8_decoder() -> Any:
     import codecs
 
     return codecs.getincrementaldecoder("utf-8")("replace")
+
+
+def counting_chdirs() -> bool:
+    """Whether ``chdirs`` counts (the audit hook is in place)."""
+    return _spawn_hook_installed

@@ -158,10 +158,14 @@ class ProtectedCopy:
         os.mkdir(os.path.join(folder, "coordex-ro-scratch"), 0o700)
         return folder
 
-    def launch(self, server: launcher.LauncherServer, shell: Shell) -> None:
+    def launch(self, server: launcher.LauncherServer, shell: Shell,
+               fingerprint: tuple[Any, ...] | None = None) -> None:
         """Have the server fork the child, which protects itself; no wait here.
 
-        Raises :class:`~.launcher.LauncherError` when the server is gone.
+        ``fingerprint``: the session shell's, taken this very call (a read-only call
+        changes nothing in the shell, so the copy that ran it took the one the next
+        copy needs); else read now. Raises :class:`~.launcher.LauncherError` when the
+        server is gone.
         """
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -205,7 +209,13 @@ class ProtectedCopy:
             os.close(go_w)
             go_w = code_w
         self._fds = (out_r, err_r, go_w, end_r)
-        self._fingerprint = _fingerprint(shell.pid, self.work_paths)
+        self._fingerprint = fingerprint if fingerprint is not None and \
+            fingerprint[-1] == self.work_paths else _fingerprint(shell.pid, self.work_paths)
+
+    @property
+    def fingerprint(self) -> tuple[Any, ...] | None:
+        """What this copy took from the session shell (see :meth:`fits`)."""
+        return self._fingerprint
 
     def fits(self, shell: Shell, work_paths: tuple[str, ...], changes: bool) -> bool:
         """Whether this waiting copy was protected for the session as it is now (and

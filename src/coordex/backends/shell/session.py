@@ -396,7 +396,8 @@ class ShellSession:
             self._standby = ProtectedCopy(self._bash, request.protect_paths,
                                            self._ro_folder, ready=ready,
                                            changes=request.report_changes)
-            self._standby.launch(server, self._shell)
+            # The shell is as this call found it: the copy's fingerprint holds.
+            self._standby.launch(server, self._shell, copy.fingerprint)
         return streams
 
     def _launcher_server(self) -> launcher.LauncherServer | None:
