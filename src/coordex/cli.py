@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .contract import ExecutorLike
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -76,7 +77,7 @@ def executor_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make_executor(args: argparse.Namespace, root: Path | None = None,
-                  envs_dir: Path | None = None) -> Any:
+                  envs_dir: Path | None = None) -> ExecutorLike:
     """An Executor from the common options. ``root=None`` lets the Executor resolve it."""
 
     from .executor import Executor
@@ -97,7 +98,7 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
 
 
 @contextlib.contextmanager
-def open_executor(args: argparse.Namespace) -> Iterator[Any]:
+def open_executor(args: argparse.Namespace) -> Iterator[ExecutorLike]:
     ex = make_executor(args)
     try:
         yield ex
@@ -255,6 +256,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if problem is not None:
         _say(problem)
         return EXIT_USAGE
+    ex: ExecutorLike
     try:
         if args.confine:
             from . import router

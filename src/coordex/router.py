@@ -18,7 +18,12 @@ import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .contract import ExecutorLike
+
+if TYPE_CHECKING:
+    from .hosting.client import ConfinedExecutor
 
 MIN_TOKEN_LENGTH = 16
 # MCP sessions a tenant may hold open at once, and how long an idle one lives.
@@ -164,7 +169,7 @@ def records_folder(root: Path, name: str, folder: Path) -> Path:
 def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
                       hidden: Sequence[str | Path], environments: Path | None = None,
                       records: Path | None = None, lazy: bool = False,
-                      nodes: Any = None) -> Any:
+                      nodes: Any = None) -> ConfinedExecutor:
     """A :class:`ConfinedExecutor` for one tenant, from the command-line options;
     ``environments`` is its folder of built environments (see :func:`environments_folder`);
     ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
@@ -193,7 +198,7 @@ def secrets_to_hide(root: Path, tokens_file: str | None) -> list[str]:
 
 
 def tenant_executor(args: argparse.Namespace, name: str, root: Path,
-                    make_in_process: Any) -> Any:
+                    make_in_process: Callable[[], ExecutorLike]) -> ExecutorLike:
     """The executor of one ``serve`` tenant.
 
     Named tenants (``--tokens``) each get a confined host in ``root/tenants/NAME``; the

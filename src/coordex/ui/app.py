@@ -38,6 +38,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from ..contract import ExecutorLike
 from . import access, api
 
 # Seconds a read (sessions, calls, inspect) may take before the page is told to try
@@ -112,7 +113,7 @@ class TenantThreads:
         self._by_id: dict[int, threading.BoundedSemaphore] = {}  # executors without weakrefs
         self._lock = threading.Lock()
 
-    def _slot(self, executor: Any) -> threading.BoundedSemaphore:
+    def _slot(self, executor: ExecutorLike) -> threading.BoundedSemaphore:
         with self._lock:
             try:
                 slot = self._slots.get(executor)
@@ -122,7 +123,7 @@ class TenantThreads:
                 slot = self._by_id.setdefault(id(executor), threading.BoundedSemaphore(self.size))
             return slot
 
-    def submit(self, executor: Any, job: Callable[[], Response], reply: Reply) -> bool:
+    def submit(self, executor: ExecutorLike, job: Callable[[], Response], reply: Reply) -> bool:
         """Run ``job`` for ``executor`` and ``reply`` with its response; False (nothing
         started) when the tenant's threads are all busy."""
         slot = self._slot(executor)
@@ -291,7 +292,7 @@ def _late(waited: float) -> Response:
 late = _late
 
 
-def single_tenant(executor: Any, token: str) -> Callable[[str], Any | None]:
+def single_tenant(executor: ExecutorLike, token: str) -> Callable[[str], Any | None]:
     """``lookup`` for one executor behind one token (constant-time comparison)."""
     import hmac
 
