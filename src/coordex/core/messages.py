@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from . import facts
+from .coordinates import StateMode
 from .errors import CoordexError, ErrorType, make_error
 
-Mode = Literal["stateless", "stateful", "read_only"]
+Mode = StateMode  # the state mode, defined once (core.coordinates)
 PlaceKind = Literal["own", "worker", "shell", "cluster", "host"]
 
 # After SIGINT, how long code gets to stop before its process is killed (state lost).
