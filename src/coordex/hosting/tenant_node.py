@@ -59,7 +59,7 @@ def ray_secrets() -> list[str]:
 
 def node_level(root: Path | None = None) -> str:
     """The confinement a tenant's host reaches on this node, hiding the node's root."""
-    from ..router import confinement_level
+    from .client import confinement_level
 
     return confinement_level([str(root or node_root()), *ray_secrets()])
 

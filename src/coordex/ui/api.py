@@ -18,24 +18,20 @@ import json
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import ExecutorLike
 from ..core.errors import CoordexError
 from ..log.running import calls_of
+from .http import MAX_BODY, Request, Response, json_response
 
-if TYPE_CHECKING:
-    from .app import Request, Response
-
-Handler = Callable[[Any, dict[str, Any]], "Response"]
+Handler = Callable[[Any, dict[str, Any]], Response]
 
 _SESSION_KEYS = ("language", "venv_id", "session_id", "session_name")
 _INT_ARGUMENTS = ("venv_id", "session_id", "after_seq", "limit", "seq")
 
 
 def _ok(value: Any) -> Response:
-    from .app import json_response
-
     # The body is the executor's own dict either way; the status only helps a program.
     kind = value.get("error_type") if isinstance(value, dict) else None
     return json_response(_STATUS.get(str(kind), 200), value)
@@ -198,8 +194,6 @@ def route(method: str, rest: str) -> tuple[Handler, bool] | int | None:
 def arguments(request: Request, rest: str) -> dict[str, Any] | Response:
     """The request's arguments: the query's, a POST's JSON body, ``calls/SEQ``'s seq.
     Numbers that do not parse are passed on as text, for the executor's own message."""
-    from .app import MAX_BODY, json_response
-
     found: dict[str, Any] = {k: v[0] for k, v in request.query.items() if k != "token" and v}
     if request.method == "POST":
         if len(request.body) > MAX_BODY:

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 from ..contract import ExecutorLike
 from ..core.errors import CoordexError
-from .app import MAX_BODY, UIApp, single_tenant
+from .app import UIApp, single_tenant
+from .http import MAX_BODY
 from .keys import SignedKeys, secret_under
 
 
