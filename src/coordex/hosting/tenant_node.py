@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..backends.ray.node import fence
+from ..backends.ray.node import CLUSTER_WIRE_VERSION, fence
 from ..core import facts
 from ..core.errors import CoordexError, make_error
 from ..core.facts import Ran
@@ -120,7 +120,7 @@ class TenantNodeHost:
             pass
         host = self._host
         return {"node": node, "host": socket.gethostname(), "pid": os.getpid(),
-                "tenant": self.name, "confinement": self.level,
+                "wire": CLUSTER_WIRE_VERSION, "tenant": self.name, "confinement": self.level,
                 "host_pid": host.pid if host is not None else None}
 
     # -- NodeHost's methods, answered by the tenant's host on this node
