@@ -32,6 +32,20 @@ def _say(*parts: object) -> None:
     print("coordex:", *parts, file=sys.stderr, flush=True)
 
 
+def _cannot_start(exc: BaseException) -> None:
+    """Why a server cannot start, with the frames that failed: an operator sees where."""
+    import logging
+    import traceback
+
+    _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
+    server_log = logging.getLogger("coordex.server")
+    if server_log.hasHandlers():  # --log-format / --log-level set a handler (SPEC 16)
+        server_log.error("the server did not start", exc_info=exc)
+        return
+    sys.stderr.write("".join(traceback.format_exception(exc)))
+    sys.stderr.flush()
+
+
 def _show_error(record: dict[str, Any]) -> None:
     _say(f"error ({record.get('error_type', '?')}): {record.get('error', '')}")
     if record.get("suggestion"):
@@ -162,7 +176,7 @@ def _leave_promptly(code: int) -> int:
 
 
 # How long threads left after a signal get to finish before the process leaves them.
-LEAVE_GRACE = 1.0
+LEAVE_GRACE = 0.5
 
 
 def _log_start_failure() -> None:
@@ -220,6 +234,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     wire = claim_stdio()
     _terminate_as_interrupt()
     # The MCP SDK takes ~0.5 s to import: it loads while initialize is answered (SPEC 8).
+    # Python 3.11's sysconfig fills its cache of build settings non-atomically, and that
+    # import fills it (zoneinfo) while the executor starting here reads it (uv asks for
+    # "EXE"): the reader could get None. Filled now, before the second thread exists.
+    import sysconfig
+
+    sysconfig.get_config_vars()
     failed: list[BaseException] = []
     loading = threading.Thread(target=_load_mcp_sdk, args=(failed,), daemon=True,
                                name="coordex-load-mcp")
@@ -249,8 +269,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         else:
             ex = make_executor(args)
     except Exception as exc:
-        _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
-        _log_start_failure()
+        _cannot_start(exc)
         return EXIT_FAILURE
     if args.ui is not None:
         page = ex.serve_ui(port=args.ui, host=args.ui_host)
@@ -415,8 +434,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             tenant.executor.close()
         if tenants_cluster is not None:
             tenants_cluster.close()
-        _say(f"cannot start the executor: {type(exc).__name__}: {exc}")
-        _log_start_failure()
+        _cannot_start(exc)
         return EXIT_FAILURE
 
     port = sock.getsockname()[1]

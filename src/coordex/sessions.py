@@ -198,7 +198,18 @@ class SessionTable:
         """One call to the session ``key`` (held by the caller) through :func:`attempts`,
         each loss said once."""
         slot = self._slots.get(key)
-        outcome, told = run_once_told(place, mode, run, request,
+
+        def attempt(request: RunRequest) -> Ran:
+            ran = run(request)
+            event = ran.event
+            if isinstance(event, facts.Closed) and event.by == "session" and self.closed:
+                # The Executor's close() ended the session under this call: that event
+                # reads the same as for a stateless call, whatever the place saw (SPEC 6).
+                return dataclasses.replace(ran, event=facts.Closed("executor",
+                                                                   detail=event.detail))
+            return ran
+
+        outcome, told = run_once_told(place, mode, attempt, request,
                                       slot is not None and slot.told)
         if slot is not None:
             slot.told = told
@@ -349,7 +360,7 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
         ran = run(attempt)
         lost = lost or facts.lost_state(ran, mode) or (ran.replaced and (bool(tried) or not told))
         tried.append(faults.attempt(ran))
-        step = faults.next_step(place.retries, tried)
+        step = faults.next_step(place.retries, tried, read_only=mode == "read_only")
         left = request.timeout - (time.monotonic() - started)
         if step == "retry" and left < RETRY_FLOOR:
             step = "crashed"  # SPEC 6: one deadline for the call, retry included
@@ -363,9 +374,4 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
                             hows=hows)
     if faults.retried(tried):
         outcome["retried"] = True
-        error = outcome.get("error")
-        if error and error.get("error_type") == "timeout" and lost:
-            # The second run's interrupt kept what that run bound; the state from
-            # before this call went with the first run's process.
-            error["error"] = messages.after_a_retry(str(error.get("error", "")))
     return outcome, ran

@@ -45,7 +45,10 @@ class LocalCluster:
 
 
 @pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def local_cluster(tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """The module's cluster; a module's ``HEALTH_CHECKS`` replaces the fast ones (Ray's
+    own defaults: ``{}``)."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -55,7 +58,8 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     os.environ.setdefault("UV_OFFLINE", "1")
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "object_store_memory": NODE_ARGS["object_store_memory"],
-        "include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS})
+        "include_dashboard": False,
+        "_system_config": getattr(request.module, "HEALTH_CHECKS", FAST_HEALTH_CHECKS)})
     try:
         for _ in range(2):
             cluster.add_node(**NODE_ARGS)

@@ -134,3 +134,93 @@ def test_discover_is_answered_long_before_the_sdk_is_ready(tmp_path: Path) -> No
 def test_a_discover_at_a_version_not_served_is_left_to_the_sdk(tmp_path: Path) -> None:
     [(_, answer)] = exchange(tmp_path, [discover("2099-01-01")], answers=1)
     assert answer["id"] == 0 and answer["error"]["code"] == -32022
+
+
+# Widens a race of Python 3.11's sysconfig to a certainty: a second thread that fills the
+# cache of build settings is slow, and the main thread reads the cache while it is half
+# full (as it could on a loaded machine). Loaded by ``site`` from PYTHONPATH.
+SLOW_SYSCONFIG = """\
+import sysconfig, threading, time
+
+if sysconfig._CONFIG_VARS is None and hasattr(sysconfig, "_init_posix"):
+    _fill, _get = sysconfig._init_posix, sysconfig.get_config_vars
+
+    def _slow_fill(found):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(1.5)
+        _fill(found)
+
+    def _get_after_another_thread(*args):
+        main = threading.current_thread() is threading.main_thread()
+        deadline = time.monotonic() + 10
+        while (main and sysconfig._CONFIG_VARS is None and threading.active_count() > 1
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        return _get(*args)
+
+    sysconfig._init_posix = _slow_fill
+    sysconfig.get_config_vars = _get_after_another_thread
+"""
+
+
+def _confined_mcp(home: Path, extra: list[str], env: dict[str, str] | None = None,
+                  ) -> tuple[int | None, str, list[dict[str, Any]]]:
+    """Start ``coordex mcp --confine``, make one call; (exit code, stderr, replies)."""
+    messages = [initialize("2025-06-18"),
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "execute_code", "arguments": {"code": "6 * 7"}}}]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "coordex", "mcp", "--confine", str(home.parent / "work"),
+         "--no-network", *extra], env=env or child_env(home),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
+    process.stdin.flush()
+    replies = []
+    for line in process.stdout:
+        replies.append(json.loads(line))
+        if replies[-1].get("id") == 2:
+            break
+    process.stdin.close()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    assert process.stderr is not None
+    err = process.stderr.read()
+    process.stdout.close()
+    process.stderr.close()
+    return process.returncode, err.decode(errors="replace"), replies
+
+
+def _needs_a_jail() -> None:
+    from coordex.hosting import best_level
+
+    if best_level() == "none":
+        pytest.skip("no confinement on this machine")
+
+
+@pytest.mark.slow
+def test_a_confined_server_starts_while_the_sdk_loads(tmp_path: Path) -> None:
+    """``coordex mcp --confine`` failed at start now and then in the full suite ("cannot
+    start the executor: TypeError: can only concatenate str (not "NoneType") to str"):
+    the SDK loading on its thread filled sysconfig's cache while the executor read it."""
+    _needs_a_jail()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SYSCONFIG)
+    env = child_env(tmp_path / "home", COORDEX_TOKEN="server-env-token-0123456789",
+                    PYTHONPATH=str(site))
+    _, err, replies = _confined_mcp(tmp_path / "home", [], env)
+    assert "cannot start" not in err, err
+    assert replies[-1]["result"]["structuredContent"]["result"] == "42", replies
+
+
+def test_a_server_that_cannot_start_says_why_with_the_frames(tmp_path: Path) -> None:
+    code, err, replies = _confined_mcp(tmp_path / "home",
+                                       ["--readable", str(tmp_path / "no-such-folder")])
+    assert code == 1 and not [r for r in replies if r.get("id") == 2]
+    assert "cannot start the executor: ValueError: readable: no such file" in err, err
+    assert "Traceback (most recent call last):" in err and "client.py\", line" in err, err

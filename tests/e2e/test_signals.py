@@ -42,7 +42,7 @@ INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
 def _stop_and_check(process: subprocess.Popen[bytes], sig: signal.Signals,
-                    started: set[int]) -> None:
+                    started: set[int], within: float = 5.0) -> None:
     assert started, "the server started no processes"
     sent = time.monotonic()
     process.send_signal(sig)
@@ -53,7 +53,7 @@ def _stop_and_check(process: subprocess.Popen[bytes], sig: signal.Signals,
         process.wait()
         raise AssertionError(f"still running 10 s after {sig.name}") from None
     took = time.monotonic() - sent
-    assert took < 5, f"exited {took:.1f} s after {sig.name}"
+    assert took < within, f"exited {took:.1f} s after {sig.name}"
     deadline = time.monotonic() + 2
     while any(alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -82,7 +82,9 @@ def test_mcp_exits_promptly_with_everything_ended(tmp_path: Path, sig: signal.Si
                 reply = json.loads(process.stdout.readline())
                 pids |= set(map(int, reply["result"]["structuredContent"]["stdout"].split()))
         time.sleep(1.0)  # the calls are running; the client keeps stdin open
-        _stop_and_check(process, sig, pids | child_pids(process.pid))
+        # SPEC 8 says 5 s; with room under load: it took 3.4-4.0 s (waits on busy
+        # sessions' snapshots and on own-interpreter code blocked in C), now ~1.2 s.
+        _stop_and_check(process, sig, pids | child_pids(process.pid), within=2.5)
     finally:
         if process.poll() is None:
             process.kill()

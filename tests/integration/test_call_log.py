@@ -596,6 +596,9 @@ def test_a_row_keeps_what_the_call_returned(ex: Executor) -> None:
     assert len(third["stdout"].encode()) <= 16 * 1024 and loud["stdout"].startswith("a" * 100)
     assert third["stdout"].startswith("a" * 1000) and third["stdout"].endswith("THE END\n")
     assert "left out" in third["stdout"]
+    # SPEC 11: everything the call returned, empty streams as returned, not None.
+    assert (loud["stderr"], third["stderr"]) == ("", "")
+    assert (bad["stdout"], second["stdout"], second["stderr"]) == ("", "", "")
     missing = ex.history(seq=10_000)
     assert missing["error_type"] == "not_found" and "history()" in missing["suggestion"]
     assert ex.history(seq="1")["error_type"] == "validation"

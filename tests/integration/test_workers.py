@@ -327,6 +327,7 @@ def test_a_retry_runs_in_what_is_left_of_the_calls_timeout(session: WorkerSessio
     took = time.monotonic() - started
     assert r["error"]["error_type"] == "timeout" and r["retried"] is True, r
     assert r["state_lost"] is True and "state from before this call is lost" in r["error"]["error"]
+    assert "survived" not in r["error"]["error"] + r["error"]["suggestion"]  # one story
     assert took < 4 + 2 + 0.5, took
 
 
@@ -359,9 +360,10 @@ def test_timeout_ignoring_sigint_kills_and_loses_state(session: WorkerSession) -
     err = r["error"]
     assert err["error_type"] == "timeout" and err["state_lost"] is True
     assert r["state_lost"] is True and "restarted" in err["error"]
-    assert session.pid != old and session.alive()
+    assert session.alive()  # its new worker starts on a thread, not in the call's time
     r = session.run(req("'x' in dir()"))
     assert r["result"] == "False" and "state_lost" not in r
+    assert session.pid not in (old, -1)
 
 
 def test_read_only_timeout_kills_only_the_copy(session: WorkerSession) -> None:

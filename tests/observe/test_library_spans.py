@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from coordex import Executor
 
-from .conftest import by_name
+from ._spans import by_name
 
 pytestmark = pytest.mark.timeout(120)
 

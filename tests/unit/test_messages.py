@@ -123,3 +123,23 @@ def test_a_stopped_call_says_it_was_interrupted_once(mode: str, who: str) -> Non
         assert error.startswith(f"The call was {head}"), error
         assert "and was interrupted" not in error and "and was stopped" not in error, error
         assert "timeout of 25" not in error, error
+
+
+@pytest.mark.parametrize("survived", [True, False])
+def test_a_retried_call_that_then_times_out_tells_one_story(survived: bool) -> None:
+    """N5: it read "…state from before this call is lost; then: … the session survived
+    with its state": two stories, the second false."""
+    ran = facts.Ran(facts.TimedOut(survived=survived), stdout="o")
+    out = messages.said(ran, "worker", "stateful", 4, state_lost=True, attempts=2,
+                        hows=["killed by SIGKILL"])
+    error = out["error"]
+    assert error["error_type"] == "timeout" and error["state_lost"] is True
+    text = error["error"] + " " + error["suggestion"]
+    assert "survived" not in text and "state kept" not in text and "then:" not in text
+    assert "killed by SIGKILL" in error["error"] and "timeout of 4 s" in error["error"]
+    assert "state" in error["error"] and "lost" in error["error"]
+    assert "rebuild_session" in error["suggestion"]
+    for mode in ("stateless", "read_only"):
+        other = messages.said(ran, "worker", mode, 4, state_lost=False, attempts=2,
+                              hows=["killed by SIGKILL"])["error"]
+        assert "died during this call" in other["error"] and "survived" not in other["error"]

@@ -9,6 +9,8 @@ decides, from those facts alone, whether the call is tried once more:
 - a Python worker (or the copy it forked) that dies during a call is replaced and the
   call retried once (``retried: true``; ``state_lost: true`` when the session's own
   process died); a second death is ``crashed``;
+- a read-only copy that dies once it read the code is never retried (the session
+  is unchanged, as in every place);
 - a shell is never retried: shell commands are rarely safe to run twice; but a call
   whose process died before it read the code (killed just before the call came) runs
   on a fresh process in every place: its code never ran;
@@ -49,13 +51,17 @@ def attempt(ran: facts.Ran) -> Attempt:
     return Attempt()
 
 
-def next_step(retries: bool, attempts: list[Attempt]) -> Step:
+def next_step(retries: bool, attempts: list[Attempt], *, read_only: bool = False) -> Step:
     """After the attempts so far at a call in a place that ``retries`` after a death
     (Python workers) or not (shells, the own interpreter): stop with the last result,
-    run it once more, or report a crash."""
+    run it once more, or report a crash. A ``read_only`` call whose copy died after it
+    read the code is ``crashed`` in every place, the session unchanged (SPEC 6: a
+    killed read-only copy reads the same in every place)."""
     last = attempts[-1]
     if last.died is None:
         return "done"
+    if read_only and last.died == "copy" and last.started:
+        return "crashed"
     if len(attempts) < MAX_ATTEMPTS and (not last.started or (retries and not last.taken)):
         return "retry"
     return "crashed"

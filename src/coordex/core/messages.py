@@ -155,12 +155,32 @@ def not_taken(place: PlaceKind, seconds: float) -> dict[str, Any]:
                           "then run the code again."), state_lost=True)
 
 
-def after_a_retry(error: str) -> str:
-    """A timeout's words for a call run a second time on a fresh process: its state
-    from before this call is lost, whatever the second run's interrupt kept."""
-    return ("The session's process died during this call and the call ran again on a "
-            "fresh one, so the session's state from before this call is lost; then: "
-            + error)
+def timeout_after_a_retry(place: PlaceKind, mode: Mode, seconds: float, how: str, *,
+                          survived: bool) -> dict[str, Any]:
+    """A call whose process died under it, ran again on a fresh one and then ran past
+    what was left of its one timeout: one story, from the settled facts (the state from
+    before the call went with the first process, whatever the second run's interrupt
+    kept)."""
+    words = WORDS[place]
+    limit = f"{seconds:g} s"
+    longer = f"timeout={max(seconds * 4, 60):g}"
+    head = (f"The {words.process} died during this call ({how}); the call ran again on a "
+            f"fresh one, which ran past the call's timeout of {limit} and ")
+    faster = ("make the code faster, split it into smaller calls, or pass a larger timeout "
+              f"(e.g. {longer}).")
+    if mode == "stateful":
+        end = ("was interrupted: the session's state from before this call is lost; the "
+               f"{words.holds} this second run set before the interrupt are kept."
+               if survived else
+               f"did not stop within {INTERRUPT_GRACE:g} s of the interrupt, so that "
+               f"{words.process} was killed too: the session's state is lost.")
+        return make_error("timeout", head + end, with_rebuild_hint(
+            f"Re-create the {words.holds} you need before continuing; " + faster),
+            state_lost=True)
+    where = ("the session is unchanged" if mode == "read_only"
+             else "nothing was kept, as with any stateless call")
+    return make_error("timeout", head + f"was stopped; {where}.", faster[0].upper() + faster[1:],
+                      state_lost=False)
 
 
 # How a timeout's error begins (:func:`timeout`): a call stopped by a person or by its
@@ -340,7 +360,11 @@ def _error(event: facts.Event, place: PlaceKind, mode: Mode, seconds: float, att
     if isinstance(event, facts.TimedOut):
         if not event.taken:
             return not_taken(place, seconds)
-        error = timeout(place, mode, seconds, survived=event.survived, stuck=event.stuck)
+        if attempts > 1 and hows and not event.stuck:
+            error = timeout_after_a_retry(place, mode, seconds, "; ".join(dict.fromkeys(hows)),
+                                          survived=event.survived)
+        else:
+            error = timeout(place, mode, seconds, survived=event.survived, stuck=event.stuck)
         if place == "shell":
             error["suggestion"] += (" A long command can run in the background "
                                     "(`cmd > out.log 2>&1 &`) in a stateful session while "

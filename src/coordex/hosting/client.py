@@ -723,7 +723,10 @@ def readable_paths() -> list[str]:
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)),
              package}
-    cwd = os.path.realpath(os.getcwd())
+    try:
+        cwd: str | None = os.path.realpath(os.getcwd())
+    except OSError:  # a folder removed under the process: nothing of it to leave out
+        cwd = None
     paths |= {p for p in sys.path
               if p and os.path.isdir(p) and os.path.realpath(p) != cwd}
     try:

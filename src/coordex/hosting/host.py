@@ -607,10 +607,12 @@ def invoke(executor: ExecutorLike, method: str, args: Any, on_output: Callable[[
             from ..core.errors import CoordexError
 
             try:
-                record = executor.functions.define(**args).record
+                stored = executor.functions.define(**args)
             except CoordexError as exc:
                 return exc.to_dict()
-            return executor.functions.show(record.name, record.version)
+            if isinstance(stored, dict):  # coordex's storage failed: said, not raised
+                return stored
+            return executor.functions.show(stored.record.name, stored.record.version)
         owner_name, _, name = method.rpartition(".")
         owner = getattr(executor, owner_name) if owner_name else executor
         function = getattr(owner, name, None)

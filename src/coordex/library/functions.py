@@ -404,6 +404,10 @@ class FunctionLibrary:
         Same source and environment as the latest version keeps that version; anything
         else becomes a new version (older ones stay callable).
 
+        When coordex's own storage fails (a full disk, a read-only or damaged library,
+        a full environment registry) it returns that ``environment`` error dict instead
+        of a :class:`StoredFunction` (SPEC 2: never raised for the machine's conditions).
+
         Raises:
             CallError: ``validation`` for bad source, name or spec.
         """
@@ -424,10 +428,15 @@ class FunctionLibrary:
             found, signature, doc = analyse(source, name)  # type: ignore[arg-type]
             text = source  # type: ignore[assignment]
         env_key = _env_key(env)
-        if env is not None:
-            self._venv_id(env, env_key)  # registers the environment; fails early on bad specs
-        record, _ = self._store.define(name=found, source=text, env=env, env_key=env_key,
-                                       signature=signature, doc=doc, now=time.time())
+        try:
+            if env is not None:
+                self._venv_id(env, env_key)  # registers the environment; fails early on bad specs
+            record, _ = self._store.define(name=found, source=text, env=env, env_key=env_key,
+                                           signature=signature, doc=doc, now=time.time())
+        except CallError as exc:
+            if exc.error_type != "environment":
+                raise
+            return dict(exc.record)
         return StoredFunction(self, record)
 
     # -- looking up ---------------------------------------------------------------------

@@ -185,7 +185,9 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             "exit_code": result.get("exit_code"), "state_lost": state_lost,
             "retried": result.get("retried"), "isolation": result.get("isolation"),
             "changed": changed, "replay_of": replay_of,
-            "stdout": result.get("stdout") or None, "stderr": result.get("stderr") or None,
+            # SPEC 11: what the call returned, an empty stream as "" (None: it had none).
+            "stdout": _text_or_none(result.get("stdout")),
+            "stderr": _text_or_none(result.get("stderr")),
             "result": result.get("result"), "error": result.get("error"),
             "suggestion": result.get("suggestion"), "traceback": result.get("traceback"),
             "call_id": call_id}
@@ -195,6 +197,10 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
     except Exception:  # the log never costs the call
         pass
     return result
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class LoggedRow:

@@ -26,6 +26,7 @@ exists (then only to be checked for ``busy``, a join or a redelivery).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import secrets
 import threading
@@ -178,7 +179,9 @@ class CallBook:
             return self._await(joined, wait, cancel, joiner=True)
         if record is None:  # no wait: runs here, as any call does
             return run(on_output, cancel)
-        thread = threading.Thread(target=self._body, args=(record, run, session_of),
+        # The call's context goes with it (its trace context: SPEC 16's TRACEPARENT).
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(self._body, record, run, session_of),
                                   name=f"coordex-call-{record.call_id}", daemon=True)
         thread.start()
         return self._await(record, wait, None)

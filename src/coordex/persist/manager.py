@@ -53,6 +53,8 @@ from .store import Identity, SnapshotStore
 
 # What a snapshot written at close may take in all: SPEC 8 gives a stop 5 s.
 CLOSE_BUDGET = 3.0
+# At close, how long a session's snapshot waits for the call running in it.
+BUSY_WAIT = 0.05
 
 
 @dataclass
@@ -421,8 +423,10 @@ class Persistence:
         if found is None:
             return
         _key, slot = found
-        if not slot.lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic()))):
-            return  # a call is running: the log has the calls this snapshot would hold
+        # A call running now runs until close() ends it, after this: waiting for it only
+        # delays the stop (SPEC 8: out within 5 s), and the log has what it would hold.
+        if not slot.lock.acquire(timeout=max(0.0, min(BUSY_WAIT, deadline - time.monotonic()))):
+            return
         try:
             through = self._last_seq(item.identity) if self._log is not None else 0
             if slot.session is not None and through is not None:

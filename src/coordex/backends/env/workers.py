@@ -65,7 +65,11 @@ from . import branches
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
-CHILD_KILL_GRACE = 1.0  # after SIGUSR1 killed a fork child, how long for its `done`
+CHILD_KILL_GRACE = 0.5  # after SIGUSR1 killed a fork child, how long for its `done`
+# What ending a call takes after its last escalation (kill, reap, drain the pipes): the
+# escalation ends this much before timeout + INTERRUPT_GRACE, so no call returns later
+# than that (SPEC 6), a stopped worker's included.
+END_MARGIN = 0.2
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
@@ -321,6 +325,9 @@ class _WorkerProcess:
 
     def _converse(self, msg: dict[str, Any], reply_type: str, request: RunRequest,
                   capabilities: CapabilityHost | None, fork_child: bool) -> _Reply:
+        # SPEC 6: what a process an earlier call started wrote since that call returned
+        # is no call's output: it is dropped before this call begins.
+        self._drop_stale_output()
         captures = {self._out_r: StreamCapture("stdout", request),
                     self._err_r: StreamCapture("stderr", request)}
         reply = _Reply()
@@ -348,7 +355,8 @@ class _WorkerProcess:
                 if stage == 0:
                     reply.interrupted = True
                     self._signal(signal.SIGINT)
-                    stage, escalate_at = 1, now + INTERRUPT_GRACE
+                    last = escalate_at + INTERRUPT_GRACE - END_MARGIN  # the worker's end
+                    stage, escalate_at = 1, last - (CHILD_KILL_GRACE if fork_child else 0.0)
                 elif stage == 1 and fork_child:
                     self._signal(signal.SIGUSR1)
                     stage, escalate_at = 2, now + CHILD_KILL_GRACE
@@ -385,13 +393,27 @@ class _WorkerProcess:
         # Pipes are synchronous: whatever the worker (or a fork child that has exited)
         # wrote to fds 1/2 before `done` is already in the pipes, so one non-blocking
         # drain completes the call's output. Only a background process the code left
-        # running can write later; that lands in the next call.
+        # running can write later; the next call drops that before it begins.
         ready = {fd for fd, _ in self._poll.poll(0)}
         for fd, capture in captures.items():
             if fd in ready:
                 self._pump(fd, capture, drain=True)
             capture.finish()
         return self._collect(reply, captures)
+
+    def _drop_stale_output(self) -> None:
+        """Read and drop what waits on the output pipes now (never blocks)."""
+        for fd in (self._out_r, self._err_r):
+            while fd not in self._eof:
+                try:
+                    data = os.read(fd, _READ_SIZE)
+                except OSError:  # BlockingIOError: nothing (more) waits
+                    break
+                if not data:
+                    self._eof.add(fd)
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._poll.unregister(fd)
+                    break
 
     def _pump(self, fd: int, capture: StreamCapture, drain: bool = False) -> None:
         """Read what is ready on an output pipe (all of it when ``drain``)."""
@@ -631,6 +653,7 @@ class WorkerSession:
         self._start_timeout = start_timeout
         self._lock = threading.Lock()
         self._closed = False
+        self._starting = False  # a new worker starts on a thread (_replace_soon)
         self._proc: _WorkerProcess | None = proc if proc is not None else self._start()
 
     def _start(self) -> _WorkerProcess:
@@ -642,7 +665,10 @@ class WorkerSession:
         return self._proc.pid if self._proc is not None else -1
 
     def alive(self) -> bool:
-        return not self._closed and self._proc is not None and self._proc.alive()
+        if self._closed:
+            return False
+        proc = self._proc
+        return self._starting if proc is None else proc.alive()
 
     def run(self, request: RunRequest) -> Ran:
         """Run code in the session's namespace (stateful)."""
@@ -762,6 +788,31 @@ class WorkerSession:
             with contextlib.suppress(CoordexError):
                 self._proc = self._start()
 
+    def _replace_soon(self) -> None:
+        """After a loss this call reports: the old process goes now, the next one starts
+        on a thread (its start is not this call's time: SPEC 6's timeout + 2 s), or at
+        the next call if that comes first."""
+        if self._proc is not None:
+            self._proc.close()
+        self._proc = None
+        if self._closed:
+            return
+
+        def start() -> None:
+            with self._lock:
+                try:
+                    if self._proc is not None or self._closed:
+                        return
+                    with contextlib.suppress(CoordexError):
+                        self._proc = self._start()
+                    if self._closed and self._proc is not None:  # close() came meanwhile
+                        self._proc.close()
+                finally:
+                    self._starting = False
+
+        self._starting = True
+        threading.Thread(target=start, daemon=True, name="coordex-worker-start").start()
+
     def _call(self, request: RunRequest, mode: RunMode) -> Ran:
         """One attempt at a call. A death during it is the fact ``Died`` (of the
         ``process`` or only its ``copy``); whether the call runs once more is the session
@@ -787,7 +838,7 @@ class WorkerSession:
                 # (A worker that died while its read-only fork ran: the fork's result
                 # stands, and the loss is this call's news, not the next call's.)
                 replaced = True
-                self._replace_quietly()
+                self._replace_soon()
             return dataclasses.replace(ran, replaced=True) if replaced else ran
 
 

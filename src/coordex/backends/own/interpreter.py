@@ -330,7 +330,10 @@ class OwnInterpreter:
                                         _AnyOf(request.cancel, self._closing))
                     if not finished:
                         runner.interrupt()
-                        finished = runner.done.acquire(True, INTERRUPT_GRACE)
+                        # At close() the answer is not held for code blocked in C: it
+                        # says the code may still run (the server must leave promptly).
+                        finished = runner.done.acquire(
+                            True, CLOSE_GRACE if self._closing.is_set() else INTERRUPT_GRACE)
                 finally:
                     self._fds.stop()
                     call.open = False
@@ -479,6 +482,10 @@ class OwnInterpreter:
         # What the code started (Popen, os.fork, and what those started) ends too.
         self.owned.end()
         self.owned.disarm()
+
+
+# At close(), how long a call's interrupted code gets to stop before the call answers.
+CLOSE_GRACE = 0.25
 
 
 class _AnyOf:

@@ -199,7 +199,11 @@ class NodeHost:
         self._environments = environments_manager
         self._turns = threading.BoundedSemaphore(max_calls) if max_calls else None
         self._reaper = self._start_reaper()
-        fence(self.shutdown)
+        # Set once this node lost the cluster (its fence ends everything after): a call
+        # in flight then reports the lost node, never what ending its process looked
+        # like from here (an interrupt, a closed session).
+        self._lost: str | None = None
+        fence(self._fenced)
 
     def _start_reaper(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
@@ -294,6 +298,8 @@ class NodeHost:
                 taken=True)))}
         finally:
             _current.call = None
+        if self._lost is not None and op in ("run", "read_only", "stateless"):
+            reply = {"ran": facts.to_wire(Ran(facts.Died("node", self._lost, taken=True)))}
         call.finish(reply)
 
     def _op(self, call: _Call, op: str, args: dict[str, Any]) -> Any:
@@ -492,6 +498,13 @@ class NodeHost:
                 backend.close()
 
     close = shutdown  # as a confined host's served object (``--serve node``)
+
+    def _fenced(self) -> None:
+        """The node lost the cluster: every call in flight says so (SPEC 10), then
+        every process ends."""
+        self._lost = ("its node lost the cluster: the raylet there is gone, and coordex "
+                      "ended the session's processes on it")
+        self.shutdown()
 
     def orphans(self) -> list[int]:
         """Pids on this machine that carry this actor's token (tests and diagnostics)."""

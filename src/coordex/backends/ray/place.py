@@ -472,7 +472,10 @@ class RayPlace:
         except NodeLost as lost:
             self._forget_stateless(host, lost)
             return Ran(_node_died(lost))
-        return _unwrap(reply)
+        ran = _unwrap(reply)
+        if _said_node_lost(ran):
+            self._forget_stateless(host, NodeLost(ran.event.how, started=True))  # type: ignore[union-attr]
+        return ran
 
     def _stateless_host(self) -> _Host:
         if not self.resources:
@@ -722,6 +725,8 @@ class RaySession:
                 self._drop(host, gone)
                 return Ran(_node_died(gone), replaced=replaced)
             ran = _unwrap(reply)
+            if _said_node_lost(ran):  # the node said it lost the cluster: gone, as above
+                self._drop(host, NodeLost(ran.event.how, started=True))  # type: ignore[union-attr]
             return dataclasses.replace(ran, replaced=replaced or ran.replaced)
 
 
@@ -756,6 +761,10 @@ def _unwrap(reply: dict[str, Any]) -> Ran:
         return Ran(facts.Died("node", f"the node answered in a form this coordex does not "
                               f"read ({type(exc).__name__}: {exc}; is it another version?)",
                               taken=True))
+
+
+def _said_node_lost(ran: Ran) -> bool:
+    return isinstance(ran.event, facts.Died) and ran.event.what == "node"
 
 
 def _node_died(lost: NodeLost) -> facts.Died:
