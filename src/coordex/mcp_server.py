@@ -263,7 +263,7 @@ ANSWER_SECONDS = 3.0
 WRITE_SECONDS = 0.3
 
 
-def stop_answering(executors: Sequence[Any]) -> None:
+def stop_answering(executors: Sequence[ExecutorLike]) -> None:
     """Begin the stop: no new call runs, the executors close (every call in flight
     returns its error dict), and this returns once each has been answered or
     :data:`ANSWER_SECONDS` passed. Blocks; run it off the event loop. Never raises."""

@@ -118,7 +118,7 @@ class UIApp:
             ``:*`` suffix matches any port); default: loopback names only.
     """
 
-    def __init__(self, lookup: Callable[[str], Any | None], prefix: str = "/ui",
+    def __init__(self, lookup: Callable[[str], ExecutorLike | None], prefix: str = "/ui",
                  allowed_hosts: Sequence[str] | None = None,
                  allowed_origins: Sequence[str] | None = None,
                  threads_per_tenant: int = THREADS_PER_TENANT, keys: Any = None) -> None:
@@ -252,13 +252,13 @@ def _late(waited: float) -> Response:
 late = _late
 
 
-def single_tenant(executor: ExecutorLike, token: str) -> Callable[[str], Any | None]:
+def single_tenant(executor: ExecutorLike, token: str) -> Callable[[str], ExecutorLike | None]:
     """``lookup`` for one executor behind one token (constant-time comparison)."""
     import hmac
 
     expected = token.encode("utf-8")
 
-    def lookup(presented: str) -> Any | None:
+    def lookup(presented: str) -> ExecutorLike | None:
         ok = hmac.compare_digest(presented.encode("utf-8", "replace"), expected)
         return executor if ok else None
 
