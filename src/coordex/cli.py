@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .contract import ExecutorLike
+from .router import base_root, executor_options
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -63,34 +65,8 @@ def _is_error(record: Any) -> bool:
 # --- executor construction ---------------------------------------------------------------
 
 
-def base_root(home: str | None = None) -> Path:
-    """The data folder: ``--home``, else what the Executor uses (``COORDEX_HOME``, else
-    the user data dir)."""
-    if home:
-        return Path(home).expanduser()
-    from .core.root import default_root
-
-    return default_root()
-
-
-def executor_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The Executor arguments every front end takes from its options: ``max_sessions``
-    and ``timeout`` (the MCP front ends, which have the option, default below MCP
-    clients' common 60 s request timeout: SPEC 8)."""
-    options: dict[str, Any] = {}
-    if getattr(args, "max_sessions", None) is not None:
-        options["max_sessions"] = args.max_sessions
-    if getattr(args, "timeout", None) is not None:
-        options["timeout"] = args.timeout
-    elif hasattr(args, "timeout"):
-        from .tools import MCP_DEFAULT_TIMEOUT
-
-        options["timeout"] = MCP_DEFAULT_TIMEOUT
-    return options
-
-
 def make_executor(args: argparse.Namespace, root: Path | None = None,
-                  envs_dir: Path | None = None) -> Any:
+                  envs_dir: Path | None = None) -> ExecutorLike:
     """An Executor from the common options. ``root=None`` lets the Executor resolve it."""
 
     from .executor import Executor
@@ -111,7 +87,7 @@ def make_executor(args: argparse.Namespace, root: Path | None = None,
 
 
 @contextlib.contextmanager
-def open_executor(args: argparse.Namespace) -> Iterator[Any]:
+def open_executor(args: argparse.Namespace) -> Iterator[ExecutorLike]:
     ex = make_executor(args)
     try:
         yield ex
@@ -275,6 +251,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if problem is not None:
         _say(problem)
         return EXIT_USAGE
+    ex: ExecutorLike
     try:
         if args.confine:
             from . import router

@@ -64,9 +64,11 @@ from .core.shapes import (
 )
 from .log import LOG_FILE, CallLog
 from .log.calls import log_off_error, note_changes, record_call
-from .log.detached import CallBook
 from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls, where
+from .long_work import LongWork
+from .long_work import error_record as _error_record
+from .long_work import ms as _ms
 from .observe.hook import call_env, watch_call
 from .sessions import SessionTable
 
@@ -178,7 +180,7 @@ class Executor:
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
         # Calls given ``wait`` (SPEC 14): wait_call, cancel_call, busy, join, redelivery.
-        self._calls = CallBook(self._same_session, self._result_from_log)
+        self._calls = LongWork(self._table, self._call_log, self._check_open)
         self._ui: Any = None
         # Output and values that do not fit a result go here (SPEC 14).
         self.spill_folder = spill.folder_of(_working_folder(self.root))
@@ -290,33 +292,10 @@ class Executor:
                                  venv_id, timeout, output, on_progress, event,
                                  self.output_limit, nested=False)
 
-        return cast(RunResult, self._recorded("execute_code", asked, state_mode, run, wait,
+        return cast(RunResult, self._calls.run("execute_code", asked, state_mode, run, wait,
                                               on_output, cancel))
 
     # ------------------------------------------------------------------ long work (SPEC 14)
-
-    def _recorded(self, tool: str, asked: dict[str, Any], state_mode: Any,
-                  run: Callable[[OutputCallback | None, threading.Event | None], dict[str, Any]],
-                  wait: Any, on_output: OutputCallback | None,
-                  cancel: threading.Event | None) -> dict[str, Any]:
-        """One call through the call book: ``busy``, joined, redelivered or run, and
-        waited for at most ``wait`` seconds."""
-        from .log.detached import inside_call
-
-        started = time.perf_counter()
-        try:
-            wait = _check_wait(wait)
-            self._check_open()
-        except CoordexError as exc:
-            return _error_record(exc, None, started)
-        if inside_call():  # a recorded call's own calls run as they are
-            return run(on_output, cancel)
-        place = None if state_mode == "stateless" else {
-            "language": asked.get("language") or "python", "venv_id": asked.get("venv_id"),
-            "session_id": asked.get("session_id"), "session_name": asked.get("session_name")}
-        mode = state_mode if isinstance(state_mode, str) else None
-        return self._calls.run(tool, asked, place, mode, run, wait, on_output, cancel,
-                               functools.partial(self._asked_session, place))
 
     def run_recorded(self, tool: str, arguments: dict[str, Any],
                      run: Callable[[OutputCallback | None, threading.Event | None],
@@ -329,7 +308,7 @@ class Executor:
         result redelivered, else run and waited for at most ``wait`` seconds."""
         if wait is None and not self._calls.active:
             return run(on_output, cancel)
-        return self._recorded(tool, {k: v for k, v in arguments.items() if k != "wait"},
+        return self._calls.run(tool, {k: v for k, v in arguments.items() if k != "wait"},
                               arguments.get("state_mode", "stateless"), run, wait,
                               on_output, cancel)
 
@@ -347,66 +326,20 @@ class Executor:
             or after a restart (then with ``"from_log": true``). ``not_found`` for an
             unknown or expired id, naming the calls still running.
         """
-        try:
-            return self._calls.wait_call(call_id, _check_wait(wait))
-        except CoordexError as exc:
-            return exc.to_dict()
+        return self._calls.wait_call(call_id, wait)
 
     def cancel_call(self, call_id: str) -> dict[str, Any]:
         """Interrupt a call that returned ``running`` as ``cancel`` does (state kept;
         killed only if it ignores the interrupt past the grace period) and return its
         final result, ``call_id`` added. An ended call: its result, unchanged."""
-        try:
-            return self._calls.cancel_call(call_id)
-        except CoordexError as exc:
-            return exc.to_dict()
+        return self._calls.cancel_call(call_id)
 
     def hold_call(self, call_id: str) -> dict[str, Any]:
         """For front ends: the answer to a request of ``call_id`` was lost before it
         was delivered (its connection or stream broke; not a cancellation). The call's
         result is held for 10 minutes: the identical call gets it with
         ``"redelivered": true`` instead of running again."""
-        return {"held": self._calls.hold(call_id), "call_id": call_id}
-
-    def _same_session(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
-        key_a, key_b = self._session_key(a), self._session_key(b)
-        if key_a is not None and key_b is not None:
-            return key_a == key_b
-        return all(a.get(k) == b.get(k) for k in ("language", "venv_id", "session_id",
-                                                    "session_name"))
-
-    def _session_key(self, place: dict[str, Any]) -> SessionKey | None:
-        try:
-            coordinate = coords.check_coordinate(place.get("language"), "stateful",
-                                                 place.get("session_id"),
-                                                 place.get("session_name"),
-                                                 place.get("venv_id"))
-        except CoordexError:
-            return None
-        with self._table.lock:
-            return self._table.registry.find(coordinate)
-
-    def _asked_session(self, place: dict[str, Any] | None) -> dict[str, Any] | None:
-        if place is None:
-            return None
-        key = self._session_key(place)
-        if key is not None:
-            return self._table.record(key)
-        return session_record(place["language"], place.get("venv_id"),
-                              place.get("session_id"), place.get("session_name"))
-
-    def _result_from_log(self, call_id: str) -> dict[str, Any] | None:
-        """A finished call's result as its log row keeps it (SPEC 14 after a restart)."""
-        from .log.calls import result_of_row
-
-        if self._call_log is None:
-            return None
-        try:
-            rows = self._call_log.query(
-                "SELECT * FROM calls WHERE call_id = ? ORDER BY seq DESC LIMIT 1", [call_id])
-        except Exception:
-            return None
-        return result_of_row(rows[0]) if rows else None
+        return self._calls.hold_call(call_id)
 
     def _execute(self, code: Any, language: Any, state_mode: Any, session_id: Any,
                  session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
@@ -747,13 +680,7 @@ class Executor:
                     record["node"] = node
             record["held"] = True  # held by this process (SPEC 12: kept ones are not)
             records.append(record)
-        for place, call_id in self._calls.detached_sessions():  # SPEC 14
-            key = self._session_key(place)
-            for record in records:
-                if key is not None and (record.get("language"), record.get("venv_id"),
-                                        record.get("session_id")) == (
-                                            key.language, key.venv_id, key.session_id):
-                    record["busy"], record["call_id"] = True, call_id
+        self._calls.mark_busy(records)  # SPEC 14: the sessions detached calls hold
         if self._persist is not None:
             records.extend(self._persist.waiting())
         return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
@@ -932,7 +859,7 @@ class Executor:
             return self._rebuild_session(language, session_id, session_name, venv_id)
         asked = {"language": language, "session_id": session_id,
                  "session_name": session_name, "venv_id": venv_id}
-        return cast(RebuildResult, self._recorded(
+        return cast(RebuildResult, self._calls.run(
             "rebuild_session", asked, "stateful",
             lambda output, event: dict(self._rebuild_session(language, session_id,
                                                              session_name, venv_id)),
@@ -1272,30 +1199,6 @@ def _close_all() -> None:
     for executor in list(_LIVE):
         with contextlib.suppress(Exception):
             executor.close()
-
-
-def _error_record(exc: CoordexError, coordinate: Coordinate | None,
-                  started: float) -> dict[str, Any]:
-    record = exc.to_dict()
-    if coordinate is not None:
-        record.setdefault("state_mode", coordinate.state_mode)
-    record["duration_ms"] = _ms(started)
-    return record
-
-
-def _check_wait(wait: Any) -> float | None:
-    """``wait`` as seconds, or a ``validation`` error naming the fix."""
-    if wait is None:
-        return None
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0 \
-            or wait != wait:
-        raise validation(f"wait must be a number of seconds > 0, got {wait!r:.80}.",
-                         "Pass e.g. wait=30, or leave it out to wait for the end.")
-    return float(min(wait, 604800.0))
-
-
-def _ms(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000.0, 3)
 
 
 def _working_folder(root: Path) -> str:

@@ -56,6 +56,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from . import __version__
+from .contract import ExecutorLike
 from .core.errors import make_error
 from .mcp_hello import INSTRUCTIONS, SERVER_NAME, Greeting, WireFds, claim_stdio
 from .observe import http as operator_http
@@ -262,7 +263,7 @@ ANSWER_SECONDS = 3.0
 WRITE_SECONDS = 0.3
 
 
-def stop_answering(executors: Sequence[Any]) -> None:
+def stop_answering(executors: Sequence[ExecutorLike]) -> None:
     """Begin the stop: no new call runs, the executors close (every call in flight
     returns its error dict), and this returns once each has been answered or
     :data:`ANSWER_SECONDS` passed. Blocks; run it off the event loop. Never raises."""
@@ -343,7 +344,7 @@ class Delivery:
             _in_thread(action)
 
 
-def _in_thread(action: Callable[[], None]) -> None:
+def _in_thread(action: Callable[[], object]) -> None:
     threading.Thread(target=action, name="coordex-hold", daemon=True).start()
 
 
@@ -351,7 +352,7 @@ DELIVERY: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar(
     "coordex_delivery", default=None)
 
 
-def _hold(executor: Any, result: Any) -> Callable[[], None]:
+def _hold(executor: ExecutorLike, result: Any) -> Callable[[], None]:
     """What holds ``result``'s call for redelivery (a result with no call_id: nothing)."""
     def hold() -> None:
         call_id = result.get("call_id") if isinstance(result, dict) else None
@@ -411,7 +412,7 @@ def task_of(record: dict[str, Any], result_type: str) -> dict[str, Any]:
     return task
 
 
-def add_tasks(server: Server[Any], executor: Any, limiter: anyio.CapacityLimiter | None) -> None:
+def add_tasks(server: Server[Any], executor: ExecutorLike, limiter: anyio.CapacityLimiter | None) -> None:
     """Serve ``tasks/get`` and ``tasks/cancel`` from the call record behind
     ``wait_call`` and ``cancel_call``; a ``tools/call`` answered ``running`` becomes a
     task for a client that declared the extension (:func:`wants_tasks`)."""
@@ -452,7 +453,7 @@ def add_tasks(server: Server[Any], executor: Any, limiter: anyio.CapacityLimiter
 
 
 async def run_tool(
-    executor: Any, name: str, arguments: dict[str, Any] | None,
+    executor: ExecutorLike, name: str, arguments: dict[str, Any] | None,
     ctx: ServerRequestContext[Any, Any] | None = None,
     limiter: anyio.CapacityLimiter | None = None,
 ) -> dict[str, Any]:
@@ -480,7 +481,7 @@ async def run_tool(
 
 
 async def _run_tool(
-    executor: Any, name: str, arguments: dict[str, Any] | None,
+    executor: ExecutorLike, name: str, arguments: dict[str, Any] | None,
     ctx: ServerRequestContext[Any, Any] | None,
     limiter: anyio.CapacityLimiter | None,
 ) -> dict[str, Any]:
@@ -542,7 +543,7 @@ async def _run_tool(
     return result
 
 
-def build_server(executor: Any, name: str = SERVER_NAME,
+def build_server(executor: ExecutorLike, name: str = SERVER_NAME,
                  limiter: anyio.CapacityLimiter | None = None, *,
                  tenant: str | None = None, transport: str = "pipe") -> Server[Any]:
     """A low-level MCP server exposing every coordex tool over ``executor``.
@@ -677,7 +678,7 @@ class _Answered(io.TextIOBase):
         self._inner.flush()
 
 
-async def serve_stdio(executor: Any, wire: WireFds, greeting: Greeting | None = None) -> None:
+async def serve_stdio(executor: ExecutorLike, wire: WireFds, greeting: Greeting | None = None) -> None:
     """Serve one MCP client over the claimed descriptors until it closes stdin.
 
     ``greeting``: what :func:`coordex.mcp_hello.greet` read and answered before the SDK
@@ -746,7 +747,7 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, str]:
 class Tenant:
     name: str
     token: str
-    executor: Any
+    executor: ExecutorLike
     manager: StreamableHTTPSessionManager
 
 
@@ -912,7 +913,7 @@ async def _plain_response(
 
 
 def make_tenant(
-    name: str, token: str, executor: Any, host: str, extra_hosts: Sequence[str] = (), *,
+    name: str, token: str, executor: ExecutorLike, host: str, extra_hosts: Sequence[str] = (), *,
     limiter: anyio.CapacityLimiter | None = None, max_mcp_sessions: int | None = None,
     idle_timeout: float | None = None, tenant_label: str | None = None,
 ) -> Tenant:

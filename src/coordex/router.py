@@ -18,7 +18,12 @@ import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .contract import ExecutorLike
+
+if TYPE_CHECKING:
+    from .hosting.client import ConfinedExecutor
 
 MIN_TOKEN_LENGTH = 16
 # MCP sessions a tenant may hold open at once, and how long an idle one lives.
@@ -84,16 +89,40 @@ def startup_warnings(host: str, allowed_hosts: Sequence[str], is_loopback: bool)
             "exact address as the Host; pass --allowed-host NAME for each name clients use."]
 
 
+# --- the options every front end takes (the command line's, here below it) ----------
+
+
+def base_root(home: str | None = None) -> Path:
+    """The data folder: ``--home``, else what the Executor uses (``COORDEX_HOME``, else
+    the user data dir)."""
+    if home:
+        return Path(home).expanduser()
+    from .core.root import default_root
+
+    return default_root()
+
+
+def executor_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Executor arguments every front end takes from its options: ``max_sessions``
+    and ``timeout`` (the MCP front ends, which have the option, default below MCP
+    clients' common 60 s request timeout: SPEC 8)."""
+    options: dict[str, Any] = {}
+    if getattr(args, "max_sessions", None) is not None:
+        options["max_sessions"] = args.max_sessions
+    if getattr(args, "timeout", None) is not None:
+        options["timeout"] = args.timeout
+    elif hasattr(args, "timeout"):
+        from .tools import MCP_DEFAULT_TIMEOUT
+
+        options["timeout"] = MCP_DEFAULT_TIMEOUT
+    return options
+
+
 def confinement_level(hidden: Sequence[str]) -> str:
     """The level a confined host reaches here, given what it must not see."""
-    from .hosting.client import readable_paths
-    from .hosting.jail import JailSpec, best_level, landlock_covers
+    from .hosting.client import confinement_level as level
 
-    level = best_level()
-    if level == "landlock" and not landlock_covers(
-            JailSpec(folder=os.devnull, hidden=tuple(hidden), readable=tuple(readable_paths()))):
-        return "none"
-    return level
+    return level(hidden)
 
 
 def memory_bound() -> str | None:
@@ -190,11 +219,10 @@ def records_folder(root: Path, name: str, folder: Path) -> Path:
 def confined_executor(args: argparse.Namespace, folder: Path, *, name: str,
                       hidden: Sequence[str | Path], environments: Path | None = None,
                       records: Path | None = None, lazy: bool = False,
-                      nodes: Any = None) -> Any:
+                      nodes: Any = None) -> ConfinedExecutor:
     """A :class:`ConfinedExecutor` for one tenant, from the command-line options;
     ``environments`` is its folder of built environments (see :func:`environments_folder`);
     ``nodes`` (a NodeRelay) puts its bash and environment sessions on the cluster."""
-    from .cli import base_root, executor_options
     from .environments.build_env import settings_file
     from .hosting import ConfinedExecutor
 
@@ -219,7 +247,7 @@ def secrets_to_hide(root: Path, tokens_file: str | None) -> list[str]:
 
 
 def tenant_executor(args: argparse.Namespace, name: str, root: Path,
-                    make_in_process: Any) -> Any:
+                    make_in_process: Callable[[], ExecutorLike]) -> ExecutorLike:
     """The executor of one ``serve`` tenant.
 
     Named tenants (``--tokens``) each get a confined host in ``root/tenants/NAME``; the

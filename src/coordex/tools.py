@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from .contract import ExecutorLike
 from .core.errors import ERROR_TYPES, CoordexError, make_error, nearest, quoted_list
 from .worker._coordex_engine import escape_text
 
@@ -946,7 +947,7 @@ def _omit_nulls(tool: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def call_tool(
-    executor: Any,
+    executor: ExecutorLike,
     name: Any,
     arguments: Any,
     on_output: OnOutput | None = None,
@@ -972,7 +973,7 @@ def call_tool(
     return _HANDLERS[name](executor, args, on_output, cancel)
 
 
-def route(executor: Any, name: Any, arguments: Any) -> dict[str, Any]:
+def route(executor: ExecutorLike, name: Any, arguments: Any) -> dict[str, Any]:
     """``Executor.call_tool``: one model tool call, answered exactly as the MCP tool is.
 
     Never raises: a bug in coordex is an error dict too (:func:`internal_error`). The
@@ -1024,13 +1025,13 @@ _Handler = Callable[[Any, dict[str, Any], OnOutput | None, threading.Event | Non
                     dict[str, Any]]
 
 
-def _execute_code(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+def _execute_code(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput | None,
                   cancel: threading.Event | None) -> dict[str, Any]:
     return cast(dict[str, Any], ex.execute_code(
         on_output=on_output, on_progress=_build_lines(on_output), cancel=cancel, **args))
 
 
-def _create_environment(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+def _create_environment(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput | None,
                         cancel: threading.Event | None) -> dict[str, Any]:
     build = args.pop("build", False)
     created = cast(dict[str, Any], ex.environments.create(**args))
@@ -1042,12 +1043,12 @@ def _create_environment(ex: Any, args: dict[str, Any], on_output: OnOutput | Non
     return {**created, **built}
 
 
-def _show_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+def _show_function(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput | None,
                    cancel: threading.Event | None) -> dict[str, Any]:
     return cast(dict[str, Any], ex.functions.show(args["name"], args.get("version")))
 
 
-def _define_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+def _define_function(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput | None,
                      cancel: threading.Event | None) -> dict[str, Any]:
     source, env = args["source"], args.get("env")
     if not isinstance(source, str):
@@ -1064,7 +1065,7 @@ def _define_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
     return cast(dict[str, Any], stored.describe())
 
 
-def _call_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+def _call_function(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput | None,
                    cancel: threading.Event | None) -> dict[str, Any]:
     def run(output: OnOutput | None, event: threading.Event | None) -> dict[str, Any]:
         return cast(dict[str, Any], ex.functions.call(
@@ -1082,7 +1083,7 @@ def _call_function(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
 
 def _plain(method: Callable[[Any], Any]) -> _Handler:
     """A handler that passes the arguments on unchanged to ``method(executor)``."""
-    def handler(ex: Any, args: dict[str, Any], on_output: OnOutput | None,
+    def handler(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput | None,
                 cancel: threading.Event | None) -> dict[str, Any]:
         return cast(dict[str, Any], method(ex)(**args))
 

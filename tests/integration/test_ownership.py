@@ -497,6 +497,7 @@ def test_an_own_copy_whose_protection_failed_once_is_made_again(tmp_path: Path) 
     protection is made to fail)."""
     from coordex.backends import isolation
     from coordex.backends.base import RunRequest
+    from coordex.backends.own.copies import run_read_only
     from coordex.backends.own.interpreter import OwnInterpreter
 
     if isolation.best_mode() == "none":
@@ -520,8 +521,8 @@ def test_an_own_copy_whose_protection_failed_once_is_made_again(tmp_path: Path) 
         session.cwd = str(work)
         interp.run(session, RunRequest("x = 41", timeout=30))
         code = f"open({str(work / 'written')!r}, 'w').write('x'); x + 1"
-        result = interp.run_read_only(session, RunRequest(code, timeout=30,
-                                                          scratch=str(tmp_path)), flaky)
+        result = run_read_only(interp, session, RunRequest(code, timeout=30,
+                                                           scratch=str(tmp_path)), flaky)
         assert result.ok and result.result == "42", result
         assert result.isolation is not None and result.isolation["files"] != "none", result
         assert len(os.listdir(tries)) == 2

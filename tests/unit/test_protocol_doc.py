@@ -192,3 +192,54 @@ def test_the_builder_channel_is_documented_in_its_part() -> None:
         wire.HOST_TO_BUILDER: "host → builder", wire.BUILDER_TO_HOST: "builder → host"})
     documented = set(re.findall(r"`([a-z_]+)`", sections["request"].split("- `args`")[0]))
     assert set(wire.BUILDER_OPS) <= documented, set(wire.BUILDER_OPS) - documented
+
+
+CLUSTER_PART = "# The driver ↔ node actor conversation"
+
+
+def _cluster_tables() -> dict[str, set[str]]:
+    """Each table of the cluster part, by its heading: the names in its first column."""
+    text = DOC.read_text().split(CLUSTER_PART, 1)[1]
+    tables: dict[str, set[str]] = {}
+    for chunk in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
+        heading, _, body = chunk.partition("\n")
+        tables[heading.strip()] = set(re.findall(r"^\| `(\w+)` \|", body, flags=re.MULTILINE))
+    return tables
+
+
+def test_the_cluster_wire_is_documented_with_its_version() -> None:
+    from coordex.backends.ray import node
+
+    part = DOC.read_text().split(CLUSTER_PART, 1)[1]
+    found = re.search(r"Cluster wire version: \*\*(\d+)\*\*", part)
+    assert found is not None and int(found.group(1)) == node.CLUSTER_WIRE_VERSION
+    tables = _cluster_tables()
+    assert tables["Actor methods"] == set(node.ACTOR_METHODS)
+    assert tables["Operations of `begin`"] == set(node.OPS)
+    assert tables["Events"] == set(node.EVENTS)
+    assert tables["The end of a call"] == set(node.DONE_KEYS)
+    events = part.split("## Events", 1)[1].split("\n## ", 1)[0]
+    for kind, fields in node.EVENTS.items():
+        row = next(line for line in events.splitlines() if line.startswith(f"| `{kind}` |"))
+        assert all(f"`{name}`" in row for name in fields), kind
+
+
+def test_the_node_actor_offers_the_documented_methods() -> None:
+    from coordex.backends.ray.node import ACTOR_METHODS, NodeHost
+    from coordex.hosting.tenant_node import TenantNodeHost
+
+    for actor in (NodeHost, TenantNodeHost):
+        missing = [m for m in ACTOR_METHODS if not callable(getattr(actor, m, None))]
+        assert not missing, (actor.__name__, missing)
+
+
+def test_an_actor_of_another_wire_version_is_refused() -> None:
+    from coordex.backends.ray.node import CLUSTER_WIRE_VERSION
+    from coordex.backends.ray.place import wire_refused
+
+    assert wire_refused({"node": "n", "wire": CLUSTER_WIRE_VERSION}, "the actor") is None
+    for info in ({"node": "n"}, {"node": "n", "wire": CLUSTER_WIRE_VERSION + 1}, None):
+        refused = wire_refused(info, "the node's coordex actor")
+        assert refused is not None and refused.error_type == "crashed"
+        assert f"this coordex speaks version {CLUSTER_WIRE_VERSION}" in refused.error
+        assert "same coordex version on every node" in refused.suggestion

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from . import facts
+from .coordinates import StateMode
 from .errors import CoordexError, ErrorType, make_error
 
-Mode = Literal["stateless", "stateful", "read_only"]
+Mode = StateMode  # the state mode, defined once (core.coordinates)
 PlaceKind = Literal["own", "worker", "shell", "cluster", "host"]
 
 # After SIGINT, how long code gets to stop before its process is killed (state lost).
@@ -481,6 +482,17 @@ def cluster_start_failed(what: str) -> CoordexError:
         "crashed", f"Could not start on the cluster: {what}.",
         "Check that the cluster's nodes are up (ray status) and have free resources, then "
         "run the call again: it opens the session on another node.", state_lost=True)
+
+
+def cluster_wire_mismatch(what: str, found: object, expected: int) -> CoordexError:
+    """coordex's actor on a node speaks another version of the cluster wire: the node
+    runs another coordex (docs/protocol.md, the driver and node actor conversation)."""
+    spoken = "no version" if found is None else f"version {found}"
+    return CoordexError(
+        "crashed", f"Could not start on the cluster: {what} speaks cluster wire {spoken}, "
+        f"this coordex speaks version {expected}: the node runs another coordex.",
+        "Install the same coordex version on every node of the cluster and on this "
+        "machine, then run the call again.", state_lost=True)
 
 
 def no_live_node(*, confining: bool) -> CoordexError:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
+from .coordinates import Language, StateMode
 from .errors import ErrorType
 
-Language = Literal["python", "bash"]
-StateMode = Literal["stateless", "stateful", "read_only"]
+# The axes are defined once, in core.coordinates, and re-exported here (__all__).
 ToolFormat = Literal["openai", "openai-responses", "anthropic", "mcp"]
 
 

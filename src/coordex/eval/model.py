@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..contract import ExecutorLike
 from .measures import Work
 
 # A tool result longer than this goes back to the model cut in the middle.
@@ -161,7 +162,7 @@ def step_prompts(brief: str, steps: list[str]) -> list[str]:
             for n, says in enumerate(steps, start=1)]
 
 
-def arm_tools(ex: Any, arm: str) -> list[dict[str, Any]]:
+def arm_tools(ex: ExecutorLike, arm: str) -> list[dict[str, Any]]:
     """The tool definitions (OpenAI's format) the model is given under ``arm``."""
     ours: list[dict[str, Any]] = ex.tool_definitions(format="openai")
     if arm == "coordex":
@@ -175,7 +176,7 @@ def arm_tools(ex: Any, arm: str) -> list[dict[str, Any]]:
                        "required": [k for k in parameters.get("required", ()) if k in properties]}}}]
 
 
-def route(ex: Any, arm: str, name: str, arguments: Any) -> dict[str, Any]:
+def route(ex: ExecutorLike, arm: str, name: str, arguments: Any) -> dict[str, Any]:
     """A tool call of the model's, run under ``arm``: as it came, for coordex's own tools;
     at the arm's fixed coordinate (whatever state arguments it sent) for one of the others."""
     if arm == "coordex":
@@ -195,7 +196,7 @@ def route(ex: Any, arm: str, name: str, arguments: Any) -> dict[str, Any]:
     return dict(ex.call_tool(name, {**fixed, "state_mode": _FIXED_MODE[arm]}))
 
 
-def drive(ex: Any, endpoint: Endpoint, prompts: list[str], max_turns: int,
+def drive(ex: ExecutorLike, endpoint: Endpoint, prompts: list[str], max_turns: int,
           on_result: Callable[[str, Any, dict[str, Any]], None], *,
           arm: str = "coordex", stepwise: bool = False) -> ModelRun:
     """Let the model at ``endpoint`` work through ``prompts`` (one user message, or one

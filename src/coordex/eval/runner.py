@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..contract import ExecutorLike
 from . import data
 from .measures import CallSeen, Work, by_coordinate, redo_seconds, seen
 from .measures import choices as choices_of
@@ -97,7 +98,7 @@ def _spec(task: Task, key: str, bench: Workbench) -> str:
     return task.environments[key].replace("{wheels}", bench.wheels.resolve().as_uri()) + "\n"
 
 
-def _setup(ex: Any, task: Task, bench: Workbench) -> dict[str, int]:
+def _setup(ex: ExecutorLike, task: Task, bench: Workbench) -> dict[str, int]:
     venvs: dict[str, int] = {}
     for key in task.environments:
         created = ex.environments.create(_spec(task, key, bench), name=f"{task.name}-{key}")
@@ -110,7 +111,7 @@ def _setup(ex: Any, task: Task, bench: Workbench) -> dict[str, int]:
     return venvs
 
 
-def _last_seq(ex: Any) -> int:
+def _last_seq(ex: ExecutorLike) -> int:
     calls = ex.history(limit=1).get("calls") or []
     return int(calls[-1]["seq"]) if calls else 0
 
@@ -118,7 +119,7 @@ def _last_seq(ex: Any) -> int:
 class Steps:
     """The seq range of the log each step's calls fall in, and the calls seen."""
 
-    def __init__(self, ex: Any) -> None:
+    def __init__(self, ex: ExecutorLike) -> None:
         self.ex = ex
         self.ranges: list[tuple[int, int, int]] = []
         self.calls: list[CallSeen] = []
@@ -135,7 +136,7 @@ class Steps:
         return choices_of(rows, self.ranges, self.calls)
 
 
-def _run_fixed(ex: Any, policy: str, task: Task, ws: Path, venvs: Mapping[str, int],
+def _run_fixed(ex: ExecutorLike, policy: str, task: Task, ws: Path, venvs: Mapping[str, int],
                steps: Steps) -> None:
     import json
 
@@ -162,7 +163,7 @@ class ModelSettings:
     max_turns: int = 40
 
 
-def _run_model(ex: Any, model: ModelSettings, task: Task, ws: Path, venvs: Mapping[str, int],
+def _run_model(ex: ExecutorLike, model: ModelSettings, task: Task, ws: Path, venvs: Mapping[str, int],
                steps: Steps) -> tuple[int | None, str, bool, list[Any]]:
     brief = fill(task.brief, ws, venvs)
     says = [fill(step.says, ws, venvs) for step in task.steps]

@@ -19,10 +19,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-Language = Literal["python", "bash"]
-StateMode = Literal["stateless", "stateful", "read_only"]
+from ..core.coordinates import Language, StateMode
 
 
 @dataclass(frozen=True)

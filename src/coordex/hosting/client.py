@@ -847,4 +847,15 @@ def _isolated_sys_path() -> tuple[str, ...]:
     return found
 
 
-__all__ = ["DEFAULT_MEMORY_LIMIT", "ConfinedExecutor", "readable_paths"]
+def confinement_level(hidden: Sequence[str]) -> str:
+    """The level a confined host reaches here, given what it must not see."""
+    from .jail import JailSpec, landlock_covers
+
+    level = best_level()
+    if level == "landlock" and not landlock_covers(
+            JailSpec(folder=os.devnull, hidden=tuple(hidden), readable=tuple(readable_paths()))):
+        return "none"
+    return level
+
+
+__all__ = ["DEFAULT_MEMORY_LIMIT", "ConfinedExecutor", "confinement_level", "readable_paths"]

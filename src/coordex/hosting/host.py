@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..contract import ExecutorLike
 from . import identity, jail, wire
 from .jail import JailSpec, Level, LimitReport, Limits
 from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
@@ -462,6 +463,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
                 options["environments_manager"] = _environments(spec.environments, options,
                                                                 channel)
             # --max-calls bounds the node's session calls, not only the wire's requests.
+            # A NodeHost serves the node's methods by the same wire, not the contract's.
             executor: Any = NodeHost(**options, max_calls=max(1, args.max_calls))
         else:
             if args.relay:
@@ -525,7 +527,7 @@ class _Writer:
 class _Server:
     """Reads calls, runs each on a pool of ``max_calls`` threads, writes replies."""
 
-    def __init__(self, executor: Any, fd_in: int, out: _Writer, max_calls: int,
+    def __init__(self, executor: ExecutorLike, fd_in: int, out: _Writer, max_calls: int,
                  relay: Any = None, records: Any = None) -> None:
         self.executor = executor
         self.relay = relay
@@ -598,7 +600,7 @@ class _Server:
         self.out.send({"type": "reply", "id": call_id, "value": value})
 
 
-def invoke(executor: Any, method: str, args: Any, on_output: Callable[[str, str], None] | None,
+def invoke(executor: ExecutorLike, method: str, args: Any, on_output: Callable[[str, str], None] | None,
            cancel: threading.Event) -> Any:
     """Run one ``call`` against the Executor; bad arguments come back as error dicts."""
     from .. import tools

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..backends.ray.node import fence
+from ..backends.ray.node import CLUSTER_WIRE_VERSION, fence
 from ..core import facts
 from ..core.errors import CoordexError, make_error
 from ..core.facts import Ran
@@ -60,7 +60,7 @@ def ray_secrets() -> list[str]:
 def node_level(root: Path | None = None, hidden: list[str] | None = None) -> str:
     """The confinement a tenant's host reaches on this node, hiding the node's root
     (and ``hidden``)."""
-    from ..router import confinement_level
+    from .client import confinement_level
 
     return confinement_level([str(root or node_root()), *ray_secrets(), *(hidden or ())])
 
@@ -136,7 +136,7 @@ class TenantNodeHost:
             pass
         host = self._host
         return {"node": node, "host": socket.gethostname(), "pid": os.getpid(),
-                "tenant": self.name, "confinement": self.level,
+                "wire": CLUSTER_WIRE_VERSION, "tenant": self.name, "confinement": self.level,
                 "host_pid": host.pid if host is not None else None}
 
     # -- NodeHost's methods, answered by the tenant's host on this node

@@ -34,15 +34,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Protocol, overload
 
 from ..core import coordinates as coords
+from ..core.coordinates import StateMode
 from ..core.errors import CoordexError, nearest, quoted_list
 from . import _codec
 from .errors import CallError
 from .store import FunctionRecord, LibraryStore
 
-StateMode = Literal["stateless", "stateful", "read_only"]
 OutputCallback = Callable[[str, str], None]
 
 DB_NAME = "library.sqlite3"

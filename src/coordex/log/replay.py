@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract import ExecutorLike
 from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, make_error
@@ -34,7 +35,7 @@ _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, 
                 "replay_of")
 
 
-def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
+def rebuild_session(executor: ExecutorLike, log: CallLog, language: Any, session_id: Any,
                     session_name: Any, venv_id: Any) -> dict[str, Any]:
     """Replay the calls that built a lost or closed session. Raises CoordexError."""
     coordinate = coords.check_coordinate(language, "stateful", session_id, session_name, venv_id)
@@ -70,7 +71,7 @@ def rebuild_session(executor: Any, log: CallLog, language: Any, session_id: Any,
     return report
 
 
-def _replay(executor: Any, coordinate: Coordinate, identity: dict[str, Any],
+def _replay(executor: ExecutorLike, coordinate: Coordinate, identity: dict[str, Any],
             calls: list[dict[str, Any]]) -> dict[str, Any]:
     """Run ``calls`` again in order into the session ``identity`` names; stop at the
     first that cannot run or fails."""
@@ -116,7 +117,7 @@ def _cannot_replay(row: dict[str, Any]) -> dict[str, Any] | None:
 _IN_PROCESS_ARGUMENTS = "fromlist=['_SLOTS'])._SLOTS["
 
 
-def _replay_timeout(executor: Any, row: dict[str, Any]) -> float:
+def _replay_timeout(executor: ExecutorLike, row: dict[str, Any]) -> float:
     """The executor's timeout, or more for a step that took long the first time (its
     own timeout is not logged): a replay should not fail only for being slow."""
     took = (row.get("duration_ms") or 0.0) / 1000.0
@@ -170,7 +171,7 @@ def _rows_by_seq(log: CallLog, seqs: list[int]) -> list[dict[str, Any]]:
     return [decode_row(row) for row in rows]
 
 
-def _open_session(executor: Any, coordinate: Coordinate) -> dict[str, Any] | None:
+def _open_session(executor: ExecutorLike, coordinate: Coordinate) -> dict[str, Any] | None:
     """The session's list_sessions record if it is open in this executor."""
     for record in executor.list_sessions().get("sessions", []):
         if record.get("language") != coordinate.language or \

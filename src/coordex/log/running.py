@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..contract import ExecutorLike
 from ..core import messages
 from ..core.errors import CoordexError
 
@@ -145,7 +146,8 @@ class RunningCalls:
             self._calls.pop(call.id, None)
             return call.seq
 
-    def keep(self, call: RunningCall, call_id: str, executor: Any, expires: float) -> bool:
+    def keep(self, call: RunningCall, call_id: str, executor: ExecutorLike | None,
+             expires: float) -> bool:
         """A forwarded call answered ``running``: it stays listed, detached, until
         :meth:`ended` or ``expires`` (monotonic); the page's interrupt cancels it.
         False (not kept) when a call joined to the same ``call_id`` is listed already."""
@@ -234,7 +236,7 @@ _FORWARDED_LOCK = threading.Lock()
 _UNREFERENCED: dict[int, RunningCalls] = {}
 
 
-def calls_of(executor: Any) -> RunningCalls:
+def calls_of(executor: ExecutorLike) -> RunningCalls:
     """The registry of ``executor``'s running calls: its own, or the front end's."""
     own = getattr(executor, "running_calls", None)
     if isinstance(own, RunningCalls):
@@ -256,7 +258,7 @@ class Watch:
     passes by (a ``wait_call``) or its timeout has surely passed."""
 
     def __init__(self, output: OnOutput | None, call: RunningCall | None,
-                 registry: RunningCalls | None = None, executor: Any = None,
+                 registry: RunningCalls | None = None, executor: ExecutorLike | None = None,
                  expires: float = 0.0) -> None:
         self.output = output
         self._call = call
@@ -282,7 +284,7 @@ class _CancelCall(threading.Event):
     """The cancel event of a detached call a confined host runs: setting it (the page's
     interrupt) asks the host to ``cancel_call`` it."""
 
-    def __init__(self, executor: Any, call_id: str) -> None:
+    def __init__(self, executor: ExecutorLike, call_id: str) -> None:
         super().__init__()
         self._executor, self._call_id = executor, call_id
 
@@ -293,7 +295,7 @@ class _CancelCall(threading.Event):
 
 
 @contextlib.contextmanager
-def tracked(executor: Any, tool: str, arguments: Any, on_output: OnOutput | None,
+def tracked(executor: ExecutorLike, tool: str, arguments: Any, on_output: OnOutput | None,
             cancel: threading.Event | None) -> Iterator[Watch]:
     """Track one tool call a front end forwards to ``executor`` (an ``execute_code``
     only; other tools pass through)."""

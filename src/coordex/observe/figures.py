@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..contract import ExecutorLike
 from . import hook
 
 # Seconds: a call is from a millisecond to the 50 s MCP default and beyond.
@@ -190,7 +191,7 @@ def _labelled(metric: Any, values: list[str]) -> Any:
     return metric.labels(*values) if values else metric
 
 
-def _held_sessions(executor: Any) -> list[dict[str, Any]]:
+def _held_sessions(executor: ExecutorLike) -> list[dict[str, Any]]:
     """An executor's sessions; a confined host not running holds none, and a scrape
     never starts one."""
     if hasattr(executor, "forward_tool") and not getattr(executor, "host_alive", False):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from ..contract import ExecutorLike
+
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 OPERATOR_PATHS = ("/healthz", "/readyz", "/metrics")
 
@@ -71,7 +73,7 @@ def _ready(app: Any) -> bool:
     return all(not _closed(tenant.executor) for tenant in app.tenants)
 
 
-def _closed(executor: Any) -> bool:
+def _closed(executor: ExecutorLike) -> bool:
     closed = getattr(executor, "_closed", False)
     return bool(closed)
 

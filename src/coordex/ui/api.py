@@ -18,23 +18,20 @@ import json
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..contract import ExecutorLike
 from ..core.errors import CoordexError
 from ..log.running import calls_of
+from .http import MAX_BODY, Request, Response, json_response
 
-if TYPE_CHECKING:
-    from .app import Request, Response
-
-Handler = Callable[[Any, dict[str, Any]], "Response"]
+Handler = Callable[[Any, dict[str, Any]], Response]
 
 _SESSION_KEYS = ("language", "venv_id", "session_id", "session_name")
 _INT_ARGUMENTS = ("venv_id", "session_id", "after_seq", "limit", "seq")
 
 
 def _ok(value: Any) -> Response:
-    from .app import json_response
-
     # The body is the executor's own dict either way; the status only helps a program.
     kind = value.get("error_type") if isinstance(value, dict) else None
     return json_response(_STATUS.get(str(kind), 200), value)
@@ -66,7 +63,7 @@ def _is_busy(session: dict[str, Any], running: list[dict[str, Any]]) -> dict[str
     return None
 
 
-def sessions(executor: Any, arguments: dict[str, Any]) -> Response:
+def sessions(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     listed = executor.list_sessions()
     if "error_type" in listed:
         return _ok(listed)
@@ -79,7 +76,7 @@ def sessions(executor: Any, arguments: dict[str, Any]) -> Response:
     return _ok(listed)
 
 
-def _closed(executor: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _closed(executor: ExecutorLike, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sessions closed with close_session that the log can rebuild (the page offers
     Rebuild for them); none where this process does not hold the log."""
     from ..log.replay import closed_sessions
@@ -113,23 +110,23 @@ def _where(session: dict[str, Any]) -> tuple[Any, ...]:
             name if name is not None else session.get("session_id") or 0)
 
 
-def calls(executor: Any, arguments: dict[str, Any]) -> Response:
+def calls(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     options = {k: arguments[k] for k in (*_SESSION_KEYS, "outcome", "state_mode", "text",
                                          "after_seq") if arguments.get(k) is not None}
     options["limit"] = arguments.get("limit") or 200
     return _ok(executor.history(**options))
 
 
-def one_call(executor: Any, arguments: dict[str, Any]) -> Response:
+def one_call(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     return _ok(executor.history(seq=arguments.get("seq")))
 
 
-def running(executor: Any, arguments: dict[str, Any]) -> Response:
+def running(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     return _ok({"running": calls_of(executor).running()})
 
 
-def inspect(executor: Any, arguments: dict[str, Any]) -> Response:
-    session = {k: arguments.get(k) for k in _SESSION_KEYS}
+def inspect(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
+    session: dict[str, Any] = {k: arguments.get(k) for k in _SESSION_KEYS}
     session["language"] = session["language"] or "python"
     listed = executor.list_sessions().get("sessions", [])
     record = next((s for s in listed if all(
@@ -143,18 +140,18 @@ def inspect(executor: Any, arguments: dict[str, Any]) -> Response:
 # -- acting --------------------------------------------------------------------------------
 
 
-def interrupt(executor: Any, arguments: dict[str, Any]) -> Response:
+def interrupt(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     try:
         return _ok(calls_of(executor).interrupt(arguments.get("seq"), arguments.get("id")))
     except CoordexError as exc:
         return _error(exc)
 
 
-def close(executor: Any, arguments: dict[str, Any]) -> Response:
+def close(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     return _ok(executor.close_session(**_session(arguments)))
 
 
-def rebuild(executor: Any, arguments: dict[str, Any]) -> Response:
+def rebuild(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     return _ok(executor.rebuild_session(**_session(arguments)))
 
 
@@ -197,8 +194,6 @@ def route(method: str, rest: str) -> tuple[Handler, bool] | int | None:
 def arguments(request: Request, rest: str) -> dict[str, Any] | Response:
     """The request's arguments: the query's, a POST's JSON body, ``calls/SEQ``'s seq.
     Numbers that do not parse are passed on as text, for the executor's own message."""
-    from .app import MAX_BODY, json_response
-
     found: dict[str, Any] = {k: v[0] for k, v in request.query.items() if k != "token" and v}
     if request.method == "POST":
         if len(request.body) > MAX_BODY:
@@ -231,7 +226,7 @@ def _is_int(text: str) -> bool:
     return text.isdigit() or (text.startswith("-") and text[1:].isdigit())
 
 
-def answer_now(handler: Handler, executor: Any, arguments: dict[str, Any]) -> Response | None:
+def answer_now(handler: Handler, executor: ExecutorLike, arguments: dict[str, Any]) -> Response | None:
     """Answers that need no thread: the calls in flight and interrupting one only touch
     the registry in memory (never a session, never the log's file for a confined
     host's calls)."""

@@ -29,16 +29,20 @@ another's, nor the server's stop.
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+from ..contract import ExecutorLike
 from . import access, api
+
+# (Request and Response are re-exported: what callers of the handler build and read.)
+from .http import Request as Request
+from .http import Response as Response
+from .http import json_response, text_response
 
 # Seconds a read (sessions, calls, inspect) may take before the page is told to try
 # again, and an action (close, rebuild: a rebuild replays calls) before it is told the
@@ -46,52 +50,9 @@ from . import access, api
 READ_DEADLINE = 2.5
 ACTION_DEADLINE = 30.0
 THREADS_PER_TENANT = 4
-MAX_BODY = 64 * 1024
-
-_SECURITY_HEADERS = [
-    ("Cache-Control", "no-store"),
-    ("X-Content-Type-Options", "nosniff"),
-    ("X-Frame-Options", "DENY"),
-    ("Referrer-Policy", "no-referrer"),
-    # Everything the page needs is in it; it may only talk back to its own origin.
-    ("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
-     "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
-     "frame-ancestors 'none'; form-action 'none'; base-uri 'none'"),
-]
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "application/json"
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-    def all_headers(self) -> list[tuple[str, str]]:
-        return [("Content-Type", self.content_type), ("Content-Length", str(len(self.body))),
-                *_SECURITY_HEADERS, *self.headers]
-
-
-def json_response(status: int, value: Any) -> Response:
-    return Response(status, json.dumps(value, default=str).encode("utf-8"))
-
-
-def text_response(status: int, text: str, headers: Sequence[tuple[str, str]] = ()) -> Response:
-    return Response(status, text.encode("utf-8"), "text/plain; charset=utf-8", list(headers))
-
-
 @functools.cache
 def _page() -> bytes:
     return resources.files("coordex.ui").joinpath("page.html").read_bytes()
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    headers: Mapping[str, str]  # lower-case names
-    body: bytes = b""
 
 
 Reply = Callable[[Response], None]
@@ -112,7 +73,7 @@ class TenantThreads:
         self._by_id: dict[int, threading.BoundedSemaphore] = {}  # executors without weakrefs
         self._lock = threading.Lock()
 
-    def _slot(self, executor: Any) -> threading.BoundedSemaphore:
+    def _slot(self, executor: ExecutorLike) -> threading.BoundedSemaphore:
         with self._lock:
             try:
                 slot = self._slots.get(executor)
@@ -122,7 +83,7 @@ class TenantThreads:
                 slot = self._by_id.setdefault(id(executor), threading.BoundedSemaphore(self.size))
             return slot
 
-    def submit(self, executor: Any, job: Callable[[], Response], reply: Reply) -> bool:
+    def submit(self, executor: ExecutorLike, job: Callable[[], Response], reply: Reply) -> bool:
         """Run ``job`` for ``executor`` and ``reply`` with its response; False (nothing
         started) when the tenant's threads are all busy."""
         slot = self._slot(executor)
@@ -157,7 +118,7 @@ class UIApp:
             ``:*`` suffix matches any port); default: loopback names only.
     """
 
-    def __init__(self, lookup: Callable[[str], Any | None], prefix: str = "/ui",
+    def __init__(self, lookup: Callable[[str], ExecutorLike | None], prefix: str = "/ui",
                  allowed_hosts: Sequence[str] | None = None,
                  allowed_origins: Sequence[str] | None = None,
                  threads_per_tenant: int = THREADS_PER_TENANT, keys: Any = None) -> None:
@@ -294,13 +255,13 @@ def _late(waited: float) -> Response:
 late = _late
 
 
-def single_tenant(executor: Any, token: str) -> Callable[[str], Any | None]:
+def single_tenant(executor: ExecutorLike, token: str) -> Callable[[str], ExecutorLike | None]:
     """``lookup`` for one executor behind one token (constant-time comparison)."""
     import hmac
 
     expected = token.encode("utf-8")
 
-    def lookup(presented: str) -> Any | None:
+    def lookup(presented: str) -> ExecutorLike | None:
         ok = hmac.compare_digest(presented.encode("utf-8", "replace"), expected)
         return executor if ok else None
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .app import MAX_BODY, Request, Response, UIApp, late, text_response
+from .app import UIApp, late
+from .http import MAX_BODY, Request, Response, text_response
 
 
 async def _body(receive: Any) -> bytes | None:

@@ -15,8 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..contract import ExecutorLike
 from ..core.errors import CoordexError
-from .app import MAX_BODY, UIApp, single_tenant
+from .app import UIApp, single_tenant
+from .http import MAX_BODY
 from .keys import SignedKeys, secret_under
 
 
@@ -64,7 +66,7 @@ class _Server(ThreadingHTTPServer):
 class UIServer:
     """A running page: ``url`` (with the token) and ``close()``."""
 
-    def __init__(self, executor: Any, host: str, port: int) -> None:
+    def __init__(self, executor: ExecutorLike, host: str, port: int) -> None:
         self.token = secrets.token_urlsafe(24)
         try:
             server = _Server((host, port), _Handler)
@@ -109,7 +111,7 @@ def _allowed(host: str) -> tuple[list[str], list[str]]:
     return hosts, origins
 
 
-def start_ui(executor: Any, host: str = "127.0.0.1", port: int = 0) -> UIServer:
+def start_ui(executor: ExecutorLike, host: str = "127.0.0.1", port: int = 0) -> UIServer:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise CoordexError("validation", f"port must be an integer from 0 to 65535, got {port!r}.",
                            "Pass port=0 to take any free port.")

@@ -41,9 +41,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ...core import facts, messages
+from ...core.coordinates import StateMode
 from ...core.errors import ERROR_TYPES, CoordexError
 from ...core.facts import Ran
 from ...protocol import (
@@ -73,7 +74,7 @@ SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _conver
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _PIPE_SIZE = 1 << 20
-RunMode = Literal["stateful", "read_only", "stateless"]
+RunMode = StateMode  # the state mode, defined once (core.coordinates)
 # A read-only run whose copy never reported: no code of it ran against the session.
 _NO_COPY_CLAIM = {"names": True, "objects": True, "files": "none", "copy": "fork"}
 # After a timeout's interrupt was ignored: straight to SIGKILL.

@@ -60,6 +60,22 @@ class CapabilityHost(Protocol):
 COPY_ATTEMPTS = 3
 
 
+def run_read_only(interp: own.OwnInterpreter, session: own.NamespaceSession,
+                  request: RunRequest, protect: own.Protect | None = None,
+                  capabilities: Any = None) -> Ran:
+    """Run against a copy of ``interp``'s session: a fork, or its values in a new process.
+
+    Where ``fork`` is missing or unsafe, the copy always goes by value. ``capabilities``
+    (``names()``, ``call(name, args, kwargs)``): what the copy may call; they run here,
+    in the agent's process, never in the copy. (Here, not a method of the interpreter:
+    copies build on the interpreter, which knows nothing of them.)
+    """
+    if session.stuck:
+        return Ran(facts.Busy(stuck=True))
+    return run_copy(session, request, protect, capabilities, fork=own.FORK_IS_SAFE,
+                    fork_on=interp._fork_on_runner)
+
+
 def run_copy(session: own.NamespaceSession, request: RunRequest,
              protect: own.Protect | None,
              capabilities: CapabilityHost | None, *, fork: bool,

@@ -468,23 +468,7 @@ class OwnInterpreter:
             call.open = False
         return ran_from_cell(cell, out, err)
 
-    # -- read-only ---------------------------------------------------------------------
-
-    def run_read_only(self, session: NamespaceSession, request: RunRequest,
-                      protect: Protect | None = None,
-                      capabilities: Any = None) -> Ran:
-        """Run against a copy of the session: a fork, or its values in a new process.
-
-        See ``copies``. Where ``fork`` is missing or unsafe, the copy always goes by
-        value. ``capabilities`` (``names()``, ``call(name, args, kwargs)``): what the
-        copy may call; they run here, in the agent's process, never in the copy.
-        """
-        if session.stuck:
-            return Ran(facts.Busy(stuck=True))
-        from .copies import run_copy
-
-        return run_copy(session, request, protect, capabilities, fork=FORK_IS_SAFE,
-                        fork_on=self._fork_on_runner)
+    # -- read-only (run in a copy: copies.run_read_only, which builds on this module) --
 
     def _fork_on_runner(self, fork: Callable[[], int]) -> int:
         """Call ``fork`` on the thread this caller's calls run on: the runner, or this

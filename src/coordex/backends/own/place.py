@@ -142,7 +142,9 @@ class OwnPlace:
             return str(isolation.protect(paths, scratch, map_identity=map_identity))
 
         # Capabilities the copy calls run here, in the agent's process (SPEC section 1).
-        return self.own.run_read_only(session, request, protect, self._capabilities)
+        from .copies import run_read_only  # loaded by the first read-only call
+
+        return run_read_only(self.own, session, request, protect, self._capabilities)
 
     def capabilities_changed(self) -> None:
         with self._lock:

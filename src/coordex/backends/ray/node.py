@@ -47,6 +47,22 @@ from ...core.facts import Ran
 from ..base import RunRequest
 
 OWNER_ENV = "COORDEX_NODE_OWNER"
+
+# The driver <-> node actor conversation (docs/protocol.md, "The driver ↔ node actor
+# conversation"): the actor's methods, the operations ``begin`` runs, the events a call
+# hands back and the keys its end carries. A change to any of them raises the version:
+# the actor says it in ``info``, and the driver refuses an actor of another version
+# when it starts (a node running another coordex), before any call goes to it.
+CLUSTER_WIRE_VERSION = 1
+ACTOR_METHODS = ("info", "alive", "count", "begin", "events", "close_session", "shutdown",
+                 "orphans")
+BRANCH_OPS = ("fork", "checkpoint_start", "checkpoint_finish", "restore")  # SPEC 15
+OPS = ("open", "run", "read_only", "stateless", "inspect", *BRANCH_OPS)
+# Each event is a list: its kind, then these fields.
+EVENTS = {"output": ("stream", "text"), "progress": ("line",),
+          "capability": ("number", "name", "args", "kwargs")}
+# A call's end (``done``) holds exactly one of these.
+DONE_KEYS = ("ran", "outcome", "raise")
 # How long a capability call on a node waits for the driver's answer before it fails.
 CAPABILITY_WAIT = 300.0
 
@@ -201,7 +217,8 @@ class NodeHost:
     # -- facts ----------------------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
-        """Where this actor runs: node id, host name, pid, and the owner token."""
+        """Where this actor runs: node id, host name, pid, the owner token, and the
+        version of the conversation it speaks (``wire``: :data:`CLUSTER_WIRE_VERSION`)."""
         import socket
 
         node = ""
@@ -210,7 +227,7 @@ class NodeHost:
 
             node = ray.get_runtime_context().get_node_id()
         return {"node": node, "host": socket.gethostname(), "pid": os.getpid(),
-                "owner": self._token}
+                "owner": self._token, "wire": CLUSTER_WIRE_VERSION}
 
     def alive(self, sid: str) -> bool:
         session = self._sessions.get(sid)
@@ -562,7 +579,7 @@ def _marked_pids(token: str, exclude: int = -1) -> list[int]:
     return found
 
 
-_BRANCH_OPS = ("fork", "checkpoint_start", "checkpoint_finish", "restore")
+_BRANCH_OPS = BRANCH_OPS
 
 
 def _gone_error() -> CoordexError:

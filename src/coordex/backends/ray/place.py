@@ -42,7 +42,7 @@ from ...core import facts, messages
 from ...core.errors import CoordexError
 from ...core.facts import Ran
 from ..base import INTERRUPT_GRACE, Forked, RunRequest, Written
-from .node import NodeHost
+from .node import CLUSTER_WIRE_VERSION, NodeHost
 
 # Each wait of the driver on an actor: a poll returns as soon as there is output, so
 # this only bounds how often an idle long call is polled.
@@ -113,6 +113,15 @@ class NodeLost(Exception):
         self.how = how
         self.unreachable = unreachable
         self.started = started
+
+
+def wire_refused(info: Any, what: str) -> CoordexError | None:
+    """The error for an actor that speaks another version of the driver <-> node
+    conversation than this coordex (its ``info``'s ``wire``), or None when it matches."""
+    found = info.get("wire") if isinstance(info, dict) else None
+    if found == CLUSTER_WIRE_VERSION:
+        return None
+    return messages.cluster_wire_mismatch(what, found, CLUSTER_WIRE_VERSION)
 
 
 class RayCluster:
@@ -234,6 +243,11 @@ class RayCluster:
                 self._ray.kill(handle)
             raise messages.cluster_start_failed(
                 f"{what} did not start within {START_TIMEOUT:g} s ({type(exc).__name__})")
+        refused = wire_refused(info, what)
+        if refused is not None:  # another coordex on that node: no call goes to it
+            with contextlib.suppress(Exception):
+                self._ray.kill(handle)
+            raise refused
         return _Host(handle, str(info.get("node") or ""), dedicated)
 
     def _live_nodes(self) -> list[dict[str, Any]]:
