@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import kit
-from .tasks import Step, Task, Verdict, all_of, same
+from .tasks import Step, Task, Verdict, all_of, judge, same
 
 GIB = 1 << 30
 LIMIT, LOOSE = 2**31, 2**30
@@ -123,13 +123,11 @@ def _read(path: Path) -> tuple[Any, str | None]:
 
 
 def _judge(found: Any, expected: Any, stale: Mapping[str, Any], what: str, lost: str) -> Verdict:
-    """``found`` against the right value, each left-over's value, and else ``lost``:
-    why a fresh start gives something else."""
-    if same(found, expected):
-        return Verdict(True)
-    names = tuple(name for name, value in stale.items() if same(found, value))
-    if names:
-        return Verdict(False, names, f"{what} holds the value the left-over {names[0]!r} gives")
+    """:func:`judge`, with ``lost`` (why a fresh start gives something else) as the
+    reason where no left-over explains the value."""
+    verdict = judge(found, expected, stale, what)
+    if verdict.success or verdict.stale:
+        return verdict
     return Verdict(False, (), f"{what} {lost}")
 
 
