@@ -104,6 +104,15 @@ _RUN_PIPED = (f"{{ IFS= \\builtin read -r -d '' {PRIVATE_PREFIX}ro <&{_CODE_FD};
               + _HIDE_END)
 
 
+def _hand_over(go_w: int, data: bytes) -> None:
+    """Give a launched copy its code; a copy gone before it (its launcher killed under
+    it) is a :class:`~.launcher.LauncherError`, so the session makes another copy."""
+    try:
+        copier.write_all(go_w, data)
+    except BrokenPipeError as exc:
+        raise launcher.LauncherError("the copy ended before its code reached it") from exc
+
+
 class ProtectedCopy:
     """One protected read-only copy of a session's shell: a launcher child and its group.
 
@@ -307,9 +316,9 @@ class ProtectedCopy:
         try:
             if self.ready:  # bash has restored the state: hand it the code
                 pid = self.pid = server.started()
-                self.launched = True
-                copier.write_all(go_w, request.code.replace("\0", "").encode(
+                _hand_over(go_w, request.code.replace("\0", "").encode(
                     "utf-8", "surrogateescape"))
+                self.launched = True
                 os.close(go_w)
                 go_w = -1
                 self._receive_layers(server, pid)
@@ -325,8 +334,8 @@ class ProtectedCopy:
                 self.flags = None
                 return Stream("stdout", request), Stream("stderr", request), ending
             go = self.go_text(request.code, self.flags)
+            _hand_over(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             self.launched = True
-            copier.write_all(go_w, b"g" + go.encode("utf-8", "surrogateescape"))
             os.close(go_w)
             go_w = -1
             self._receive_layers(server, pid)
