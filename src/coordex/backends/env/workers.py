@@ -530,7 +530,7 @@ class _Adopted:
         self.args = ["(forked worker)"]
 
     def poll(self) -> int | None:
-        if self.returncode is None and not _runs(self.pid):
+        if self.returncode is None and not _reap._runs(self.pid):
             self.returncode = -signal.SIGKILL  # its parent, the source worker, reaps it
         return self.returncode
 
@@ -542,14 +542,6 @@ class _Adopted:
             time.sleep(0.005)
         assert self.returncode is not None
         return self.returncode
-
-
-def _runs(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _unread(fd: int) -> int:
