@@ -69,6 +69,27 @@ class Done:
     names_changed: bool = False
 
 
+def start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
+          session_name: Any, venv_id: Any, timeout: Any, on_output: Any, on_progress: Any,
+          cancel: threading.Event | None, wait: Any) -> dict[str, Any]:
+    """``execute_code``: run now (:func:`execute`), or through the call records of SPEC
+    14 when given ``wait`` or when a detached call or a held result exists."""
+    if wait is None and not ex._calls.active:
+        if cancel is None and (record := getattr(_recorded_call, "record", None)):
+            cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
+        return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
+                       timeout, on_output, on_progress, cancel, ex.output_limit, nested=False)
+    asked = {"code": code, "language": language, "state_mode": state_mode,
+             "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
+             "timeout": timeout}
+
+    def run(output: Any, event: threading.Event | None) -> dict[str, Any]:
+        return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
+                       timeout, output, on_progress, event, ex.output_limit, nested=False)
+
+    return ex._calls.run("execute_code", asked, state_mode, run, wait, on_output, cancel)
+
+
 def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
             session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
             on_progress: Callable[[str], None] | None, cancel: threading.Event | None,

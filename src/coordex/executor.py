@@ -22,24 +22,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import branches, calling, kept, spill
+from . import branches, calling, kept, managing, spill
 from .backends._reap import keeper as _process_keeper
 from .backends.base import OutputCallback, Place, Session
 from .backends.own import OwnPlace
 from .core import coordinates as coords
 from .core import messages
 from .core.coordinates import Coordinate, SessionKey
-from .core.errors import CoordexError, validation
+from .core.errors import CoordexError
 from .core.results import DEFAULT_OUTPUT_LIMIT
 from .core.root import default_root
 from .core.shapes import (
     CheckpointList,
     CheckpointResult,
     CloseResult,
-    EnvironmentBuilt,
-    EnvironmentCreated,
-    EnvironmentList,
-    EnvironmentShown,
     ForkResult,
     HistoryResult,
     InspectResult,
@@ -52,8 +48,8 @@ from .core.shapes import (
     ToolFormat,
     UIResult,
 )
-from .log import LOG_FILE, CallLog
-from .log.calls import log_off_error
+from .environments.facade import Environments
+from .log.calls import open_call_log
 from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls
 from .long_work import LongWork
@@ -161,7 +157,7 @@ class Executor:
         self._places = Places(self, self._own_place)
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
-        self._call_log = self._open_call_log(log, log_max_rows)
+        self._call_log = open_call_log(self.root, self._records, log, log_max_rows)
         self._persist = kept.open_persistence(self, persist, snapshot_interval,
                                               persist_max_bytes)
         self._persist_max_bytes = int(persist_max_bytes)
@@ -248,40 +244,20 @@ class Executor:
         """
         watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
         if watch is None:
-            return self._execute_code(code, language, state_mode, session_id, session_name,
-                                      venv_id, timeout, on_output, on_progress, cancel, wait)
+            return cast(RunResult, calling.start(
+                self, code, language, state_mode, session_id, session_name, venv_id, timeout,
+                on_output, on_progress, cancel, wait))
         result: Any = None
         try:
-            result = self._execute_code(code, language, state_mode, session_id, session_name,
-                                        venv_id, timeout, on_output, on_progress, cancel, wait)
+            result = calling.start(self, code, language, state_mode, session_id,
+                                   session_name, venv_id, timeout, on_output, on_progress,
+                                   cancel, wait)
         finally:
             watch.done({"code": code, "language": language, "state_mode": state_mode,
                         "session_id": session_id, "session_name": session_name,
                         "venv_id": venv_id}, result)
             watch.close()
         return cast(RunResult, result)
-
-    def _execute_code(self, code: Any, language: Any, state_mode: Any, session_id: Any,
-                      session_name: Any, venv_id: Any, timeout: Any,
-                      on_output: OutputCallback | None, on_progress: Any,
-                      cancel: threading.Event | None, wait: Any) -> RunResult:
-        if wait is None and not self._calls.active:
-            if cancel is None and (record := getattr(_recorded_call, "record", None)):
-                cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
-            return cast(RunResult, self._execute(
-                code, language, state_mode, session_id, session_name, venv_id, timeout,
-                on_output, on_progress, cancel, self.output_limit, nested=False))
-        asked = {"code": code, "language": language, "state_mode": state_mode,
-                 "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
-                 "timeout": timeout}
-
-        def run(output: OutputCallback | None, event: threading.Event | None) -> dict[str, Any]:
-            return self._execute(code, language, state_mode, session_id, session_name,
-                                 venv_id, timeout, output, on_progress, event,
-                                 self.output_limit, nested=False)
-
-        return cast(RunResult, self._calls.run("execute_code", asked, state_mode, run, wait,
-                                              on_output, cancel))
 
     # ------------------------------------------------------------------ long work (SPEC 14)
 
@@ -330,15 +306,6 @@ class Executor:
         return self._calls.hold_call(call_id)
 
 
-    def _execute(self, code: Any, language: Any, state_mode: Any, session_id: Any,
-                 session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
-                 on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
-                 output_limit: int, *, nested: bool) -> dict[str, Any]:
-        """The body of every call (:func:`coordex.calling.execute`)."""
-        return calling.execute(self, code, language, state_mode, session_id, session_name,
-                               venv_id, timeout, on_output, on_progress, cancel,
-                               output_limit, nested=nested)
-
     def _claim_kept(self, coordinate: Coordinate) -> None:
         kept.claim(self, coordinate)
 
@@ -360,24 +327,7 @@ class Executor:
 
     def list_sessions(self) -> SessionsResult:
         """All open sessions with their provenance, and the cap (none once closed)."""
-        records: list[dict[str, Any]] = []
-        max_sessions = self._table.registry.max_sessions
-        if self._table.closed:
-            return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
-        for entry, session in self._table.entries():
-            record = entry.record()
-            if session is not None:
-                with contextlib.suppress(Exception):
-                    record["alive"] = bool(session.alive())
-                node = getattr(session, "node", None)
-                if node:  # placed on a cluster node
-                    record["node"] = node
-            record["held"] = True  # held by this process (SPEC 12: kept ones are not)
-            records.append(record)
-        self._calls.mark_busy(records)  # SPEC 14: the sessions detached calls hold
-        if self._persist is not None:
-            records.extend(self._persist.waiting())
-        return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
+        return cast(SessionsResult, managing.list_sessions(self))
 
     def inspect_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
@@ -388,73 +338,16 @@ class Executor:
         with capabilities and ``functions`` listed apart. Bash: ``{"cwd", "variables",
         "functions", "aliases"}`` — only what the session added. Changes nothing.
         """
-        try:
-            coordinate = coords.check_coordinate(language, "stateful", session_id,
-                                                 session_name, venv_id)
-            restored = self._bring_back(coordinate, self.timeout)
-            with self._table.reading(coordinate, self.timeout, None) as (key, slot):
-                if slot is None or slot.session is None:
-                    return cast(InspectResult, messages.session_busy())
-                report = self._table.inspect(key, slot, self._place(key.language,
-                                                                    key.venv_id))
-            if "error_type" in report:  # one failure shape in every place: the error dict
-                report["session"] = self._table.record(key)
-                return cast(InspectResult, report)
-            if key.language == "python":
-                for item in report.get("names", []):
-                    bound, ago = self._table.provenance(key, item["name"])
-                    item["bound_at_call"], item["calls_ago"] = bound, ago
-                report.setdefault("capabilities", sorted(self._capabilities))
-            report["session"] = self._table.record(key)
-            if self._persist is not None:  # SPEC 12: how it is kept on disk
-                report["kept"] = self._persist.describe(report["session"])
-            if restored is not None:
-                report["restored"] = restored
-            return cast(InspectResult, report)
-        except CoordexError as exc:
-            return cast(InspectResult, exc.to_dict())
+        return cast(InspectResult, managing.inspect_session(self, language, session_id, session_name,
+                                                               venv_id))
 
     def close_session(self, language: Language = "python", session_id: int | None = None,
                       session_name: str | None = None,
                       venv_id: int | None = None) -> CloseResult:
         """Close one session and end its process. Needs a session; never session 0 of
         the own interpreter's Python (the plan namespace)."""
-        try:
-            coordinate = coords.check_coordinate(language, "stateful", session_id,
-                                                 session_name, venv_id)
-            self._check_open()
-            if not coordinate.names_session:
-                raise validation(
-                    "close_session needs a session: pass session_id or session_name.",
-                    "Call list_sessions() to see open sessions, then close_session("
-                    "language=..., session_name='...') or session_id=<int>.")
-            kept = None if self._persist is None else self._persist.find_waiting(
-                coordinate.language, coordinate.venv_id, coordinate.session_id,
-                coordinate.session_name)
-            if kept is not None and self._table.find(coordinate) is None:
-                assert self._persist is not None
-                if not self._persist.forget(kept):  # kept on disk only: its snapshot goes
-                    from .persist.manager import held_elsewhere
-
-                    raise held_elsewhere(kept.record())
-                branches.forget(self, kept.record())
-                if self._call_log is not None:  # a rebuild brings it back from the log
-                    self._call_log.event("close", kept.record())
-                return cast(CloseResult, {"closed": True, "session": kept.record()})
-            record, session = self._table.remove(coordinate)
-            if session is not None:
-                session.close()
-            if self._persist is not None:
-                from .persist import Identity
-
-                self._persist.forget(Identity.of(record))
-            branches.forget(self, record)  # its checkpoints go with it (SPEC 15)
-            if self._call_log is not None:
-                self._call_log.event("close", record)
-            spill.forget_session(self.spill_folder, record)
-            return cast(CloseResult, {"closed": True, "session": record})
-        except CoordexError as exc:
-            return cast(CloseResult, exc.to_dict())
+        return cast(CloseResult, managing.close_session(self, language, session_id, session_name,
+                                                           venv_id))
 
     # ------------------------------------------------------------------ branches (SPEC 15)
 
@@ -497,17 +390,6 @@ class Executor:
 
     # ------------------------------------------------------------------ the call log
 
-    def _open_call_log(self, enabled: bool, max_rows: int) -> CallLog | None:
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
-        if not enabled:
-            return None
-        if self._records is not None:
-            log: CallLog = self._records.call_log(max_rows)
-            return log
-        return CallLog(self.root / LOG_FILE, max_rows)
-
-
     def history(self, language: Language | None = None, session_id: int | None = None,
                 session_name: str | None = None, venv_id: int | None = None,
                 limit: int = 50, seq: int | None = None, *, outcome: str | None = None,
@@ -525,16 +407,9 @@ class Executor:
         ``state_mode``, ``text`` (found in the code, output, result or error) and
         ``after_seq`` (newer calls only) narrow the list further, as the page does.
         """
-        from .log.calls import history
-
-        try:
-            if self._call_log is None:
-                raise log_off_error("history")
-            return cast(HistoryResult, history(
-                self._call_log, language, session_id, session_name, venv_id, limit, seq,
-                outcome=outcome, state_mode=state_mode, text=text, after_seq=after_seq))
-        except CoordexError as exc:
-            return cast(HistoryResult, exc.to_dict())
+        return cast(HistoryResult, managing.history(
+            self, language, session_id, session_name, venv_id, limit, seq, outcome=outcome,
+            state_mode=state_mode, text=text, after_seq=after_seq))
 
     def rebuild_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
@@ -570,20 +445,8 @@ class Executor:
             ``not_found`` when the log holds nothing of that session, ``validation`` with
             ``log=False`` or when nothing was lost.
         """
-        from .log.replay import rebuild_session
-
-        try:
-            self._check_open()
-            if self._persist is not None:
-                rebuilt = kept.rebuild(self, language, session_id, session_name, venv_id)
-                if rebuilt is not None:
-                    return cast(RebuildResult, rebuilt)
-            if self._call_log is None:
-                raise log_off_error("rebuild_session")
-            return cast(RebuildResult, rebuild_session(self, self._call_log, language, session_id,
-                                                       session_name, venv_id))
-        except CoordexError as exc:
-            return cast(RebuildResult, exc.to_dict())
+        return cast(RebuildResult, managing.rebuild_session(self, language, session_id, session_name,
+                                                               venv_id))
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).
@@ -660,7 +523,7 @@ class Executor:
     @property
     def environments(self) -> Environments:
         """``create(spec, name=None)``, ``list()``, ``build(venv_id)``: dicts, never raising."""
-        return Environments(self)
+        return Environments(lambda: self.environments_manager)
 
     def _require_environment(self, venv_id: int) -> None:
         if not self.environments_manager.exists(venv_id):
@@ -739,40 +602,10 @@ class Executor:
         session's lock, which the outer call holds.
         """
         record = getattr(_recorded_call, "record", None)  # cancel_call reaches it
-        return self._execute(code, "python", state_mode, session_id, session_name, venv_id,
-                             timeout, on_output, on_progress,
-                             record.cancel if record is not None else None,
-                             max(output_limit, self.output_limit), nested=True)
-
-
-class Environments:
-    """``ex.environments``: a thin dict-returning facade over the environment manager."""
-
-    def __init__(self, executor: Executor) -> None:
-        self._executor = executor
-
-    def create(self, spec: str, name: str | None = None) -> EnvironmentCreated:
-        return cast(EnvironmentCreated, self._guard(lambda m: m.create(spec, name)))
-
-    def list(self) -> EnvironmentList:
-        return cast(EnvironmentList, self._guard(lambda m: m.list()))
-
-    def show(self, venv_id: int) -> EnvironmentShown:
-        """One environment's spec, whether it is built, and its packages and versions."""
-        return cast(EnvironmentShown, self._guard(lambda m: m.show(venv_id)))
-
-    def build(self, venv_id: int, on_progress: Callable[[str], None] | None = None) -> EnvironmentBuilt:
-        return cast(EnvironmentBuilt, self._guard(lambda m: m.build(venv_id, on_progress=on_progress)))
-
-    def remove_unused(self) -> dict[str, Any]:
-        """Delete built environment folders that no stored environment refers to."""
-        return self._guard(lambda m: m.remove_unused())
-
-    def _guard(self, action: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-        try:
-            return dict(action(self._executor.environments_manager))
-        except CoordexError as exc:
-            return exc.to_dict()
+        return calling.execute(self, code, "python", state_mode, session_id, session_name,
+                               venv_id, timeout, on_output, on_progress,
+                               record.cancel if record is not None else None,
+                               max(output_limit, self.output_limit), nested=True)
 
 
 # An Executor forgotten without close() still ends its processes at interpreter exit.

@@ -45,6 +45,21 @@ _NOT_THE_CODES = frozenset({"_", "__", "___", "__builtins__", "__name__", "__doc
 _OWN_FILES = ("log.sqlite3", "library.sqlite3", "environments.sqlite3")
 
 
+def open_call_log(root: Any, records: Any, enabled: bool, max_rows: int) -> CallLog | None:
+    """An Executor's call log: under ``root``, or written by ``records`` (a confined
+    host's owner); None when ``enabled`` is false. ValueError for a bad ``max_rows``."""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
+    if not enabled:
+        return None
+    if records is not None:
+        log: CallLog = records.call_log(max_rows)
+        return log
+    from . import LOG_FILE
+
+    return CallLog(root / LOG_FILE, max_rows)
+
+
 def changes(rebound: Any, deleted: Any, written: Any = None) -> Any:
     """The row's ``changed`` column for a call: names it rebound or deleted, and files
     a read-only copy wrote in protected folders (all discarded); None when the code
