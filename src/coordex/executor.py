@@ -180,7 +180,7 @@ class Executor:
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
         # Calls given ``wait`` (SPEC 14): wait_call, cancel_call, busy, join, redelivery.
-        self._calls = LongWork(self._table, self._call_log, self._check_open)
+        self._calls = LongWork(self._table, self._call_log, self._check_open, self.root)
         self._ui: Any = None
         # Output and values that do not fit a result go here (SPEC 14).
         self.spill_folder = spill.folder_of(_working_folder(self.root))

@@ -146,6 +146,42 @@ def test_a_lost_result_is_redelivered_to_the_identical_call_once(ex: Executor,
     assert third["result"] == "2" and "redelivered" not in third
 
 
+def test_a_held_result_outlives_a_restart_and_is_redelivered_once(tmp_path: Path) -> None:
+    """Held on disk under the root: a new Executor on the same root hands it to the
+    identical call, once, without running the code; nothing of it is left after."""
+    marker = tmp_path / "n"
+    code = counting(marker, 0.2)
+    with Executor(root=tmp_path / "root") as first:
+        ran = first.execute_code(code, state_mode="stateful", wait=10)
+        assert first.hold_call(ran["call_id"])["held"] is True
+    with Executor(root=tmp_path / "root") as second:
+        other = second.execute_code(code + "\n", state_mode="stateful", wait=10)
+        assert "redelivered" not in other  # another call: not the held one's twin
+        assert marker.read_text() == "2"
+    marker.write_text("1")
+    with Executor(root=tmp_path / "root") as third:
+        again = third.execute_code(code, state_mode="stateful")
+        assert again["redelivered"] is True and again["call_id"] == ran["call_id"]
+        assert again["result"] == "1" and marker.read_text() == "1"
+        assert not list((tmp_path / "root" / "held").iterdir())
+    with Executor(root=tmp_path / "root") as fourth:  # handed out once: runs again
+        twice = fourth.execute_code(code, state_mode="stateful")
+        assert "redelivered" not in twice and marker.read_text() == "2"
+
+
+def test_a_held_result_fetched_by_its_call_id_is_not_redelivered_after_a_restart(
+        tmp_path: Path) -> None:
+    marker = tmp_path / "n"
+    code = counting(marker, 0.1)
+    with Executor(root=tmp_path / "root") as first:
+        ran = first.execute_code(code, state_mode="stateful", wait=10)
+        first.hold_call(ran["call_id"])
+        assert first.wait_call(ran["call_id"])["result"] == "1"
+    with Executor(root=tmp_path / "root") as second:
+        again = second.execute_code(code, state_mode="stateful")
+        assert "redelivered" not in again and again["result"] == "2"
+
+
 def test_rebuild_session_and_call_function_take_wait(ex: Executor) -> None:
     ex.call_tool("define_function", {"source": "def slow(n):\n    import time\n"
                                                "    time.sleep(n)\n    return n * 2"})
