@@ -334,6 +334,13 @@ class Executor:
         final result, ``call_id`` added. An ended call: its result, unchanged."""
         return self._calls.cancel_call(call_id)
 
+    def read_spilled(self, uri: str) -> dict[str, Any]:
+        """For front ends: a file a result named in ``spilled``, by the ``file://`` URI of
+        its resource link (an MCP ``resources/read``). Returns ``{"uri", "mime_type",
+        "text"}`` (the first 8 Mi characters), or ``not_found`` for anything that is not
+        a spilled file of this executor's."""
+        return spill.read(self.spill_folder, uri)
+
     def hold_call(self, call_id: str) -> dict[str, Any]:
         """For front ends: the answer to a request of ``call_id`` was lost before it
         was delivered (its connection or stream broke; not a cancellation). The call's
