@@ -250,3 +250,24 @@ def test_a_first_use_build_counts_toward_wait(tmp_path: Path,
         assert first["running"] is True, first
         final = ex.wait_call(first["call_id"])
         assert "envs" in (final["result"] or ""), final
+
+
+def test_held_files_are_handed_out_once_and_expire(tmp_path: Path) -> None:
+    """The disk side of redelivery: a result taken by one process is not taken by
+    another; an expired or foreign file is dropped when a process starts."""
+    import json
+    import time
+
+    from coordex.log.held import HeldResults
+
+    first = HeldResults(tmp_path, hold_seconds=600)
+    first.put("key", {"result": "1", "call_id": "c_1"}, time.time())
+    first.put("old", {"result": "2", "call_id": "c_2"}, time.time() - 700)
+    (tmp_path / "held" / ("0" * 40 + ".json")).write_text("not json")
+    (tmp_path / "held" / ("1" * 40 + ".json")).write_text(json.dumps(
+        {"key": "another", "ended_at": time.time(), "result": {}}))  # named for another key
+    second, third = HeldResults(tmp_path, 600), HeldResults(tmp_path, 600)
+    assert len(list((tmp_path / "held").iterdir())) == 1  # the expired and foreign: gone
+    assert second.take("key") == {"result": "1", "call_id": "c_1"}
+    assert third.take("key") is None and second.take("key") is None
+    assert not second.any() and not list((tmp_path / "held").iterdir())
