@@ -180,6 +180,16 @@ def test_a_held_result_fetched_by_its_call_id_is_not_redelivered_after_a_restart
     with Executor(root=tmp_path / "root") as second:
         again = second.execute_code(code, state_mode="stateful")
         assert "redelivered" not in again and again["result"] == "2"
+    # Held, then fetched by its call_id after a restart (from the log): not handed out
+    # a second time to the identical call.
+    with Executor(root=tmp_path / "root") as third:
+        ran = third.execute_code(code, state_mode="stateful", wait=10)
+        third.hold_call(ran["call_id"])
+    with Executor(root=tmp_path / "root") as fourth:
+        fetched = fourth.wait_call(ran["call_id"])
+        assert fetched["from_log"] is True and fetched["result"] == "3", fetched
+        again = fourth.execute_code(code, state_mode="stateful")
+        assert "redelivered" not in again and again["result"] == "4", again
 
 
 def test_rebuild_session_and_call_function_take_wait(ex: Executor) -> None:

@@ -264,6 +264,10 @@ class CallBook:
             found = self._from_log(call_id) if self._from_log is not None else None
             if found is None:
                 raise self._not_found(call_id)
+            if self._stored is not None:  # fetched by its call_id: not redelivered too
+                self._stored.drop_call(call_id)
+                with self._lock:
+                    self._update_active()
             return {**found, "call_id": call_id}
         self._forget_held(record)
         return self._await(record, wait, None)

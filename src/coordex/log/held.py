@@ -47,7 +47,8 @@ class HeldResults:
         self.folder = Path(root) / FOLDER
         self._hold_seconds = hold_seconds
         self._lock = threading.Lock()
-        self._index: dict[str, float] = {}  # file name -> wall time its call ended
+        # file name -> the wall time its call ended, and its call_id
+        self._index: dict[str, tuple[float, str | None]] = {}
         self._scan()
 
     def any(self) -> bool:
@@ -73,16 +74,16 @@ class HeldResults:
             with contextlib.suppress(OSError):
                 temporary.unlink()
             return
+        call_id = result.get("call_id")
         with self._lock:
-            self._index[name] = ended_at
+            self._index[name] = (ended_at, call_id if isinstance(call_id, str) else None)
 
     def take(self, key: str) -> dict[str, Any] | None:
         """The result held for ``key`` (removed: it is handed out once), or None."""
         name = _name(key)
         with self._lock:
-            ended_at = self._index.pop(name, None)
-        if ended_at is None:
-            return None
+            if self._index.pop(name, None) is None:
+                return None
         taken = self.folder / f".{name}.taken.{os.getpid()}.{threading.get_ident()}"
         try:
             os.rename(self.folder / name, taken)  # one taker only, across processes
@@ -109,11 +110,21 @@ class HeldResults:
         with contextlib.suppress(OSError):
             (self.folder / name).unlink()
 
+    def drop_call(self, call_id: str) -> None:
+        """Forget the result held for ``call_id`` (fetched by it from the call log)."""
+        with self._lock:
+            names = [name for name, (_, held) in self._index.items() if held == call_id]
+            for name in names:
+                del self._index[name]
+        for name in names:
+            with contextlib.suppress(OSError):
+                (self.folder / name).unlink()
+
     def prune(self) -> None:
         """Delete the results held longer than the hold."""
         limit = time.time() - self._hold_seconds
         with self._lock:
-            expired = [name for name, ended in self._index.items() if ended < limit]
+            expired = [name for name, (ended, _) in self._index.items() if ended < limit]
             for name in expired:
                 del self._index[name]
         for name in expired:
@@ -137,7 +148,9 @@ class HeldResults:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                 continue
-            self._index[entry.name] = ended
+            result = record.get("result")
+            call_id = result.get("call_id") if isinstance(result, dict) else None
+            self._index[entry.name] = (ended, call_id if isinstance(call_id, str) else None)
 
     @staticmethod
     def _read(path: Path) -> dict[str, Any] | None:
