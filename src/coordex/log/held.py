@@ -140,7 +140,12 @@ class HeldResults:
             return
         limit = time.time() - self._hold_seconds
         for entry in entries:
-            if not entry.name.endswith(_SUFFIX) or entry.name.startswith("."):
+            if entry.name.startswith("."):  # a write or take a process died during
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < limit:
+                        os.unlink(entry.path)
+                continue
+            if not entry.name.endswith(_SUFFIX):
                 continue
             record = self._read(Path(entry.path))
             ended = _ended(record)
