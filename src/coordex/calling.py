@@ -107,6 +107,8 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     tee: spill.Tee | None = None  # a stored function's inner call is fitted by its caller
     done: Done | None = None
     log_on = ex._call_log is not None
+    recorded = getattr(_recorded_call, "record", None)  # a call given wait (SPEC 14)
+    call_id = recorded.take_row_id() if recorded is not None else None
     try:
         code = coords.check_code(code)
         coordinate = coords.check_coordinate(language, state_mode, session_id,
@@ -121,7 +123,7 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
         running = ex.running_calls.start(
             where(coordinate.language, coordinate.venv_id, coordinate.session_id,
                   coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
-        running.recorded = getattr(_recorded_call, "record", None)
+        running.recorded = recorded
         if not nested:
             tee = spill.Tee(ex.spill_folder, output_limit, running.output)
         try:
@@ -154,7 +156,7 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     asked = None if coordinate is not None else (language, state_mode, session_id,
                                                   session_name, venv_id)
     row = record_call(ex._call_log, result, code, coordinate, seq, asked,
-                      changed=done.changed if done is not None else None)
+                      changed=done.changed if done is not None else None, call_id=call_id)
     if ex._persist is not None and done is not None and done.call is not None:
         ex._persist.after_call(result, row, done.call, done.names_changed)
     return result
@@ -213,7 +215,7 @@ def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> D
                 rebound = list(dict.fromkeys([*(rebound or ()), *bound_names(request.code)]))
         finally:
             table.finish(key, call, settled, rebound, deleted,
-                         lost=restore_lost or (settled is not None and settled.lost))
+                         lost=settled is not None and (restore_lost or settled.lost))
         done = Done(settled, record, restored=None if restore_lost else restored,
                     restore_lost=restore_lost, call=call)
         if ex._call_log is not None:

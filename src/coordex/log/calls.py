@@ -6,9 +6,9 @@ and stored-function calls alike): it turns the rendered result dict into a row f
 (the names and files the call changed: :func:`changes`). It reads the result and never
 changes it, and never raises: a log that fails costs the row, not the call.
 
-Two facts of a call reach the row through a note on the thread that runs it, set by
-the code that started the call: the ``call_id`` of a call given ``wait`` (SPEC 14) and
-which logged call a rebuild is replaying.
+One fact of a call reaches the row through a note on the thread that runs it, set by
+the code that started the call: which logged call a rebuild is replaying
+(:func:`note_replay`).
 """
 
 from __future__ import annotations
@@ -109,12 +109,6 @@ def _own_file(path: Any) -> bool:
     return any(name == own or name.startswith(own + "-") for own in _OWN_FILES)
 
 
-def note_call_id(call_id: str | None) -> None:
-    """The next row written on this thread is the call ``call_id`` (SPEC 14: its result
-    is read back from the log by that id)."""
-    _notes.call_id = call_id
-
-
 def result_of_row(row: dict[str, Any]) -> dict[str, Any]:
     """A finished call's result dict as its log row keeps it (outputs capped as the log
     caps them), marked ``"from_log": true``."""
@@ -150,11 +144,13 @@ def note_replay(seq: int, code: str) -> None:
 
 def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                 coordinate: Coordinate | None, seq: int | None = None,
-                asked: tuple[Any, ...] | None = None, *, changed: Any = None) -> LoggedRow:
+                asked: tuple[Any, ...] | None = None, *, changed: Any = None,
+                call_id: str | None = None) -> LoggedRow:
     """Write the row of one finished call (completing row ``seq`` if the call's row was
     reserved while it ran) before the call returns, and return it. ``asked``: the
     coordinate's arguments as given, for a call refused before they made a coordinate
-    (its row shows what was asked). ``changed``: :func:`changes` of the call."""
+    (its row shows what was asked). ``changed``: :func:`changes` of the call.
+    ``call_id``: the call record (SPEC 14) whose own row this is."""
     if log is None:
         return LoggedRow()
     try:
@@ -165,9 +161,6 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                        "session_name": coordinate.session_name}
         error_type = result.get("error_type")
         state_lost = result.get("state_lost")
-        call_id = getattr(_notes, "call_id", None)
-        if call_id is not None:
-            _notes.call_id = None
         replay = getattr(_notes, "replay", None)
         replay_of = None
         if replay is not None and replay[1] is code:
