@@ -345,16 +345,16 @@ class Executor:
         with capabilities and ``functions`` listed apart. Bash: ``{"cwd", "variables",
         "functions", "aliases"}`` — only what the session added. Changes nothing.
         """
-        return cast(InspectResult, managing.inspect_session(self, language, session_id, session_name,
-                                                               venv_id))
+        return cast(InspectResult, managing.inspect_session(
+            self, language, session_id, session_name, venv_id))
 
     def close_session(self, language: Language = "python", session_id: int | None = None,
                       session_name: str | None = None,
                       venv_id: int | None = None) -> CloseResult:
         """Close one session and end its process. Needs a session; never session 0 of
         the own interpreter's Python (the plan namespace)."""
-        return cast(CloseResult, managing.close_session(self, language, session_id, session_name,
-                                                           venv_id))
+        return cast(CloseResult, managing.close_session(
+            self, language, session_id, session_name, venv_id))
 
     # ------------------------------------------------------------------ branches (SPEC 15)
 
@@ -423,28 +423,14 @@ class Executor:
                         venv_id: int | None = None, *, wait: float | None = None) -> RebuildResult:
         """Bring back a session whose state was lost (or that was closed) from the log.
 
-        ``wait`` (seconds > 0): as for :meth:`execute_code`, a rebuild still replaying
-        then returns a ``running`` record; :meth:`wait_call` fetches its result.
-        """
-        if wait is None and not self._calls.active:
-            return self._rebuild_session(language, session_id, session_name, venv_id)
-        asked = {"language": language, "session_id": session_id,
-                 "session_name": session_name, "venv_id": venv_id}
-        return cast(RebuildResult, self._calls.run(
-            "rebuild_session", asked, "stateful",
-            lambda output, event: dict(self._rebuild_session(language, session_id,
-                                                             session_name, venv_id)),
-            wait, None, None))
-
-    def _rebuild_session(self, language: Any, session_id: Any, session_name: Any,
-                         venv_id: Any) -> RebuildResult:
-        """Bring back a session whose state was lost (or that was closed) from the log.
-
         Replays into a fresh session, in order, the stateful calls that succeeded and
         built the lost state (since the session was created or last started over, up to
         the loss), stopping at the first that fails. Replayed code runs again: files it
         writes are written again. Works for a session of an earlier run under the same
-        ``root`` too.
+        ``root`` too; with ``persist``, a kept session starts from its snapshot.
+
+        ``wait`` (seconds > 0): as for :meth:`execute_code`, a rebuild still replaying
+        then returns a ``running`` record; :meth:`wait_call` fetches its result.
 
         Returns:
             ``{"replayed": n, "failed_at": seq | None, "session": {...}, "calls": [seq...]}``
@@ -452,8 +438,16 @@ class Executor:
             ``not_found`` when the log holds nothing of that session, ``validation`` with
             ``log=False`` or when nothing was lost.
         """
-        return cast(RebuildResult, managing.rebuild_session(self, language, session_id, session_name,
-                                                               venv_id))
+        if wait is None and not self._calls.active:
+            return cast(RebuildResult, managing.rebuild_session(
+                self, language, session_id, session_name, venv_id))
+        asked = {"language": language, "session_id": session_id,
+                 "session_name": session_name, "venv_id": venv_id}
+        return cast(RebuildResult, self._calls.run(
+            "rebuild_session", asked, "stateful",
+            lambda output, event: managing.rebuild_session(self, language, session_id,
+                                                           session_name, venv_id),
+            wait, None, None))
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).

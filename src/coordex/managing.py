@@ -135,20 +135,8 @@ def history(ex: Executor, language: Any, session_id: Any, session_name: Any, ven
 
 def rebuild_session(ex: Executor, language: Any, session_id: Any, session_name: Any,
                     venv_id: Any) -> dict[str, Any]:
-    """Bring back a session whose state was lost (or that was closed) from the log.
-
-    Replays into a fresh session, in order, the stateful calls that succeeded and
-    built the lost state (since the session was created or last started over, up to
-    the loss), stopping at the first that fails. Replayed code runs again: files it
-    writes are written again. Works for a session of an earlier run under the same
-    ``root`` too.
-
-    Returns:
-        ``{"replayed": n, "failed_at": seq | None, "session": {...}, "calls": [seq...]}``
-        (and ``"failure"``, the failed call's error, when ``failed_at`` is set);
-        ``not_found`` when the log holds nothing of that session, ``validation`` with
-        ``log=False`` or when nothing was lost.
-    """
+    """``rebuild_session`` (see :meth:`coordex.executor.Executor.rebuild_session`): from a
+    kept session's snapshot where there is one, else by replaying the call log."""
     from .log.replay import rebuild_session as replay
 
     try:
