@@ -87,3 +87,40 @@ def test_a_fork_is_ended_on_close_even_after_its_source(tmp_path: Path) -> None:
     assert _gone(grand)
     members = [p for p in os.listdir("/proc") if p.isdigit() and _runs(int(p))]
     assert str(pid) not in members and str(grand) not in members
+
+
+HOST = r"""
+import sys, time
+from coordex import Executor
+ex = Executor(root=sys.argv[1])
+bash = {"language": "bash", "state_mode": "stateful"}
+ex.execute_code("x=1", session_name="src", **bash)
+ex.fork_session(session_name="src", language="bash", new_name="f")
+out = ex.execute_code("sleep 300 & echo $BASHPID $!", session_name="f", **bash)["stdout"]
+ex.close_session(session_name="src", language="bash")
+open(sys.argv[2], "w").write(out)
+time.sleep(600)
+"""
+
+
+def test_a_fork_ends_when_the_host_dies_after_its_source_closed(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    report = tmp_path / "pids"
+    host = subprocess.Popen([sys.executable, "-c", HOST, str(tmp_path / "home"), str(report)])
+    try:
+        deadline = time.monotonic() + 60
+        while not report.exists() or not report.read_text():
+            assert host.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        pids = [int(p) for p in report.read_text().split()]
+        assert all(_runs(p) for p in pids)
+        host.send_signal(signal.SIGKILL)
+        host.wait(10)
+        assert all(_gone(p, 10) for p in pids), pids
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
