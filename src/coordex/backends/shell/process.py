@@ -64,8 +64,8 @@ from ...worker import _coordex_copy as copier
 from .. import _reap
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
 from .wire import SYNC_ALIASES as _SYNC_ALIASES
-from .wire import fork_line as _fork_line
 from .wire import ShellProtocol as _Protocol
+from .wire import fork_line as _fork_line
 from .wire import parse_flags as _parse_flags
 from .wire import quote_code as _quote_code
 from .wire import sync_line as _sync_line
@@ -206,9 +206,9 @@ class Shell:
             deadline = time.monotonic() + timeout
             pid = 0
             while not pid:
-                with contextlib.suppress(OSError, ValueError):
-                    with open(os.path.join(folder, "pid"), "rb") as f:
-                        pid = int(f.read() or b"0")
+                with contextlib.suppress(OSError, ValueError), \
+                        open(os.path.join(folder, "pid"), "rb") as f:
+                    pid = int(f.read() or b"0")
                 if not pid:
                     if time.monotonic() > deadline:
                         raise RuntimeError("the shell's fork did not start")
