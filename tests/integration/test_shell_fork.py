@@ -124,3 +124,14 @@ def test_a_fork_ends_when_the_host_dies_after_its_source_closed(tmp_path: Path) 
         if host.poll() is None:
             host.kill()
             host.wait()
+
+
+def test_set_e_ends_a_forks_shell_as_it_ends_the_sources(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("v=1", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        r = ex.execute_code("set -e; false; echo not-reached", session_name="f", **BASH)
+        assert r["stdout"] == "" and r["exit_code"] == 1, r
+        assert ex.execute_code("echo ${v-gone}", session_name="f", **BASH)["stdout"] == \
+            "gone\n"  # a fresh shell took its place, as for the source
+        assert ex.execute_code("echo $v", session_name="src", **BASH)["stdout"] == "1\n"

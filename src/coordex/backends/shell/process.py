@@ -392,6 +392,8 @@ class Shell:
                                     ending.aborted = True
                                 self._note_flags(flags, top_level=True)
                                 finished = True
+                            elif rkind == b"e" and isinstance(self._proc, _Adopted):
+                                self._proc.said = status  # a fork's exit status
                     elif what == _STDOUT:
                         self._pump(fd, out)
                     elif what == _STDERR:
@@ -416,6 +418,8 @@ class Shell:
         err.feed(b"", final=True)
         if ended or self._reaped or (self._pidfd is None and self._proc.poll() is not None):
             ending.survived = False
+            if isinstance(self._proc, _Adopted):  # a fork says its status as it exits
+                self._proc.take_status(self._read_status())
             ending.returncode = self._proc.wait()
             self.terminate()  # background jobs of the dead shell go with it
         return ending
@@ -590,7 +594,14 @@ class _Adopted:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        self.said: int | None = None
         self.args = ["(forked bash)"]
+
+    def take_status(self, records: list[tuple[bytes, int, int, bytes]]) -> None:
+        """The exit status the fork's EXIT trap reported (``TOKEN e 0 STATUS :``)."""
+        for kind, _number, status, _flags in records:
+            if kind == b"e":
+                self.said = status
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -600,7 +611,8 @@ class _Adopted:
                     self.returncode = os.waitstatus_to_exitcode(status)
                     return self.returncode
             if not _reap._runs(self.pid):
-                self.returncode = -signal.SIGKILL  # how it ended is not ours to read
+                # Its status, as its EXIT trap said it; else it was killed.
+                self.returncode = -signal.SIGKILL if self.said is None else self.said
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

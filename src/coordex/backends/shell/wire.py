@@ -120,20 +120,21 @@ class ShellProtocol:
 # fork, so it carries everything the shell holds (variables, functions, aliases,
 # options, cwd, umask, open fds, exported env) without copying a byte. A subshell does
 # not read commands by itself, so it runs this loop, which speaks the same record wire:
-# read a line, print the "go" record, run PROMPT_COMMAND (the runner) and print PS1. A
-# call's ``continue`` comes back to the loop's condition and its ``break`` ends the
-# loop, which the trailing eval starts again: either way the call's record is printed
-# (PS1 holds a fallback record for it before the code runs). An interrupt runs the INT
+# read a line, print the "go" record, run PROMPT_COMMAND (the runner) and print PS1. The
+# code runs in the loop's body, not its condition, so ``set -e`` ends the shell as it
+# would end the source's. A call's ``continue`` comes back to the condition and its
+# ``break`` ends the loop, which the trailing eval starts again: either way the call's
+# record is printed (PS1 holds a fallback record for it before the code runs). An interrupt runs the INT
 # trap, whose ``break`` leaves every loop the code was in, as an interactive shell
 # abandons the line; it empties PS1, so the call's record is the sync line's, as there.
 FORK_LOOP = (
-    "while if [[ -n ${PROMPT_COMMAND-} ]]; then "
-    f"PS1=\"\\n${{{PRIVATE_PREFIX}record}}${{{PRIVATE_PREFIX}call}} 0 {FLAGS}\\n\"; "
-    "\\builtin eval \"$PROMPT_COMMAND\"; fi; "
-    "\\builtin printf %s \"${PS1@P}\" >&2; "
+    "while \\builtin printf %s \"${PS1@P}\" >&2; "
     f"IFS= \\builtin read -r {PRIVATE_PREFIX}line || \\builtin exit 0; "
     "do \\builtin printf %s \"${PS0@P}\" >&2; "
-    f"\\builtin eval \"${PRIVATE_PREFIX}line\"; done; "
+    f"\\builtin eval \"${PRIVATE_PREFIX}line\"; "
+    "if [[ -n ${PROMPT_COMMAND-} ]]; then "
+    f"PS1=\"\\n${{{PRIVATE_PREFIX}record}}${{{PRIVATE_PREFIX}call}} 0 {FLAGS}\\n\"; "
+    "\\builtin eval \"$PROMPT_COMMAND\"; fi; done; "
     f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
 
 
@@ -148,7 +149,11 @@ def fork_line(folder: str, stderr_fd: int, stdout_fd: int) -> str:
     """
     p = PRIVATE_PREFIX
     f = shell_quote(folder.rstrip("/") + "/")
+    # Not our child, so its exit status is not ours to read: its EXIT trap says it.
+    said = ("\\builtin printf '\\n%s e 0 %s :\\n' "
+            f"\"${{{p}record% r }}\" \"$?\" >&2")
     inner = (f"\\builtin set +m; \\builtin trap 'PS1=; \\builtin break 1000000' INT; "
+             f"\\builtin trap {shell_quote(said)} EXIT; "
              f"\\builtin printf %s \"$BASHPID\" >{f}pid; "
              f"\\exec <{f}in >{f}out 2>{f}status {stderr_fd}>{f}err "
              f"{stdout_fd}>&1; {p}loop={shell_quote(FORK_LOOP)}; "
