@@ -135,3 +135,15 @@ def test_set_e_ends_a_forks_shell_as_it_ends_the_sources(tmp_path: Path) -> None
         assert ex.execute_code("echo ${v-gone}", session_name="f", **BASH)["stdout"] == \
             "gone\n"  # a fresh shell took its place, as for the source
         assert ex.execute_code("echo $v", session_name="src", **BASH)["stdout"] == "1\n"
+
+
+def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("export LC_ALL=C.UTF-8", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        code = "s='héllo ✓ " + "x" * 300_000 + "'; echo ${#s}; echo 'ünï' | od -An -tx1"
+        r = ex.execute_code(code, session_name="f", **BASH)
+        assert r["stdout"].split("\n")[0] == str(len("héllo ✓ ") + 300_000), r
+        assert r["stdout"].split("\n")[1].split() == \
+            [f"{b:02x}" for b in "ünï\n".encode()]
+        assert ex.execute_code("echo next", session_name="f", **BASH)["stdout"] == "next\n"

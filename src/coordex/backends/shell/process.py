@@ -143,6 +143,8 @@ _STDOUT, _STDERR, _STATUS, _STDIN, _PIDFD = range(5)
 class Shell:
     """One bash process, its pipes and its process group. Knows nothing of sessions."""
 
+    framed = False  # each line sent after its length (a fork's loop: wire.FORK_LOOP)
+
     def __init__(self, env: Mapping[str, str], cwd: str | None) -> None:
         token = secrets.token_hex(8)
         self.token = token.encode()
@@ -219,6 +221,7 @@ class Shell:
             # Its process session is the source's: watched (and swept) while any of
             # the family lives, its group spared when the source closes.
             self.family = source.family
+            self.framed = True
             _reap.join_family(self.family, pid)
             token = secrets.token_hex(8)
             self.token = token.encode()
@@ -309,7 +312,7 @@ class Shell:
         ``spin=False``: wait in poll() at once (when a CPU is better left to others).
         """
         self._number += 1
-        line = self._trigger % self._number + _quote_code(code) + b"\n"
+        line = self._trigger % self._number + _quote_code(code, self.framed) + b"\n"
         if self._sync_aliases:
             line = _SYNC_ALIASES.encode() + b"; " + line
             self._sync_aliases = False
@@ -331,6 +334,8 @@ class Shell:
         """Hand ``line`` to bash and wait for record ``kind number`` (or bash's end)."""
         out, err = streams or (Stream("stdout", request), Stream("stderr", request))
         ending = Ending()
+        if self.framed:  # a fork's loop reads each line after its length (wire.FORK_LOOP)
+            line = b"%d\n" % len(line) + line
         pending = self._write_input(memoryview(line))
         if pending:
             self._poller.register(self._stdin, select.POLLOUT)
@@ -441,8 +446,11 @@ class Shell:
         # Bash abandons the runner and reads the sync line next.
         signal_group(self.pid, signal.SIGINT)
         self._number += 1
+        line = _sync_line(self.token.decode(), self._number)
+        if self.framed:
+            line = b"%d\n" % len(line) + line
         try:
-            os.write(self._stdin, _sync_line(self.token.decode(), self._number))
+            os.write(self._stdin, line)
         except OSError:
             pass
         return self._number

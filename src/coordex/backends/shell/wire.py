@@ -42,18 +42,25 @@ done
 )"""
 
 
-def quote_code(code: str) -> bytes:
+def quote_code(code: str, ascii_only: bool = False) -> bytes:
     """``code`` as one ``$'...'`` word on one line (NUL bytes dropped).
 
     Only ``\\``, ``'``, newline and ``!`` (history expansion, were a user to turn it
-    back on) are escaped; every other byte, binary ones included, stands for itself.
+    back on) are escaped; every other byte, binary ones included, stands for itself -
+    but with ``ascii_only`` bytes past 127 are ``\\xHH`` too, so the word has as many
+    characters as bytes in any locale (a fork's loop counts the line it reads).
     """
     data = code.encode("utf-8", "surrogateescape")
     if b"\0" in data:
         data = data.replace(b"\0", b"")
     data = (data.replace(b"\\", b"\\\\").replace(b"'", b"\\'").replace(b"\n", b"\\n")
             .replace(b"!", b"\\041"))
+    if ascii_only and not data.isascii():
+        data = _HIGH_BYTE.sub(lambda m: b"\\x%02x" % m[0][0], data)
     return b"$'" + data + b"'"
+
+
+_HIGH_BYTE = re.compile(rb"[\x80-\xff]")
 
 
 # The version of the trigger-line / record texts below (docs/protocol.md, "The bash
@@ -127,9 +134,14 @@ class ShellProtocol:
 # record is printed (PS1 holds a fallback record for it before the code runs). An interrupt runs the INT
 # trap, whose ``break`` leaves every loop the code was in, as an interactive shell
 # abandons the line; it empties PS1, so the call's record is the sync line's, as there.
+# Each line comes after its length (a line of its own): ``read -N`` reads it in large
+# chunks, where a plain ``read`` from a pipe takes one byte per system call. ``-N`` counts
+# characters, so every line a fork is sent is ASCII (``quote_code(ascii_only=True)``):
+# as many characters as bytes in any locale, and no locale switch on every call.
 FORK_LOOP = (
     "while \\builtin printf %s \"${PS1@P}\" >&2; "
-    f"IFS= \\builtin read -r {PRIVATE_PREFIX}line || \\builtin exit 0; "
+    f"IFS= \\builtin read -r {PRIVATE_PREFIX}n && IFS= \\builtin read -r -N "
+    f"\"${PRIVATE_PREFIX}n\" {PRIVATE_PREFIX}line || \\builtin exit 0; "
     "do \\builtin printf %s \"${PS0@P}\" >&2; "
     f"\\builtin eval \"${PRIVATE_PREFIX}line\"; "
     "if [[ -n ${PROMPT_COMMAND-} ]]; then "
