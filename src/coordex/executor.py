@@ -17,7 +17,6 @@ import atexit
 import contextlib
 import dataclasses
 import functools
-import itertools
 import os
 import shutil
 import sys
@@ -31,15 +30,23 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from . import branches, sessions, spill
 from .backends._reap import keeper as _process_keeper
-from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session, empty_outcome
+from .backends.base import (
+    SESSION_CWD,
+    Outcome,
+    OutputCallback,
+    Place,
+    RunRequest,
+    RunsNested,
+    Session,
+    empty_outcome,
+)
 from .backends.env import EnvironmentPlace
-from .backends.own import OwnPlace, OwnSession
+from .backends.own import OwnPlace
 from .core import coordinates as coords
 from .core import messages
 from .core.bindings import bound_names
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
-from .core.registry import PLAN_KEY
 from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
 from .core.root import default_root
 from .core.shapes import (
@@ -70,6 +77,7 @@ from .long_work import LongWork
 from .long_work import error_record as _error_record
 from .long_work import ms as _ms
 from .observe.hook import call_env, watch_call
+from .persist.hooks import Keeping
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -174,8 +182,8 @@ class Executor:
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
         self._call_log = self._open_call_log(log, log_max_rows)
-        self._persist = self._open_persistence(persist, snapshot_interval, persist_max_bytes)
-        self._persist_max_bytes = int(persist_max_bytes)
+        self._keeping = Keeping.open(self.root, self._table, self._call_log, persist=persist,
+                                     interval=snapshot_interval, max_bytes=persist_max_bytes)
         # Calls in flight, for the page (SPEC 11): their output so far, and interrupt.
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
@@ -203,9 +211,7 @@ class Executor:
 
         With ``persist``, each session that changed since its last snapshot is written
         first (at most a few seconds in all; the call log keeps what is not written)."""
-        if self._persist is not None and not self._table.closed:
-            with contextlib.suppress(Exception):
-                self._persist.close()
+        self._keeping.close()
         sessions = self._table.drain()
         with self._lock:
             places = list(self._places.values())
@@ -396,11 +402,7 @@ class Executor:
         asked = None if coordinate is not None else (language, state_mode, session_id,
                                                       session_name, venv_id)
         result = record_call(self._call_log, result, code, coordinate, seq, asked)
-        if self._persist is not None and coordinate is not None and \
-                coordinate.state_mode == "stateful":
-            from .log.calls import last_row
-
-            self._persist.after_call(result, last_row())
+        self._keeping.logged(coordinate, result)
         return result
 
     def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
@@ -416,8 +418,7 @@ class Executor:
 
     def _run_stateful(self, coordinate: Coordinate,
                       request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        if self._persist is not None:
-            self._claim_kept(coordinate)
+        self._keeping.claim(coordinate)
         with self._table.stateful(coordinate, request.timeout, request.cancel,
                                   self._open_session) as (key, session, call):
             record = self._table.record(key)
@@ -425,68 +426,19 @@ class Executor:
                 return _busy_outcome(), record
             outcome: Outcome = {}
             place = self._place(key.language, key.venv_id)
-            restored = None
-            if self._persist is not None and call == 1:  # before the call's code runs
-                restored = self._persist.restore(key, record, session, self.timeout * 5)
+            restored = self._keeping.opening(key, record, session, call, self.timeout * 5)
             try:
                 outcome = self._table.run(key, place, "stateful", session.run, request)
-                if restored is not None and restored.get("state_lost"):
-                    outcome["state_lost"] = True  # kept, but nothing could be restored
-                    if outcome.get("error"):
-                        outcome["error"]["state_lost"] = True
-                elif restored is not None:
-                    outcome["restored"] = restored
                 if key.language == "python" and "error" not in outcome:
                     # ``x = 41`` again is a rebinding though the object is the same one.
                     outcome["rebound"] = list(dict.fromkeys(
                         [*(outcome.get("rebound") or ()), *bound_names(request.code)]))
                 if self._call_log is not None:
                     note_changes(outcome.get("rebound"), outcome.get("deleted"))
-                if self._persist is not None:
-                    self._persist.note(call, key.language == "bash" or any(
-                        name != "_" for name in [*(outcome.get("rebound") or ()),
-                                                 *(outcome.get("deleted") or ())]))
+                self._keeping.ran(key, call, outcome, restored)
             finally:
                 self._table.finish(key, call, outcome)
             return outcome, record
-
-    def _claim_kept(self, coordinate: Coordinate) -> None:
-        """A kept session named in ``coordinate`` and not yet restored gets its old id;
-        a new named session never takes the id of one still kept."""
-        assert self._persist is not None
-        if coordinate.session_name is None:
-            return
-        kept = self._persist.find_waiting(coordinate.language, coordinate.venv_id, None,
-                                          coordinate.session_name)
-        taken = self._persist.kept_ids(coordinate.language, coordinate.venv_id)
-        if kept is None and not taken:
-            return
-        with self._table.lock:
-            registry = self._table.registry
-            if registry.find(coordinate) is not None:
-                return
-            held = {e.key.session_id for e in registry.entries()
-                    if (e.key.language, e.key.venv_id) == (coordinate.language, coordinate.venv_id)}
-            if kept is not None and kept.session_id not in held:
-                sid = kept.session_id
-            else:
-                sid = next(i for i in itertools.count(1) if i not in held | taken)
-            key = SessionKey(coordinate.language, coordinate.venv_id, sid)
-            if key not in registry:
-                with contextlib.suppress(CoordexError):  # capacity: said by the call itself
-                    registry.reserve(key, coordinate.session_name, time.time())
-
-    def _open_persistence(self, persist: bool, interval: float, max_bytes: int) -> Any:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
-            raise ValueError(f"snapshot_interval must be a number of seconds >= 0, got {interval!r}")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"persist_max_bytes must be an integer >= 1, got {max_bytes!r}")
-        if not persist:
-            return None
-        from .persist import Persistence
-
-        return Persistence(self.root, self._table, self._call_log, interval=float(interval),
-                           max_bytes=max_bytes)
 
     def _open_session(self, key: SessionKey) -> Session:
         return self._place(key.language, key.venv_id).open_session()
@@ -514,9 +466,7 @@ class Executor:
         """A kept session not yet restored, named by a read-only call or an inspection:
         opened and restored first, as its first stateful call would (SPEC 12). Returns
         what the restore says."""
-        if self._persist is None or self._persist.find_waiting(
-                coordinate.language, coordinate.venv_id, coordinate.session_id,
-                coordinate.session_name) is None:
+        if self._keeping.waiting(coordinate) is None:
             return None
         opening = dataclasses.replace(coordinate, state_mode="stateful")
         outcome, _ = self._run_stateful(opening, RunRequest(code="", timeout=timeout))
@@ -681,8 +631,7 @@ class Executor:
             record["held"] = True  # held by this process (SPEC 12: kept ones are not)
             records.append(record)
         self._calls.mark_busy(records)  # SPEC 14: the sessions detached calls hold
-        if self._persist is not None:
-            records.extend(self._persist.waiting())
+        records.extend(self._keeping.listed())
         return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
 
     def inspect_session(self, language: Language = "python", session_id: int | None = None,
@@ -712,8 +661,7 @@ class Executor:
                     item["bound_at_call"], item["calls_ago"] = bound, ago
                 report.setdefault("capabilities", sorted(self._capabilities))
             report["session"] = self._table.record(key)
-            if self._persist is not None:  # SPEC 12: how it is kept on disk
-                report["kept"] = self._persist.describe(report["session"])
+            self._keeping.describe(report)  # SPEC 12: how it is kept on disk
             if restored is not None:
                 report["restored"] = restored
             return cast(InspectResult, report)
@@ -734,15 +682,8 @@ class Executor:
                     "close_session needs a session: pass session_id or session_name.",
                     "Call list_sessions() to see open sessions, then close_session("
                     "language=..., session_name='...') or session_id=<int>.")
-            kept = None if self._persist is None else self._persist.find_waiting(
-                coordinate.language, coordinate.venv_id, coordinate.session_id,
-                coordinate.session_name)
-            if kept is not None and self._table.find(coordinate) is None:
-                assert self._persist is not None
-                if not self._persist.forget(kept):  # kept on disk only: its snapshot goes
-                    from .persist.manager import held_elsewhere
-
-                    raise held_elsewhere(kept.record())
+            kept = self._keeping.close_waiting(coordinate)  # kept on disk only: its snapshot goes
+            if kept is not None:
                 branches.forget(self, kept.record())
                 if self._call_log is not None:  # a rebuild brings it back from the log
                     self._call_log.event("close", kept.record())
@@ -750,10 +691,7 @@ class Executor:
             record, session = self._table.remove(coordinate)
             if session is not None:
                 session.close()
-            if self._persist is not None:
-                from .persist import Identity
-
-                self._persist.forget(Identity.of(record))
+            self._keeping.forget(record)
             branches.forget(self, record)  # its checkpoints go with it (SPEC 15)
             if self._call_log is not None:
                 self._call_log.event("close", record)
@@ -885,55 +823,17 @@ class Executor:
 
         try:
             self._check_open()
-            if self._persist is not None:
-                kept = self._rebuild_kept(language, session_id, session_name, venv_id)
-                if kept is not None:
-                    return cast(RebuildResult, kept)
+            kept = self._keeping.rebuild(
+                coords.check_coordinate(language, "stateful", session_id, session_name,
+                                        venv_id), self.timeout, self._bring_back)
+            if kept is not None:
+                return cast(RebuildResult, kept)
             if self._call_log is None:
                 raise log_off_error("rebuild_session")
             return cast(RebuildResult, rebuild_session(self, self._call_log, language, session_id,
                                                        session_name, venv_id))
         except CoordexError as exc:
             return cast(RebuildResult, exc.to_dict())
-
-    def _rebuild_kept(self, language: Any, session_id: Any, session_name: Any,
-                      venv_id: Any) -> dict[str, Any] | None:
-        """``rebuild_session`` from a kept session's snapshot (SPEC 12): a kept session
-        not yet restored is restored; an open one whose state was lost after its last
-        snapshot gets that snapshot back plus the calls logged before the loss. None:
-        the log alone rebuilds it."""
-        assert self._persist is not None
-        coordinate = coords.check_coordinate(language, "stateful", session_id,
-                                             session_name, venv_id)
-        waiting = self._persist.find_waiting(coordinate.language, coordinate.venv_id,
-                                             coordinate.session_id, coordinate.session_name)
-        plan = None
-        record = waiting.record() if waiting is not None else None
-        if waiting is not None and self._persist.held_elsewhere(waiting):
-            from .persist.manager import held_elsewhere
-
-            raise held_elsewhere(waiting.record(), "rebuild")
-        if waiting is None:
-            found = self._table.find(coordinate)
-            if found is None or found[0] == PLAN_KEY or self._call_log is None:
-                return None
-            record = self._table.record(found[0])
-            plan = self._persist.plan_rebuild(record)
-            if plan is None:
-                return None
-            _, session = self._table.remove(coordinate)
-            if session is not None:
-                session.close()
-            at = self._call_log.event("rebuild", record, {"snapshot": True,
-                                                          "until": plan["until"]})
-            self._persist.rebuilding(record, at, plan["until"])
-        restored = self._bring_back(coordinate, self.timeout) or {}
-        found = self._table.find(coordinate)
-        return {"replayed": int(restored.get("replayed") or 0),
-                "failed_at": restored.get("failed_at"),
-                "session": self._table.record(found[0]) if found else record,
-                "calls": plan["calls"] if plan else [],
-                "skipped_failed": plan["failed"] if plan else [], "restored": restored}
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).
@@ -1094,7 +994,7 @@ class Executor:
                              record.cancel if record is not None else None,
                              max(output_limit, self.output_limit), nested=True)
 
-    def _run_in_active(self, active: tuple[SessionKey, OwnSession], coordinate: Coordinate,
+    def _run_in_active(self, active: tuple[SessionKey, RunsNested], coordinate: Coordinate,
                        request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
         key, session = active
         place = self._place(key.language, key.venv_id)
@@ -1109,7 +1009,7 @@ class Executor:
             outcome.pop(kept, None)
         return outcome, self._table.record(key)
 
-    def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:
+    def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, RunsNested] | None:
         """The own-interpreter session ``coordinate`` names if this thread is running
         code in it right now (its namespace is the globals of a frame on the stack)."""
         from .backends.own.output import local as own_call
@@ -1123,7 +1023,7 @@ class Executor:
             return None
         key, slot = found
         session = slot.session
-        if isinstance(session, OwnSession) and session.running_here(sys._getframe(1)):
+        if isinstance(session, RunsNested) and session.running_here(sys._getframe(1)):
             return key, session
         return None
 

@@ -246,6 +246,30 @@ class SessionTable:
             self._slots[key] = Slot(None, threading.Lock())
             return key
 
+    def reserve_kept(self, coordinate: Coordinate, kept_id: int | None,
+                     taken: Collection[int]) -> None:
+        """A named session about to be opened, where sessions are kept on disk (SPEC 12):
+        reserved under ``kept_id`` (its id when it was kept) if no open session has it,
+        else the next id not in ``taken`` (those of kept sessions not yet back). Nothing
+        when the name is open already; over ``max_sessions`` the call itself says so."""
+        with self.lock:
+            if self.closed or self.registry.find(coordinate) is not None:
+                return
+            held = {e.key.session_id for e in self.registry.entries()
+                    if (e.key.language, e.key.venv_id) == (coordinate.language,
+                                                           coordinate.venv_id)}
+            if kept_id is not None and kept_id not in held:
+                sid = kept_id
+            else:
+                used = held | set(taken)
+                sid = next(i for i in range(1, len(used) + 2) if i not in used)
+            key = SessionKey(coordinate.language, coordinate.venv_id, sid)
+            if key not in self.registry:
+                try:
+                    self.registry.reserve(key, coordinate.session_name, time.time())
+                except CoordexError:
+                    pass
+
     def install(self, key: SessionKey, session: Session, copied_from: SessionKey) -> bool:
         """Put a forked session in its reserved place, with the names' provenance of
         the session it was copied from; False when the table closed meanwhile."""
