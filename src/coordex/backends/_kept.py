@@ -19,9 +19,6 @@ from pathlib import Path
 from ..worker import _coordex_snapshot as snap
 from .base import Kept, Written
 
-# A snapshot's copy gives up after this long (a stuck pickler never holds a slot).
-SNAPSHOT_TIMEOUT = 600.0
-
 
 def pickler_path() -> str:
     """The file ``cloudpickle/cloudpickle.py`` of coordex's own install (a worker names

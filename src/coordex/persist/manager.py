@@ -39,10 +39,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..backends._kept import SNAPSHOT_TIMEOUT
-from ..backends.base import Kept, RunRequest, Writer
+from ..backends.base import Kept, RunRequest, Session, Writer
 from ..core.coordinates import SessionKey
 from ..core.errors import CoordexError, make_error
 from ..log.calls import LoggedRow
@@ -50,6 +49,11 @@ from ..log.rebuild import replayable
 from ..worker import _coordex_snapshot as snap
 from .store import Identity, SnapshotStore
 
+if TYPE_CHECKING:
+    from ..sessions import SessionTable
+
+# A snapshot's copy gives up after this long (a stuck pickler never holds a slot).
+SNAPSHOT_TIMEOUT = 600.0
 # What a snapshot written at close may take in all: SPEC 8 gives a stop 5 s.
 CLOSE_BUDGET = 3.0
 # At close, how long a session's snapshot waits for the call running in it.
@@ -79,7 +83,7 @@ class Persistence:
     log (None: snapshots alone, nothing is replayed).
     """
 
-    def __init__(self, root: Path, table: Any, log: Any, *, interval: float,
+    def __init__(self, root: Path, table: SessionTable, log: Any, *, interval: float,
                  max_bytes: int) -> None:
         self.store = SnapshotStore(root)
         self._table = table
@@ -111,9 +115,8 @@ class Persistence:
         with self._lock:
             kept = [k for k in self._kept.values()
                     if not k.held and k.identity.slug() not in self._held]
-        with self._table.lock:  # the plan namespace is open from the start: held
-            open_keys = {(e.key.language, e.key.venv_id, e.key.session_id, e.name)
-                         for e in self._table.registry.entries()}
+        open_keys = {(e.key.language, e.key.venv_id, e.key.session_id, e.name)
+                     for e, _ in self._table.entries()}  # the plan namespace too: held
         records = []
         for item in kept:
             elsewhere = self.store.held_elsewhere(item.identity)
@@ -324,8 +327,8 @@ class Persistence:
         if not slot.lock.acquire(timeout=_START_WAIT):
             return
         try:
-            entry = self._table.registry.get(key)
-            if entry is None or entry.calls != call or slot.session is None:
+            calls = next((e.calls for e, _ in self._table.entries() if e.key == key), None)
+            if calls != call or slot.session is None:
                 return
             self._start(item, slot.session, seq)
         finally:
@@ -333,7 +336,7 @@ class Persistence:
 
     # -- writing ------------------------------------------------------------------------
 
-    def _start(self, item: _Kept, session: Any, through: int) -> None:
+    def _start(self, item: _Kept, session: Session, through: int) -> None:
         if not isinstance(session, Kept):
             return  # a place whose sessions are not kept (the cluster's)
         folder = self.store.folder(item.identity, make=True)
@@ -439,7 +442,7 @@ class Persistence:
             os.close(fd)
         return True
 
-    def adopt(self, record: dict[str, Any], session: Any) -> None:
+    def adopt(self, record: dict[str, Any], session: Session) -> None:
         """A session whose state came other than by its own calls (``fork_session``,
         ``restore_session``; held by the caller): a snapshot of it is started now, and
         only the calls logged after this point are replayed over it after a restart."""
@@ -497,9 +500,8 @@ class Persistence:
         process. None if none could be taken."""
         base = local.session_name if local.session_name is not None \
             else f"session {local.session_id}"
-        with self._table.lock:
-            names = {e.name for e in self._table.registry.entries()
-                     if (e.key.language, e.key.venv_id) == (local.language, local.venv_id)}
+        names = {e.name for e, _ in self._table.entries()
+                 if (e.key.language, e.key.venv_id) == (local.language, local.venv_id)}
         for number in range(2, 100):
             name = f"{base} ({number})"
             apart = Identity(local.language, local.venv_id, local.session_id, name)
@@ -521,7 +523,7 @@ class Persistence:
 
     # -- restoring ----------------------------------------------------------------------
 
-    def restore(self, key: SessionKey, record: dict[str, Any], session: Any,
+    def restore(self, key: SessionKey, record: dict[str, Any], session: Session,
                 timeout: float) -> dict[str, Any] | None:
         """Bring back the kept session ``record`` names into ``session`` (just opened,
         no code run yet). Returns the call's ``restored``; ``{"state_lost": True}`` when
@@ -631,7 +633,7 @@ class Persistence:
             if item is not None:
                 item.held = False
 
-    def _replay(self, session: Any, rows: list[dict[str, Any]]) -> tuple[int, int | None]:
+    def _replay(self, session: Session, rows: list[dict[str, Any]]) -> tuple[int, int | None]:
         done = 0
         for row in rows:
             code = row.get("code")
