@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from coordex import Executor
-from coordex.backends.base import Checkpointable, Forkable, Kept
+from coordex.backends.base import Checkpointable, Forkable, Kept, RunsNested
 from coordex.backends.env.workers import WorkerSession
 from coordex.backends.own import OwnSession
 from coordex.backends.shell import ShellSession
@@ -60,7 +60,7 @@ PLACES = [
 # The optional capabilities a place's sessions may have: each has its rows below, run
 # over every place whose sessions implement it, skipped (with the reason) elsewhere.
 CAPABILITIES: dict[str, type] = {"kept": Kept, "forked": Forkable,
-                                 "checkpointed": Checkpointable}
+                                 "checkpointed": Checkpointable, "called into": RunsNested}
 
 
 def needs(at: At, capability: str) -> None:
@@ -571,6 +571,22 @@ def test_kept_sessions_come_back_after_a_restart(at: At, tmp_path: Path, envs_di
         assert r["restored"]["from"] == "snapshot" and r["restored"]["left_out"] == []
         kept = ex.inspect_session(at.place.language, session_name="k", venv_id=venv_id)["kept"]
         assert kept["snapshot"]["bytes"] > 0  # the calls after it are kept by the log
+
+
+# -- nested calls (the RunsNested capability) -----------------------------------------------
+
+
+def test_a_stored_function_called_into_the_session_running_it_runs_there(at: At) -> None:
+    needs(at, "called into")
+    at.ex.functions.define(source="def bump(x):\n    global total\n"
+                                  "    total = globals().get('total', 0) + x\n    return total\n")
+    r = at.run("first = functions.bump.stateful(session_name='n')(5)\n"
+               "first, functions.bump.stateful(session_name='n')(2), total",
+               state_mode="stateful", session_name="n")
+    assert r["result"] == "(5, 7, 7)", r
+    peek = at.run("functions.bump.read_only(session_name='n')(100), total",
+                  state_mode="stateful", session_name="n")
+    assert peek["result"] == "(107, 7)", peek  # a copy: the session is not changed
 
 
 # -- branches and checkpoints (SPEC 15: the Forkable and Checkpointable capabilities) -------
