@@ -5,9 +5,10 @@ off: every point does nothing), and calls it at these points, in a call's order:
 
 - :meth:`Keeping.claim` before a stateful call finds its session: a kept session named
   by the call gets its old id back, and a new one never takes the id of one still kept;
-- :meth:`Keeping.opening` on a session's first call, before its code runs: the restore;
-- :meth:`Keeping.ran` once the call ran in it: what the restore said joins the outcome,
-  and whether the call changed names is noted for :meth:`Keeping.logged`;
+- :meth:`Keeping.opening` on a session's first call, before its code runs: the restore
+  (what it says goes into the call's record);
+- :meth:`Keeping.names_changed` once the call ran in it: whether it changed what a
+  snapshot keeps;
 - :meth:`Keeping.logged` once its result is in the call log: the session is kept (a
   snapshot started when one is due).
 
@@ -23,11 +24,11 @@ when, where, how many and what is replayed is :class:`~.manager.Persistence`'s.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import Outcome, Session
+from ..backends.base import Session
 from ..core.coordinates import Coordinate, SessionKey
 from ..core.registry import PLAN_KEY
 from .manager import Persistence, held_elsewhere
@@ -35,6 +36,7 @@ from .store import Identity
 
 if TYPE_CHECKING:
     from ..log import CallLog
+    from ..log.calls import LoggedRow
     from ..sessions import SessionTable
 
 
@@ -92,29 +94,18 @@ class Keeping:
             return None
         return self.persistence.restore(key, record, session, timeout)
 
-    def ran(self, key: SessionKey, call: int, outcome: Outcome,
-            restored: dict[str, Any] | None) -> None:
-        """The call ran in its session: ``restored`` joins its outcome, and whether it
-        changed names is noted for :meth:`logged`."""
-        if restored is not None and restored.get("state_lost"):
-            outcome["state_lost"] = True  # kept, but nothing could be restored
-            if outcome.get("error"):
-                outcome["error"]["state_lost"] = True
-        elif restored is not None:
-            outcome["restored"] = restored
+    def names_changed(self, key: SessionKey, rebound: Collection[str] | None,
+                      deleted: Collection[str] | None) -> bool:
+        """Whether a stateful call that rebound and deleted these names changed what a
+        snapshot keeps (a shell's state is more than names: always)."""
+        return self.persistence is not None and (key.language == "bash" or any(
+            name != "_" for name in [*(rebound or ()), *(deleted or ())]))
+
+    def logged(self, result: dict[str, Any], row: LoggedRow, call: int, changed: bool) -> None:
+        """Stateful call number ``call`` of a session (``changed``: see
+        :meth:`names_changed`) is in the call log as ``row``: its session is kept."""
         if self.persistence is not None:
-            self.persistence.note(call, key.language == "bash" or any(
-                name != "_" for name in [*(outcome.get("rebound") or ()),
-                                         *(outcome.get("deleted") or ())]))
-
-    def logged(self, coordinate: Coordinate | None, result: dict[str, Any]) -> None:
-        """The call's result is in the call log: a stateful call's session is kept."""
-        if self.persistence is None or coordinate is None or \
-                coordinate.state_mode != "stateful":
-            return
-        from ..log.calls import last_row
-
-        self.persistence.after_call(result, last_row())
+            self.persistence.after_call(result, row, call, changed)
 
     # -- sessions -----------------------------------------------------------------------
 
