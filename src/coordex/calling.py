@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import sessions, spill
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from .executor import Executor
 
 
-@dataclass
 class Done:
     """What the table and the place gave back for one call, before it is rendered.
 
@@ -59,13 +58,16 @@ class Done:
     whether it changed what a snapshot keeps (a kept session's next snapshot).
     """
 
-    settled: Settled | None
-    session: dict[str, Any]
-    restored: dict[str, Any] | None = None
-    restore_lost: bool = False
-    changed: Any = None
-    call: int | None = None
-    names_changed: bool = False
+    __slots__ = ("call", "changed", "names_changed", "restore_lost", "restored", "session",
+                 "settled")
+
+    def __init__(self, settled: Settled | None, session: dict[str, Any],
+                 restored: dict[str, Any] | None = None, restore_lost: bool = False,
+                 call: int | None = None) -> None:
+        self.settled, self.session = settled, session
+        self.restored, self.restore_lost, self.call = restored, restore_lost, call
+        self.changed: Any = None
+        self.names_changed = False
 
 
 def start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
@@ -144,8 +146,7 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
         elif cancel is not None and cancel.is_set():  # its caller cancelled it
             stopped = "caller"
         record = CallRecord(coordinate.state_mode, done.session, ms(started), done.settled,
-                            restored=done.restored, restore_lost=done.restore_lost,
-                            stopped_by=stopped, log_on=log_on)
+                            None, done.restored, done.restore_lost, stopped, log_on)
     result = render(record)
     if tee is not None:
         result = tee.finish(result, output_limit)

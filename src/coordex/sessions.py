@@ -384,7 +384,7 @@ def settle(place: Place, mode: StateMode, run: Callable[[RunRequest], Ran],
         if not tried and not ran.replaced and not isinstance(ran.event, facts.Died):
             # The first attempt, nothing died or was replaced: no retry to weigh.
             during = facts.lost_state(ran, mode)
-            return Settled(ran, place.kind, mode, request.timeout, lost=during, during=during)
+            return Settled(ran, place.kind, mode, request.timeout, 1, (), during, False, during)
         lost = lost or facts.lost_state(ran, mode) or (ran.replaced and (bool(tried) or not told))
         tried.append(faults.attempt(ran))
         step = faults.next_step(place.retries, tried, read_only=mode == "read_only")

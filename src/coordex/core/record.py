@@ -45,7 +45,7 @@ _NO_COPY = {"names": True, "objects": True, "files": "none", "copy": "none"}
 _OUTPUT = ("stdout", "stderr", "truncated", "result", "exit_code", "images")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Settled:
     """What the session table settled for one call in ``mode`` at a ``place``: the last
     attempt's facts, how often the call ran (``hows``: how each death before the last
@@ -62,6 +62,15 @@ class Settled:
     lost: bool = False
     retried: bool = False
     during: bool = False
+
+    def __init__(self, ran: facts.Ran, place: PlaceKind, mode: StateMode, timeout: float,
+                 attempts: int = 1, hows: tuple[str, ...] = (), lost: bool = False,
+                 retried: bool = False, during: bool = False) -> None:
+        # Set once, in one step: the generated frozen __init__ costs a microsecond more
+        # on every call (tests/unit/test_record.py holds these to the fields).
+        self.__dict__.update(ran=ran, place=place, mode=mode, timeout=timeout,
+                             attempts=attempts, hows=hows, lost=lost, retried=retried,
+                             during=during)
 
     @property
     def errored(self) -> bool:
@@ -96,7 +105,7 @@ class Settled:
         return self.ran.deleted if self.mode != "stateless" else ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CallRecord:
     """One ``execute_code`` (or stored-function) call as its result tells it.
 
@@ -119,6 +128,16 @@ class CallRecord:
     restore_lost: bool = False
     stopped_by: StoppedBy | None = None
     log_on: bool = False
+
+    def __init__(self, mode: StateMode | None, session: dict[str, Any] | None,
+                 duration_ms: float, settled: Settled | None = None,
+                 refused: CoordexError | None = None, restored: dict[str, Any] | None = None,
+                 restore_lost: bool = False, stopped_by: StoppedBy | None = None,
+                 log_on: bool = False) -> None:
+        # As Settled's: set once, in one step.
+        self.__dict__.update(mode=mode, session=session, duration_ms=duration_ms,
+                             settled=settled, refused=refused, restored=restored,
+                             restore_lost=restore_lost, stopped_by=stopped_by, log_on=log_on)
 
 
 def render(record: CallRecord) -> dict[str, Any]:
