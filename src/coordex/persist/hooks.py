@@ -1,7 +1,8 @@
 """Where a call meets persistence (SPEC 12): the few named points the Executor calls.
 
 The Executor holds one :class:`Keeping` whether sessions are kept or not (``persist``
-off: every point does nothing), and calls it at these points, in a call's order:
+off: every point does nothing); its call path (:mod:`coordex.calling`) calls it at these
+points, in a call's order, each with the facts it needs as arguments:
 
 - :meth:`Keeping.claim` before a stateful call finds its session: a kept session named
   by the call gets its old id back, and a new one never takes the id of one still kept;
@@ -12,10 +13,12 @@ off: every point does nothing), and calls it at these points, in a call's order:
 - :meth:`Keeping.logged` once its result is in the call log: the session is kept (a
   snapshot started when one is due).
 
-Apart from calls: :meth:`Keeping.listed` and :meth:`Keeping.describe` (``list_sessions``,
+Apart from calls (the session tools, :mod:`coordex.managing`; forks and checkpoints,
+:mod:`coordex.branches`): :meth:`Keeping.listed` and :meth:`Keeping.describe` (``list_sessions``,
 ``inspect_session``), :meth:`Keeping.waiting` (a kept session not yet brought back),
 :meth:`Keeping.close_waiting` and :meth:`Keeping.forget` (``close_session``),
-:meth:`Keeping.rebuild` (``rebuild_session`` from a snapshot), :meth:`Keeping.close`.
+:meth:`Keeping.rebuild` (``rebuild_session`` from a snapshot), :meth:`Keeping.adopt` (a
+fork or a restored checkpoint kept from then on), :meth:`Keeping.close`.
 
 How a session is written and read is its place's (:class:`~coordex.backends.base.Kept`);
 when, where, how many and what is replayed is :class:`~.manager.Persistence`'s.
