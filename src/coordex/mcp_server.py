@@ -464,10 +464,8 @@ def add_resources(server: Server[Any], executor: ExecutorLike,
     from mcp.shared.exceptions import MCPError
 
     async def read(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        reader = getattr(executor, "read_spilled", None)
         uri = str(params.uri)
-        found = await anyio.to_thread.run_sync(reader, uri, limiter=limiter) \
-            if reader is not None else None
+        found = await anyio.to_thread.run_sync(executor.read_spilled, uri, limiter=limiter)
         if not isinstance(found, dict) or not isinstance(found.get("text"), str):
             said = found.get("error") if isinstance(found, dict) else None
             raise MCPError(code=RESOURCE_NOT_FOUND,
