@@ -83,8 +83,8 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
         table = ex._table
         if table.find(Coordinate(coordinate.language, "stateful", coordinate.venv_id, None,
                                  new_name)) is not None or (
-                ex._persist is not None and ex._persist.find_waiting(
-                    coordinate.language, coordinate.venv_id, None, new_name) is not None):
+                ex._keeping.find_waiting(coordinate.language, coordinate.venv_id, None,
+                                         new_name) is not None):
             free = _free_name(ex, coordinate.language, coordinate.venv_id, new_name)
             raise validation(f"A {coordinate.language} session named {new_name!r} already "
                              "exists in this environment.",
@@ -96,8 +96,7 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
             session = slot.session
             if not isinstance(session, Forkable):
                 raise _unsupported("forked", source)
-            taken = set() if ex._persist is None else ex._persist.kept_ids(
-                coordinate.language, coordinate.venv_id)
+            taken = ex._keeping.kept_ids(coordinate.language, coordinate.venv_id)
             new_key = table.reserve_named(coordinate.language, coordinate.venv_id, new_name,
                                           taken)
             try:
@@ -113,9 +112,7 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
             raise CoordexError("not_found", "The executor closed while the fork was made.",
                                "Open a new Executor.")
         try:
-            if ex._persist is not None:  # kept from its first moment (SPEC 12)
-                with contextlib.suppress(Exception):
-                    ex._persist.adopt(table.record(new_key), forked.session)
+            ex._keeping.adopt(table.record(new_key), forked.session)  # kept from now (SPEC 12)
         finally:
             lock.release()
         note_fork(ex, table.record(new_key), source)
@@ -156,7 +153,7 @@ def checkpoint_session(ex: Executor, language: Any, session_id: Any, session_nam
             except OSError as exc:
                 raise _storage(store, exc) from None
             at = time.time()
-            finish = session.start_checkpoint(str(folder), ex._persist_max_bytes)
+            finish = session.start_checkpoint(str(folder), ex._keeping.max_bytes)
         written = finish(WRITE_TIMEOUT)  # the session is free again: its copy writes
         if "error" in written:
             store.discard(identity, checkpoint)
@@ -209,11 +206,9 @@ def _identity(ex: Executor, coordinate: Coordinate) -> Identity:
     found = ex._table.find(coordinate)
     if found is not None:
         return Identity.of(ex._table.record(found[0]))
-    if ex._persist is not None:
-        kept = ex._persist.find_waiting(coordinate.language, coordinate.venv_id,
-                                        coordinate.session_id, coordinate.session_name)
-        if kept is not None:
-            return kept
+    kept = ex._keeping.waiting(coordinate)
+    if kept is not None:
+        return kept
     wanted = Identity(coordinate.language, coordinate.venv_id, coordinate.session_id or 0,
                       coordinate.session_name)
     if _store(ex).list(wanted):
@@ -272,10 +267,7 @@ def restore_session(ex: Executor, language: Any, session_id: Any, session_name: 
                         "with rebuild_session, or restore another checkpoint.",
                         session=record, state_lost=True)
                 rebound = list(report.get("names") or [])
-                if ex._persist is not None:  # what is kept of it on disk starts here
-                    with contextlib.suppress(Exception):
-                        ex._persist.forget(identity)
-                        ex._persist.adopt(record, session)
+                ex._keeping.adopt(record, session, anew=True)  # what is kept of it starts here
             finally:
                 ex._table.finish(key, call, None, rebound, lost=lost)
         return {"restored": True, "checkpoint": checkpoint, "label": info.get("label"),

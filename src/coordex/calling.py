@@ -33,8 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import sessions, spill
-from .backends.base import SESSION_CWD, RunRequest
-from .backends.own import OwnSession
+from .backends.base import SESSION_CWD, RunRequest, RunsNested
 from .core import coordinates as coords
 from .core.bindings import bound_names
 from .core.coordinates import Coordinate, SessionKey
@@ -157,8 +156,8 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
                                                   session_name, venv_id)
     row = record_call(ex._call_log, result, code, coordinate, seq, asked,
                       changed=done.changed if done is not None else None, call_id=call_id)
-    if ex._persist is not None and done is not None and done.call is not None:
-        ex._persist.after_call(result, row, done.call, done.names_changed)
+    if done is not None and done.call is not None:
+        ex._keeping.logged(result, row, done.call, done.names_changed)
     return result
 
 
@@ -191,8 +190,7 @@ def dispatch(ex: Executor, coordinate: Coordinate, request: RunRequest) -> Done:
 def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> Done:
     """A stateful call: the session (opened, and restored if kept, on its first call),
     run through the table, its names recorded."""
-    if ex._persist is not None:
-        ex._claim_kept(coordinate)
+    ex._keeping.claim(coordinate)
     table = ex._table
     with table.stateful(coordinate, request.timeout, request.cancel,
                         ex._open_session) as (key, session, call):
@@ -200,9 +198,7 @@ def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> D
         if session is None:
             return Done(None, record)
         place = ex._place(key.language, key.venv_id)
-        restored = None
-        if ex._persist is not None and call == 1:  # before the call's code runs
-            restored = ex._persist.restore(key, record, session, ex.timeout * 5)
+        restored = ex._keeping.opening(key, record, session, call, ex.timeout * 5)
         restore_lost = bool(restored is not None and restored.get("state_lost"))
         settled: Settled | None = None
         rebound: Any = ()
@@ -220,10 +216,18 @@ def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> D
                     restore_lost=restore_lost, call=call)
         if ex._call_log is not None:
             done.changed = changes(rebound, deleted)
-        if ex._persist is not None:
-            done.names_changed = key.language == "bash" or any(
-                name != "_" for name in [*(rebound or ()), *(deleted or ())])
+        done.names_changed = ex._keeping.names_changed(key, rebound, deleted)
         return done
+
+
+def bring_back(ex: Executor, coordinate: Coordinate, timeout: float) -> dict[str, Any] | None:
+    """A kept session not yet restored, named by a read-only call, an inspection, a fork
+    or a rebuild: opened and restored first, as its first stateful call would (SPEC 12).
+    Returns what the restore says."""
+    if ex._keeping.waiting(coordinate) is None:
+        return None
+    opening = replace(coordinate, state_mode="stateful")
+    return run_stateful(ex, opening, RunRequest(code="", timeout=timeout)).restored
 
 
 def _run_read_only(ex: Executor, coordinate: Coordinate, request: RunRequest) -> Done:
@@ -264,7 +268,7 @@ def _protect_paths(ex: Executor) -> tuple[str, ...]:
 # -- a stored function called from code running in the session it names --------------
 
 
-def _run_in_active(ex: Executor, active: tuple[SessionKey, OwnSession],
+def _run_in_active(ex: Executor, active: tuple[SessionKey, RunsNested],
                    coordinate: Coordinate, request: RunRequest) -> Done:
     key, session = active
     place = ex._place(key.language, key.venv_id)
@@ -278,7 +282,7 @@ def _run_in_active(ex: Executor, active: tuple[SessionKey, OwnSession],
     return Done(settled, ex._table.record(key))  # the outer call records what changed
 
 
-def _active_session(ex: Executor, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:
+def _active_session(ex: Executor, coordinate: Coordinate) -> tuple[SessionKey, RunsNested] | None:
     """The own-interpreter session ``coordinate`` names if this thread is running code
     in it right now (its namespace is the globals of a frame on the stack)."""
     import sys
@@ -294,6 +298,6 @@ def _active_session(ex: Executor, coordinate: Coordinate) -> tuple[SessionKey, O
         return None
     key, slot = found
     session = slot.session
-    if isinstance(session, OwnSession) and session.running_here(sys._getframe(1)):
+    if isinstance(session, RunsNested) and session.running_here(sys._getframe(1)):
         return key, session
     return None

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import branches, calling, kept, managing, spill
+from . import branches, calling, managing, spill
 from .backends._reap import keeper as _process_keeper
 from .backends.base import OutputCallback, Place, Session
 from .backends.own import OwnPlace
@@ -54,6 +54,7 @@ from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls
 from .long_work import LongWork
 from .observe.hook import watch_call
+from .persist.hooks import Keeping
 from .places import CapabilityBridge, Places, join_cluster
 from .sessions import SessionTable
 
@@ -158,9 +159,8 @@ class Executor:
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
         self._call_log = open_call_log(self.root, self._records, log, log_max_rows)
-        self._persist = kept.open_persistence(self, persist, snapshot_interval,
-                                              persist_max_bytes)
-        self._persist_max_bytes = int(persist_max_bytes)
+        self._keeping = Keeping.open(self.root, self._table, self._call_log, persist=persist,
+                                     interval=snapshot_interval, max_bytes=persist_max_bytes)
         # Calls in flight, for the page (SPEC 11): their output so far, and interrupt.
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
@@ -188,9 +188,7 @@ class Executor:
 
         With ``persist``, each session that changed since its last snapshot is written
         first (at most a few seconds in all; the call log keeps what is not written)."""
-        if self._persist is not None and not self._table.closed:
-            with contextlib.suppress(Exception):
-                self._persist.close()
+        self._keeping.close()
         sessions = self._table.drain()
         places = self._places.all()
         for session in sessions:
@@ -313,11 +311,8 @@ class Executor:
         return self._calls.hold_call(call_id)
 
 
-    def _claim_kept(self, coordinate: Coordinate) -> None:
-        kept.claim(self, coordinate)
-
     def _bring_back(self, coordinate: Coordinate, timeout: float) -> dict[str, Any] | None:
-        return kept.bring_back(self, coordinate, timeout)
+        return calling.bring_back(self, coordinate, timeout)
 
     def _open_session(self, key: SessionKey) -> Session:
         return self._place(key.language, key.venv_id).open_session()

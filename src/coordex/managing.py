@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from . import branches, kept, spill
+from . import branches, spill
 from .core import coordinates as coords
 from .core import messages
 from .core.errors import CoordexError, validation
@@ -37,8 +37,7 @@ def list_sessions(ex: Executor) -> dict[str, Any]:
         record["held"] = True  # held by this process (SPEC 12: kept ones are not)
         records.append(record)
     ex._calls.mark_busy(records)  # SPEC 14: the sessions detached calls hold
-    if ex._persist is not None:
-        records.extend(ex._persist.waiting())
+    records.extend(ex._keeping.listed())
     return {"sessions": records, "max_sessions": max_sessions}
 
 
@@ -68,8 +67,7 @@ def inspect_session(ex: Executor, language: Any, session_id: Any, session_name: 
                 item["bound_at_call"], item["calls_ago"] = bound, ago
             report.setdefault("capabilities", sorted(ex._capabilities))
         report["session"] = ex._table.record(key)
-        if ex._persist is not None:  # SPEC 12: how it is kept on disk
-            report["kept"] = ex._persist.describe(report["session"])
+        ex._keeping.describe(report)  # SPEC 12: how it is kept on disk
         if restored is not None:
             report["restored"] = restored
         return report
@@ -90,15 +88,8 @@ def close_session(ex: Executor, language: Any, session_id: Any, session_name: An
                 "close_session needs a session: pass session_id or session_name.",
                 "Call list_sessions() to see open sessions, then close_session("
                 "language=..., session_name='...') or session_id=<int>.")
-        kept = None if ex._persist is None else ex._persist.find_waiting(
-            coordinate.language, coordinate.venv_id, coordinate.session_id,
-            coordinate.session_name)
-        if kept is not None and ex._table.find(coordinate) is None:
-            assert ex._persist is not None
-            if not ex._persist.forget(kept):  # kept on disk only: its snapshot goes
-                from .persist.manager import held_elsewhere
-
-                raise held_elsewhere(kept.record())
+        kept = ex._keeping.close_waiting(coordinate)  # kept on disk only: its snapshot goes
+        if kept is not None:
             branches.forget(ex, kept.record())
             if ex._call_log is not None:  # a rebuild brings it back from the log
                 ex._call_log.event("close", kept.record())
@@ -106,10 +97,7 @@ def close_session(ex: Executor, language: Any, session_id: Any, session_name: An
         record, session = ex._table.remove(coordinate)
         if session is not None:
             session.close()
-        if ex._persist is not None:
-            from .persist import Identity
-
-            ex._persist.forget(Identity.of(record))
+        ex._keeping.forget(record)
         branches.forget(ex, record)  # its checkpoints go with it (SPEC 15)
         if ex._call_log is not None:
             ex._call_log.event("close", record)
@@ -141,10 +129,11 @@ def rebuild_session(ex: Executor, language: Any, session_id: Any, session_name: 
 
     try:
         ex._check_open()
-        if ex._persist is not None:
-            rebuilt = kept.rebuild(ex, language, session_id, session_name, venv_id)
-            if rebuilt is not None:
-                return rebuilt
+        rebuilt = ex._keeping.rebuild(
+            coords.check_coordinate(language, "stateful", session_id, session_name, venv_id),
+            ex.timeout, ex._bring_back)
+        if rebuilt is not None:
+            return rebuilt
         if ex._call_log is None:
             raise log_off_error("rebuild_session")
         return replay(ex, ex._call_log, language, session_id, session_name, venv_id)
