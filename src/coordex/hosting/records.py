@@ -16,8 +16,10 @@ asks its owner to write, over the host wire (``record`` / ``record_reply`` lines
 The owner knows every call it sent: a row the host appends while an ``execute_code``
 call of the owner's is in flight carries that call's code, language and mode as the
 owner sent them, whatever the host says. Rows of the host's own doing (a session it
-closed) are its word. So a tenant can neither rewrite nor delete what it did before,
-nor put code it never sent into a row of a call it made.
+closed) are its word, and the owner marks them so (``said_by: "host"``), whatever the
+host sends: ``coordex log``, ``history(seq=)`` and the page show the mark. So a tenant
+can neither rewrite nor delete what it did before, nor put code it never sent into a
+row of a call it made, nor pass its word off as a call the owner saw.
 
 :class:`OwnerRecords` is the owner's side; :class:`HostRecords` the host's, given to its
 Executor (``records=``), which then makes its call log and function store from it.
@@ -26,6 +28,7 @@ Executor (``records=``), which then makes its call log and function store from i
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import itertools
 import os
@@ -42,6 +45,7 @@ from ..log.store import (
     COLUMNS,
     LOG_FILE,
     OUTPUT_CAP_BYTES,
+    SAID_BY,
     CallLog,
     SQLiteWriter,
 )
@@ -53,18 +57,21 @@ _CALL_FIELDS = ("code", "language", "state_mode")  # what the owner sent, kept t
 _LATER = ("changed",)  # what a row may gain after its call returned (worked out later)
 MAX_SAID = 16  # rows of the host's own (a session closed) per call of the owner
 
-_current = threading.local()
+# The owner's call being served: a context variable, so a call the tools run on a
+# thread of their own (a detached call, the MCP tools' default wait) keeps it.
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("coordex_serving_call",
+                                                                default=None)
 
 
 @contextlib.contextmanager
 def serving_call(call_id: Any) -> Iterator[None]:
-    """Mark the calling thread as running the owner's call ``call_id`` (its log row is
+    """Mark the calling context as running the owner's call ``call_id`` (its log row is
     then tied to that call)."""
-    _current.call = call_id
+    token = _current.set(call_id)
     try:
         yield
     finally:
-        _current.call = None
+        _current.reset(token)
 
 
 # ------------------------------------------------------------------------- the owner
@@ -124,6 +131,9 @@ class OwnerRecords:
                     row["at"] = min(max(at, started), now) if isinstance(at, float) else now
                 else:
                     row["at"] = now  # the host's word, but never back-dated
+                # Marked here, never by the host: a row no call of the owner's ties is
+                # the host's word, and every reader of the log says so.
+                row[SAID_BY] = None if tied else "host"
                 with self._lock:
                     if not tied:
                         if self._said >= MAX_SAID:
@@ -140,6 +150,7 @@ class OwnerRecords:
                         return {"error": f"row {which!r} is not one this host wrote"}
                     values = _row(args.get("values"))
                     values.pop("at", None)
+                    values.pop(SAID_BY, None)  # set once, by the owner
                     if tied and self._appended[which] in (None, call_id):
                         # The call in flight completes its own row (or one the host
                         # reserved for it): what the owner sent stays as it was sent.
@@ -238,7 +249,7 @@ class HostRecords:
                 raise OSError("the owner no longer answers")
             self._waiting[ident] = done
         msg = {"type": "record", "id": ident, "op": op, "args": args}
-        call = getattr(_current, "call", None)
+        call = _current.get()
         if call is not None:
             msg["call"] = call
         try:

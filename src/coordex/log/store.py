@@ -101,7 +101,8 @@ CREATE TABLE IF NOT EXISTS calls (
     changed TEXT,
     replay_of INTEGER,
     stdout TEXT, stderr TEXT, result TEXT, error TEXT, suggestion TEXT, traceback TEXT,
-    call_id TEXT
+    call_id TEXT,
+    said_by TEXT
 );
 DROP INDEX IF EXISTS calls_by_session;
 DROP INDEX IF EXISTS calls_by_name;
@@ -115,13 +116,20 @@ CREATE TABLE IF NOT EXISTS journals (owner TEXT PRIMARY KEY, upto INTEGER NOT NU
 # journal is in this file (``journal.py``).
 # What a call returned; added to logs written before these columns existed.
 _RETURNED = ("stdout", "stderr", "result", "error", "suggestion", "traceback", "call_id")
+# Who vouches for a row: NULL, coordex from what it ran; "host", a confined host's own
+# word, which no call its owner sent ties (``hosting/records.py``): set by the owner.
+SAID_BY = "said_by"
+_ADDED = (*_RETURNED, SAID_BY)  # added to logs written before these columns existed
 
 # Row kinds: a call ran; a session was closed; a session was started over by a rebuild.
 COLUMNS = ("seq", "at", "owner", "kind", "language", "venv_id", "session_id", "session_name",
            "state_mode", "code", "code_truncated", "duration_ms", "outcome", "exit_code",
-           "state_lost", "retried", "isolation", "changed", "replay_of", *_RETURNED)
+           "state_lost", "retried", "isolation", "changed", "replay_of", *_RETURNED,
+           SAID_BY)
 _WRITTEN = COLUMNS[1:]
-_JOURNALED = tuple(c for c in _WRITTEN if c != "owner")  # the owner: the journal's own
+# The owner: the journal's own; said_by: only an owner's rows of a host have it, and
+# those never pass through a journal (so a journal an older process left still reads).
+_JOURNALED = tuple(c for c in _WRITTEN if c not in ("owner", SAID_BY))
 _INSERT = (f"INSERT INTO calls ({', '.join(_WRITTEN)}) "
            f"VALUES ({', '.join('?' * len(_WRITTEN))})")
 
@@ -387,7 +395,7 @@ class SQLiteWriter:
                     conn.execute("PRAGMA wal_autocheckpoint = 0")
                 conn.executescript(_SCHEMA)
                 have = {r[1] for r in conn.execute("PRAGMA table_info(calls)")}
-                for column in _RETURNED:
+                for column in _ADDED:
                     if column not in have:  # a log written before these columns existed
                         try:
                             conn.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
@@ -802,7 +810,7 @@ class LogReader:
         try:
             conn.execute("PRAGMA trusted_schema = OFF")
             have = {r[1] for r in conn.execute("PRAGMA table_info(calls)")}
-            missing = [c for c in _RETURNED if c not in have]
+            missing = [c for c in _ADDED if c not in have]
             if missing:  # a log written before these columns existed reads them as NULL
                 sql = sql.replace("FROM calls", "FROM (SELECT *, " + ", ".join(
                     f"NULL AS {c}" for c in missing) + " FROM calls)", 1)
