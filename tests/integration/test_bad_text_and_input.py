@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordex import CallError, Executor
+from coordex import Executor
 from coordex.backends.base import RunRequest
 from coordex.backends.env.workers import WorkerSession
 from tests.said import said
