@@ -366,8 +366,8 @@ def read_data(path: str) -> Tuple[bytes, List[Any]]:
                     view = view[got:]
                 buffers.append(buffer)
             if crcs is not None:
-                for buffer, crc in zip(buffers, crcs[1:]):
-                    if zlib.crc32(buffer) != crc:
+                for index, buffer in enumerate(buffers):  # (any Python 3: no zip strict)
+                    if zlib.crc32(buffer) != crcs[1 + index]:
                         raise Unreadable("it is damaged (a checksum does not match: a byte "
                                          "changed)")
     except OSError as exc:
