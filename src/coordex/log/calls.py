@@ -194,6 +194,12 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
         # A row reserved while the call ran is completed in the file; any other goes
         # through the journal (durable at once, in the file a moment later).
         _notes.seq = log.append(row, seq) if seq is not None else (log, log.record(row))
+        if not LoggedRow(_notes.seq).written:  # never silent: the caller is told
+            result["warning"] = (
+                "This call ran, but its row could not be written to the call log "
+                f"({log.problem or 'the log refused it'}); history() will not show it, "
+                "and a session rebuilt from the log would miss it. Free disk space "
+                "under the data folder.")
     except Exception:  # the log never costs the call
         pass
     return result

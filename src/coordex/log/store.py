@@ -277,6 +277,30 @@ class RowWriter(Protocol):
     def close(self) -> None: ...
 
 
+# Rows between two looks at a file's room (a pragma; the room is made again once the
+# disk has space after a full disk used it).
+ROOM_CHECK_ROWS = 200
+
+
+def _is_full(exc: BaseException) -> bool:
+    return "full" in str(exc).lower()  # SQLITE_FULL: "database or disk is full"
+
+
+def keep_room(conn: sqlite3.Connection, room: int) -> None:
+    """Keep ``room`` bytes of free pages in the file (and as much WAL, which SQLite
+    reuses from its start, never shrinking it while the file is open): rows written
+    later fill those pages, so a disk another writer filled does not cost this log its
+    rows until they are used up. Never raises (a disk already full: no room made)."""
+    with contextlib.suppress(sqlite3.Error, OSError):
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0] * page
+        if free >= room // 2:
+            return
+        conn.execute("CREATE TABLE IF NOT EXISTS room (b BLOB)")
+        conn.execute("INSERT INTO room VALUES (zeroblob(?))", (room - free,))
+        conn.execute("DELETE FROM room")  # its pages stay in the file, free
+
+
 class SQLiteWriter:
     """A :class:`RowWriter` over the log file, in this process. Not thread-safe: whoever
     owns it holds a lock around every use.
@@ -286,10 +310,11 @@ class SQLiteWriter:
     the calls (as :class:`CallLog` does); otherwise SQLite checkpoints as it commits."""
 
     def __init__(self, path: Path, max_rows: int | None,
-                 checkpoints_elsewhere: bool = False) -> None:
+                 checkpoints_elsewhere: bool = False, room: int = 0) -> None:
         self.path = path
         self.max_rows = max_rows
         self.checkpoints_elsewhere = checkpoints_elsewhere
+        self.room = room  # bytes of free pages kept in the file: rows on a full disk
         self._slack = (max_rows or 0) // 100
         self._pruned_to = 0
         self._conn: sqlite3.Connection | None = None
@@ -308,11 +333,14 @@ class SQLiteWriter:
         conn = self.connection()
         try:
             seq = conn.execute(_INSERT, [row.get(c) for c in _WRITTEN]).lastrowid
-        except sqlite3.Error:
-            self.drop()
+        except sqlite3.Error as exc:
+            if not _is_full(exc):  # a full disk: the file is whole, and its room is kept
+                self.drop()
             raise
         assert seq is not None
         self._wrote(seq, 1)
+        if self.room and self.appended % ROOM_CHECK_ROWS == 0:
+            keep_room(conn, self.room)
         return seq
 
     def append_journaled(self, owner: str,
@@ -406,6 +434,8 @@ class SQLiteWriter:
             except BaseException:
                 conn.close()
                 raise
+            if self.room:
+                keep_room(conn, self.room)
             self._conn = conn
         return self._conn
 
