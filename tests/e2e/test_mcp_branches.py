@@ -3,18 +3,16 @@ checkpoints it, restores it, and finds its checkpoints again after a restart."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import jsonschema
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession
 from mcp.types import CallToolResult
 
-from ._procs import child_env
+from ._procs import run_stdio_session
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,16 +21,7 @@ BRANCH_TOOLS = ("fork_session", "checkpoint_session", "restore_session", "list_c
 
 
 def run_session(home: Path, body: Body) -> None:
-    params = StdioServerParameters(command=sys.executable, args=["-m", "coordex", "mcp"],
-                                   env=child_env(home))
-
-    async def main() -> None:
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            await session.initialize()
-            with anyio.fail_after(90):
-                await body(session)
-
-    anyio.run(main)
+    run_stdio_session(home, body)
 
 
 async def call(session: ClientSession, schemas: dict[str, Any], name: str,
