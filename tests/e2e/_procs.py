@@ -122,11 +122,12 @@ def _serving_as(args: tuple[str, ...], env: Mapping[str, str],
     from tests.e2e.test_confinement import as_nobody
 
     base = Path(cwd) if cwd is not None else Path.cwd()
-    paths = [Path(env["COORDEX_HOME"])] if env.get("COORDEX_HOME") else []
-    paths += [base / args[i + 1] for i, arg in enumerate(args[:-1])
-              if arg in ("--tokens", "--confine")]
+    folders = [Path(env["COORDEX_HOME"])] if env.get("COORDEX_HOME") else []
+    folders += [base / args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--confine"]
+    paths = folders + [base / args[i + 1] for i, arg in enumerate(args[:-1])
+                       if arg == "--tokens"]
     for path in paths:
-        if path == paths[0] and not path.exists():
+        if path in folders and not path.exists():
             path.mkdir(parents=True)
         for parent in path.parents:  # nobody reaches it
             mode = parent.stat().st_mode
