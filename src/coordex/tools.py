@@ -1062,6 +1062,8 @@ def _define_function(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput
         stored = ex.functions.define(source=source, name=args.get("name"), env=env)
     except CoordexError as exc:
         return exc.to_dict()
+    if isinstance(stored, dict):  # refused: the error dict, as define returns it
+        return stored
     return cast(dict[str, Any], stored.describe())
 
 
