@@ -195,7 +195,14 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             "call_id": call_id}
         # A row reserved while the call ran is completed in the file; any other goes
         # through the journal (durable at once, in the file a moment later).
-        return LoggedRow(log.append(row, seq) if seq is not None else (log, log.record(row)))
+        logged = LoggedRow(log.append(row, seq) if seq is not None else (log, log.record(row)))
+        if not logged.written:  # never silent: the caller is told
+            result["warning"] = (
+                "This call ran, but its row could not be written to the call log "
+                f"({log.problem or 'the log refused it'}); history() will not show it, "
+                "and a session rebuilt from the log would miss it. Free disk space "
+                "under the data folder.")
+        return logged
     except Exception:  # the log never costs the call
         return LoggedRow()
 
@@ -275,10 +282,18 @@ def history(log: CallLog | LogReader, language: Any = None, session_id: Any = No
         return calls_page(log, language=language, session_id=session_id,
                           session_name=session_name, venv_id=venv_id, limit=limit, **narrower)
     where, params = rows_where(check_filters(language, session_id, session_name, venv_id, limit))
-    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)} FROM calls WHERE {where} "
+    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)}, said_by FROM calls WHERE {where} "
                 f"ORDER BY seq DESC LIMIT ?", [*params, limit])
     rows.reverse()
-    return {"calls": [decode_row(row) for row in rows]}
+    return {"calls": [marked(decode_row(row)) for row in rows]}
+
+
+def marked(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as readers show it: ``said_by: "host"`` on a row that is a confined host's
+    own word (``hosting/records.py``), no such key on a row coordex vouches for."""
+    if call.get("said_by") is None:
+        call.pop("said_by", None)
+    return call
 
 
 # What ``history(seq=N)`` and the page's ``calls/SEQ`` show of one call: every column
@@ -300,7 +315,7 @@ def one_call(log: CallLog | LogReader, seq: Any) -> dict[str, Any]:
         raise CoordexError("not_found", f"The call log holds no call {seq}; {held}.",
                            "Call history() to see the seqs it holds (the oldest rows go "
                            "first once the log is full).")
-    return decode_row(rows[0])
+    return marked(decode_row(rows[0]))
 
 
 # The page's filters (SPEC 11's GET calls): equality on these columns, plus ``text``.
@@ -341,10 +356,10 @@ def calls_page(log: CallLog | LogReader, *, language: Any = None, session_id: An
         where += (" AND (instr(code, ?) OR instr(stdout, ?) OR instr(stderr, ?) OR "
                   "instr(error, ?) OR instr(result, ?))")
         params += [str(text)] * 5
-    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)}, exit_code FROM calls "
+    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)}, exit_code, said_by FROM calls "
                 f"WHERE {where} ORDER BY seq DESC LIMIT ?", [*params, limit])
     rows.reverse()
-    return {"calls": [decode_row(row) for row in rows]}
+    return {"calls": [marked(decode_row(row)) for row in rows]}
 
 
 def read(log: CallLog | LogReader, sql: str, params: list[Any]) -> list[dict[str, Any]]:
