@@ -69,7 +69,7 @@ from .log.running import RunningCalls, where
 from .long_work import LongWork
 from .long_work import error_record as _error_record
 from .long_work import ms as _ms
-from .observe.hook import call_env, watch_call
+from .observe.hook import call_env, watch_call, watched
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -326,13 +326,13 @@ class Executor:
             or after a restart (then with ``"from_log": true``). ``not_found`` for an
             unknown or expired id, naming the calls still running.
         """
-        return self._calls.wait_call(call_id, wait)
+        return watched("wait_call", self._calls.wait_call, call_id, wait)  # SPEC 16
 
     def cancel_call(self, call_id: str) -> dict[str, Any]:
         """Interrupt a call that returned ``running`` as ``cancel`` does (state kept;
         killed only if it ignores the interrupt past the grace period) and return its
         final result, ``call_id`` added. An ended call: its result, unchanged."""
-        return self._calls.cancel_call(call_id)
+        return watched("cancel_call", self._calls.cancel_call, call_id)  # SPEC 16
 
     def hold_call(self, call_id: str) -> dict[str, Any]:
         """For front ends: the answer to a request of ``call_id`` was lost before it
