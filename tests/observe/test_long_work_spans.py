@@ -120,3 +120,31 @@ def test_over_mcp_the_run_is_a_child_of_the_servers_span(tmp_path: Path) -> None
     assert run.start_ns == call.start_ns and run.end_ns - run.start_ns >= 0.6e9
     assert run.attributes["coordex.outcome"] == "ok"
     assert waited.links == [call.span_id]
+
+
+def test_under_tokens_the_run_comes_from_the_wait_call_that_fetched_its_end(
+        tmp_path: Path) -> None:
+    from tests.e2e._procs import spawn
+    from tests.e2e.test_mcp_http import call_with_sdk
+
+    from .test_servers import ALICE, READY, _tokens
+
+    with receiver() as otlp:
+        env = child_env(tmp_path / "home", **otel_env(otlp.url))
+        with spawn("serve", "--port", "0", "--tokens", str(_tokens(tmp_path)), "--otel",
+                   env=env) as running:
+            url = running.wait_for(READY).group(1)
+            [answer] = call_with_sdk(url, ALICE, [("execute_code", {"code": SLOW,
+                                                                    "wait": 0.05})])
+            [final] = call_with_sdk(url, ALICE, [("wait_call",
+                                                  {"call_id": answer["call_id"]})])
+            [run] = otlp.wait("execute_tool execute_code")
+            [call] = otlp.wait("tools/call execute_code")
+            [waited] = otlp.wait("tools/call wait_call")
+    assert answer["running"] is True and final["stdout"] == "done\n", (answer, final)
+    assert call.attributes["coordex.outcome"] == "running"
+    assert run.parent_span_id == call.span_id and run.start_ns == call.start_ns
+    assert run.end_ns - run.start_ns == pytest.approx(final["duration_ms"] * 1e6, abs=2e6)
+    assert run.attributes["coordex.outcome"] == "ok"
+    assert run.attributes["gen_ai.tool.call.id"] == answer["call_id"]
+    assert waited.links == [call.span_id]

@@ -135,7 +135,7 @@ def finish(span: Any, tool: str, arguments: Mapping[str, Any] | None, result: An
             isinstance(arguments, dict):
         call_id = arguments.get("call_id")
     if isinstance(call_id, str):
-        _tie(span, tool, call_id)
+        _tie(span, tool, call_id, result)
     if "restored" in result:
         restored = result["restored"]
         if isinstance(restored, Mapping) and isinstance(restored.get("ms"), (int, float)):
@@ -146,25 +146,42 @@ def finish(span: Any, tool: str, arguments: Mapping[str, Any] | None, result: An
                 build_span(span, str(fact.get("build")), float(fact["seconds"]))
 
 
-# The span of each call given ``wait`` (SPEC 14), by call_id, newest last: a
-# ``wait_call`` or ``cancel_call`` span links to it. At most _CALLS_MAX are kept.
-_calls: dict[str, Any] = {}
+# Each call given ``wait`` (SPEC 14), by call_id, newest last: its span's context and
+# start, for a ``wait_call`` or ``cancel_call`` span to link to, and whether its run's
+# span was made. At most _CALLS_MAX are kept.
+_calls: dict[str, _Tied] = {}
 _CALLS_MAX = 1024
 
 
-def _tie(span: Any, tool: str, call_id: str) -> None:
+class _Tied:
+    __slots__ = ("context", "ran", "start", "tool")
+
+    def __init__(self, context: Any, start: int | None, tool: str) -> None:
+        self.context, self.start, self.tool, self.ran = context, start, tool, False
+
+
+def _tie(span: Any, tool: str, call_id: str, result: dict[str, Any]) -> None:
     """``gen_ai.tool.call.id`` on a call given ``wait`` and on a ``wait_call`` /
-    ``cancel_call`` of it, which also links to the call's span."""
+    ``cancel_call`` of it, which also links to the call's span. A call whose run made
+    no span where it ran (a tenant's confined host makes none) gets it from the end a
+    ``wait_call`` fetched: from the call's start, for the ``duration_ms`` it reports."""
     span.set_attribute("gen_ai.tool.call.id", call_id)
     if tool in ("wait_call", "cancel_call"):
-        found = _calls.get(call_id)
-        if found is not None:
-            span.add_link(found, {"coordex.link": "the call"})
+        tied = _calls.get(call_id)
+        if tied is None:
+            return
+        span.add_link(tied.context, {"coordex.link": "the call"})
+        took = result.get("duration_ms")
+        if not tied.ran and tied.start is not None and not result.get("running") \
+                and isinstance(took, (int, float)):
+            _execution(tied, call_id, None, result, min(tied.start + int(took * 1e6),
+                                                        time.time_ns()))
         return
     if call_id not in _calls:
         if len(_calls) >= _CALLS_MAX:
             del _calls[next(iter(_calls))]
-        _calls[call_id] = span.get_span_context()
+        _calls[call_id] = _Tied(span.get_span_context(), getattr(span, "start_time", None),
+                                tool)
 
 
 def execution_span(parent: Any, tool: str, arguments: Mapping[str, Any] | None,
@@ -173,16 +190,25 @@ def execution_span(parent: Any, tool: str, arguments: Mapping[str, Any] | None,
     child of the call's span, placed from the call's start, named and marked as the
     GenAI conventions' tool execution (``execute_tool {tool}``), with the outcome the
     call's span could not have."""
-    start = getattr(parent, "start_time", None)
-    span = tracer().start_span(f"execute_tool {tool}", context=trace.set_span_in_context(parent),
-                               start_time=start)
+    tied = _calls.get(call_id) if call_id else None
+    if tied is None:
+        tied = _Tied(parent.get_span_context(), getattr(parent, "start_time", None), tool)
+    _execution(tied, call_id, arguments, result, None)
+
+
+def _execution(tied: _Tied, call_id: str | None, arguments: Mapping[str, Any] | None,
+               result: Any, end: int | None) -> None:
+    tied.ran = True
+    parent = trace.set_span_in_context(NonRecordingSpan(tied.context))
+    span = tracer().start_span(f"execute_tool {tied.tool}", context=parent,
+                               start_time=tied.start)
     try:
         if span.is_recording():
-            finish(span, tool, arguments, result, library=True)
+            finish(span, tied.tool, arguments, result, library=True)
             if call_id:
                 span.set_attribute("gen_ai.tool.call.id", call_id)
     finally:
-        span.end()
+        span.end(end_time=end)
 
 
 def build_span(parent: Any, outcome: str, seconds: float) -> None:
