@@ -20,6 +20,7 @@ from .backends.base import Checkpointable, Forkable
 from .core import coordinates as coords
 from .core.coordinates import Coordinate
 from .core.errors import CoordexError, make_error, validation
+from .core.lineage import forget_fork, note_fork
 from .persist.checkpoints import KEEP, CheckpointStore
 from .persist.store import Identity
 
@@ -118,6 +119,7 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
                     ex._persist.adopt(table.record(new_key), forked.session)
         finally:
             lock.release()
+        note_fork(ex, table.record(new_key), source)
         return {"session": table.record(new_key), "from": source, "ms": _ms(started),
                 "copy": forked.copy, "left_out": list(forked.left_out), "files": FILES_SHARED}
     except CoordexError as exc:
@@ -289,5 +291,6 @@ def restore_session(ex: Executor, language: Any, session_id: Any, session_name: 
 
 def forget(ex: Executor, record: dict[str, Any]) -> None:
     """``close_session``: the session's checkpoints go with it."""
+    forget_fork(ex, record)
     with contextlib.suppress(OSError):
         _store(ex).forget(Identity.of(record))
