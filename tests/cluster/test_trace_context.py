@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,31 +19,25 @@ from tests.observe._spans import by_name, recording
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-@pytest.fixture
-def cex(local_cluster: LocalCluster, tmp_path: Path) -> Iterator[Executor]:
-    executor = Executor(root=tmp_path / "home", timeout=30, cluster=local_cluster.address)
-    try:
-        yield executor
-    finally:
-        executor.close()
-
-
-def test_code_on_a_node_sees_its_span_in_every_mode(cex: Executor) -> None:
-    venv = cex.environments.create("# no requirements\n", name="bare")["venv_id"]
-    cex.execute_code("kept = 1", state_mode="stateful", session_name="w", venv_id=venv)
-    cex.execute_code("KEPT=1", language="bash", state_mode="stateful", session_name="b")
+def test_code_on_a_node_sees_its_span_in_every_mode(local_cluster: LocalCluster,
+                                                    tmp_path: Path) -> None:
     runs = []
-    with recording() as spans, \
-            trace.get_tracer("agent").start_as_current_span("agent step") as step:
-        for language, code, name, venv_id in (
-                ("bash", 'echo "${COORDEX_NODE_OWNER:+node} ${TRACEPARENT:-None}"', "b", None),
-                ("python", "import os; print('node' if os.environ.get('COORDEX_NODE_OWNER') "
-                           "else '', os.environ.get('TRACEPARENT'))", "w", venv)):
-            for mode in ("stateless", "stateful", "read_only"):
-                result = cex.execute_code(code, language=language, state_mode=mode,
-                                          venv_id=venv_id,
-                                          session_name=None if mode == "stateless" else name)
-                runs.append((f"{language} {mode}", result))
+    with Executor(root=tmp_path / "home", timeout=30, cluster=local_cluster.address) as cex:
+        venv = cex.environments.create("# no requirements\n", name="bare")["venv_id"]
+        cex.execute_code("kept = 1", state_mode="stateful", session_name="w", venv_id=venv)
+        cex.execute_code("KEPT=1", language="bash", state_mode="stateful", session_name="b")
+        with recording() as spans, \
+                trace.get_tracer("agent").start_as_current_span("agent step") as step:
+            for language, code, name, venv_id in (
+                    ("bash", 'echo "${COORDEX_NODE_OWNER:+node} ${TRACEPARENT:-None}"', "b",
+                     None),
+                    ("python", "import os; print('node' if os.environ.get('COORDEX_NODE_OWNER')"
+                               " else '', os.environ.get('TRACEPARENT'))", "w", venv)):
+                for mode in ("stateless", "stateful", "read_only"):
+                    result = cex.execute_code(
+                        code, language=language, state_mode=mode, venv_id=venv_id,
+                        session_name=None if mode == "stateless" else name)
+                    runs.append((f"{language} {mode}", result))
     trace_id = format(step.get_span_context().trace_id, "032x")
     calls = by_name(spans, "tools/call execute_code")
     for (what, result), span in zip(runs, calls, strict=True):
