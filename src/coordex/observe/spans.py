@@ -14,6 +14,7 @@ without the MCP attributes.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -150,6 +151,7 @@ def finish(span: Any, tool: str, arguments: Mapping[str, Any] | None, result: An
 # start, for a ``wait_call`` or ``cancel_call`` span to link to, and whether its run's
 # span was made. At most _CALLS_MAX are kept.
 _calls: dict[str, _Tied] = {}
+_calls_lock = threading.Lock()
 _CALLS_MAX = 1024
 
 
@@ -177,11 +179,12 @@ def _tie(span: Any, tool: str, call_id: str, result: dict[str, Any]) -> None:
             _execution(tied, call_id, None, result, min(tied.start + int(took * 1e6),
                                                         time.time_ns()))
         return
-    if call_id not in _calls:
-        if len(_calls) >= _CALLS_MAX:
-            del _calls[next(iter(_calls))]
-        _calls[call_id] = _Tied(span.get_span_context(), getattr(span, "start_time", None),
-                                tool)
+    with _calls_lock:  # calls given wait run on threads of their own
+        if call_id not in _calls:
+            if len(_calls) >= _CALLS_MAX:
+                del _calls[next(iter(_calls))]
+            _calls[call_id] = _Tied(span.get_span_context(),
+                                    getattr(span, "start_time", None), tool)
 
 
 def execution_span(parent: Any, tool: str, arguments: Mapping[str, Any] | None,
