@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Checkpointable, Forkable
 from .core import coordinates as coords
+from .core import messages
 from .core.coordinates import Coordinate
 from .core.errors import CoordexError, make_error, validation
 from .core.lineage import forget_fork, note_fork
@@ -91,9 +92,7 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
         with table.reading(coordinate, ex.timeout, None) as (key, slot):
             source = table.record(key)
             if slot is None or slot.session is None:
-                from .executor import _busy_outcome
-
-                return {**_busy_outcome()["error"], "session": source}
+                return {**messages.session_busy(), "session": source}
             session = slot.session
             if not isinstance(session, Forkable):
                 raise _unsupported("forked", source)
@@ -147,9 +146,7 @@ def checkpoint_session(ex: Executor, language: Any, session_id: Any, session_nam
         with ex._table.reading(coordinate, ex.timeout, None) as (key, slot):
             record = ex._table.record(key)
             if slot is None or slot.session is None:
-                from .executor import _busy_outcome
-
-                return {**_busy_outcome()["error"], "session": record}
+                return {**messages.session_busy(), "session": record}
             session = slot.session
             if not isinstance(session, Checkpointable):
                 raise _unsupported("checkpointed", record)
@@ -259,29 +256,28 @@ def restore_session(ex: Executor, language: Any, session_id: Any, session_name: 
         with ex._table.stateful(opening, ex.timeout, None, ex._open_session) as (key, session,
                                                                                call):
             record = ex._table.record(key)
-            outcome: dict[str, Any] = {}
+            rebound: list[str] = []
+            lost = False
             try:
                 if session is None:
-                    from .executor import _busy_outcome
-
-                    return {**_busy_outcome()["error"], "session": record}
+                    return {**messages.session_busy(), "session": record}
                 if not isinstance(session, Checkpointable):
                     raise _unsupported("restored", record)
                 report = session.restore_checkpoint(str(folder), WRITE_TIMEOUT)
                 if "error" in report:
-                    outcome = {"state_lost": True}
+                    lost = True
                     return make_error(
                         "execution", f"The checkpoint could not be restored: "
                         f"{report['error']}.", "The session now starts empty; rebuild it "
                         "with rebuild_session, or restore another checkpoint.",
                         session=record, state_lost=True)
-                outcome = {"rebound": list(report.get("names") or [])}
+                rebound = list(report.get("names") or [])
                 if ex._persist is not None:  # what is kept of it on disk starts here
                     with contextlib.suppress(Exception):
                         ex._persist.forget(identity)
                         ex._persist.adopt(record, session)
             finally:
-                ex._table.finish(key, call, outcome)
+                ex._table.finish(key, call, None, rebound, lost=lost)
         return {"restored": True, "checkpoint": checkpoint, "label": info.get("label"),
                 "at": info.get("at"), "session": record, "ms": _ms(started),
                 "left_out": list(report.get("left_out") or []), "files": FILES_UNTOUCHED}

@@ -212,9 +212,11 @@ KNOWN: list[set[str]] = [
      "coordex.backends.shell.session", "coordex.persist", "coordex.persist.kinds",
      "coordex.persist.manager"},
     # The package's lazy names (AsyncExecutor, ConfinedExecutor) and what reads
-    # ``coordex.__file__`` / ``__version__`` when it runs.
+    # ``coordex.__file__`` / ``__version__`` when it runs (calling, kept, managing and places are
+    # the Executor's own body, in modules of their own).
     {"coordex", "coordex.aio", "coordex.backends.ray", "coordex.backends.ray.node",
-     "coordex.backends.ray.place", "coordex.branches", "coordex.environments",
+     "coordex.backends.ray.place", "coordex.branches", "coordex.calling", "coordex.kept",
+     "coordex.managing", "coordex.places", "coordex.environments",
      "coordex.environments.manager", "coordex.executor", "coordex.hosting",
      "coordex.hosting.client", "coordex.observe", "coordex.observe.figures",
      "coordex.observe.hook", "coordex.observe.spans"},

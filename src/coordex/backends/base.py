@@ -5,8 +5,8 @@ A place runs one :class:`RunRequest` and ends each attempt in a frozen
 run ended (``Ok``, ``Exited``, ``Raised``, ``TimedOut``, ``Died``, ``Closed``,
 ``StartFailed``, ``Busy``), and whether the process was found dead and replaced before
 the code ran. Places report facts, never sentences: the session table decides what
-follows (:func:`coordex.sessions.attempts`: a retry, a loss said once) and
-:func:`coordex.core.messages.said` words it into the outcome the Executor shapes.
+follows (:func:`coordex.sessions.settle`: a retry, a loss said once, settled into a
+:class:`~coordex.core.record.Settled`) and :func:`coordex.core.record.render` words it.
 """
 
 from __future__ import annotations

@@ -94,7 +94,6 @@ class Persistence:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._notes = threading.local()
         self._owner: str | None = getattr(log, "owner", None)
         self._held: dict[str, int] = {}  # slug -> fd of its folder's lock
         # Sessions of this process kept apart: slug of their coordinates -> the identity
@@ -230,19 +229,12 @@ class Persistence:
 
     # -- after each call ----------------------------------------------------------------
 
-    def note(self, call: int, changed: bool) -> None:
-        """What the stateful call running on this thread is: its number in its session,
-        and whether it changed names (read by :meth:`after_call`)."""
-        self._notes.call, self._notes.changed = call, changed
-
-    def after_call(self, result: dict[str, Any], row: LoggedRow) -> None:
-        """A stateful call's result was logged as ``row``: keep its session. The row's
-        seq is asked for only when a snapshot is marked or started with it (a row still
-        in the log's journal is moved into the file for it)."""
-        call, changed = getattr(self._notes, "call", None), getattr(self._notes, "changed", False)
-        self._notes.call = None
-        if call is None:
-            return
+    def after_call(self, result: dict[str, Any], row: LoggedRow, call: int,
+                   changed: bool) -> None:
+        """Stateful call number ``call`` of a session (``changed``: it changed names)
+        was logged as ``row``: keep its session. The row's seq is asked for only when a
+        snapshot is marked or started with it (a row still in the log's journal is moved
+        into the file for it)."""
         record = result.get("session")
         if not isinstance(record, dict) or record.get("session_id") is None:
             return
