@@ -53,7 +53,7 @@ from .log.calls import open_call_log
 from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls
 from .long_work import LongWork
-from .observe.hook import watch_call
+from .observe.hook import watch_call, watched
 from .persist.hooks import Keeping
 from .places import CapabilityBridge, Places, join_cluster
 from .sessions import SessionTable
@@ -288,13 +288,13 @@ class Executor:
             or after a restart (then with ``"from_log": true``). ``not_found`` for an
             unknown or expired id, naming the calls still running.
         """
-        return self._calls.wait_call(call_id, wait)
+        return watched("wait_call", self._calls.wait_call, call_id, wait)  # SPEC 16
 
     def cancel_call(self, call_id: str) -> dict[str, Any]:
         """Interrupt a call that returned ``running`` as ``cancel`` does (state kept;
         killed only if it ignores the interrupt past the grace period) and return its
         final result, ``call_id`` added. An ended call: its result, unchanged."""
-        return self._calls.cancel_call(call_id)
+        return watched("cancel_call", self._calls.cancel_call, call_id)  # SPEC 16
 
     def read_spilled(self, uri: str) -> dict[str, Any]:
         """For front ends: a file a result named in ``spilled``, by the ``file://`` URI of

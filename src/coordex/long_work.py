@@ -24,6 +24,7 @@ from .core.errors import CoordexError, validation
 from .core.record import CallRecord, render
 from .core.results import session_record
 from .log.detached import CallBook, inside_call
+from .observe.hook import telling_end
 
 if TYPE_CHECKING:
     from .log import CallLog
@@ -78,6 +79,7 @@ class LongWork:
             "language": asked.get("language") or "python", "venv_id": asked.get("venv_id"),
             "session_id": asked.get("session_id"), "session_name": asked.get("session_name")}
         mode = state_mode if isinstance(state_mode, str) else None
+        run = telling_end(run, wait)  # a span for the run of a call answered running
         return self.book.run(tool, asked, place, mode, run, wait, on_output, cancel,
                              functools.partial(self._asked_session, place))
 

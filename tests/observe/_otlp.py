@@ -23,6 +23,9 @@ class Span:
     attributes: dict[str, Any]
     status_code: int  # 0 unset, 1 ok, 2 error
     service: str
+    start_ns: int = 0
+    end_ns: int = 0
+    links: list[str] = field(default_factory=list)  # the span ids it links to
 
 
 @dataclass
@@ -65,7 +68,9 @@ def receiver() -> Iterator[Receiver]:
                                     span.name, span.trace_id.hex(), span.span_id.hex(),
                                     span.parent_span_id.hex(),
                                     {a.key: _value(a.value) for a in span.attributes},
-                                    span.status.code, service))
+                                    span.status.code, service, span.start_time_unix_nano,
+                                    span.end_time_unix_nano,
+                                    [link.span_id.hex() for link in span.links]))
             self.send_response(200)
             self.send_header("content-type", "application/x-protobuf")
             self.send_header("content-length", "0")

@@ -3,6 +3,7 @@ library user sets it; put back as it was after each test."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,13 @@ def _reset_globals() -> None:
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
+    with recording() as exporter:
+        yield exporter
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[InMemorySpanExporter]:
+    """The spans made meanwhile, on a global provider set for the while."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

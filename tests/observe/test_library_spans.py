@@ -137,12 +137,14 @@ def test_an_environment_build_is_a_child_span_and_its_worker_sees_traceparent(
         fresh = ex.execute_code(code, venv_id=venv)
         later = ex.execute_code("import os; print(os.environ.get('TRACEPARENT'))",
                                 venv_id=venv, state_mode="stateful")
-    first, second, third = by_name(spans, "tools/call execute_code")
+        copy = ex.execute_code(code, venv_id=venv, state_mode="read_only", session_id=0)
+    first, second, third, fourth = by_name(spans, "tools/call execute_code")
     [build] = by_name(spans, "coordex.build")
     assert build.parent.span_id == first.context.span_id
     assert build.attributes["coordex.outcome"] == "ok"
     assert build.attributes["coordex.venv_id"] == str(venv)
     assert first.attributes["coordex.language"] == "python"
     assert first.attributes["coordex.venv_id"] == venv
-    for result, span in ((kept, first), (fresh, second), (later, third)):
+    assert copy["isolation"]["copy"] == "fork", copy
+    for result, span in ((kept, first), (fresh, second), (later, third), (copy, fourth)):
         assert f"-{span.context.span_id:016x}-" in result["stdout"], result

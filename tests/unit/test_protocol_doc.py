@@ -129,7 +129,8 @@ def test_reexport_is_the_worker_module() -> None:
 
 
 @pytest.mark.parametrize("name", ["_coordex_worker.py", "_coordex_protocol.py",
-                                  "_coordex_engine.py", "_coordex_import_check.py"])
+                                  "_coordex_engine.py", "_coordex_import_check.py",
+                                  "_coordex_env.py"])
 def test_worker_files_are_python_38(name: str) -> None:
     ast.parse((WORKER_DIR / name).read_text(), feature_version=(3, 8))
 

@@ -10,10 +10,16 @@ one observes, a hook returns ``None`` and nothing of OpenTelemetry or
 ``prometheus_client`` is ever imported by coordex.
 
 Three context variables carry a call's facts across the layers of one process:
-``IN_TOOL_CALL`` (a front end already made this call's span and counts it, so the
-executor makes no second one), ``CALL_ENV`` (``TRACEPARENT``/``TRACESTATE`` the call's
-code sees) and ``CALL_FACTS`` (builds a confined host made during the call, handed back
-to the server with the result, which counts them for the tenant).
+``IN_TOOL_CALL`` (the watch of the call: a front end's already makes this call's span
+and counts it, so the executor makes no second one), ``CALL_ENV``
+(``TRACEPARENT``/``TRACESTATE`` the call's code sees) and ``CALL_FACTS`` (builds a
+confined host made during the call, handed back to the server with the result, which
+counts them for the tenant).
+
+A call given ``wait`` that answers ``running`` (SPEC 14) ends its span with that answer,
+as the MCP conventions have a request's span end with its response; long work tells the
+watch (:func:`telling_end`) when the code ends, on the call's own thread, and the run
+becomes a child span of the call's with its outcome (``execute_tool {tool}``).
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
 
-IN_TOOL_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+# The watch of the call running in this context (True: a confined host's call, watched
+# by its server); False: none.
+IN_TOOL_CALL: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "coordex_in_tool_call", default=False)
 CALL_ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "coordex_call_env", default=None)
@@ -63,35 +73,92 @@ def call_env() -> Mapping[str, str] | None:
     return CALL_ENV.get()
 
 
-def content_on() -> bool:
-    import os
+_environ = getattr(os.environ, "_data", None)  # os.environ's own (encoded) dict
+_CONTENT = (os.environ.encodekey("COORDEX_OTEL_CONTENT")
+            if isinstance(_environ, dict) else "")
+_ON = os.environ.encodevalue("1") if isinstance(_environ, dict) else ""
 
+
+def content_on() -> bool:
+    """``COORDEX_OTEL_CONTENT=1`` now (read each call, in os.environ's own dict: a
+    tenth of ``os.environ.get``)."""
+    if isinstance(_environ, dict):
+        return bool(_environ.get(_CONTENT) == _ON)
     return os.environ.get("COORDEX_OTEL_CONTENT") == "1"
 
 
-class _Watch:
-    """One call watched by the executor (a library user's call, no front end)."""
+def call_span() -> Any:
+    """The span of the call running in this context, if a watch made or holds one."""
+    watch = IN_TOOL_CALL.get()
+    return watch._span if isinstance(watch, _Ends) else None
 
-    __slots__ = ("_env_token", "_span", "_started", "_token", "tool")
+
+# Taken twice by a call that answers ``running``, never by any other.
+_ENDS = threading.Lock()
+
+
+class _Ends:
+    """What a watch knows of a call that may answer ``running`` before its code ends
+    (SPEC 14): ``_end`` is None, then ``("ended", result)`` if the code ended first or
+    ``("detached", arguments, call_id)`` if the answer came first; whichever comes
+    second makes the run's span."""
+
+    __slots__ = ("_end", "_span", "tool")
 
     def __init__(self, tool: str, span: Any) -> None:
         self.tool = tool
         self._span = span
+        self._end: tuple[Any, ...] | None = None
+
+    def answered(self, arguments: Mapping[str, Any] | None, result: Any) -> None:
+        """The call answered ``result``; if that is ``running``, its run is to come."""
+        if self._span is None or type(result) is not dict or not result.get("running"):
+            return
+        with _ENDS:
+            ended, self._end = self._end, ("detached", arguments, result.get("call_id"))
+        if ended is not None and ended[0] == "ended":
+            _spans.execution_span(self._span, self.tool, arguments, ended[1],
+                                  result.get("call_id"))
+
+    def code_ended(self, result: Any) -> None:
+        """On the call's own thread: its code ended with ``result``."""
+        with _ENDS:
+            detached = self._end
+            if detached is None:
+                self._end = ("ended", result)
+                return
+        if detached[0] == "detached":
+            _spans.execution_span(self._span, self.tool, detached[1], result, detached[2])
+
+
+class _Watch(_Ends):
+    """One call watched by the executor (a library user's call, no front end)."""
+
+    __slots__ = ("_env_token", "_started", "_token")
+
+    def __init__(self, tool: str, span: Any) -> None:
+        _Ends.__init__(self, tool, span)
         self._started = time.perf_counter()
-        self._token = IN_TOOL_CALL.set(True)
-        self._env_token = CALL_ENV.set(span.env() if span is not None else CALL_ENV.get())
+        self._token = IN_TOOL_CALL.set(self)
+        self._env_token = CALL_ENV.set(_spans.trace_env(span)) if span is not None else None
 
     def done(self, arguments: Mapping[str, Any] | None, result: Any) -> None:
         seconds = time.perf_counter() - self._started
-        if self._span is not None:
-            self._span.done(self.tool, arguments, result, seconds)
+        span = self._span
+        if span is not None:
+            try:
+                _spans.finish(span, self.tool, arguments, result, library=True)
+                self.answered(arguments, result)
+            finally:
+                span.end()
         if FIGURES is not None:
             FIGURES.count(None, self.tool, arguments, result, seconds)
         if CALLS_LOG.isEnabledFor(logging.INFO):
             log_call(None, self.tool, arguments, result, seconds)
 
     def close(self) -> None:
-        CALL_ENV.reset(self._env_token)
+        if self._env_token is not None:
+            CALL_ENV.reset(self._env_token)
         IN_TOOL_CALL.reset(self._token)
 
 
@@ -105,7 +172,43 @@ def watch_call(tool: str) -> _Watch | None:
     tracing = tracing_on()
     if not tracing and FIGURES is None and not CALLS_LOG.isEnabledFor(logging.INFO):
         return None
-    return _Watch(tool, _spans.CallSpan.start(tool, None) if tracing else None)
+    return _Watch(tool, _spans.start_call(tool) if tracing else None)
+
+
+def watched(tool: str, call: Callable[..., dict[str, Any]], call_id: Any,
+            *rest: Any) -> dict[str, Any]:
+    """``call(call_id, *rest)`` watched as the library call ``tool`` (``wait_call``,
+    ``cancel_call``): its span links to the call's."""
+    watch = watch_call(tool)
+    if watch is None:
+        return call(call_id, *rest)
+    result: Any = None
+    try:
+        result = call(call_id, *rest)
+    finally:
+        watch.done({"call_id": call_id}, result)
+        watch.close()
+    return cast(dict[str, Any], result)
+
+
+def telling_end(run: Callable[[Any, Any], dict[str, Any]],
+                wait: Any) -> Callable[[Any, Any], dict[str, Any]]:
+    """Long work's hook (SPEC 14): ``run`` as it is, or, for a call given ``wait`` that
+    has a span, made to tell the call's watch when its code ends (it may answer
+    ``running`` before)."""
+    watch = IN_TOOL_CALL.get() if wait is not None else None
+    if not isinstance(watch, _Ends) or watch._span is None:
+        return run
+
+    def run_and_tell(output: Any, cancel: Any) -> dict[str, Any]:
+        result: Any = None
+        try:
+            result = run(output, cancel)
+        finally:
+            watch.code_ended(result)
+        return result
+
+    return run_and_tell
 
 
 _meter_seen: list[Any] = [None]  # the meter provider last found to record nothing
@@ -219,19 +322,19 @@ def log_call(tenant: str | None, tool: str, arguments: Mapping[str, Any] | None,
     CALLS_LOG.info("call %s", text, extra={"coordex": facts})
 
 
-class _ToolWatch:
+class _ToolWatch(_Ends):
     """One tool call watched by a front end (the server's side, for every tenant)."""
 
-    __slots__ = ("_busy", "_env_token", "_span", "_started", "_token", "arguments",
-                 "tenant", "tool")
+    __slots__ = ("_busy", "_env_token", "_started", "_token", "arguments", "tenant")
 
     def __init__(self, tenant: str | None, tool: str, arguments: Any, span: Any,
                  env: Mapping[str, str] | None) -> None:
-        self.tenant, self.tool, self._span = tenant, tool, span
+        _Ends.__init__(self, tool, span)
+        self.tenant = tenant
         self.arguments = arguments if isinstance(arguments, Mapping) else {}
         self._started = time.perf_counter()
         self._busy = FIGURES.began(tenant, tool, self.arguments) if FIGURES is not None else None
-        self._token = IN_TOOL_CALL.set(True)
+        self._token = IN_TOOL_CALL.set(self)
         self._env_token = CALL_ENV.set(env)
 
     def done(self, result: Any) -> None:
@@ -239,9 +342,8 @@ class _ToolWatch:
         CALL_ENV.reset(self._env_token)
         IN_TOOL_CALL.reset(self._token)
         if self._span is not None:
-            from . import spans
-
-            spans.finish(self._span, self.tool, self.arguments, result)
+            _spans.finish(self._span, self.tool, self.arguments, result)
+            self.answered(self.arguments, result)
         if FIGURES is not None:
             FIGURES.ended(self._busy)
             FIGURES.count(self.tenant, self.tool, self.arguments, result, seconds)

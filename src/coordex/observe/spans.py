@@ -13,8 +13,8 @@ without the MCP attributes.
 
 from __future__ import annotations
 
-import contextvars
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -36,8 +36,6 @@ TRACER_NAME = "coordex"
 CONTENT_CHARS = 4096
 
 _tracer: tuple[Any, Any] | None = None  # (provider, tracer)
-_CALL_SPAN: contextvars.ContextVar[Any] = contextvars.ContextVar("coordex_call_span",
-                                                                 default=None)
 
 
 def active() -> bool:
@@ -70,14 +68,46 @@ def trace_env(span: Any = None) -> dict[str, str] | None:
     return env
 
 
-def outcome_attributes(tool: str, arguments: Mapping[str, Any] | None,
-                       result: Any) -> dict[str, Any]:
+# A call's attributes, made once per coordinate and outcome (the SDK copies what it is
+# given): the key is what they are made of. Cleared when it grows past _MADE_MAX.
+_made: dict[tuple[Any, ...], dict[str, Any]] = {}
+_MADE_MAX = 4096
+
+
+def outcome_attributes(tool: str, arguments: Mapping[str, Any] | None, result: Any,
+                       library: bool = False) -> dict[str, Any]:
     """coordex's attributes of one call: coordinates and outcome, ``error.type`` for an
-    error (code and output only with ``COORDEX_OTEL_CONTENT=1``)."""
+    error (code and output only with ``COORDEX_OTEL_CONTENT=1``); with ``library`` the
+    tool's own (``gen_ai.*``), which the MCP SDK's span already has."""
     facts = hook.coordinates(tool, arguments, result)
-    attributes: dict[str, Any] = {"coordex.outcome": facts["outcome"],
-                                  "coordex.state_lost": facts["state_lost"],
-                                  "coordex.retried": facts["retried"]}
+    key = (tool, library, facts["language"], facts["state_mode"], facts["session"],
+           facts["venv_id"], facts["outcome"], facts["state_lost"], facts["retried"])
+    attributes = _made.get(key)
+    if attributes is None:
+        attributes = _made_attributes(tool, library, facts)
+        if len(_made) >= _MADE_MAX:
+            _made.clear()
+        _made[key] = attributes
+    if hook.content_on():
+        attributes = dict(attributes)
+        args = arguments if isinstance(arguments, dict) else {}
+        record = result if isinstance(result, dict) else {}
+        for name, value in (("coordex.code", args.get("code")),
+                            ("coordex.stdout", record.get("stdout")),
+                            ("coordex.stderr", record.get("stderr")),
+                            ("coordex.result", record.get("result"))):
+            if isinstance(value, str):
+                attributes[name] = value[:CONTENT_CHARS]
+    return attributes
+
+
+def _made_attributes(tool: str, library: bool, facts: Mapping[str, Any]) -> dict[str, Any]:
+    attributes: dict[str, Any] = {}
+    if library:
+        attributes.update({"gen_ai.tool.name": tool, "gen_ai.operation.name": "execute_tool"})
+    attributes.update({"coordex.outcome": facts["outcome"],
+                       "coordex.state_lost": facts["state_lost"],
+                       "coordex.retried": facts["retried"]})
     for key in ("language", "state_mode", "session"):
         if facts[key]:
             attributes["coordex." + key] = facts[key]
@@ -86,35 +116,102 @@ def outcome_attributes(tool: str, arguments: Mapping[str, Any] | None,
         attributes["coordex.venv_id"] = int(venv_id) if venv_id.isdigit() else venv_id
     if facts["outcome"] not in ("ok", "running"):
         attributes["error.type"] = "tool_error"
-    if hook.content_on():
-        args = arguments if isinstance(arguments, dict) else {}
-        record = result if isinstance(result, dict) else {}
-        for key, value in (("coordex.code", args.get("code")),
-                           ("coordex.stdout", record.get("stdout")),
-                           ("coordex.stderr", record.get("stderr")),
-                           ("coordex.result", record.get("result"))):
-            if isinstance(value, str):
-                attributes[key] = value[:CONTENT_CHARS]
     return attributes
 
 
 def finish(span: Any, tool: str, arguments: Mapping[str, Any] | None, result: Any,
-           ended_ns: int | None = None) -> None:
-    """Set a call's outcome on ``span`` (ours, or the MCP SDK's) and its restore child."""
+           ended_ns: int | None = None, library: bool = False) -> None:
+    """Set a call's outcome on ``span`` (ours, or the MCP SDK's) and its restore child;
+    nothing at all when the span records nothing (sampled out)."""
     if not span.is_recording():
         return
-    attributes = outcome_attributes(tool, arguments, result)
+    attributes = outcome_attributes(tool, arguments, result, library)
     span.set_attributes(attributes)
     if "error.type" in attributes:
         span.set_status(StatusCode.ERROR)
-    if isinstance(result, dict) and "restored" in result:
+    if type(result) is not dict:
+        return
+    call_id = result.get("call_id")
+    if call_id is None and tool in ("wait_call", "cancel_call") and \
+            isinstance(arguments, dict):
+        call_id = arguments.get("call_id")
+    if isinstance(call_id, str):
+        _tie(span, tool, call_id, result)
+    if "restored" in result:
         restored = result["restored"]
         if isinstance(restored, Mapping) and isinstance(restored.get("ms"), (int, float)):
             restore_span(span, restored, ended_ns)
-    if isinstance(result, dict) and hook.FACTS_KEY in result:
+    if hook.FACTS_KEY in result:
         for fact in result[hook.FACTS_KEY] or ():  # builds a confined host made
             if isinstance(fact, dict) and isinstance(fact.get("seconds"), (int, float)):
                 build_span(span, str(fact.get("build")), float(fact["seconds"]))
+
+
+# Each call given ``wait`` (SPEC 14), by call_id, newest last: its span's context and
+# start, for a ``wait_call`` or ``cancel_call`` span to link to, and whether its run's
+# span was made. At most _CALLS_MAX are kept.
+_calls: dict[str, _Tied] = {}
+_calls_lock = threading.Lock()
+_CALLS_MAX = 1024
+
+
+class _Tied:
+    __slots__ = ("context", "ran", "start", "tool")
+
+    def __init__(self, context: Any, start: int | None, tool: str) -> None:
+        self.context, self.start, self.tool, self.ran = context, start, tool, False
+
+
+def _tie(span: Any, tool: str, call_id: str, result: dict[str, Any]) -> None:
+    """``gen_ai.tool.call.id`` on a call given ``wait`` and on a ``wait_call`` /
+    ``cancel_call`` of it, which also links to the call's span. A call whose run made
+    no span where it ran (a tenant's confined host makes none) gets it from the end a
+    ``wait_call`` fetched: from the call's start, for the ``duration_ms`` it reports."""
+    span.set_attribute("gen_ai.tool.call.id", call_id)
+    if tool in ("wait_call", "cancel_call"):
+        tied = _calls.get(call_id)
+        if tied is None:
+            return
+        span.add_link(tied.context, {"coordex.link": "the call"})
+        took = result.get("duration_ms")
+        if not tied.ran and tied.start is not None and not result.get("running") \
+                and isinstance(took, (int, float)):
+            _execution(tied, call_id, None, result, min(tied.start + int(took * 1e6),
+                                                        time.time_ns()))
+        return
+    with _calls_lock:  # calls given wait run on threads of their own
+        if call_id not in _calls:
+            if len(_calls) >= _CALLS_MAX:
+                del _calls[next(iter(_calls))]
+            _calls[call_id] = _Tied(span.get_span_context(),
+                                    getattr(span, "start_time", None), tool)
+
+
+def execution_span(parent: Any, tool: str, arguments: Mapping[str, Any] | None,
+                   result: Any, call_id: str | None) -> None:
+    """The run of a call that answered ``running`` (SPEC 14), ended with its code: a
+    child of the call's span, placed from the call's start, named and marked as the
+    GenAI conventions' tool execution (``execute_tool {tool}``), with the outcome the
+    call's span could not have."""
+    tied = _calls.get(call_id) if call_id else None
+    if tied is None:
+        tied = _Tied(parent.get_span_context(), getattr(parent, "start_time", None), tool)
+    _execution(tied, call_id, arguments, result, None)
+
+
+def _execution(tied: _Tied, call_id: str | None, arguments: Mapping[str, Any] | None,
+               result: Any, end: int | None) -> None:
+    tied.ran = True
+    parent = trace.set_span_in_context(NonRecordingSpan(tied.context))
+    span = tracer().start_span(f"execute_tool {tied.tool}", context=parent,
+                               start_time=tied.start)
+    try:
+        if span.is_recording():
+            finish(span, tied.tool, arguments, result, library=True)
+            if call_id:
+                span.set_attribute("gen_ai.tool.call.id", call_id)
+    finally:
+        span.end(end_time=end)
 
 
 def build_span(parent: Any, outcome: str, seconds: float) -> None:
@@ -143,42 +240,23 @@ def restore_span(parent: Any, restored: Mapping[str, Any], ended_ns: int | None)
     child.end(end_time=max(start, end))
 
 
-class CallSpan:
-    """The span the ``Executor`` makes for a library call (no front end)."""
+_names: dict[str, str] = {}  # tool -> its span's name
 
-    __slots__ = ("_span", "_token")
 
-    def __init__(self, span: Any, token: Any) -> None:
-        self._span = span
-        self._token = token
-
-    @classmethod
-    def start(cls, tool: str, parent: Any) -> CallSpan:
-        span = tracer().start_span(f"tools/call {tool}", context=parent,
-                                   kind=SpanKind.INTERNAL, attributes={
-                                       "gen_ai.tool.name": tool,
-                                       "gen_ai.operation.name": "execute_tool"})
-        # The parent of a build's span; cheaper than making it OpenTelemetry's current
-        # span, which the call's code could not see anyway (it runs on another thread
-        # or in another process, and joins the trace through TRACEPARENT).
-        return cls(span, _CALL_SPAN.set(span))
-
-    def env(self) -> dict[str, str] | None:
-        return trace_env(self._span)
-
-    def done(self, tool: str, arguments: Mapping[str, Any] | None, result: Any,
-             seconds: float) -> None:
-        try:
-            finish(self._span, tool, arguments, result)
-        finally:
-            _CALL_SPAN.reset(self._token)
-            self._span.end()
+def start_call(tool: str) -> Any:
+    """The span the ``Executor`` makes for a library call (no front end): its
+    attributes all come at its end, in one go (given at the start, the SDK's sampler
+    and the span would each check them: several microseconds more)."""
+    name = _names.get(tool)
+    if name is None:
+        name = _names.setdefault(tool, f"tools/call {tool}")
+    return tracer().start_span(name, kind=SpanKind.INTERNAL)
 
 
 def child(name: str, attributes: dict[str, Any]) -> tuple[Any, Any]:
     """A child of the call's span (or of OpenTelemetry's current span: the MCP SDK's),
     made current; end it with :func:`end_child`."""
-    parent = _CALL_SPAN.get()
+    parent = hook.call_span()
     context = trace.set_span_in_context(parent) if parent is not None else None
     span = tracer().start_span(name, context=context, attributes=attributes)
     return span, otel_context.attach(trace.set_span_in_context(span))

@@ -47,6 +47,7 @@ sys.path.insert(0, _HERE)
 try:
     import _coordex_copy as copier
     import _coordex_engine as engine
+    import _coordex_env as call_env
     import _coordex_protocol as wire
 finally:
     # The folder is only needed for these two imports; keep the user's sys.path clean.
@@ -292,20 +293,14 @@ def _flush_user_streams() -> None:
             pass
 
 
-def enter_call_env(msg: Dict[str, Any]) -> Dict[str, Optional[str]]:
-    """Set the call's own variables (the trace context, ``env``); what they replaced."""
-    env = msg.get("env") or {}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    return saved
+def enter_call_env(msg: Dict[str, Any]) -> List[Tuple[str, Optional[str]]]:
+    """Set the call's own variables (the trace context, ``env``); what they replaced.
+    (Not ``os.environ``: glibc would keep every TRACEPARENT ever set; ``_coordex_env``.)"""
+    return call_env.enter(msg.get("env") or {})
 
 
-def leave_call_env(saved: Dict[str, Optional[str]]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+def leave_call_env(saved: List[Tuple[str, Optional[str]]]) -> None:
+    call_env.leave(saved)
 
 
 def run_stateful(msg: Dict[str, Any], namespace: Dict[str, Any]) -> Dict[str, Any]:

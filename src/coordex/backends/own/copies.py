@@ -214,6 +214,8 @@ def _start_values(session: own.NamespaceSession, request: RunRequest,
     decode_key = getattr(os.environ, "decodekey", lambda k: k)
     decode_value = getattr(os.environ, "decodevalue", lambda v: v)
     env = {decode_key(k): decode_value(v) for k, v in session.environ.items()}
+    if request.env:  # the call's trace context, in the copy alone (SPEC 16)
+        env.update(request.env)
     payload = {"values": values, "left_out": left_out, "code": request.code,
                "output_limit": request.result_limit, "protect": list(request.protect_paths),
                "scratch": request.scratch, "capabilities": capability_names,
@@ -268,6 +270,8 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         local.in_call = True
         own.chdir(session.cwd)
         own.apply_environ(session.environ)
+        if request.env:  # the call's trace context, in the copy alone (SPEC 16)
+            os.environ.update(request.env)
         asker = iso.identity_asker(*mapping) if mapping is not None else None
         files = protect(asker) if protect is not None else "none"
         for fd in mapping or ():

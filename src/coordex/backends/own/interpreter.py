@@ -72,6 +72,8 @@ from ...core.errors import ERROR_TYPES
 from ...core.facts import Ran
 from ...core.results import OutputBuffer
 from ...worker import _coordex_engine as engine
+from ...worker._coordex_env import enter as call_env_enter
+from ...worker._coordex_env import leave as call_env_leave
 from .._reap import OWNED_ENV
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, emit, wait_for
 from . import children, output
@@ -159,18 +161,14 @@ class _session_process_state:
                 apply_environ(session.environ)
             if self.marked:  # what the code starts is the session's (``children``)
                 _set_mark(session.mark)
-        call_env = self.call_env
-        self.saved = {key: os.environ.get(key) for key in call_env} if call_env else None
-        if call_env:
-            os.environ.update(call_env)
+        # The call's own variables (its trace context): set so as to leave nothing
+        # behind in the C library (see _coordex_env), and taken out before the session's
+        # environment is recorded below.
+        self.saved = call_env_enter(self.call_env) if self.call_env else None
 
     def __exit__(self, *exc: object) -> None:
         if self.saved:
-            for key, value in self.saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            call_env_leave(self.saved)
         if self.marked:
             _set_mark(None)
         cwd, env = _getcwd(), environ_snapshot()

@@ -335,7 +335,8 @@ class NodeHost:
                           output_limit=int(args["output_limit"]),
                           value_limit=args.get("value_limit"),
                           protect_paths=tuple(args.get("protect_paths") or ()),
-                          scratch=scratch, cancel=call.cancel)
+                          scratch=scratch, cancel=call.cancel,
+                          env=args.get("call_env"))  # the trace context (SPEC 16)
 
     # -- branches and checkpoints (SPEC 15) --------------------------------------------------
 

@@ -430,12 +430,15 @@ class RayCluster:
 
 def run_args(request: RunRequest, capabilities: Any) -> dict[str, Any]:
     """A request as plain values for the node (callables stay here)."""
-    return {"code": request.code, "timeout": request.timeout,
+    args = {"code": request.code, "timeout": request.timeout,
             "output_limit": request.output_limit, "value_limit": request.value_limit,
             "stream": request.on_output is not None,
             "protect_paths": list(request.protect_paths),
             "scratch": request.scratch is not None,
             "capabilities": list(capabilities.names())}
+    if request.env:  # the call's trace context: its code on the node sees it (SPEC 16)
+        args["call_env"] = dict(request.env)  # ("env" is the environment's reference)
+    return args
 
 
 class RayPlace:

@@ -149,6 +149,9 @@ class ShellSession:
         otherwise a plain subshell runs it and ``files`` is ``"none"``.
         """
         slot = None
+        if request.env:  # the call's trace context, for this call alone (SPEC 16)
+            request = dataclasses.replace(request, code=with_call_env(request.code,
+                                                                      request.env))
         if request.scratch is not None and isolation.best_mode() != "none":
             slot = CopySlot()
             ran = self._call(request.code, request, slot)
