@@ -366,6 +366,7 @@ class OwnInterpreter:
                 session.runner, session.current = runner, call
             with _session_process_state(session, request.env), routed_streams():
                 self._fds.start(sink_out, sink_err)
+                runner.hold_together()
                 try:
                     runner.submit(job)
                     # close() stops the wait too: the call answers now, not at its deadline.
@@ -378,6 +379,7 @@ class OwnInterpreter:
                         finished = runner.done.acquire(
                             True, CLOSE_GRACE if self._closing.is_set() else INTERRUPT_GRACE)
                 finally:
+                    runner.let_go()
                     self._fds.stop()
                     call.open = False
             if not finished:  # the code runs on; the session stays stuck on this runner
