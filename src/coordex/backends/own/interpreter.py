@@ -65,7 +65,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ...core import facts
 from ...core.errors import ERROR_TYPES
@@ -138,9 +138,13 @@ class _session_process_state:
     """Enter a session's cwd and environment; on exit record them and restore the host's.
 
     ``call_env``: variables for this call alone (the trace context); the session keeps
-    what it had under those names. (A class, not a generator: it runs twice a call.)"""
+    what it had under those names. (A class, not a generator: it runs twice a call.)
+    ``os.environ`` is copied and compared only when it changed (the audit hook counts
+    ``putenv``/``unsetenv`` in every thread); a call whose code leaves it alone pays
+    for neither."""
 
-    __slots__ = ("call_env", "host_cwd", "host_env", "marked", "saved", "session")
+    __slots__ = ("applied", "call_env", "changes", "host_cwd", "host_env", "marked",
+                 "saved", "session")
 
     def __init__(self, session: NamespaceSession | None,
                  call_env: Mapping[str, str] | None = None) -> None:
@@ -150,21 +154,26 @@ class _session_process_state:
     def __enter__(self) -> None:
         session = self.session
         self.host_cwd = host_cwd = _getcwd()
-        self.host_env = host_env = environ_snapshot()
+        self.host_env = host_env = _host_environ()
         self.marked = session is not None and bool(session.mark)
+        self.applied = False
         if session is not None:
             if session.cwd != host_cwd:
                 chdir(session.cwd)
             if session.environ != host_env:
                 apply_environ(session.environ)
+                self.applied = True
             if self.marked:  # what the code starts is the session's (``children``)
                 _set_mark(session.mark)
         call_env = self.call_env
         self.saved = {key: os.environ.get(key) for key in call_env} if call_env else None
         if call_env:
             os.environ.update(call_env)
+        # -1: not counted (no audit hook), so always compared
+        self.changes = output.environ_changes[0] if output.counting_chdirs() else -1
 
     def __exit__(self, *exc: object) -> None:
+        changed = self.changes < 0 or output.environ_changes[0] != self.changes
         if self.saved:
             for key, value in self.saved.items():
                 if value is None:
@@ -173,13 +182,34 @@ class _session_process_state:
                     os.environ[key] = value
         if self.marked:
             _set_mark(None)
-        cwd, env = _getcwd(), environ_snapshot()
-        if self.session is not None:
-            self.session.cwd, self.session.environ = cwd, env
+        cwd = _getcwd()
+        session = self.session
+        if changed:
+            env = environ_snapshot()
+            if session is not None:
+                session.environ = env
+            if env != self.host_env:
+                apply_environ(self.host_env)
+        elif self.applied:  # the code left the session's environment as it was
+            apply_environ(self.host_env)
+        if session is not None:
+            session.cwd = cwd
         if cwd != self.host_cwd:
             chdir(self.host_cwd)
-        if env != self.host_env:
-            apply_environ(self.host_env)
+        # The process has the host's environment again: the next call need not copy it.
+        _host_env[0], _host_env[1] = output.environ_changes[0], self.host_env
+
+
+# [output.environ_changes when copied, os.environ then] (see ``_host_environ``)
+_host_env: list[Any] = [-1, None]
+
+
+def _host_environ() -> dict[Any, Any]:
+    """The process environment as :func:`environ_snapshot` copies it; copied again only
+    after a change (never to be changed: the same copy serves several calls)."""
+    if _host_env[0] == output.environ_changes[0] and output.counting_chdirs():
+        return cast(dict[Any, Any], _host_env[1])
+    return environ_snapshot()
 
 
 _ENCODE_KEY = getattr(os.environ, "encodekey", None)
