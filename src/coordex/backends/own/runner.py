@@ -50,7 +50,9 @@ _getcpu = _cpu_reader()
 # After a hand-off that crossed CPUs, how many calls hold both threads on one CPU
 # before one is left to the scheduler again to see whether it still crosses.
 HOLD_CALLS = 200
-_hold_left = [0]
+# Where nothing is held, one hand-off in this many is watched for a crossing.
+PROBE_EVERY = 8
+_hold_left = [0, 0]  # [calls still to hold, hand-offs not held]
 
 
 class Runner:
@@ -117,11 +119,14 @@ class Runner:
         if _getcpu is None or not self._cpus:
             return
         try:
-            cpu = _getcpu()
             if _hold_left[0] <= 0:
-                self._caller_cpu = cpu
+                _hold_left[1] += 1
+                if _hold_left[1] % PROBE_EVERY == 0:  # a few calls tell; cheaper still
+                    self._ran_on = -1
+                    self._caller_cpu = _getcpu()
                 return
             _hold_left[0] -= 1
+            cpu = _getcpu()
             mine = os.sched_getaffinity(0)
             if len(mine) < 2 or cpu not in mine or cpu not in self._cpus:
                 return
@@ -153,7 +158,7 @@ class Runner:
                 if self._held:  # the code runs on the CPUs it would have had
                     self._held = False
                     os.sched_setaffinity(0, self._cpus)
-                elif _getcpu is not None:
+                elif self._caller_cpu >= 0 and _getcpu is not None:  # watched
                     self._ran_on = _getcpu()
                 job, self._job = self._job, None
                 if job is None:
