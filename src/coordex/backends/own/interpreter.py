@@ -15,12 +15,13 @@ How it works:
   call, a stuck one is retired and ends with its code, so no thread is kept per
   session and nothing keeps a namespace alive once its call returned (a closed
   session's namespace, and a stateless call's, are emptied unless threads they
-  started still run). The price is one thread hand-off per call, two wake-ups across
-  CPUs: ~45-75 us on a small VM.
+  started still run). The price is one thread hand-off per call: two wake-ups, ~5 us
+  on one CPU, ~45 us each across CPUs on a small VM; once a hand-off crossed, the next
+  ones hold both threads on the caller's CPU (:meth:`Runner.hold_together`).
 - ``OwnInterpreter(inline=True)`` (``Executor(own_on_caller_thread=True)``) runs code
   called from the main thread on that thread instead: a watchdog thread that wakes
   only at the deadline signals it (the handler raises the interrupt; blocking calls
-  return with EINTR first). That saves the hand-off (~30 us), but a timeout then
+  return with EINTR first). That saves the hand-off (~8 us), but a timeout then
   returns only when code blocked in C that retries on signals (``os.system``) or code
   that catches every interrupt lets go, so it is not the default.
 - Output: ``sys.stdout``/``sys.stderr`` are wrapped for the duration of each call by
