@@ -391,12 +391,12 @@ def test_a_hand_off_that_crosses_cpus_holds_the_next_ones_on_one(ex: Executor) -
     cpus = sorted(os.sched_getaffinity(0))
     ex.execute_code("pass", state_mode="stateful")
     runners = [t for t in threading.enumerate() if t.name == "coordex-runner" and t.native_id]
-    runner._hold_left[0] = 0
+    runner._hold_left[:3] = [0, 0, 0]
     try:
         os.sched_setaffinity(0, {cpus[0]})
         for thread in runners:
             os.sched_setaffinity(thread.native_id or 0, {cpus[1]})
-        for _ in range(2 * runner.PROBE_EVERY):
+        for _ in range(4 * runner.PROBE_EVERY):  # two watched hand-offs
             ex.execute_code("pass", state_mode="stateful")
             if runner._hold_left[0] > 0:
                 break

@@ -47,12 +47,15 @@ def _cpu_reader() -> Callable[[], int] | None:
 
 
 _getcpu = _cpu_reader()
-# After a hand-off that crossed CPUs, how many calls hold both threads on one CPU
-# before one is left to the scheduler again to see whether it still crosses.
-HOLD_CALLS = 200
-# Where nothing is held, one hand-off in this many is watched for a crossing.
+# Where nothing is held, one hand-off in this many is watched for a crossing. Two
+# watched in a row that crossed (so crossings are the rule, as where the other CPU
+# idles, not a moment's load) hold the next HOLD_CALLS calls, twice as many each time
+# the crossings go on after a hold (up to HOLD_MAX), HOLD_CALLS again once one did not.
 PROBE_EVERY = 8
-_hold_left = [0, 0]  # [calls still to hold, hand-offs not held]
+HOLD_CALLS = 64
+HOLD_MAX = 4096
+# [calls still to hold, hand-offs not held, crossings watched in a row, the next hold]
+_hold_left = [0, 0, 0, HOLD_CALLS]
 
 
 class Runner:
@@ -109,11 +112,11 @@ class Runner:
         self._go.release()
 
     def hold_together(self) -> None:
-        """Before a hand-off: where the last one crossed CPUs, hold this (the caller's)
+        """Before a hand-off: where hand-offs cross CPUs, hold this (the caller's)
         thread and the runner on the CPU the caller runs on, so it is a switch on one
-        CPU; else note the CPU, to see whether this one crosses. :meth:`let_go` after
-        the wait. Holding costs ~3 us of system calls and more where that CPU is busy,
-        so it is done only while it saves the crossings."""
+        CPU; else, now and then, note the CPU to see whether this one crosses.
+        :meth:`let_go` after the wait. Holding costs ~6 us (system calls, and a busy
+        CPU is not left), so it is done only while crossings are the rule."""
         self._caller_cpus = None
         self._caller_cpu = -1
         if _getcpu is None or not self._cpus:
@@ -139,14 +142,20 @@ class Runner:
 
     def let_go(self) -> None:
         """After the wait: give the caller's thread its CPUs back, or, where nothing
-        was held, hold the next calls if this hand-off crossed CPUs."""
+        was held and this hand-off was watched, count whether it crossed CPUs."""
         if self._caller_cpus is not None:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self._caller_cpus)
             self._caller_cpus = None
-        elif self._caller_cpu >= 0 and _getcpu is not None and (
-                self._ran_on != self._caller_cpu or _getcpu() != self._ran_on):
-            _hold_left[0] = HOLD_CALLS
+        elif self._caller_cpu >= 0 and _getcpu is not None:
+            watch = _hold_left
+            if self._ran_on != self._caller_cpu or _getcpu() != self._ran_on:
+                watch[2] += 1
+                if watch[2] >= 2:
+                    watch[0], watch[2] = watch[3], 0
+                    watch[3] = min(2 * watch[3], HOLD_MAX)
+            else:
+                watch[2], watch[3] = 0, HOLD_CALLS
 
     def _loop(self) -> None:
         if _getcpu is not None:
