@@ -56,7 +56,7 @@ from typing import Any, Literal, cast
 
 from .contract import ExecutorLike
 from .core.errors import ERROR_TYPES, CoordexError, make_error, nearest, quoted_list
-from .worker._coordex_engine import escape_text
+from .worker._coordex_engine import escape_text, safe_repr
 
 ToolFormat = Literal["openai", "openai-responses", "anthropic", "mcp"]
 FORMATS: tuple[ToolFormat, ...] = ("openai", "openai-responses", "anthropic", "mcp")
@@ -834,11 +834,11 @@ def tool_definitions(
         hint = f" Did you mean format={guess!r}?" if guess else ""
         return make_error(
             "validation",
-            f"Unknown tool definition format {format!r}.",
+            f"Unknown tool definition format {safe_repr(format, 80)}.",
             f"Use format='openai', 'openai-responses', 'anthropic' or 'mcp'.{hint}",
         )
     if not isinstance(strict, bool):
-        return make_error("validation", f"strict must be true or false, got {strict!r:.80}.",
+        return make_error("validation", f"strict must be true or false, got {safe_repr(strict, 80)}.",
                           "Pass strict=True for OpenAI strict-mode schemas, else strict=False.")
     wanted = list(TOOL_NAMES) if names is None else list(names)
     unknown = [n for n in wanted if n not in _BY_NAME]
@@ -1062,6 +1062,8 @@ def _define_function(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput
         stored = ex.functions.define(source=source, name=args.get("name"), env=env)
     except CoordexError as exc:
         return exc.to_dict()
+    if isinstance(stored, dict):  # refused: the error dict, as define returns it
+        return stored
     return cast(dict[str, Any], stored.describe())
 
 

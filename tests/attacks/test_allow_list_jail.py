@@ -356,6 +356,58 @@ def test_its_call_log_is_not_its_to_change(room: Room) -> None:
     assert not (room.server.home / "tenants" / "alice" / "log.sqlite3").exists()
 
 
+FORGE_OWN = """
+import json, os, threading
+argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')
+out = int(argv[argv.index(b'--out') + 1])
+def send():  # from a thread of its own: the line carries no call of the owner's
+    os.write(out, json.dumps({'type': 'record', 'id': 10**7, 'op': 'log_append', 'args': {
+        'row': {'kind': 'call', 'code': "print('hello')  # forged own row",
+                'language': 'python', 'state_mode': 'stateful', 'session_name': 'admin',
+                'outcome': 'ok', 'said_by': None, 'stdout': 'hello', 'owner': 'x',
+                'code_truncated': 0, 'state_lost': 0, 'retried': 0}}}).encode() + b'\\n')
+t = threading.Thread(target=send)
+t.start()
+t.join()
+'sent'
+"""
+
+
+def test_rows_of_the_hosts_own_are_marked_as_its_word(room: Room) -> None:
+    """R10: a row no call of the owner's ties (the host's own word) is marked so by the
+    owner, whatever the host says, and ``coordex log``, ``history(seq=)`` and the page's
+    list say so; a row of a call the owner sent bears no mark."""
+    from coordex.log.calls import calls_page, history
+    from coordex.log.store import LogReader
+
+    sent = room.server.code(ALICE, FORGE_OWN)
+    assert sent["result"] == "'sent'", sent
+    records = room.server.home / "records" / "tenants" / "alice"
+    deadline = time.monotonic() + 10
+    while True:
+        rows = LogReader(records / "log.sqlite3").query(
+            "SELECT seq, code, said_by FROM calls WHERE kind = 'call' ORDER BY seq")
+        forged = [r for r in rows if str(r["code"]).startswith("print('hello')")]
+        if forged or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert forged and all(r["said_by"] == "host" for r in forged), rows
+    real = [r for r in rows if str(r["code"]).startswith("\nimport json, os, threading")]
+    assert real and all(r["said_by"] is None for r in real), rows
+    reader = LogReader(records / "log.sqlite3")
+    seq = forged[-1]["seq"]
+    assert history(reader, seq=seq)["call"]["said_by"] == "host"
+    page = {c["seq"]: c for c in calls_page(reader)["calls"]}
+    assert page[seq]["said_by"] == "host" and "said_by" not in page[real[-1]["seq"]], page
+    shown = subprocess.run([sys.executable, "-m", "coordex", "log", "--home", str(records)],
+                           capture_output=True, text=True, timeout=60)
+    line = next(x for x in shown.stdout.splitlines() if x.lstrip().startswith(f"{seq} "))
+    assert "host's word" in line, shown.stdout
+    detail = subprocess.run([sys.executable, "-m", "coordex", "log", "--home", str(records),
+                             "--seq", str(seq)], capture_output=True, text=True, timeout=60)
+    assert "the host's own word" in detail.stdout, detail.stdout
+
+
 USERNS = """
 import ctypes, json, os, platform, subprocess, sys
 child = '''

@@ -210,6 +210,20 @@ def test_a_link_on_another_port_cannot_log_a_browser_in(server: tuple[Running, s
     assert _status(port, "GET", f"/ui/?token={TOKEN}", headers) == status
 
 
+@pytest.mark.parametrize(("header", "status"), [
+    ("Referer: http://127.0.0.1:1/trap.html", "403"), ("Origin: http://127.0.0.1:1", "403"),
+    ("Referer: http://localhost:1/", "403"), ("Referer: http://127.0.0.1:{port}/ui/", "303"),
+    (None, "303")])
+def test_a_browser_without_fetch_metadata_is_not_logged_in_from_another_port(
+        server: tuple[Running, str], header: str | None, status: str) -> None:
+    """N17/R9 for a browser that sends no ``Sec-Fetch-Site`` (older ones): a link on
+    another port still says where it was followed from (``Referer``, ``Origin``)."""
+    port = urlsplit(server[1]).port
+    assert port is not None
+    headers = [header.format(port=port).encode()] if header else []
+    assert _status(port, "GET", f"/ui/?token={TOKEN}", headers) == status
+
+
 def test_the_programs_page_server_closes_a_half_sent_request(tmp_path: Path) -> None:
     """``ex.serve_ui()`` and ``coordex mcp --ui`` serve the page with a thread per
     connection: a half-sent request held its thread for good."""

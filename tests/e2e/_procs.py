@@ -105,6 +105,42 @@ def stop(process: subprocess.Popen[str]) -> None:
             stream.close()
 
 
+# COORDEX_TEST_SERVE_AS=nobody: every server a test starts as root without a user of
+# its own runs as nobody (uid 65534), its home, tokens file and confine folder handed
+# to nobody first; with --basetemp and TMPDIR outside /tmp the attack tests then run
+# against an unprivileged server whose root lies outside /tmp.
+SERVE_AS = os.environ.get("COORDEX_TEST_SERVE_AS")
+NOBODY_ID = 65534
+
+
+def _serving_as(args: tuple[str, ...], env: Mapping[str, str],
+                wrap: Callable[[list[str]], list[str]],
+                cwd: str | os.PathLike[str] | None) -> Callable[[list[str]], list[str]]:
+    if SERVE_AS != "nobody" or wrap is not list or os.geteuid() != 0 \
+            or not args or args[0] not in ("serve", "mcp"):
+        return wrap
+    from tests.e2e.test_confinement import as_nobody
+
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    folders = [Path(env["COORDEX_HOME"])] if env.get("COORDEX_HOME") else []
+    folders += [base / args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--confine"]
+    paths = folders + [base / args[i + 1] for i, arg in enumerate(args[:-1])
+                       if arg == "--tokens"]
+    for path in paths:
+        if path in folders and not path.exists():
+            path.mkdir(parents=True)
+        for parent in path.parents:  # nobody reaches it
+            mode = parent.stat().st_mode
+            if not mode & 0o001:
+                os.chmod(parent, (mode & 0o7777) | 0o001)
+        if path.exists():
+            os.chown(path, NOBODY_ID, NOBODY_ID)
+            for folder, dirs, files in os.walk(path):
+                for name in dirs + files:
+                    os.lchown(os.path.join(folder, name), NOBODY_ID, NOBODY_ID)
+    return as_nobody
+
+
 @contextmanager
 def spawn(*args: str, env: Mapping[str, str],
           wrap: Callable[[list[str]], list[str]] = list,
@@ -112,6 +148,7 @@ def spawn(*args: str, env: Mapping[str, str],
     """``coordex ARGS`` running, its stderr lines in ``Running.lines``; ``wrap`` turns the
     argv into the command actually run (as another user, in a namespace); ``cwd`` is its
     working folder (the test's by default)."""
+    wrap = _serving_as(args, env, wrap, cwd)
     process = subprocess.Popen(wrap([*COORDEX, *args]), env=dict(env), stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                cwd=cwd)

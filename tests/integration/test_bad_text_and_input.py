@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordex import CallError, Executor
+from coordex import Executor
 from coordex.backends.base import RunRequest
 from coordex.backends.env.workers import WorkerSession
 from tests.said import said
@@ -78,10 +78,9 @@ def test_a_lone_surrogate_in_a_name_or_spec_is_a_validation_error(ex: Executor) 
         r = ex.environments.create(spec, name=name)
         assert r["error_type"] == "validation", r
         utf8_json(r)
-    with pytest.raises(CallError) as raised:
-        ex.functions.define(source="def f():\n    return 'caf\udce9'\n")
-    assert raised.value.error_type == "validation"
-    utf8_json(raised.value.to_dict())
+    r = ex.functions.define(source="def f():\n    return 'caf\udce9'\n")
+    assert r["error_type"] == "validation" and "surrogate" in r["error"], r
+    utf8_json(r)
 
 
 def test_a_surrogate_written_as_an_escape_in_code_runs(ex: Executor) -> None:
@@ -108,6 +107,64 @@ def test_ids_beyond_sqlite_integers_are_refused(ex: Executor) -> None:
 def test_deeply_nested_toml_is_a_validation_error(ex: Executor, spec: str) -> None:
     r = ex.environments.create(spec)
     assert r["error_type"] == "validation" and "deeply" in r["error"], r
-    with pytest.raises(CallError) as raised:
-        ex.functions.define(source="def f():\n    return 1\n", env=spec)
-    assert raised.value.error_type == "validation"
+    r = ex.functions.define(source="def f():\n    return 1\n", env=spec)
+    assert r["error_type"] == "validation", r
+
+
+class _Evil:
+    """An argument whose every method raises: what a caller's bug can hand over."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr")
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("eq")
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash")
+
+    def __index__(self) -> int:
+        raise RuntimeError("index")
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("bool")
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda ex: ex.functions.define(source="def f\ud800():\n    return 1\n"),
+                 id="define-surrogate-in-code"),
+    pytest.param(lambda ex: ex.functions.define(source="def f():\n    return 1\n",
+                                                name="f\ud800"), id="define-surrogate-in-name"),
+    pytest.param(lambda ex: ex.functions.define(lambda: 1, name="g\ud800"),
+                 id="define-fn-surrogate-name"),
+    pytest.param(lambda ex: ex.functions.define(source=12), id="define-source-not-text"),
+    pytest.param(lambda ex: ex.functions.define(source="def f():\n    return 1\n",
+                                                name=_Evil()), id="define-odd-name"),
+    pytest.param(lambda ex: ex.functions.define(source="def f():\n    return 1\n",
+                                                env=_Evil()), id="define-odd-env"),
+    pytest.param(lambda ex: ex.functions.show("\ud800"), id="show-surrogate"),
+    pytest.param(lambda ex: ex.functions.show(_Evil()), id="show-odd"),
+    pytest.param(lambda ex: ex.functions.call("\ud800"), id="call-surrogate"),
+    pytest.param(lambda ex: ex.functions.call(_Evil()), id="call-odd"),
+    pytest.param(lambda ex: ex.serve_ui(port=_Evil()), id="serve_ui-odd-port"),
+    pytest.param(lambda ex: ex.serve_ui(host=_Evil()), id="serve_ui-odd-host"),
+    pytest.param(lambda ex: ex.serve_ui(host="h\ud800"), id="serve_ui-surrogate-host"),
+    pytest.param(lambda ex: ex.serve_ui(host="no-such-host.invalid"), id="serve_ui-unknown-host"),
+    pytest.param(lambda ex: ex.tool_definitions(_Evil()), id="tool_definitions-odd-format"),
+    pytest.param(lambda ex: ex.tool_definitions("openai", strict=_Evil()),
+                 id="tool_definitions-odd-strict"),
+])
+def test_the_python_api_never_raises_for_what_the_caller_passes(ex: Executor, call) -> None:
+    """F14 (SPEC 2): a lone surrogate or an argument whose methods raise comes back as an
+    error dict with a suggestion, valid as UTF-8 JSON, never as an exception."""
+    r = call(ex)
+    assert isinstance(r, dict) and r["error_type"] in ("validation", "not_found",
+                                                        "environment"), r
+    assert r["suggestion"], r
+    utf8_json(r)
+
+
+def test_versions_of_a_name_no_function_can_have_is_empty(ex: Executor) -> None:
+    assert ex.functions.versions("\ud800") == [] and ex.functions.versions(_Evil()) == []

@@ -126,3 +126,45 @@ def test_a_lone_surrogate_in_a_function_name_is_a_validation_error(tmp_path: Pat
                       ex.functions.call("f@99999999999999999999999"),
                       ex.functions.show("f", 10**30)):
             assert found.get("error_type") == "validation", found
+
+
+def test_a_session_whose_rows_the_log_refused_says_so_when_restored(tmp_path: Path) -> None:
+    """R12: rows of a session the owner could not write (its file gone unwritable)
+    before the host restarted: the restored session's reply says calls are missing,
+    once, and only for that session."""
+    import shutil
+
+    from coordex.hosting.records import OwnerRecords
+    from coordex.log.store import LOG_FILE
+
+    records = OwnerRecords(tmp_path / "records")
+    try:
+        row = {"owner": "t", "kind": "call", "code_truncated": False, "state_lost": False,
+               "retried": False, "language": "python", "session_name": "s",
+               "session_id": 1}
+        assert isinstance(records.handle("log_append", {"row": row}), int)
+        records._log.drop()
+        log = tmp_path / "records" / LOG_FILE
+        for leftover in tmp_path.joinpath("records").glob(LOG_FILE + "*"):
+            leftover.unlink()
+        log.mkdir()  # a file that cannot be opened: each row is refused
+        refused = records.handle("log_append", {"row": row})
+        assert refused.get("storage") is True, refused
+        records.new_life()
+        other = {"restored": {"from": "replay"},
+                 "session": {"language": "python", "session_name": "t", "session_id": 2,
+                             "venv_id": None}}
+        records.mark_restored(other)
+        assert "missing_rows" not in other["restored"]
+        mine = {"restored": {"from": "replay", "replayed": 1},
+                "session": {"language": "python", "session_name": "s", "session_id": 1,
+                            "venv_id": None}}
+        records.mark_restored(mine)
+        assert mine["restored"]["missing_rows"] == 1, mine
+        assert "no row in the call log" in mine["restored"]["why"]
+        again = {"restored": {"from": "snapshot"}, "session": mine["session"]}
+        records.mark_restored(again)
+        assert "missing_rows" not in again["restored"]
+        shutil.rmtree(log)
+    finally:
+        records.close()

@@ -80,6 +80,8 @@ class RunResult(ErrorFields, total=False):
     # SPEC 14: files holding the whole of what the result cut ("stdout", "stderr",
     # "result"), present only then.
     spilled: dict[str, str]
+    # A call that ran but whose row the call log could not keep (a full disk) says so.
+    warning: str
 
 
 class SessionInfo(TypedDict, total=False):

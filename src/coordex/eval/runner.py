@@ -107,7 +107,10 @@ def _setup(ex: ExecutorLike, task: Task, bench: Workbench) -> dict[str, int]:
             raise SetupError(f"environment {key!r} of {task.name} did not build: {built['error']}")
         venvs[key] = created["venv_id"]
     for source, env in task.functions:
-        ex.functions.define(source=source, env=None if env is None else _spec(task, env, bench))
+        stored = ex.functions.define(source=source,
+                                     env=None if env is None else _spec(task, env, bench))
+        if isinstance(stored, dict) and "error_type" in stored:
+            raise SetupError(f"a function of {task.name} could not be stored: {stored['error']}")
     return venvs
 
 

@@ -260,6 +260,8 @@ class _Host:
             if give_up is not None and time.monotonic() > give_up:
                 self.kill()
                 pending.done.wait()
+        if self._records is not None and pending.value is not None:
+            self._records.mark_restored(pending.value)
         return pending.value
 
     def stopped(self) -> bool:

@@ -16,8 +16,10 @@ asks its owner to write, over the host wire (``record`` / ``record_reply`` lines
 The owner knows every call it sent: a row the host appends while an ``execute_code``
 call of the owner's is in flight carries that call's code, language and mode as the
 owner sent them, whatever the host says. Rows of the host's own doing (a session it
-closed) are its word. So a tenant can neither rewrite nor delete what it did before,
-nor put code it never sent into a row of a call it made.
+closed) are its word, and the owner marks them so (``said_by: "host"``), whatever the
+host sends: ``coordex log``, ``history(seq=)`` and the page show the mark. So a tenant
+can neither rewrite nor delete what it did before, nor put code it never sent into a
+row of a call it made, nor pass its word off as a call the owner saw.
 
 :class:`OwnerRecords` is the owner's side; :class:`HostRecords` the host's, given to its
 Executor (``records=``), which then makes its call log and function store from it.
@@ -26,6 +28,7 @@ Executor (``records=``), which then makes its call log and function store from i
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import itertools
 import os
@@ -42,6 +45,7 @@ from ..log.store import (
     COLUMNS,
     LOG_FILE,
     OUTPUT_CAP_BYTES,
+    SAID_BY,
     CallLog,
     SQLiteWriter,
 )
@@ -51,20 +55,24 @@ RECORD_OPS = ("log_append", "log_update", "define_function")
 ANSWER_TIMEOUT = 30.0  # seconds the host waits for its owner to write a record
 _CALL_FIELDS = ("code", "language", "state_mode")  # what the owner sent, kept true
 _LATER = ("changed",)  # what a row may gain after its call returned (worked out later)
+LOG_ROOM = 4 << 20  # bytes of free pages each tenant's log keeps (and as much WAL)
 MAX_SAID = 16  # rows of the host's own (a session closed) per call of the owner
 
-_current = threading.local()
+# The owner's call being served: a context variable, so a call the tools run on a
+# thread of their own (a detached call, the MCP tools' default wait) keeps it.
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("coordex_serving_call",
+                                                                default=None)
 
 
 @contextlib.contextmanager
 def serving_call(call_id: Any) -> Iterator[None]:
-    """Mark the calling thread as running the owner's call ``call_id`` (its log row is
+    """Mark the calling context as running the owner's call ``call_id`` (its log row is
     then tied to that call)."""
-    _current.call = call_id
+    token = _current.set(call_id)
     try:
         yield
     finally:
-        _current.call = None
+        _current.reset(token)
 
 
 # ------------------------------------------------------------------------- the owner
@@ -81,12 +89,19 @@ class OwnerRecords:
     def __init__(self, folder: str | os.PathLike[str], max_rows: int = 100_000) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._log = SQLiteWriter(self.folder / LOG_FILE, max_rows)
+        # Room of its own in the file: another tenant filling the disk costs this one
+        # no rows until LOG_ROOM bytes of them are written.
+        self._log = SQLiteWriter(self.folder / LOG_FILE, max_rows, room=LOG_ROOM)
         self._library: LibraryStore | None = None
         self._lock = threading.Lock()
         # seqs of the present host's life -> the owner's call the row is tied to, or None
         self._appended: dict[int, Any] = {}
         self._said = 0  # rows the host appended of its own since the owner's last call
+        # Sessions whose rows this file refused (a full disk), in this host's life and
+        # in the last one: a session the next host restores may then be older than its
+        # last results showed, and its ``restored`` says so (never a silent roll-back).
+        self._refused: dict[tuple[Any, ...], int] = {}
+        self._refused_before: dict[tuple[Any, ...], int] = {}
         with self._lock:
             self._log.connection()
         self._library = LibraryStore(self.folder / LIBRARY_FILE)
@@ -96,6 +111,9 @@ class OwnerRecords:
         with self._lock:
             self._appended.clear()
             self._said = 0
+            for key, count in self._refused.items():
+                self._refused_before[key] = self._refused_before.get(key, 0) + count
+            self._refused = {}
 
     def sent_call(self) -> None:
         """The owner sent the host a call: the host may say a few rows of its own again."""
@@ -124,6 +142,9 @@ class OwnerRecords:
                     row["at"] = min(max(at, started), now) if isinstance(at, float) else now
                 else:
                     row["at"] = now  # the host's word, but never back-dated
+                # Marked here, never by the host: a row no call of the owner's ties is
+                # the host's word, and every reader of the log says so.
+                row[SAID_BY] = None if tied else "host"
                 with self._lock:
                     if not tied:
                         if self._said >= MAX_SAID:
@@ -140,6 +161,7 @@ class OwnerRecords:
                         return {"error": f"row {which!r} is not one this host wrote"}
                     values = _row(args.get("values"))
                     values.pop("at", None)
+                    values.pop(SAID_BY, None)  # set once, by the owner
                     if tied and self._appended[which] in (None, call_id):
                         # The call in flight completes its own row (or one the host
                         # reserved for it): what the owner sent stays as it was sent.
@@ -165,14 +187,46 @@ class OwnerRecords:
         except (KeyError, TypeError, ValueError) as exc:
             return {"error": f"{op}: {type(exc).__name__}: {exc}"[:300]}
         except (sqlite3.Error, OSError, Exception) as exc:  # the disk: the host says so
+            if op == "log_append" and isinstance(args.get("row"), dict):
+                key = _session_key(args["row"])
+                if key is not None:
+                    with self._lock:
+                        self._refused[key] = self._refused.get(key, 0) + 1
             return {"error": f"{op} failed: {type(exc).__name__}: {exc}"[:300],
                     "storage": True}
+
+    def mark_restored(self, value: Any) -> None:
+        """A reply of the host's: when it restored a session some of whose rows this
+        file refused before the host restarted, its ``restored`` says those calls are
+        missing from the log (so the state may be older than their results showed)."""
+        if not self._refused_before or not isinstance(value, dict):
+            return
+        restored, session = value.get("restored"), value.get("session")
+        if not isinstance(restored, dict) or not isinstance(session, dict):
+            return
+        key = _session_key(session)
+        with self._lock:
+            missing = self._refused_before.pop(key, 0) if key is not None else 0
+        if missing:
+            restored["missing_rows"] = missing
+            why = (f"{missing} call(s) of this session before its host restarted have no "
+                   "row in the call log (the disk was full), so their changes may be "
+                   "missing from what came back")
+            restored["why"] = f"{restored['why']}; {why}" if restored.get("why") else why
 
     def close(self) -> None:
         with self._lock:
             self._log.close()
             if self._library is not None:
                 self._library.close()
+
+
+def _session_key(row: dict[str, Any]) -> tuple[Any, ...] | None:
+    """A stateful session's coordinates as a row or a result's ``session`` names it."""
+    if row.get("session_id") is None and row.get("session_name") is None:
+        return None
+    return (row.get("language"), row.get("venv_id"), row.get("session_name"),
+            None if row.get("session_name") else row.get("session_id"))
 
 
 def _as_execute_code(call: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -238,7 +292,7 @@ class HostRecords:
                 raise OSError("the owner no longer answers")
             self._waiting[ident] = done
         msg = {"type": "record", "id": ident, "op": op, "args": args}
-        call = getattr(_current, "call", None)
+        call = _current.get()
         if call is not None:
             msg["call"] = call
         try:

@@ -39,6 +39,7 @@ from typing import Any, Protocol, overload
 from ..core import coordinates as coords
 from ..core.coordinates import StateMode
 from ..core.errors import CoordexError, nearest, quoted_list
+from ..worker._coordex_engine import safe_repr
 from . import _codec
 from .errors import CallError
 from .store import FunctionRecord, LibraryStore
@@ -82,7 +83,7 @@ def source_of(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__name__", None)
     if not inspect.isfunction(fn) or name == "<lambda>":
         raise CallError(
-            "validation", f"define() takes a function defined with def, got {fn!r}.",
+            "validation", f"define() takes a function defined with def, got {_shown(fn)}.",
             "Decorate a def function, or pass its code as text: "
             "functions.define(source='def f(x): ...', name='f').")
     try:
@@ -108,8 +109,11 @@ def analyse(source: str, name: str | None) -> tuple[str, str, str | None]:
     ``name`` may be None when the source defines exactly one top-level function.
     """
     if not isinstance(source, str) or not source.strip():
-        raise CallError("validation", f"source must be non-empty Python text, got {source!r:.80}.",
+        raise CallError("validation", "source must be non-empty Python text, got "
+                        f"{_shown(source)}.",
                         "Pass the function's code as a string: source='def f(x):\\n    ...'.")
+    if name is not None and not isinstance(name, str):
+        _check_name(name)
     if not coords.is_valid_text(source) or (isinstance(name, str)
                                             and not coords.is_valid_text(name)):
         raise CallError("validation", "The source or name holds a character that is not valid "
@@ -155,10 +159,15 @@ def analyse(source: str, name: str | None) -> tuple[str, str, str | None]:
     return name, signature, ast.get_docstring(node)
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)`` for a message: never raising, valid text, at most 80 characters."""
+    return safe_repr(value, 80)
+
+
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
         raise CallError("validation",
-                        f"A stored function's name must be a Python identifier, got {name!r}.",
+                        f"A stored function's name must be a Python identifier, got {_shown(name)}.",
                         "Use a name like 'run_forecast' (letters, digits, underscores; "
                         "not starting with '__').")
 
@@ -404,13 +413,19 @@ class FunctionLibrary:
         Same source and environment as the latest version keeps that version; anything
         else becomes a new version (older ones stay callable).
 
-        When coordex's own storage fails (a full disk, a read-only or damaged library,
-        a full environment registry) it returns that ``environment`` error dict instead
-        of a :class:`StoredFunction` (SPEC 2: never raised for the machine's conditions).
-
-        Raises:
-            CallError: ``validation`` for bad source, name or spec.
+        Nothing the caller passes makes it raise (SPEC 2): bad source, name or spec
+        (a lone surrogate included) returns the ``validation`` error dict, and coordex's
+        own storage failing (a full disk, a read-only or damaged library, a full
+        environment registry) the ``environment`` one, instead of a
+        :class:`StoredFunction`.
         """
+        try:
+            return self._define(fn, env=env, source=source, name=name)
+        except CallError as exc:
+            return dict(exc.record)
+
+    def _define(self, fn: Callable[..., Any] | None, *, env: str | None,
+                source: str | None, name: str | None) -> Any:
         if fn is None and source is None:
             return lambda f: self.define(f, env=env, name=name)
         if fn is not None and source is not None:
@@ -428,15 +443,10 @@ class FunctionLibrary:
             found, signature, doc = analyse(source, name)  # type: ignore[arg-type]
             text = source  # type: ignore[assignment]
         env_key = _env_key(env)
-        try:
-            if env is not None:
-                self._venv_id(env, env_key)  # registers the environment; fails early on bad specs
-            record, _ = self._store.define(name=found, source=text, env=env, env_key=env_key,
-                                           signature=signature, doc=doc, now=time.time())
-        except CallError as exc:
-            if exc.error_type != "environment":
-                raise
-            return dict(exc.record)
+        if env is not None:
+            self._venv_id(env, env_key)  # registers the environment; fails early on bad specs
+        record, _ = self._store.define(name=found, source=text, env=env, env_key=env_key,
+                                       signature=signature, doc=doc, now=time.time())
         return StoredFunction(self, record)
 
     # -- looking up ---------------------------------------------------------------------
@@ -454,7 +464,7 @@ class FunctionLibrary:
                                 f"Write it as '{base}@1' (name@version, a whole number).")
             name, version = base, int(number)
         if not isinstance(name, str):
-            raise CallError("validation", f"A function name must be a string, got {name!r}.",
+            raise CallError("validation", f"A function name must be a string, got {_shown(name)}.",
                             "Use functions['name'] or functions.get('name').")
         if not coords.is_valid_text(name):  # a lone surrogate: no stored name holds one
             raise CallError("validation", f"A function name must be valid text, got {name!r:.80}.",
@@ -469,7 +479,10 @@ class FunctionLibrary:
         return StoredFunction(self, record)
 
     def versions(self, name: str) -> list[int]:
-        """Every stored version of ``name``, oldest first (empty if none)."""
+        """Every stored version of ``name``, oldest first (empty if none, and for a name
+        no stored function can have: not text, or a lone surrogate in it)."""
+        if not isinstance(name, str) or not coords.is_valid_text(name):
+            return []
         return self._store.versions(name)
 
     def _not_found(self, name: str, version: int | None) -> CallError:

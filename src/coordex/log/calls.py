@@ -1,14 +1,14 @@
 """From a finished call to a log row, and the executor-facing reads of the log.
 
 :func:`record_call` runs at the end of every call the Executor makes (``execute_code``
-and stored-function calls alike): it turns the result dict into a row for
-:class:`~coordex.log.store.CallLog` and, where the result says state was lost, ends its
-suggestion with how to get it back (:func:`coordex.core.messages.rebuild_hint`). It
-never raises: a log that fails costs the row, not the call.
+and stored-function calls alike): it turns the rendered result dict into a row for
+:class:`~coordex.log.store.CallLog`, with what the result does not show passed beside it
+(the names and files the call changed: :func:`changes`). It reads the result and never
+changes it, and never raises: a log that fails costs the row, not the call.
 
-Two facts do not travel in the result dict and are handed over through a thread-local
-note instead: what a read-only copy would have changed (the backends report it, the
-result does not show it) and which logged call a rebuild is replaying.
+One fact of a call reaches the row through a note on the thread that runs it, set by
+the code that started the call: which logged call a rebuild is replaying
+(:func:`note_replay`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from ..core import coordinates as coords
-from ..core import messages
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
 from .store import COLUMNS, CallLog, LogReader, decode_row, rows_where
@@ -54,13 +53,29 @@ _NOT_THE_CODES = frozenset({"_", "__", "___", "__builtins__", "__name__", "__doc
 _OWN_FILES = ("log.sqlite3", "library.sqlite3", "environments.sqlite3")
 
 
-def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
-    """What the read-only copy about to be recorded on this thread changed: names it
-    rebound or deleted, and files it wrote in protected folders (all discarded).
+def open_call_log(root: Any, records: Any, enabled: bool, max_rows: int) -> CallLog | None:
+    """An Executor's call log: under ``root``, or written by ``records`` (a confined
+    host's owner); None when ``enabled`` is false. ValueError for a bad ``max_rows``."""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
+    if not enabled:
+        return None
+    if records is not None:
+        log: CallLog = records.call_log(max_rows)
+        return log
+    from . import LOG_FILE
+
+    return CallLog(root / LOG_FILE, max_rows)
+
+
+def changes(rebound: Any, deleted: Any, written: Any = None) -> Any:
+    """The row's ``changed`` column for a call: names it rebound or deleted, and files
+    a read-only copy wrote in protected folders (all discarded); None when the code
+    changed nothing.
 
     ``rebound`` may instead be a callable returning ``(rebound, deleted)``: a place
     whose names cost a parse (a bash copy's) hands that over, and the log works it out
-    after the row is written, off the call's path.
+    after the row is written, off the call's path (the column is then a callable).
     """
     if callable(rebound):
         names = rebound
@@ -69,9 +84,8 @@ def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
             now_rebound, now_deleted = names()
             return _changes(now_rebound, now_deleted, written)
 
-        _notes.changed = later
-    else:
-        _notes.changed = _changes(rebound, deleted, written)
+        return later
+    return _changes(rebound, deleted, written)
 
 
 def _changes(rebound: Any, deleted: Any, written: Any) -> dict[str, Any] | None:
@@ -101,12 +115,6 @@ def _names(names: Any) -> list[str]:
 def _own_file(path: Any) -> bool:
     name = os.path.basename(str(path))
     return any(name == own or name.startswith(own + "-") for own in _OWN_FILES)
-
-
-def note_call_id(call_id: str | None) -> None:
-    """The next row written on this thread is the call ``call_id`` (SPEC 14: its result
-    is read back from the log by that id)."""
-    _notes.call_id = call_id
 
 
 def result_of_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -144,13 +152,15 @@ def note_replay(seq: int, code: str) -> None:
 
 def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                 coordinate: Coordinate | None, seq: int | None = None,
-                asked: tuple[Any, ...] | None = None) -> dict[str, Any]:
+                asked: tuple[Any, ...] | None = None, *, changed: Any = None,
+                call_id: str | None = None) -> LoggedRow:
     """Write the row of one finished call (completing row ``seq`` if the call's row was
-    reserved while it ran) before the call returns; returns ``result`` (its suggestion
-    may now name ``rebuild_session``). ``asked``: the coordinate's arguments as given,
-    for a call refused before they made a coordinate (its row shows what was asked)."""
+    reserved while it ran) before the call returns, and return it. ``asked``: the
+    coordinate's arguments as given, for a call refused before they made a coordinate
+    (its row shows what was asked). ``changed``: :func:`changes` of the call.
+    ``call_id``: the call record (SPEC 14) whose own row this is."""
     if log is None:
-        return result
+        return LoggedRow()
     try:
         session = result.get("session")
         if session is None and coordinate is not None and coordinate.state_mode != "stateless":
@@ -159,14 +169,6 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                        "session_name": coordinate.session_name}
         error_type = result.get("error_type")
         state_lost = result.get("state_lost")
-        if state_lost or error_type == "crashed":
-            messages.add_rebuild_hint(result, session)
-        changed = getattr(_notes, "changed", None)
-        if changed is not None:
-            _notes.changed = None
-        call_id = getattr(_notes, "call_id", None)
-        if call_id is not None:
-            _notes.call_id = None
         replay = getattr(_notes, "replay", None)
         replay_of = None
         if replay is not None and replay[1] is code:
@@ -201,10 +203,16 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             "call_id": call_id}
         # A row reserved while the call ran is completed in the file; any other goes
         # through the journal (durable at once, in the file a moment later).
-        _notes.seq = log.append(row, seq) if seq is not None else (log, log.record(row))
+        logged = LoggedRow(log.append(row, seq) if seq is not None else (log, log.record(row)))
+        if not logged.written:  # never silent: the caller is told
+            result["warning"] = (
+                "This call ran, but its row could not be written to the call log "
+                f"({log.problem or 'the log refused it'}); history() will not show it, "
+                "and a session rebuilt from the log would miss it. Free disk space "
+                "under the data folder.")
+        return logged
     except Exception:  # the log never costs the call
-        pass
-    return result
+        return LoggedRow()
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -231,13 +239,6 @@ class LoggedRow:
             log, entry = self._noted
             self._noted = log.seq_of(entry) if entry is not None else None
         return self._noted
-
-
-def last_row() -> LoggedRow:
-    """The row :func:`record_call` wrote last on this thread (once)."""
-    noted = getattr(_notes, "seq", None)
-    _notes.seq = None
-    return LoggedRow(noted)
 
 
 def _as_asked(asked: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -289,10 +290,18 @@ def history(log: CallLog | LogReader, language: Any = None, session_id: Any = No
         return calls_page(log, language=language, session_id=session_id,
                           session_name=session_name, venv_id=venv_id, limit=limit, **narrower)
     where, params = rows_where(check_filters(language, session_id, session_name, venv_id, limit))
-    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)} FROM calls WHERE {where} "
+    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)}, said_by FROM calls WHERE {where} "
                 f"ORDER BY seq DESC LIMIT ?", [*params, limit])
     rows.reverse()
-    return {"calls": [decode_row(row) for row in rows]}
+    return {"calls": [marked(decode_row(row)) for row in rows]}
+
+
+def marked(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as readers show it: ``said_by: "host"`` on a row that is a confined host's
+    own word (``hosting/records.py``), no such key on a row coordex vouches for."""
+    if call.get("said_by") is None:
+        call.pop("said_by", None)
+    return call
 
 
 # What ``history(seq=N)`` and the page's ``calls/SEQ`` show of one call: every column
@@ -314,7 +323,7 @@ def one_call(log: CallLog | LogReader, seq: Any) -> dict[str, Any]:
         raise CoordexError("not_found", f"The call log holds no call {seq}; {held}.",
                            "Call history() to see the seqs it holds (the oldest rows go "
                            "first once the log is full).")
-    return decode_row(rows[0])
+    return marked(decode_row(rows[0]))
 
 
 # The page's filters (SPEC 11's GET calls): equality on these columns, plus ``text``.
@@ -355,10 +364,10 @@ def calls_page(log: CallLog | LogReader, *, language: Any = None, session_id: An
         where += (" AND (instr(code, ?) OR instr(stdout, ?) OR instr(stderr, ?) OR "
                   "instr(error, ?) OR instr(result, ?))")
         params += [str(text)] * 5
-    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)}, exit_code FROM calls "
+    rows = read(log, f"SELECT {', '.join(HISTORY_KEYS)}, exit_code, said_by FROM calls "
                 f"WHERE {where} ORDER BY seq DESC LIMIT ?", [*params, limit])
     rows.reverse()
-    return {"calls": [decode_row(row) for row in rows]}
+    return {"calls": [marked(decode_row(row)) for row in rows]}
 
 
 def read(log: CallLog | LogReader, sql: str, params: list[Any]) -> list[dict[str, Any]]:

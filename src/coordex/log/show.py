@@ -62,11 +62,14 @@ def call_line(call: dict[str, Any]) -> dict[str, Any]:
         outcome += " (state lost)"
     at = call.get("at")
     duration = call.get("duration_ms")
+    code = code[:60] + ("..." if len(code) > 60 else "")
+    if call.get("said_by") == "host":
+        code = "[host's word] " + code
     return {"seq": call.get("seq"),
             "at": time.strftime("%m-%d %H:%M:%S", time.localtime(at)) if at else "",
             "where": where, "state_mode": call.get("state_mode") or "",
             "outcome": outcome, "ms": f"{duration:.1f}" if duration is not None else "",
-            "code": code[:60] + ("..." if len(code) > 60 else "")}
+            "code": code}
 
 
 def call_detail(call: dict[str, Any]) -> list[str]:
@@ -74,6 +77,9 @@ def call_detail(call: dict[str, Any]) -> list[str]:
     head = call_line(call)
     out = [f"call {call.get('seq')}  {head['at']}  {head['where']}  {head['state_mode']}  "
            f"{head['outcome']}  {head['ms']} ms"]
+    if call.get("said_by") == "host":
+        out.append("said by: the host's own word (no call the server sent; its code, "
+                   "outcome and output are what the tenant's host said)")
     for key in ("exit_code", "retried", "replay_of", "isolation", "changed"):
         if call.get(key) not in (None, False):
             out.append(f"{key}: {printable(call[key])}")

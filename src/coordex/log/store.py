@@ -101,7 +101,8 @@ CREATE TABLE IF NOT EXISTS calls (
     changed TEXT,
     replay_of INTEGER,
     stdout TEXT, stderr TEXT, result TEXT, error TEXT, suggestion TEXT, traceback TEXT,
-    call_id TEXT
+    call_id TEXT,
+    said_by TEXT
 );
 DROP INDEX IF EXISTS calls_by_session;
 DROP INDEX IF EXISTS calls_by_name;
@@ -115,13 +116,20 @@ CREATE TABLE IF NOT EXISTS journals (owner TEXT PRIMARY KEY, upto INTEGER NOT NU
 # journal is in this file (``journal.py``).
 # What a call returned; added to logs written before these columns existed.
 _RETURNED = ("stdout", "stderr", "result", "error", "suggestion", "traceback", "call_id")
+# Who vouches for a row: NULL, coordex from what it ran; "host", a confined host's own
+# word, which no call its owner sent ties (``hosting/records.py``): set by the owner.
+SAID_BY = "said_by"
+_ADDED = (*_RETURNED, SAID_BY)  # added to logs written before these columns existed
 
 # Row kinds: a call ran; a session was closed; a session was started over by a rebuild.
 COLUMNS = ("seq", "at", "owner", "kind", "language", "venv_id", "session_id", "session_name",
            "state_mode", "code", "code_truncated", "duration_ms", "outcome", "exit_code",
-           "state_lost", "retried", "isolation", "changed", "replay_of", *_RETURNED)
+           "state_lost", "retried", "isolation", "changed", "replay_of", *_RETURNED,
+           SAID_BY)
 _WRITTEN = COLUMNS[1:]
-_JOURNALED = tuple(c for c in _WRITTEN if c != "owner")  # the owner: the journal's own
+# The owner: the journal's own; said_by: only an owner's rows of a host have it, and
+# those never pass through a journal (so a journal an older process left still reads).
+_JOURNALED = tuple(c for c in _WRITTEN if c not in ("owner", SAID_BY))
 _INSERT = (f"INSERT INTO calls ({', '.join(_WRITTEN)}) "
            f"VALUES ({', '.join('?' * len(_WRITTEN))})")
 
@@ -269,6 +277,30 @@ class RowWriter(Protocol):
     def close(self) -> None: ...
 
 
+# Rows between two looks at a file's room (a pragma; the room is made again once the
+# disk has space after a full disk used it).
+ROOM_CHECK_ROWS = 200
+
+
+def _is_full(exc: BaseException) -> bool:
+    return "full" in str(exc).lower()  # SQLITE_FULL: "database or disk is full"
+
+
+def keep_room(conn: sqlite3.Connection, room: int) -> None:
+    """Keep ``room`` bytes of free pages in the file (and as much WAL, which SQLite
+    reuses from its start, never shrinking it while the file is open): rows written
+    later fill those pages, so a disk another writer filled does not cost this log its
+    rows until they are used up. Never raises (a disk already full: no room made)."""
+    with contextlib.suppress(sqlite3.Error, OSError):
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0] * page
+        if free >= room // 2:
+            return
+        conn.execute("CREATE TABLE IF NOT EXISTS room (b BLOB)")
+        conn.execute("INSERT INTO room VALUES (zeroblob(?))", (room - free,))
+        conn.execute("DELETE FROM room")  # its pages stay in the file, free
+
+
 class SQLiteWriter:
     """A :class:`RowWriter` over the log file, in this process. Not thread-safe: whoever
     owns it holds a lock around every use.
@@ -278,10 +310,11 @@ class SQLiteWriter:
     the calls (as :class:`CallLog` does); otherwise SQLite checkpoints as it commits."""
 
     def __init__(self, path: Path, max_rows: int | None,
-                 checkpoints_elsewhere: bool = False) -> None:
+                 checkpoints_elsewhere: bool = False, room: int = 0) -> None:
         self.path = path
         self.max_rows = max_rows
         self.checkpoints_elsewhere = checkpoints_elsewhere
+        self.room = room  # bytes of free pages kept in the file: rows on a full disk
         self._slack = (max_rows or 0) // 100
         self._pruned_to = 0
         self._conn: sqlite3.Connection | None = None
@@ -300,11 +333,14 @@ class SQLiteWriter:
         conn = self.connection()
         try:
             seq = conn.execute(_INSERT, [row.get(c) for c in _WRITTEN]).lastrowid
-        except sqlite3.Error:
-            self.drop()
+        except sqlite3.Error as exc:
+            if not _is_full(exc):  # a full disk: the file is whole, and its room is kept
+                self.drop()
             raise
         assert seq is not None
         self._wrote(seq, 1)
+        if self.room and self.appended % ROOM_CHECK_ROWS == 0:
+            keep_room(conn, self.room)
         return seq
 
     def append_journaled(self, owner: str,
@@ -387,7 +423,7 @@ class SQLiteWriter:
                     conn.execute("PRAGMA wal_autocheckpoint = 0")
                 conn.executescript(_SCHEMA)
                 have = {r[1] for r in conn.execute("PRAGMA table_info(calls)")}
-                for column in _RETURNED:
+                for column in _ADDED:
                     if column not in have:  # a log written before these columns existed
                         try:
                             conn.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
@@ -398,6 +434,8 @@ class SQLiteWriter:
             except BaseException:
                 conn.close()
                 raise
+            if self.room:
+                keep_room(conn, self.room)
             self._conn = conn
         return self._conn
 
@@ -804,7 +842,7 @@ class LogReader:
         try:
             conn.execute("PRAGMA trusted_schema = OFF")
             have = {r[1] for r in conn.execute("PRAGMA table_info(calls)")}
-            missing = [c for c in _RETURNED if c not in have]
+            missing = [c for c in _ADDED if c not in have]
             if missing:  # a log written before these columns existed reads them as NULL
                 sql = sql.replace("FROM calls", "FROM (SELECT *, " + ", ".join(
                     f"NULL AS {c}" for c in missing) + " FROM calls)", 1)

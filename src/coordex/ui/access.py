@@ -17,6 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from urllib.parse import urlsplit
 
 COOKIE = "coordex_ui"
 COOKIE_AGE = 7 * 24 * 3600  # kept across browser restarts, as Jupyter's is
@@ -73,6 +74,20 @@ class Checks:
             if not (site == "same-origin" or origin == own):
                 return 403, "A POST from a browser must come from the page itself.\n"
         return None
+
+
+def from_elsewhere(headers: Mapping[str, str], host: str) -> bool:
+    """Whether ``Origin`` or ``Referer`` names an origin other than this page's own
+    (``http://`` + ``Host``): another port of the same host included."""
+    own = "http://" + host.lower()
+    for key in ("origin", "referer"):
+        value = headers.get(key)
+        if not value or value == "null":
+            continue
+        parts = urlsplit(value)
+        if f"{parts.scheme}://{parts.netloc}".lower() != own:
+            return True
+    return False
 
 
 def port_of(host: str) -> str:

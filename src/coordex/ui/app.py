@@ -212,6 +212,11 @@ class UIApp:
                 # user ("none") or from the page itself only; programs send no header.
                 return text_response(403, "The token may not come from a link on another "
                                      "site. Open the page's URL yourself.\n")
+            if request.headers.get("sec-fetch-site") is None and \
+                    access.from_elsewhere(request.headers, host):
+                # A browser without fetch metadata still says where a link was.
+                return text_response(403, "The token may not come from a link on another "
+                                     "page. Open the page's URL yourself.\n")
             if self.lookup(token) is None:
                 return _unauthorized()
             cookie_key, page_key = self.keys.issue(token)

@@ -16,7 +16,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..contract import ExecutorLike
+from ..core.coordinates import is_valid_text
 from ..core.errors import CoordexError
+from ..worker._coordex_engine import safe_repr
 from .app import UIApp, single_tenant
 from .http import MAX_BODY
 from .keys import SignedKeys, secret_under
@@ -113,6 +115,16 @@ def _allowed(host: str) -> tuple[list[str], list[str]]:
 
 def start_ui(executor: ExecutorLike, host: str = "127.0.0.1", port: int = 0) -> UIServer:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise CoordexError("validation", f"port must be an integer from 0 to 65535, got {port!r}.",
-                           "Pass port=0 to take any free port.")
-    return UIServer(executor, host, port)
+        raise CoordexError("validation", "port must be an integer from 0 to 65535, got "
+                           f"{safe_repr(port, 80)}.", "Pass port=0 to take any free port.")
+    if not isinstance(host, str) or not 0 < len(host) <= 253 or "\0" in host \
+            or not is_valid_text(host):
+        raise CoordexError("validation", "host must be a host name or address to listen on, "
+                           f"got {safe_repr(host, 80)}.",
+                           "Pass host='127.0.0.1' (the default), or an address of this machine.")
+    try:
+        return UIServer(executor, host, port)
+    except OSError as exc:  # a port taken, an address not of this machine: the caller's
+        raise CoordexError("environment", f"The page cannot listen on {host}:{port}: {exc}.",
+                           "Pass port=0 to take any free port, and a host this machine "
+                           "has (127.0.0.1 by default).") from exc

@@ -29,6 +29,7 @@ import os
 import struct
 import sys
 import time
+import zlib
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 PICKLER_MODULE = "_coordex_cloudpickle"
@@ -86,6 +87,7 @@ class _Counted:
         self.file = file
         self.limit = limit
         self.size = 0
+        self.crc = 0  # zlib.crc32 of what went to the file
 
     def write(self, data: Any) -> int:
         self.size += memoryview(data).nbytes
@@ -93,6 +95,7 @@ class _Counted:
             raise TooLarge()
         if self.file is not None:
             self.file.write(data)
+            self.crc = zlib.crc32(data, self.crc)
         return memoryview(data).nbytes
 
 
@@ -216,14 +219,18 @@ def _write_data(path: str, pickler: Any, namespace: Dict[str, Any], payload: Dic
         _pickler(pickler, namespace, out, buffers).dump(payload)
         f.flush()
         spans = [[start, f.tell()]]
+        crcs = [out.crc]
         for buffer in buffers:
             raw = buffer.raw()
             at = -(-f.tell() // _PAGE) * _PAGE  # page-aligned: mapped in place on restore
             f.write(b"\0" * (at - f.tell()))
             f.write(raw)
             spans.append([at, at + raw.nbytes])
+            crcs.append(zlib.crc32(raw))
             raw.release()
-        footer = json.dumps({"format": FORMAT, "pickle": spans[0], "buffers": spans[1:]})
+        # crc32: the stream's, then each buffer's (a changed byte is seen on restore).
+        footer = json.dumps({"format": FORMAT, "pickle": spans[0], "buffers": spans[1:],
+                             "crc32": crcs})
         data = footer.encode("ascii")
         f.write(data + struct.pack("!Q", len(data)) + TRAILER)
         f.flush()
@@ -305,10 +312,10 @@ class Unreadable(Exception):
 def read_data(path: str) -> Tuple[bytes, List[Any]]:
     """The pickle stream and its buffers, checked whole.
 
-    Large buffers are not read: they are views of a private (copy-on-write) mapping of
-    the file, so an array comes back at once, writable, and its pages are read from the
-    page cache as they are first touched; the snapshot file can be replaced or removed
-    meanwhile (the mapping holds it).
+    Large buffers are not copied: they are views of a private (copy-on-write) mapping of
+    the file, writable; the snapshot file can be replaced or removed meanwhile (the
+    mapping holds it). Every part is checked against the CRC-32 the footer keeps (one
+    pass over the file): a changed byte makes the snapshot ``Unreadable``.
     """
     try:
         with open(path, "rb") as f:
@@ -330,6 +337,13 @@ def read_data(path: str) -> Tuple[bytes, List[Any]]:
             start, stop = footer["pickle"]
             f.seek(start)
             stream = f.read(stop - start)
+            # A snapshot written before checksums has none: read as it always was.
+            crcs = footer.get("crc32")
+            if crcs is not None and (not isinstance(crcs, list)
+                                     or len(crcs) != 1 + len(footer["buffers"])):
+                raise Unreadable("it is damaged (its checksums do not match its parts)")
+            if crcs is not None and zlib.crc32(stream) != crcs[0]:
+                raise Unreadable("it is damaged (a checksum does not match: a byte changed)")
             buffers: List[Any] = []
             mapped = None
             for start, stop in footer["buffers"]:
@@ -351,6 +365,11 @@ def read_data(path: str) -> Tuple[bytes, List[Any]]:
                         raise Unreadable("it is cut short")
                     view = view[got:]
                 buffers.append(buffer)
+            if crcs is not None:
+                for index, buffer in enumerate(buffers):  # (any Python 3: no zip strict)
+                    if zlib.crc32(buffer) != crcs[1 + index]:
+                        raise Unreadable("it is damaged (a checksum does not match: a byte "
+                                         "changed)")
     except OSError as exc:
         raise Unreadable("it could not be read (%s)" % exc)
     except (ValueError, KeyError, TypeError, struct.error) as exc:

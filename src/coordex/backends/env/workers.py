@@ -38,7 +38,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,8 +60,8 @@ from ...protocol import (
 )
 from ...worker import _coordex_copy as copier
 from .. import _reap
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Written
-from . import branches
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Writer, Written
+from . import branches, keep
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
@@ -690,7 +690,7 @@ class WorkerSession:
 
     def exchange(self, kind: str, reply_type: str, timeout: float,
                  **fields: Any) -> dict[str, Any] | None:
-        """Send one message (a ``snapshot`` or ``restore`` of :mod:`coordex.persist`) and
+        """Send one message (a ``snapshot`` or ``restore``: :mod:`.keep`) and
         return the worker's ``reply_type`` reply; None when the worker did not answer."""
         with self._lock:
             proc = self._proc
@@ -702,7 +702,16 @@ class WorkerSession:
                 self._replace_quietly()
             return reply.message
 
-    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+    # -- capabilities (base.Kept, base.Forkable, base.Checkpointable) ----------------------
+
+    def start_snapshot(self, folder: str, *, attempt: int, through: int, max_bytes: int,
+                       identity: Mapping[str, Any], close: tuple[int, ...] = ()
+                       ) -> Writer | None:
+        return keep.start_snapshot(self, folder, attempt=attempt, through=through,
+                                   max_bytes=max_bytes, identity=identity)
+
+    def restore_snapshot(self, folder: str, replay: list[str], timeout: float) -> Written:
+        return keep.restore_snapshot(self, folder, replay, timeout)
 
     def fork(self, timeout: float) -> Forked:
         return branches.fork(self, timeout)
