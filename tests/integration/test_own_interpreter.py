@@ -417,3 +417,31 @@ def test_a_session_that_cannot_start_is_not_left_reserved(
     r = ex.execute_code("echo", language="bash", state_mode="stateful", session_name="x")
     assert r["error_type"] == "crashed" and "no bash here" in r["error"]
     assert [s["language"] for s in ex.list_sessions()["sessions"]] == ["python"]
+
+
+def test_environment_changes_between_and_during_calls_land_where_they_belong(
+        ex: Executor) -> None:
+    """os.environ is copied only after a change (counted): a host change between calls,
+    a session's own change and a call that changes nothing each leave the host and the
+    sessions as they were."""
+    try:
+        ex.execute_code("import os; os.environ['COORDEX_S'] = 's'", state_mode="stateful",
+                        session_name="a")
+        os.environ["COORDEX_H"] = "1"  # the host, between calls
+        for _ in range(2):  # the second call changes nothing: the copies are reused
+            r = ex.execute_code("import os; os.environ.get('COORDEX_S'), "
+                                "os.environ.get('COORDEX_H')",
+                                state_mode="stateful", session_name="a")
+            assert r["result"] == "('s', None)", r
+            assert os.environ.get("COORDEX_H") == "1" and "COORDEX_S" not in os.environ
+        r = ex.execute_code("import os; del os.environ['COORDEX_H']; 1",
+                            state_mode="stateful", session_name="b")
+        assert os.environ.get("COORDEX_H") == "1", r  # the host's own is back
+        os.environ["COORDEX_H"] = "2"
+        r = ex.execute_code("import os; os.environ.get('COORDEX_H')", state_mode="stateful",
+                            session_name="b")
+        assert r["result"] is None and os.environ["COORDEX_H"] == "2", r
+        r = ex.execute_code("import os; os.environ.get('COORDEX_H')")  # stateless: the host's
+        assert r["result"] == "'2'", r
+    finally:
+        os.environ.pop("COORDEX_H", None)

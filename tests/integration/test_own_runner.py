@@ -3,6 +3,7 @@ routed by origin, and only coordex's own interrupt counted as a timeout (SPEC 6)
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -351,3 +352,61 @@ def test_a_host_thread_prints_to_the_host_never_into_a_call(here: str) -> None:
     assert json.loads(done.stderr.strip().splitlines()[-1]) == "mine\n", done.stderr[-500:]
     # The host's lines written during the call came out after it, on the host's stdout.
     assert done.stdout.count("heartbeat") > 40
+
+
+# -- the hand-off held on one CPU --------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs this process may set")
+def test_code_sees_every_cpu_though_the_hand_off_held_one(ex: Executor) -> None:
+    """While a hand-off crosses CPUs both threads are held on the caller's for it; the
+    code (and what it starts) still sees the CPUs the process has, and the caller gets
+    its own back."""
+    from coordex.backends.own import runner
+
+    cpus = sorted(os.sched_getaffinity(0))
+    ex.execute_code("pass", state_mode="stateful")  # the runner has read its CPUs
+    for _ in range(3):
+        runner._hold_left[0] = 5  # as after a hand-off that crossed CPUs
+        r = ex.execute_code(
+            "import os, subprocess, sys\n"
+            "print(sorted(os.sched_getaffinity(0)))\n"
+            "subprocess.run([sys.executable, '-c', 'import os; "
+            "print(sorted(os.sched_getaffinity(0)))'])",
+            state_mode="stateful")
+        assert r["stdout"].split("\n")[:2] == [str(cpus), str(cpus)], r
+        assert runner._hold_left[0] == 4  # this call was held
+        assert sorted(os.sched_getaffinity(0)) == cpus
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs this process may set")
+def test_a_hand_off_that_crosses_cpus_holds_the_next_ones_on_one(ex: Executor) -> None:
+    """The runner placed on another CPU than the caller's (as the scheduler does where
+    that CPU is idle): a watched hand-off sees it, the next ones are held on the
+    caller's CPU, and the code still sees every CPU."""
+    from coordex.backends.own import runner
+
+    cpus = sorted(os.sched_getaffinity(0))
+    ex.execute_code("pass", state_mode="stateful")
+    runners = [t for t in threading.enumerate() if t.name == "coordex-runner" and t.native_id]
+    runner._hold_left[:3] = [0, 0, 0]
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        for thread in runners:
+            os.sched_setaffinity(thread.native_id or 0, {cpus[1]})
+        for _ in range(4 * runner.PROBE_EVERY):  # two watched hand-offs
+            ex.execute_code("pass", state_mode="stateful")
+            if runner._hold_left[0] > 0:
+                break
+        assert runner._hold_left[0] > 0  # seen crossing: held from now on
+        os.sched_setaffinity(0, cpus)
+        r = ex.execute_code("import os; sorted(os.sched_getaffinity(0))", state_mode="stateful")
+        assert r["result"] == repr(cpus), r
+    finally:
+        os.sched_setaffinity(0, cpus)
+        for thread in runners:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(thread.native_id or 0, cpus)
+        runner._hold_left[0] = 0

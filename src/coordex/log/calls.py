@@ -23,7 +23,15 @@ from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
 from .store import COLUMNS, CallLog, LogReader, decode_row, rows_where
 
-_notes = threading.local()
+
+class _Notes(threading.local):
+    # Defaults: an attribute a thread never set costs an AttributeError to read.
+    changed: Any = None
+    call_id: Any = None
+    replay: Any = None
+
+
+_notes = _Notes()
 
 # The keys of one history record (SPEC section 11), in order.
 HISTORY_KEYS = ("seq", "at", "language", "venv_id", "session_id", "session_name",

@@ -56,7 +56,11 @@ CANCEL_WAIT = 30.0
 LOGGED_AS_ONE_ROW = ("execute_code", "call_function")
 
 Run = Callable[[Callable[[str, str], None] | None, threading.Event | None], dict[str, Any]]
-_current = threading.local()  # the record whose thread this is (its nested calls pass)
+class _Current(threading.local):
+    record: Any = None  # a default: an attribute a thread never set costs an AttributeError
+
+
+_current = _Current()  # the record whose thread this is (its nested calls pass)
 
 
 def inside_call() -> bool:

@@ -91,7 +91,11 @@ class _ForkLog:
 _LOG = _ForkLog()
 # Which call a forking thread runs for: set by the interpreter (no import cycle).
 current_mark: Callable[[], str | None] = lambda: None  # noqa: E731
-_local = threading.local()
+class _Local(threading.local):
+    copying = False  # a default: an attribute never set costs an AttributeError
+
+
+_local = _Local()
 
 
 def _after_fork_in_child() -> None:

@@ -15,12 +15,13 @@ How it works:
   call, a stuck one is retired and ends with its code, so no thread is kept per
   session and nothing keeps a namespace alive once its call returned (a closed
   session's namespace, and a stateless call's, are emptied unless threads they
-  started still run). The price is one thread hand-off per call, two wake-ups across
-  CPUs: ~45-75 us on a small VM.
+  started still run). The price is one thread hand-off per call: two wake-ups, ~5 us
+  on one CPU, ~45 us each across CPUs on a small VM; once a hand-off crossed, the next
+  ones hold both threads on the caller's CPU (:meth:`Runner.hold_together`).
 - ``OwnInterpreter(inline=True)`` (``Executor(own_on_caller_thread=True)``) runs code
   called from the main thread on that thread instead: a watchdog thread that wakes
   only at the deadline signals it (the handler raises the interrupt; blocking calls
-  return with EINTR first). That saves the hand-off (~30 us), but a timeout then
+  return with EINTR first). That saves the hand-off (~8 us), but a timeout then
   returns only when code blocked in C that retries on signals (``os.system``) or code
   that catches every interrupt lets go, so it is not the default.
 - Output: ``sys.stdout``/``sys.stderr`` are wrapped for the duration of each call by
@@ -65,7 +66,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ...core import facts
 from ...core.errors import ERROR_TYPES
@@ -140,9 +141,13 @@ class _session_process_state:
     """Enter a session's cwd and environment; on exit record them and restore the host's.
 
     ``call_env``: variables for this call alone (the trace context); the session keeps
-    what it had under those names. (A class, not a generator: it runs twice a call.)"""
+    what it had under those names. (A class, not a generator: it runs twice a call.)
+    ``os.environ`` is copied and compared only when it changed (the audit hook counts
+    ``putenv``/``unsetenv`` in every thread); a call whose code leaves it alone pays
+    for neither."""
 
-    __slots__ = ("call_env", "host_cwd", "host_env", "marked", "saved", "session")
+    __slots__ = ("applied", "call_env", "changes", "host_cwd", "host_env", "marked",
+                 "saved", "session")
 
     def __init__(self, session: NamespaceSession | None,
                  call_env: Mapping[str, str] | None = None) -> None:
@@ -152,32 +157,58 @@ class _session_process_state:
     def __enter__(self) -> None:
         session = self.session
         self.host_cwd = host_cwd = _getcwd()
-        self.host_env = host_env = environ_snapshot()
+        self.host_env = host_env = _host_environ()
         self.marked = session is not None and bool(session.mark)
+        self.applied = False
         if session is not None:
             if session.cwd != host_cwd:
                 chdir(session.cwd)
             if session.environ != host_env:
                 apply_environ(session.environ)
+                self.applied = True
             if self.marked:  # what the code starts is the session's (``children``)
                 _set_mark(session.mark)
         # The call's own variables (its trace context): set so as to leave nothing
         # behind in the C library (see _coordex_env), and taken out before the session's
         # environment is recorded below.
         self.saved = call_env_enter(self.call_env) if self.call_env else None
+        # -1: not counted (no audit hook), so always compared
+        self.changes = output.environ_changes[0] if output.counting_chdirs() else -1
 
     def __exit__(self, *exc: object) -> None:
+        changed = self.changes < 0 or output.environ_changes[0] != self.changes
         if self.saved:
             call_env_leave(self.saved)
         if self.marked:
             _set_mark(None)
-        cwd, env = _getcwd(), environ_snapshot()
-        if self.session is not None:
-            self.session.cwd, self.session.environ = cwd, env
+        cwd = _getcwd()
+        session = self.session
+        if changed:
+            env = environ_snapshot()
+            if session is not None:
+                session.environ = env
+            if env != self.host_env:
+                apply_environ(self.host_env)
+        elif self.applied:  # the code left the session's environment as it was
+            apply_environ(self.host_env)
+        if session is not None:
+            session.cwd = cwd
         if cwd != self.host_cwd:
             chdir(self.host_cwd)
-        if env != self.host_env:
-            apply_environ(self.host_env)
+        # The process has the host's environment again: the next call need not copy it.
+        _host_env[0], _host_env[1] = output.environ_changes[0], self.host_env
+
+
+# [output.environ_changes when copied, os.environ then] (see ``_host_environ``)
+_host_env: list[Any] = [-1, None]
+
+
+def _host_environ() -> dict[Any, Any]:
+    """The process environment as :func:`environ_snapshot` copies it; copied again only
+    after a change (never to be changed: the same copy serves several calls)."""
+    if _host_env[0] == output.environ_changes[0] and output.counting_chdirs():
+        return cast(dict[Any, Any], _host_env[1])
+    return environ_snapshot()
 
 
 _ENCODE_KEY = getattr(os.environ, "encodekey", None)
@@ -364,6 +395,7 @@ class OwnInterpreter:
                 session.runner, session.current = runner, call
             with _session_process_state(session, request.env), routed_streams():
                 self._fds.start(sink_out, sink_err)
+                runner.hold_together()
                 try:
                     runner.submit(job)
                     # close() stops the wait too: the call answers now, not at its deadline.
@@ -376,6 +408,7 @@ class OwnInterpreter:
                         finished = runner.done.acquire(
                             True, CLOSE_GRACE if self._closing.is_set() else INTERRUPT_GRACE)
                 finally:
+                    runner.let_go()
                     self._fds.stop()
                     call.open = False
             if not finished:  # the code runs on; the session stays stuck on this runner

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...worker import _coordex_copy as copier
@@ -28,9 +28,16 @@ from ...worker import _coordex_engine as engine
 if TYPE_CHECKING:
     from .interpreter import NamespaceSession
 
-# The call this thread runs (``call``, for its output) and whether one runs on it now
-# (``in_call``: a nested call runs inline).
-local = threading.local()
+class _Local(threading.local):
+    """The call this thread runs (``call``, for its output) and whether one runs on it
+    now (``in_call``: a nested call runs inline). Class defaults: a ``threading.local``
+    attribute a thread never set costs an ``AttributeError`` (~0.7 us) to read."""
+
+    call: Call | None = None
+    in_call = False
+
+
+local = _Local()
 
 
 # --------------------------------------------------------------------------- calls and threads
@@ -199,28 +206,34 @@ class _RoutedStdin(io.TextIOBase):
         return getattr(self._target(), item)
 
 
-@contextlib.contextmanager
-def routed_streams() -> Iterator[None]:
+class routed_streams:
     """Route sys.stdout/stderr/stdin through per-thread captures for one call.
 
     Installed per call, not once, because hosts (test runners, notebooks, servers)
     replace ``sys.stdout`` whenever they like; whatever is there is wrapped and put back.
     The three proxies are made once and re-pointed: creating (and finalising, which
-    flushes) stream objects on every call cost tens of microseconds.
+    flushes) stream objects on every call cost tens of microseconds. (A class, not a
+    generator: it runs on every call.)
     """
-    saved = (sys.stdout, sys.stderr, sys.stdin)
-    proxies: tuple[Any, Any, Any] = (_STDOUT, _STDERR, _STDIN)
-    for proxy, original in zip(proxies, saved, strict=True):
-        if original is not proxy:
-            proxy.original = original
-    sys.stdout, sys.stderr, sys.stdin = proxies
-    _HOST_HELD.routing = True
-    try:
-        yield
-    finally:
+
+    __slots__ = ("saved",)
+
+    def __enter__(self) -> None:
+        self.saved = saved = (sys.stdout, sys.stderr, sys.stdin)
+        if saved[0] is not _STDOUT:
+            _STDOUT.original = saved[0]
+        if saved[1] is not _STDERR:
+            _STDERR.original = saved[1]
+        if saved[2] is not _STDIN:
+            _STDIN.original = saved[2]
+        sys.stdout, sys.stderr, sys.stdin = _STDOUT, _STDERR, _STDIN
+        _HOST_HELD.routing = True
+
+    def __exit__(self, *exc: object) -> None:
         _HOST_HELD.routing = False
-        sys.stdout, sys.stderr, sys.stdin = saved
-        _HOST_HELD.release()  # the host's fds are its own again
+        sys.stdout, sys.stderr, sys.stdin = self.saved
+        if _HOST_HELD.held:
+            _HOST_HELD.release()  # the host's fds are its own again
 
 
 class _HostHeld:
@@ -235,7 +248,7 @@ class _HostHeld:
     def __init__(self, limit: int = 1 << 20) -> None:
         self.routing = False
         self._lock = threading.Lock()
-        self._held: list[tuple[_RoutedStream, str]] = []
+        self.held: list[tuple[_RoutedStream, str]] = []
         self._size = 0
         self._limit = limit
 
@@ -244,13 +257,13 @@ class _HostHeld:
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         with self._lock:
             if self._size + len(text) <= self._limit:
-                self._held.append((stream, text))
+                self.held.append((stream, text))
                 self._size += len(text)
         return len(text)
 
     def release(self) -> None:
         with self._lock:
-            held, self._held, self._size = self._held, [], 0
+            held, self.held, self._size = self.held, [], 0
         for stream, text in held:
             with contextlib.suppress(Exception):
                 stream.original.write(text)
@@ -270,6 +283,10 @@ _spawns = [0]
 # ``os.chdir`` and ``os.fchdir`` calls, in any thread: while it stays put, the cwd read
 # last is still the cwd (see ``interpreter.getcwd``).
 chdirs = [0]
+# ``os.putenv``/``os.unsetenv`` calls (what every change to ``os.environ`` makes), in any
+# thread: while it stays put, so does ``os.environ`` (see ``interpreter``).
+environ_changes = [0]
+_ENVIRON_EVENTS = frozenset({"os.putenv", "os.unsetenv"})
 _spawn_hook_installed = False
 
 
@@ -278,6 +295,8 @@ def _count_spawn(event: str, args: tuple[Any, ...]) -> None:
         _spawns[0] += 1
     elif event == "os.chdir":
         chdirs[0] += 1
+    elif event in _ENVIRON_EVENTS:
+        environ_changes[0] += 1
 
 
 def _install_spawn_counter() -> None:
@@ -311,6 +330,7 @@ class FdPump:
         self._owned: set[int] = set()
         self._sinks: dict[int, Callable[[str], None]] = {}  # read end -> the call's sink
         self._decoders: dict[int, Any] = {}
+        self._fed: set[int] = set()  # read ends whose decoder was fed since the last start
         # The pipes calls use: {1: (read, write), 2: (read, write)}, until retired.
         self._pipes: dict[int, tuple[int, int]] = {}
         self._spawns_at_start = 0
@@ -341,21 +361,22 @@ class FdPump:
                     self._owned.add(r)
                     self._sel.register(r, selectors.EVENT_READ, fd)
                     self._pipes[fd] = (r, w)
+                    self._decoders[r] = utf8_decoder()
                 self._ready = select.poll()  # which of the two has data left, in one call
                 for r, _ in self._pipes.values():
                     self._ready.register(r, select.POLLIN)
-            for fd, (r, _) in self._pipes.items():
-                self._sinks[r] = out if fd == 1 else err
-                decoder = self._decoders.get(r)
-                if decoder is None:
-                    self._decoders[r] = utf8_decoder()
-                else:
-                    decoder.reset()
+            (r_out, w_out), (r_err, w_err) = self._pipes[1], self._pipes[2]
+            self._sinks[r_out], self._sinks[r_err] = out, err
+            for r in self._fed:  # only a decoder that was fed can hold part of a character
+                self._decoders[r].reset()
+            self._fed.clear()
             self._spawns_at_start = _spawns[0]
-        for fd, (_, w) in self._pipes.items():
-            self._saved[fd] = os.dup(fd)
-            os.dup2(w, fd)
-        self._saved[0] = os.dup(0)
+        saved = self._saved
+        saved[1] = os.dup(1)
+        os.dup2(w_out, 1)
+        saved[2] = os.dup(2)
+        os.dup2(w_err, 2)
+        saved[0] = os.dup(0)
         os.dup2(self._devnull, 0)
 
     def stop(self) -> None:
@@ -365,24 +386,30 @@ class FdPump:
             os.close(saved)
         self._saved.clear()
         retire = _spawns[0] != self._spawns_at_start
-        deadline = time.monotonic() + 1.0
         with self._lock:  # what is left in the pipes was written during the call
             pipes = self._pipes
             if retire:
                 self._pipes = {}
+                ready = [r for r, _ in pipes.values()]
             else:  # most calls leave nothing: one poll says so, no read at all
                 ready = [fd for fd, _ in self._ready.poll(0)]
+                if not ready and not self._fed:
+                    self._sinks.clear()
+                    return
+            deadline = time.monotonic() + 1.0
             for r, w in pipes.values():
                 sink, decoder = self._sinks.pop(r, None), self._decoders[r]
-                if not retire and r not in ready:
-                    tail = decoder.decode(b"", final=True)  # a character cut short
-                    if tail and sink is not None:
-                        sink(tail)
+                if r not in ready:
+                    if r in self._fed:
+                        tail = decoder.decode(b"", final=True)  # a character cut short
+                        if tail and sink is not None:
+                            sink(tail)
                     continue
                 if retire:  # our write end goes: only what the code started holds one
                     copier.release(w)
                     os.close(w)
                 ended = False
+                self._fed.add(r)
                 while time.monotonic() < deadline:
                     try:
                         data = os.read(r, 65536)
@@ -407,6 +434,7 @@ class FdPump:
         self._owned.discard(r)
         self._sinks.pop(r, None)
         self._decoders.pop(r, None)
+        self._fed.discard(r)
         copier.release(r)
         os.close(r)
 
@@ -428,6 +456,7 @@ class FdPump:
                             continue
                         sink = self._sinks.get(key.fd)
                         if sink is not None:  # else a retired pipe: dropped
+                            self._fed.add(key.fd)
                             text = self._decoders[key.fd].decode(data)
                             if text:
                                 sink(text)
