@@ -85,6 +85,7 @@ class _Drain:
         self._lock = threading.Lock()
         self._owners: dict[int, Hashable] = {}  # retired read end -> owner
         self._epoll: select.epoll | None = None
+        self._wake: tuple[int, int] | None = None  # forget() wakes the thread to end it
         self._thread: threading.Thread | None = None
         self.dropped = 0
 
@@ -94,18 +95,24 @@ class _Drain:
         with self._lock:
             if self._epoll is None:
                 self._epoll = select.epoll()
-                copier.hold(self._epoll.fileno())
+                self._wake = os.pipe()
+                self._epoll.register(self._wake[0], select.EPOLLIN)
+                copier.hold(self._epoll.fileno(), *self._wake)
             self._owners[fd] = owner
             self._epoll.register(fd, select.EPOLLIN)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, args=(self._epoll,),
+                self._thread = threading.Thread(target=self._run,
+                                                args=(self._epoll, self._wake),
                                                 name="coordex-late-output", daemon=True)
                 self._thread.start()
 
     def forget(self, owner: Hashable) -> None:
         with self._lock:
-            for fd in [fd for fd, who in self._owners.items() if who == owner]:
+            gone = [fd for fd, who in self._owners.items() if who == owner]
+            for fd in gone:
                 self._close(fd)
+            if gone and not self._owners and self._wake is not None:
+                os.write(self._wake[1], b"x")
 
     def _close(self, fd: int) -> None:  # under _lock
         del self._owners[fd]
@@ -115,14 +122,13 @@ class _Drain:
         copier.release(fd)
         os.close(fd)
 
-    def _run(self, epoll: select.epoll) -> None:
+    def _run(self, epoll: select.epoll, wake: tuple[int, int]) -> None:
         while True:
-            # A short wait, so a forget() that emptied the set ends the thread soon.
-            events = epoll.poll(0.2)
+            events = epoll.poll()
             with self._lock:
                 for fd, _mask in events:
                     if fd not in self._owners:
-                        continue  # closed by forget() after the event came
+                        continue  # the wake pipe, or closed by forget() after the event
                     while True:
                         try:
                             data = os.read(fd, READ_CHUNK)
@@ -137,10 +143,11 @@ class _Drain:
                         if len(data) < READ_CHUNK:
                             break
                 if not self._owners:
-                    self._thread = None
-                    self._epoll = None
-                    copier.release(epoll.fileno())
+                    self._thread = self._epoll = self._wake = None
+                    copier.release(epoll.fileno(), *wake)
                     epoll.close()
+                    for end in wake:
+                        os.close(end)
                     return
 
 
