@@ -388,9 +388,10 @@ class _WorkerProcess:
             wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
             if cancel is not None:
                 wait = min(wait, _CANCEL_POLL)
-            for fd, _ in self._poll.poll(wait):
+            for fd, events in self._poll.poll(wait):
                 if fd in captures:
-                    self._pump(fd, captures[fd])
+                    if events & select.EPOLLIN:  # (a hang-up alone: nothing to read)
+                        self._pump(fd, captures[fd])
                     continue
                 data = self._read(fd)
                 if not data:

@@ -324,7 +324,7 @@ class Shell:
                     wait = max(deadline - now, 0.0)
                     if self._pidfd is None or cancel is not None:
                         wait = min(wait, POLL_FALLBACK)
-                for fd, _events in self._poller.poll(wait):
+                for fd, events in self._poller.poll(wait):
                     what = self._kinds[fd]
                     if what == _STATUS:
                         for rkind, rnumber, status, flags in self._read_status():
@@ -341,9 +341,11 @@ class Shell:
                                 self._note_flags(flags, top_level=True)
                                 finished = True
                     elif what == _STDOUT:
-                        self._pump(fd, out)
+                        if events & select.EPOLLIN:  # (a hang-up alone: nothing to read)
+                            self._pump(fd, out)
                     elif what == _STDERR:
-                        self._pump(fd, err)
+                        if events & select.EPOLLIN:
+                            self._pump(fd, err)
                     elif what == _STDIN:
                         pending = self._write_input(pending)
                         if not pending:
