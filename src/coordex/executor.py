@@ -180,7 +180,7 @@ class Executor:
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
         # Calls given ``wait`` (SPEC 14): wait_call, cancel_call, busy, join, redelivery.
-        self._calls = LongWork(self._table, self._call_log, self._check_open)
+        self._calls = LongWork(self._table, self._call_log, self._check_open, self.root)
         self._ui: Any = None
         # Output and values that do not fit a result go here (SPEC 14).
         self.spill_folder = spill.folder_of(_working_folder(self.root))
@@ -333,6 +333,13 @@ class Executor:
         killed only if it ignores the interrupt past the grace period) and return its
         final result, ``call_id`` added. An ended call: its result, unchanged."""
         return self._calls.cancel_call(call_id)
+
+    def read_spilled(self, uri: str) -> dict[str, Any]:
+        """For front ends: a file a result named in ``spilled``, by the ``file://`` URI of
+        its resource link (an MCP ``resources/read``). Returns ``{"uri", "mime_type",
+        "text"}`` (the first 8 Mi characters), or ``not_found`` for anything that is not
+        a spilled file of this executor's."""
+        return spill.read(self.spill_folder, uri)
 
     def hold_call(self, call_id: str) -> dict[str, Any]:
         """For front ends: the answer to a request of ``call_id`` was lost before it

@@ -15,6 +15,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .core import coordinates as coords
@@ -35,11 +36,14 @@ class LongWork:
     """The call records of one Executor and the calls that go through them."""
 
     def __init__(self, table: SessionTable, call_log: CallLog | None,
-                 check_open: Callable[[], None]) -> None:
+                 check_open: Callable[[], None], root: Path | None = None) -> None:
         self._table = table
         self._call_log = call_log
         self._check_open = check_open
-        self.book = CallBook(self._same_session, self._result_from_log)
+        # Held results are kept under the root as well, where the executor keeps a log
+        # (a restart within the hold does not lose them).
+        self.book = CallBook(self._same_session, self._result_from_log,
+                             root if call_log is not None else None)
 
     @property
     def active(self) -> bool:

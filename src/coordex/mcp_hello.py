@@ -49,7 +49,8 @@ MODERN_VERSIONS = ("2026-07-28",)
 PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
-CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": False}}
+CAPABILITIES: dict[str, Any] = {"resources": {"subscribe": False, "listChanged": False},
+                                "tools": {"listChanged": False}}
 # What a 2026-07-28 server/discover declares besides: the tasks extension (SPEC 14).
 MODERN_CAPABILITIES: dict[str, Any] = {
     **CAPABILITIES, "extensions": {"io.modelcontextprotocol/tasks": {}}}

@@ -125,7 +125,8 @@ def spilled_links(record: dict[str, Any]) -> list[types.ResourceLink]:
             type="resource_link", uri=Path(path).as_uri(), name=f"{name}.txt",
             title=f"The whole {name} of this call",
             description=f"This call's {name}, whole; the result holds its head and tail. "
-                        "Read it with execute_code in the same session.",
+                        "Read it through this link, or with execute_code in the same "
+                        "session.",
             mime_type="text/plain"))
     return links
 
@@ -449,6 +450,38 @@ def add_tasks(server: Server[Any], executor: ExecutorLike, limiter: anyio.Capaci
     server.extensions[TASKS] = {}
 
 
+# --- spilled files as resources (SPEC 14) ------------------------------------------------
+
+# JSON-RPC error code of a resource that does not exist (the MCP specification's).
+RESOURCE_NOT_FOUND = -32002
+
+
+def add_resources(server: Server[Any], executor: ExecutorLike,
+                  limiter: anyio.CapacityLimiter | None) -> None:
+    """Serve ``resources/read`` for the ``resource_link`` of each spilled file: read by
+    this server's executor (a tenant's own, in its host), so a tenant reaches its own
+    files alone. ``resources/list`` is empty: the files are reached by their links."""
+    from mcp.shared.exceptions import MCPError
+
+    async def read(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        found = await anyio.to_thread.run_sync(executor.read_spilled, uri, limiter=limiter)
+        if not isinstance(found, dict) or not isinstance(found.get("text"), str):
+            said = found.get("error") if isinstance(found, dict) else None
+            raise MCPError(code=RESOURCE_NOT_FOUND,
+                           message=str(said or f"Resource not found: {uri}"),
+                           data={"uri": uri})
+        return types.ReadResourceResult(contents=[types.TextResourceContents(
+            uri=uri, mime_type=str(found.get("mime_type") or "text/plain"),
+            text=found["text"])])
+
+    async def listed(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[])
+
+    server.add_request_handler("resources/read", types.ReadResourceRequestParams, read)
+    server.add_request_handler("resources/list", types.PaginatedRequestParams, listed)
+
+
 # --- the server ------------------------------------------------------------------------
 
 
@@ -595,6 +628,7 @@ def build_server(executor: ExecutorLike, name: str = SERVER_NAME,
         on_call_tool=cast(Any, call),
     )
     add_tasks(server, executor, limiter)
+    add_resources(server, executor, limiter)
     return server
 
 

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -254,6 +255,52 @@ def prune(folder: Path, max_bytes: int = MAX_BYTES) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
             total -= size
+
+
+# Characters of a spilled file one read hands back (a resource read over MCP; the rest
+# is read with execute_code in the session). A reply line of a confined host carries it
+# JSON-escaped, within that wire's 64 MiB.
+READ_MAX_CHARS = 8 * 1024 * 1024
+
+
+def read(folder: Path, uri: Any) -> dict[str, Any]:
+    """A spilled file of ``folder`` by its ``file://`` URI (the ``resource_link`` of a
+    result): ``{"uri", "mime_type", "text"}``, or a ``not_found`` / ``validation`` error
+    dict. Only a regular file directly in ``folder`` is read, never through a link, so a
+    link a session planted there reaches nothing else."""
+    from urllib.parse import unquote, urlsplit
+
+    from .core.errors import make_error
+
+    parts = urlsplit(uri) if isinstance(uri, str) else None
+    if parts is None or parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+        return make_error("validation", f"Not the URI of a spilled file: {uri!r:.200}.",
+                          "Pass the uri of a resource_link a result carried (file://...).")
+    path = unquote(parts.path)
+    name = os.path.basename(path)
+    missing = make_error(
+        "not_found", f"No spilled file {uri!r:.200} is kept here.",
+        "Spilled files go with their session (close_session) and the oldest beyond 1 GiB "
+        "are deleted; run the call again if you still need its output.")
+    try:
+        inside = os.path.realpath(os.path.dirname(path)) == os.path.realpath(folder)
+    except (OSError, ValueError):
+        inside = False
+    if not inside or not name or name.startswith("."):
+        return missing
+    try:
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return missing
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return missing
+        text = f.read(READ_MAX_CHARS)
+        rest = len(f.read(1))
+    if rest:
+        text += (f"\n[... cut at {READ_MAX_CHARS} characters; read the file with "
+                 "execute_code in its session for the rest ...]\n")
+    return {"uri": uri, "mime_type": "text/plain", "text": text}
 
 
 def fit_function_result(record: dict[str, Any], folder: Path | None,

@@ -472,3 +472,41 @@ def test_a_checkpoint_of_a_session_on_a_lost_node_restores_on_another(
     now = next(s["node"] for s in cex.list_sessions()["sessions"]
                if s["session_name"] == "lost")
     assert now != node
+
+
+def test_long_work_on_the_node_wait_wait_call_and_cancel_call(cex: Executor, venv: int) -> None:
+    """SPEC 14 on the cluster place: a call past its ``wait`` goes on on the node, once;
+    the session answers ``busy`` meanwhile; ``wait_call`` hands back its result;
+    ``cancel_call`` interrupts on the node as a timeout does, state kept."""
+    for language, venv_id, setup, slow, check, kept in (
+            ("bash", None, "n=0", "n=$((n+1)); sleep 2; echo ran $n", "echo $n", "1\n"),
+            ("python", venv, "n = 0", "import time\nn += 1\ntime.sleep(2)\nprint('ran', n)",
+             "print(n)", "1\n")):
+        at = {"language": language, "venv_id": venv_id, "state_mode": "stateful",
+              "session_name": "long"}
+        assert "error_type" not in cex.execute_code(setup, **at)
+        assert node_of(cex, language, "long") != here_node()  # its process is on a node
+        started = time.monotonic()
+        first = cex.execute_code(slow, wait=0.5, **at)
+        assert first["running"] is True and first["call_id"].startswith("c_"), first
+        assert time.monotonic() - started < 1.8  # returned at its wait, not its end
+        busy = cex.execute_code(check, **at)
+        assert busy["error_type"] == "busy" and busy["call_id"] == first["call_id"], busy
+        joined = cex.execute_code(slow, wait=0.2, **at)  # identical: joined, no second run
+        assert joined["call_id"] == first["call_id"], joined
+        final = cex.wait_call(first["call_id"], wait=20)
+        assert final["stdout"] == "ran 1\n" and final["call_id"] == first["call_id"], final
+        assert "running" not in final and "error_type" not in final
+        assert cex.wait_call(first["call_id"]) == final  # fetchable again, unchanged
+        assert cex.execute_code(check, **at)["stdout"] == kept  # it ran once
+        # cancel_call crosses to the node: interrupted, state kept.
+        loop = "sleep 30" if language == "bash" else "import time\ntime.sleep(30)"
+        long = cex.execute_code(loop, wait=0.5, **at)
+        assert long["running"] is True, long
+        started = time.monotonic()
+        stopped = cex.cancel_call(long["call_id"])
+        assert stopped["error_type"] == "timeout" and stopped["state_lost"] is False, stopped
+        assert stopped["call_id"] == long["call_id"] and time.monotonic() - started < 15
+        assert cex.execute_code(check, **at)["stdout"] == kept
+    missing = cex.wait_call("c_nothing")
+    assert missing["error_type"] == "not_found", missing

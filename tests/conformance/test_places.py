@@ -589,7 +589,7 @@ def test_fork_copies_state_and_never_touches_the_source(at: At) -> None:
                                  "session_id": 2, "session_name": "trial"}
     assert forked["from"]["session_name"] == "src"
     assert "shared" in forked["files"] and forked["left_out"] == []
-    if at.place.id == "worker":  # an environment's session is forked as a process
+    if at.place.id in ("worker", "bash"):  # an environment's or a shell's: as a process
         assert forked["copy"] == "process"
     assert at.run(at.place.show_v, state_mode="stateful", session_name="trial")["stdout"] == "41\n"
     at.run(at.place.change_v, state_mode="stateful", session_name="trial")

@@ -10,12 +10,33 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 COORDEX = [sys.executable, "-m", "coordex"]
+
+
+def run_stdio_session(home: Path, body: Callable[[Any], Awaitable[None]],
+                      limit: float = 90) -> None:
+    """Start ``coordex mcp`` over stdio with the SDK's client, initialize, run ``body`` with
+    the client session within ``limit`` seconds; stdio_client ends (and reaps) the server
+    when the block exits."""
+    import anyio
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "coordex", "mcp"],
+                                   env=child_env(home))
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            with anyio.fail_after(limit):
+                await body(session)
+
+    anyio.run(main)
 
 
 def child_env(home: Path, **extra: str | None) -> dict[str, str]:

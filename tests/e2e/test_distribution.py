@@ -170,6 +170,44 @@ def test_uvx_runs_the_cli_from_a_checkout(checkout: Path, tmp_path: Path) -> Non
 def test_the_desktop_bundle_entry_answers_tools_list(
         checkout: Path, wheelhouse: Path, tmp_path: Path) -> None:
     bundle = shutil.copytree(checkout / "mcpb", tmp_path / "bundle")
+    _bundle_answers_tools_list(bundle, wheelhouse, tmp_path)
+
+
+# The official bundle tool, from the npm registry (its major version: the manifest's
+# format is held by it).
+MCPB = "@anthropic-ai/mcpb@2"
+
+
+def test_the_desktop_bundle_packs_with_the_official_tool_and_runs_from_the_archive(
+        checkout: Path, wheelhouse: Path, tmp_path: Path) -> None:
+    """``mcpb validate`` passes on the manifest; ``mcpb pack`` makes an archive holding
+    the manifest, the project and the entry point, and nothing else; unpacked, the
+    archive's entry starts as its manifest says and answers ``tools/list``."""
+    import zipfile
+
+    npx = shutil.which("npx")
+    if npx is None:
+        pytest.skip("npx (Node.js) is not installed: the bundle is packed with " + MCPB)
+    env = child_env(tmp_path / "npx-home")
+    checked = _run([npx, "-y", MCPB, "validate", str(checkout / "mcpb" / "manifest.json")],
+                   env, cwd=tmp_path)
+    assert checked.returncode == 0 and "validation passes" in checked.stdout, checked
+    archive = tmp_path / "out" / f"coordex-{VERSION}.mcpb"
+    packed = _run([npx, "-y", MCPB, "pack", str(checkout / "mcpb"), str(archive)], env,
+                  cwd=tmp_path)
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    with zipfile.ZipFile(archive) as bundle:
+        assert sorted(bundle.namelist()) == ["manifest.json", "pyproject.toml", "server/main.py"]
+        manifest = json.loads(bundle.read("manifest.json"))
+        assert manifest == json.loads((checkout / "mcpb" / "manifest.json").read_text())
+        assert manifest["server"]["entry_point"] in bundle.namelist()
+        bundle.extractall(tmp_path / "unpacked")
+    _bundle_answers_tools_list(tmp_path / "unpacked", wheelhouse, tmp_path)
+
+
+def _bundle_answers_tools_list(bundle: Path, wheelhouse: Path, tmp_path: Path) -> None:
+    """Start ``bundle``'s server as a desktop host would (its manifest's command, the
+    user settings at their defaults) and list its tools through the MCP client."""
     manifest = json.loads((bundle / "manifest.json").read_text())
     config = manifest["server"]["mcp_config"]
     home = tmp_path / "user"

@@ -3,18 +3,16 @@ checkpoints it, restores it, and finds its checkpoints again after a restart."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import jsonschema
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession
 from mcp.types import CallToolResult
 
-from ._procs import child_env
+from ._procs import run_stdio_session
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,16 +21,7 @@ BRANCH_TOOLS = ("fork_session", "checkpoint_session", "restore_session", "list_c
 
 
 def run_session(home: Path, body: Body) -> None:
-    params = StdioServerParameters(command=sys.executable, args=["-m", "coordex", "mcp"],
-                                   env=child_env(home))
-
-    async def main() -> None:
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            await session.initialize()
-            with anyio.fail_after(90):
-                await body(session)
-
-    anyio.run(main)
+    run_stdio_session(home, body)
 
 
 async def call(session: ClientSession, schemas: dict[str, Any], name: str,
@@ -111,3 +100,29 @@ def test_fork_checkpoint_restore_and_a_restart(tmp_path: Path) -> None:
 
     run_session(tmp_path, first)
     run_session(tmp_path, after_restart)
+
+
+def test_a_bash_fork_over_mcp_carries_an_open_fd_and_leaves_the_source(tmp_path: Path) -> None:
+    log = tmp_path / "fd3.txt"
+
+    async def body(session: ClientSession) -> None:
+        schemas = await schemas_of(session)
+
+        async def bash(code: str, name: str) -> dict[str, Any]:
+            result = await session.call_tool("execute_code", {
+                "code": code, "language": "bash", "state_mode": "stateful",
+                "session_name": name})
+            assert isinstance(result.structured_content, dict)
+            return result.structured_content
+
+        await bash(f"x=41; f() {{ echo \"f $x\"; }}; cd {tmp_path}; exec 3>{log}", "src")
+        forked, _ = await call(session, schemas, "fork_session", {
+            "session_name": "src", "language": "bash", "new_name": "trial"})
+        assert forked["copy"] == "process" and forked["left_out"] == []
+        shown = await bash("echo $x; f; pwd; echo fork >&3; x=99; cd /", "trial")
+        assert shown["stdout"] == f"41\nf 41\n{tmp_path}\n"
+        assert (await bash("echo $x; pwd; echo source >&3", "src"))["stdout"] == \
+            f"41\n{tmp_path}\n"
+        assert log.read_text() == "fork\nsource\n"
+
+    run_session(tmp_path, body)

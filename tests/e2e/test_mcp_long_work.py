@@ -154,6 +154,77 @@ def test_a_stream_broken_mid_call_runs_once_and_the_resent_call_is_redelivered(
     assert "redelivered" not in again and again["result"] == "2"
 
 
+def _initialized(client: httpx.Client, url: str, token: str) -> dict[str, str]:
+    """A 2025-06-18 MCP session over raw HTTP: its request headers."""
+    headers = {"accept": "application/json, text/event-stream",
+               "content-type": "application/json", "authorization": f"Bearer {token}"}
+    init = client.post(url, headers=headers, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}})
+    session = {**headers, "mcp-session-id": init.headers["mcp-session-id"],
+               "mcp-protocol-version": "2025-06-18"}
+    client.post(url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return session
+
+
+@pytest.mark.parametrize("tenants", [False, True], ids=["one-token", "tenants"])
+def test_a_result_held_when_its_stream_broke_survives_a_server_restart(
+        tmp_path: Path, tenants: bool) -> None:
+    """The stream of a call breaks mid-call; the code ends meanwhile, its answer held.
+    The server is stopped and started again on the same root: the re-sent identical call
+    gets the result, ``redelivered``, and the code ran once. Under --tokens the held
+    result is the tenant's: another tenant sending the identical call runs its own."""
+    import os
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    options: list[str] = []
+    alice = bob = TOKEN
+    if tenants:
+        alice, bob = "alice-token-0123456789", "bob-token-0123456789"
+        tokens = tmp_path / "tokens.txt"
+        tokens.write_text(f"alice {alice}\nbob {bob}\n")
+        os.chmod(tokens, 0o600)
+        options = ["--tokens", str(tokens)]
+    env = child_env(home, COORDEX_TOKEN=None if tenants else TOKEN)
+    # The count lives in the session's own folder (a tenant's jail writes nowhere else).
+    code = LOAD.format(marker="count", seconds=1)
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"code": code, "state_mode": "stateful",
+                                              "wait": 20}}}
+
+    def counts() -> list[str]:
+        return [p.read_text() for p in (home, work) for p in p.rglob("count")]
+
+    with spawn("serve", "--port", "0", "--max-wait", "1.5", *options, env=env,
+               cwd=work) as running:
+        url = running.wait_for(READY).group(1)
+        with httpx.Client(timeout=30) as client:
+            session = _initialized(client, url, alice)
+            with client.stream("POST", url, headers=session, json=call) as response:
+                assert response.status_code == 200
+                time.sleep(0.4)  # the code is running
+                response.close()  # the stream breaks
+            time.sleep(2.5)  # the load ends meanwhile; its answer is held
+    assert counts() == ["1"]
+    with spawn("serve", "--port", "0", "--max-wait", "1.5", *options, env=env,
+               cwd=work) as running:
+        url = running.wait_for(READY).group(1)
+        with httpx.Client(timeout=30) as client:
+            if tenants:  # bob's identical call is his own: not handed alice's result
+                other = _sse_result(client.post(url, headers=_initialized(client, url, bob),
+                                                json={**call, "id": 3}))
+                assert "redelivered" not in other, other
+            session = _initialized(client, url, alice)
+            record = _sse_result(client.post(url, headers=session, json={**call, "id": 4}))
+            assert record.get("redelivered") is True, record
+            assert record["result"] == "1" and record["call_id"].startswith("c_")
+            again = _sse_result(client.post(url, headers=session, json={**call, "id": 5}))
+    assert "redelivered" not in again  # handed out once: sent again, it runs again
+    assert sorted(counts()) == (["1", "2"] if tenants else ["2"]), counts()
+
+
 def test_a_2026_stream_closed_mid_call_runs_once_and_is_redelivered(
         http_server: tuple[Running, str], tmp_path: Path) -> None:
     """The 2026-07-28 era through the SDK client: abandoning a request closes its

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import base64
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession
 from mcp.types import CallToolResult, ImageContent, TextContent
 
-from ._procs import child_env
+from ._procs import run_stdio_session
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,17 +20,7 @@ Body = Callable[[ClientSession], Awaitable[None]]
 
 
 def run_session(home: Path, body: Body) -> None:
-    params = StdioServerParameters(command=sys.executable, args=["-m", "coordex", "mcp"],
-                                   env=child_env(home))
-
-    async def main() -> None:
-        # stdio_client terminates (and reaps) the server when the block exits.
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            await session.initialize()
-            with anyio.fail_after(90):
-                await body(session)
-
-    anyio.run(main)
+    run_stdio_session(home, body)
 
 
 def structured(result: CallToolResult) -> dict[str, Any]:

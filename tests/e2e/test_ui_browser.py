@@ -250,3 +250,41 @@ def test_no_button_or_name_of_the_sessions_is_cut_off(chromium: str, tmp_path: P
         finally:
             browser.close()
 
+
+
+def test_the_page_shows_branches_and_checkpoints_and_restores_one(chromium: str,
+                                                                   tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("rows = [3, 1, 2]", state_mode="stateful", session_name="clean")
+        ex.fork_session(session_name="clean", new_name="trial")
+        made = ex.checkpoint_session(session_name="clean", label="unsorted")
+        ex.execute_code("rows = None", state_mode="stateful", session_name="clean")
+        browser = Browser(chromium, tmp_path / "profile", ex.serve_ui()["url"])
+        try:
+            # The fork's row says where it came from.
+            text = browser.wait_for("document.querySelector('#sessions tbody tr"
+                                    "[data-session=trial]')?.innerText")
+            assert "from clean" in text, text
+            browser.click("#sessions tbody tr[data-session=clean]")
+            branch = browser.wait_for("document.getElementById('branch').innerText"
+                                      ".includes('unsorted') &&"
+                                      " document.getElementById('branch').innerText")
+            assert made["checkpoint"] in branch and "forks of it: trial" in branch
+            button = f"#branch tr[data-checkpoint={made['checkpoint']}] button[data-act=restore]"
+            browser.click(button)
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            assert "files on disk are not touched" in browser.js(
+                "document.getElementById('modal-text').textContent")
+            browser.click("#modal-cancel")  # cancelled: nothing happens
+            time.sleep(0.3)
+            assert ex.execute_code("rows", state_mode="stateful",
+                                   session_name="clean")["result"] is None
+            browser.click(button)
+            browser.wait_for("document.getElementById('modal').className === 'open'")
+            browser.click("#modal-ok")
+            browser.wait_for("document.getElementById('notice').textContent"
+                             f".startsWith('restored clean to {made['checkpoint']}')")
+        finally:
+            browser.close()
+        assert ex.execute_code("rows", state_mode="stateful",
+                               session_name="clean")["result"] == "[3, 1, 2]"

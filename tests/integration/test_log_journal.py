@@ -219,3 +219,42 @@ def test_an_executor_leaves_no_journal_when_closed(executor_root: Path) -> None:
     with Executor(root=executor_root) as ex:
         ex.execute_code("x = 1", state_mode="stateful")
         assert len(_journals(executor_root)) == 1
+
+
+def test_closing_while_the_first_row_wakes_the_log_never_raises(tmp_path: Path) -> None:
+    """An Executor closed from another thread while its first call's row is written (a
+    timer, a signal handler) closes its log cleanly: close() never joins a helper thread
+    that is not started yet (it raised 'cannot join thread before it is started')."""
+
+    import sys
+
+    failures: list[BaseException] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        _close_while_waking(tmp_path, failures)
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
+
+
+def _close_while_waking(tmp_path: Path, failures: list[BaseException]) -> None:
+    import threading
+
+    for i in range(300):
+        log = CallLog(tmp_path / f"{i}.db")
+        ready = threading.Barrier(2)
+
+        def write(log: CallLog = log, ready: threading.Barrier = ready) -> None:
+            ready.wait()
+            log.record(_row("x"))
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        ready.wait()
+        try:
+            log.close()
+        except BaseException as exc:  # what the caller of close() would see
+            failures.append(exc)
+        writer.join()
+        log.close()

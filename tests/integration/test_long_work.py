@@ -146,6 +146,52 @@ def test_a_lost_result_is_redelivered_to_the_identical_call_once(ex: Executor,
     assert third["result"] == "2" and "redelivered" not in third
 
 
+def test_a_held_result_outlives_a_restart_and_is_redelivered_once(tmp_path: Path) -> None:
+    """Held on disk under the root: a new Executor on the same root hands it to the
+    identical call, once, without running the code; nothing of it is left after."""
+    marker = tmp_path / "n"
+    code = counting(marker, 0.2)
+    with Executor(root=tmp_path / "root") as first:
+        ran = first.execute_code(code, state_mode="stateful", wait=10)
+        assert first.hold_call(ran["call_id"])["held"] is True
+    with Executor(root=tmp_path / "root") as second:
+        other = second.execute_code(code + "\n", state_mode="stateful", wait=10)
+        assert "redelivered" not in other  # another call: not the held one's twin
+        assert marker.read_text() == "2"
+    marker.write_text("1")
+    with Executor(root=tmp_path / "root") as third:
+        again = third.execute_code(code, state_mode="stateful")
+        assert again["redelivered"] is True and again["call_id"] == ran["call_id"]
+        assert again["result"] == "1" and marker.read_text() == "1"
+        assert not list((tmp_path / "root" / "held").iterdir())
+    with Executor(root=tmp_path / "root") as fourth:  # handed out once: runs again
+        twice = fourth.execute_code(code, state_mode="stateful")
+        assert "redelivered" not in twice and marker.read_text() == "2"
+
+
+def test_a_held_result_fetched_by_its_call_id_is_not_redelivered_after_a_restart(
+        tmp_path: Path) -> None:
+    marker = tmp_path / "n"
+    code = counting(marker, 0.1)
+    with Executor(root=tmp_path / "root") as first:
+        ran = first.execute_code(code, state_mode="stateful", wait=10)
+        first.hold_call(ran["call_id"])
+        assert first.wait_call(ran["call_id"])["result"] == "1"
+    with Executor(root=tmp_path / "root") as second:
+        again = second.execute_code(code, state_mode="stateful")
+        assert "redelivered" not in again and again["result"] == "2"
+    # Held, then fetched by its call_id after a restart (from the log): not handed out
+    # a second time to the identical call.
+    with Executor(root=tmp_path / "root") as third:
+        ran = third.execute_code(code, state_mode="stateful", wait=10)
+        third.hold_call(ran["call_id"])
+    with Executor(root=tmp_path / "root") as fourth:
+        fetched = fourth.wait_call(ran["call_id"])
+        assert fetched["from_log"] is True and fetched["result"] == "3", fetched
+        again = fourth.execute_code(code, state_mode="stateful")
+        assert "redelivered" not in again and again["result"] == "4", again
+
+
 def test_rebuild_session_and_call_function_take_wait(ex: Executor) -> None:
     ex.call_tool("define_function", {"source": "def slow(n):\n    import time\n"
                                                "    time.sleep(n)\n    return n * 2"})
@@ -214,3 +260,24 @@ def test_a_first_use_build_counts_toward_wait(tmp_path: Path,
         assert first["running"] is True, first
         final = ex.wait_call(first["call_id"])
         assert "envs" in (final["result"] or ""), final
+
+
+def test_held_files_are_handed_out_once_and_expire(tmp_path: Path) -> None:
+    """The disk side of redelivery: a result taken by one process is not taken by
+    another; an expired or foreign file is dropped when a process starts."""
+    import json
+    import time
+
+    from coordex.log.held import HeldResults
+
+    first = HeldResults(tmp_path, hold_seconds=600)
+    first.put("key", {"result": "1", "call_id": "c_1"}, time.time())
+    first.put("old", {"result": "2", "call_id": "c_2"}, time.time() - 700)
+    (tmp_path / "held" / ("0" * 40 + ".json")).write_text("not json")
+    (tmp_path / "held" / ("1" * 40 + ".json")).write_text(json.dumps(
+        {"key": "another", "ended_at": time.time(), "result": {}}))  # named for another key
+    second, third = HeldResults(tmp_path, 600), HeldResults(tmp_path, 600)
+    assert len(list((tmp_path / "held").iterdir())) == 1  # the expired and foreign: gone
+    assert second.take("key") == {"result": "1", "call_id": "c_1"}
+    assert third.take("key") is None and second.take("key") is None
+    assert not second.any() and not list((tmp_path / "held").iterdir())

@@ -72,3 +72,30 @@ def test_a_stored_functions_big_value_is_cut_and_kept(tmp_path: Path) -> None:
         whole = json.loads(Path(r["spilled"]["result"]).read_text())
         assert whole == [{"i": i} for i in range(20_000)]
         assert ex.functions.call("rows", [3])["value"] == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+def test_read_serves_a_spilled_file_by_its_uri_and_nothing_else(tmp_path: Path) -> None:
+    """What ``resources/read`` reaches: a regular file directly in the folder, by its
+    ``file://`` URI; never through a link, a fifo, '..', or a partial file."""
+    from coordex.spill import READ_MAX_CHARS, read
+
+    folder = tmp_path / ".coordex" / "out"
+    folder.mkdir(parents=True)
+    kept = folder / "python-own-1-x-stdout.txt"
+    kept.write_text("whole\n")
+    assert read(folder, kept.as_uri()) == {"uri": kept.as_uri(), "mime_type": "text/plain",
+                                           "text": "whole\n"}
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    os.symlink(secret, folder / "planted.txt")
+    os.mkfifo(folder / "fifo.txt")
+    (folder / ".partial-1").write_text("half")
+    for uri in (secret.as_uri(), (folder / "planted.txt").as_uri(),
+                (folder / "fifo.txt").as_uri(), (folder / ".partial-1").as_uri(),
+                folder.as_uri() + "/../../secret.txt", folder.as_uri(),
+                "file://elsewhere" + str(kept), "http://x/y", 7):
+        assert read(folder, uri)["error_type"] in ("not_found", "validation"), uri
+    big = folder / "python-own-1-y-stdout.txt"
+    big.write_text("y" * (READ_MAX_CHARS + 5))
+    text = read(folder, big.as_uri())["text"]
+    assert text.startswith("y" * READ_MAX_CHARS) and "cut at" in text

@@ -216,11 +216,42 @@ def _runs(pid: int) -> bool:
         return False
 
 
+# Forks of a kept bash (``fork_session``): bash cannot leave its process session
+# without exec, so a fork leads a process group of its own in its source's session.
+# session id -> the groups of its live forks: spared when the source closes; the keeper
+# watches the session until the last of the family is stopped, and then it is swept.
+_FAMILIES: dict[int, set[int]] = {}
+_FAMILY_LOCK = threading.Lock()
+
+
+def join_family(sid: int, pgid: int) -> None:
+    """``pgid`` (a fork's group) lives in session ``sid`` until :func:`leave_family`."""
+    with _FAMILY_LOCK:
+        _FAMILIES.setdefault(sid, set()).add(pgid)
+    keeper().watch(sid)
+
+
+def leave_family(sid: int, pgid: int) -> None:
+    """The fork leading ``pgid`` was stopped; the last one out sweeps the session."""
+    with _FAMILY_LOCK:
+        groups = _FAMILIES.get(sid, set())
+        groups.discard(pgid)
+        last = not keeper().watching(sid, more_than=1)
+        if not groups:
+            _FAMILIES.pop(sid, None)
+    if last:
+        sweep_session(sid)
+    keeper().forget(sid)
+
+
 def sweep_session(sid: int) -> int:
     """SIGKILL every process of session ``sid`` that is not in group ``sid`` (it left
-    the group, not the session: ``set -m`` jobs, ``setpgid``). Returns how many."""
+    the group, not the session: ``set -m`` jobs, ``setpgid``). Returns how many. The
+    groups of live forks of a shell (:func:`join_family`) are spared."""
     killed: list[int] = []
-    for pid in session_members(sid):
+    with _FAMILY_LOCK:
+        spared = set(_FAMILIES.get(sid, ()))
+    for pid in session_members(sid, spared):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
@@ -228,9 +259,11 @@ def sweep_session(sid: int) -> int:
     return len(killed)
 
 
-def session_members(sid: int) -> list[int]:
-    """Live (non-zombie) processes whose session id is ``sid``, from /proc."""
-    return [pid for pid, _, session in live_processes() if session == sid]
+def session_members(sid: int, spared: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Live (non-zombie) processes whose session id is ``sid``, from /proc (those of the
+    groups ``spared`` left out)."""
+    return [pid for pid, group, session in live_processes()
+            if session == sid and group not in spared]
 
 
 def _group(proc: subprocess.Popen[Any], sig: int) -> bool:
@@ -283,6 +316,7 @@ class Keeper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner = 0
         self._watched: set[int] = set()
+        self._watchers: dict[int, int] = {}  # how many hold each watched session
         self._marks: set[str] = set()
         self._orphaned: subprocess.Popen[bytes] | None = None
         # Set by own/children.py: whether this fork child is own-interpreter code's.
@@ -329,13 +363,26 @@ class Keeper:
         return proc.pid if proc is not None and proc.returncode is None else None
 
     def watch(self, sid: int) -> None:
+        """Watch session ``sid``; a session watched by several (a shell and its forks)
+        is forgotten when the last of them forgets it."""
         with self._lock:
+            self._watchers[sid] = self._watchers.get(sid, 0) + 1
+            if self._watchers[sid] > 1:
+                return
             self._watched.add(sid)
             self._send(b"+%d\n" % sid)
+
+    def watching(self, sid: int, more_than: int = 0) -> bool:
+        with self._lock:
+            return self._watchers.get(sid, 0) > more_than
 
     def forget(self, sid: int) -> None:
         with self._lock:
             if sid in self._watched:
+                self._watchers[sid] -= 1
+                if self._watchers[sid] > 0:
+                    return
+                del self._watchers[sid]
                 self._watched.discard(sid)
                 self._send(b"-%d\n" % sid, start=False)
 

@@ -732,6 +732,10 @@ class ConfinedExecutor:
     def hold_call(self, call_id: str) -> dict[str, Any]:
         return self._call("hold_call", {"call_id": call_id})
 
+    def read_spilled(self, uri: str) -> dict[str, Any]:
+        """A spilled file of this host's, read by the host in its own view."""
+        return self._call("read_spilled", {"uri": uri})
+
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:

@@ -62,7 +62,7 @@ MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 METHODS = (
     "execute_code", "list_sessions", "inspect_session", "close_session", "call_tool",
     "tool_definitions", "history", "rebuild_session", "serve_ui",
-    "wait_call", "cancel_call", "hold_call",
+    "wait_call", "cancel_call", "hold_call", "read_spilled",
     "fork_session", "checkpoint_session", "restore_session", "list_checkpoints",
     "environments.create", "environments.list", "environments.show", "environments.build",
     "environments.remove_unused", "functions.list", "functions.show", "functions.versions",

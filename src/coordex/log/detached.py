@@ -20,6 +20,8 @@ kept here, by ``call_id``:
 
 Finished records stay in memory :data:`KEEP_SECONDS`; past that, and after a restart,
 ``wait_call`` reads the result from the call log (the row carries the ``call_id``).
+A held result is also written under the root (:class:`~coordex.log.held.HeldResults`),
+so the identical call still gets it, once, after a restart.
 Calls made without ``wait`` never come here unless a detached call or a held result
 exists (then only to be checked for ``busy``, a join or a redelivery).
 """
@@ -32,10 +34,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import CoordexError
 from .calls import note_call_id
+from .held import HeldResults
 from .running import _Stream
 
 # Seconds a result whose request was lost is held for the identical call (SPEC 14).
@@ -135,18 +139,22 @@ class CallBook:
             the same session (the executor resolves names and ids).
         from_log: ``from_log(call_id)``: a finished call's result as the call log keeps
             it, or None.
+        root: where held results are kept on disk as well (None: in memory only).
     """
 
     def __init__(self, same_session: Callable[[dict[str, Any], dict[str, Any]], bool],
-                 from_log: Callable[[str], dict[str, Any] | None] | None = None) -> None:
+                 from_log: Callable[[str], dict[str, Any] | None] | None = None,
+                 root: Path | None = None) -> None:
         self._same_session = same_session
         self._from_log = from_log
         self._lock = threading.Lock()
         self._running: dict[str, CallRecord] = {}
         self._ended: dict[str, CallRecord] = {}  # oldest first
         self._held: dict[str, CallRecord] = {}  # key -> a lost result, for redelivery
+        # The held results on disk: those of an earlier life of this root, and ours.
+        self._stored = HeldResults(root, HOLD_SECONDS) if root is not None else None
         # True while anything here can change how a call without ``wait`` is answered.
-        self.active = False
+        self.active = self._stored is not None and self._stored.any()
 
     # -- a call ------------------------------------------------------------------------
 
@@ -164,9 +172,17 @@ class CallBook:
             joined = next((r for r in self._running.values() if r.key == key), None)
             if joined is None:
                 held = self._held.pop(key, None)
+                stored = self._stored if self._stored is not None and \
+                    (held is not None or self._stored.any()) else None
                 if held is not None:
                     self._update_active()
+                    if stored is not None:
+                        stored.drop(key)
                     return {**held.final(), "redelivered": True}
+                earlier = stored.take(key) if stored is not None else None
+                if earlier is not None:  # held by this root's earlier life
+                    self._update_active()
+                    return {**earlier, "redelivered": True}
                 busy = self._busy_for(where, state_mode)
                 if busy is not None:
                     return busy_error(busy)
@@ -208,9 +224,12 @@ class CallBook:
             record.ended = time.monotonic()
             self._running.pop(record.call_id, None)
             self._ended[record.call_id] = record
-            if record.lost:
+            lost = record.lost
+            if lost:
                 self._held[record.key] = record
             self._update_active()
+        if lost:
+            self._store(record)
         record.done.set()
 
     def _await(self, record: CallRecord, wait: float | None, cancel: threading.Event | None,
@@ -232,6 +251,8 @@ class CallBook:
                 if self._held.get(record.key) is record:
                     del self._held[record.key]
                     self._update_active()
+            if self._stored is not None:
+                self._stored.drop(record.key)
             final["redelivered"] = True
         return final
 
@@ -243,6 +264,10 @@ class CallBook:
             found = self._from_log(call_id) if self._from_log is not None else None
             if found is None:
                 raise self._not_found(call_id)
+            if self._stored is not None:  # fetched by its call_id: not redelivered too
+                self._stored.drop_call(call_id)
+                with self._lock:
+                    self._update_active()
             return {**found, "call_id": call_id}
         self._forget_held(record)
         return self._await(record, wait, None)
@@ -263,10 +288,23 @@ class CallBook:
             if record is None:
                 return False
             record.lost = True
-            if record.done.is_set():
+            done = record.done.is_set()
+            if done:
                 self._held[record.key] = record
             self.active = True
-            return True
+        if done:
+            self._store(record)
+        return True
+
+    def _store(self, record: CallRecord) -> None:
+        """Keep a held result on disk too (a restart within the hold does not lose it)."""
+        if self._stored is None or record.ended is None:
+            return
+        ended_at = time.time() - (time.monotonic() - record.ended)
+        self._stored.put(record.key, record.final(), ended_at)
+        with self._lock:
+            if self._held.get(record.key) is not record:  # handed out meanwhile
+                self._stored.drop(record.key)
 
     # -- what the rest of the executor sees ---------------------------------------------
 
@@ -313,10 +351,13 @@ class CallBook:
 
     def _forget_held(self, record: CallRecord) -> None:
         with self._lock:  # fetched by its call_id: nothing left to redeliver
+            held = record.lost or self._held.get(record.key) is record
             if self._held.get(record.key) is record:
                 del self._held[record.key]
             record.lost = False
             self._update_active()
+        if held and self._stored is not None:
+            self._stored.drop(record.key)
 
     def _not_found(self, call_id: str) -> CoordexError:
         running = self.running_ids()
@@ -337,11 +378,13 @@ class CallBook:
         for key, record in list(self._held.items()):
             if now - (record.ended or now) > HOLD_SECONDS:
                 del self._held[key]
+        if self._stored is not None:
+            self._stored.prune()
         self._update_active()
 
     def _update_active(self) -> None:
-        self.active = bool(self._held) or any(r.detached for r in self._running.values()) \
-            or bool(self._running)
+        self.active = bool(self._held) or bool(self._running) or \
+            (self._stored is not None and self._stored.any())
 
 
 def busy_error(record: CallRecord) -> dict[str, Any]:

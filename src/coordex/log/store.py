@@ -662,9 +662,10 @@ class CallLog:
         if self._helper is None:
             with self._queue_lock:
                 if self._helper is None and not self._closed:
-                    self._helper = threading.Thread(target=self._run_helper,
-                                                    name="coordex-log", daemon=True)
-                    self._helper.start()
+                    helper = threading.Thread(target=self._run_helper, name="coordex-log",
+                                              daemon=True)
+                    helper.start()  # close() joins only a started helper
+                    self._helper = helper
         self._wake.set()
 
     def _run_helper(self) -> None:
@@ -727,10 +728,11 @@ class CallLog:
         process kept the file from taking stay in the journal, for the next reader."""
         if self.forked:
             return
-        self._closed = True
+        with self._queue_lock:  # no helper starts after this
+            self._closed = True
+            helper = self._helper
         self._closing.set()
         self._wake.set()
-        helper = self._helper
         if helper is not None and helper is not threading.current_thread():
             helper.join(timeout=5)
         for _ in range(3):  # another process may hold the file a while

@@ -396,10 +396,12 @@ class Persistence:
         """Snapshot every held session that changed since its last snapshot, waiting at
         most ``budget`` seconds in all; then stop this object's thread."""
         deadline = time.monotonic() + budget
-        self._closed = True
-        if self._thread is not None:
+        with self._lock:  # no job or thread starts after this
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
             self._jobs.put(None)
-            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._lock:
             items = [k for k in self._kept.values() if k.held]
         for item in items:
@@ -760,14 +762,15 @@ class Persistence:
         return found
 
     def _submit(self, job: Callable[[], None]) -> bool:
-        if self._closed:
-            return False
         with self._lock:
+            if self._closed:
+                return False
             if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="coordex-snapshots",
-                                                daemon=True)
-                self._thread.start()
-        self._jobs.put(job)
+                thread = threading.Thread(target=self._serve, name="coordex-snapshots",
+                                          daemon=True)
+                thread.start()  # close() joins only a started thread
+                self._thread = thread
+            self._jobs.put(job)
         return True
 
     def _serve(self) -> None:

@@ -3,7 +3,8 @@
 Each route is a function ``(executor, arguments) -> Response`` that the app runs on a
 thread of the tenant's own. Every answer is the executor's own result or error dict.
 What the executor offers is all that is used: ``list_sessions``, ``inspect_session``,
-``close_session``, ``rebuild_session`` and ``history`` (whose filters ``outcome``,
+``close_session``, ``rebuild_session``, ``list_checkpoints``, ``restore_session`` and
+``history`` (whose filters ``outcome``,
 ``state_mode``, ``text`` and ``after_seq`` the page's list of calls uses); the calls in
 flight come from :func:`coordex.log.running.calls_of`, which a confined host's client
 gets from the front end that hands it its calls.
@@ -20,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..branches import forked_from
 from ..contract import ExecutorLike
 from ..core.errors import CoordexError
 from ..log.running import calls_of
@@ -72,6 +74,10 @@ def sessions(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
         holder = _is_busy(session, running)
         session["busy"] = holder is not None
         session["busy_with"] = None if holder is None else holder.get("seq") or holder.get("id")
+    for session in listed.get("sessions", []):
+        source = forked_from(executor, session)
+        if source is not None:  # SPEC 15: the page shows each session's branch
+            session["forked_from"] = {k: source.get(k) for k in _SESSION_KEYS}
     listed["closed"] = _closed(executor, listed.get("sessions", []))
     return _ok(listed)
 
@@ -155,6 +161,15 @@ def rebuild(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
     return _ok(executor.rebuild_session(**_session(arguments)))
 
 
+def checkpoints(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
+    return _ok(executor.list_checkpoints(**_session(arguments)))
+
+
+def restore(executor: ExecutorLike, arguments: dict[str, Any]) -> Response:
+    return _ok(executor.restore_session(**_session(arguments),
+                                        checkpoint=arguments.get("checkpoint")))
+
+
 def _session(arguments: dict[str, Any]) -> dict[str, Any]:
     found = {k: arguments.get(k) for k in _SESSION_KEYS}
     found["language"] = found["language"] or "python"
@@ -172,9 +187,11 @@ _ROUTES: dict[tuple[str, str], tuple[Handler, bool]] = {
     ("GET", "api/history"): (calls, False),
     ("GET", "api/running"): (running, False),
     ("GET", "api/inspect"): (inspect, False),
+    ("GET", "api/checkpoints"): (checkpoints, False),
     ("POST", "api/interrupt"): (interrupt, True),
     ("POST", "api/close"): (close, True),
     ("POST", "api/rebuild"): (rebuild, True),
+    ("POST", "api/restore"): (restore, True),
 }
 
 

@@ -4,7 +4,10 @@ A shell's state is small text: its working folder, variables (exported or not),
 functions, aliases, ``shopt``/``set`` options and ``umask``, dumped by a subshell (the
 session's own state is untouched) as SPEC 12's snapshot is. A checkpoint keeps that
 dump; a restore starts a fresh shell and sources it, so nothing set after the checkpoint
-stays; a fork sources it in a new shell of the same environment.
+stays. A fork is a process fork of the session's shell (``Shell.fork``: a subshell of it
+serving the same record wire on pipes of its own), which carries everything the shell
+holds, open fds and non-exported variables included; where that fails, the dump is
+sourced in a new shell of the same environment.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ def restore_checkpoint(session: ShellSession, folder: str, timeout: float) -> Wr
 
 
 def fork(session: ShellSession, timeout: float) -> Forked:
+    """A process fork of the session's shell (copy-on-write: everything it holds, open
+    fds included); by value when it cannot fork (its shell busy, FIFOs refused)."""
+    try:
+        return Forked(session.fork_shell(timeout), "process", ())
+    except (OSError, RuntimeError):
+        return fork_by_value(session, timeout)
+
+
+def fork_by_value(session: ShellSession, timeout: float) -> Forked:
     folder = tempfile.mkdtemp(prefix="coordex-fork-")
     try:
         done = start_checkpoint(session, folder, 1 << 40)(timeout)

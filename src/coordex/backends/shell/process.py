@@ -50,10 +50,12 @@ call); :mod:`.copies` runs read-only calls in protected copies of it.
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -68,6 +70,7 @@ from .. import _reap, late_output
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
 from .wire import SYNC_ALIASES as _SYNC_ALIASES
 from .wire import ShellProtocol as _Protocol
+from .wire import fork_line as _fork_line
 from .wire import parse_flags as _parse_flags
 from .wire import quote_code as _quote_code
 from .wire import sync_line as _sync_line
@@ -147,6 +150,8 @@ _OUTPUT_EVENTS = select.EPOLLIN | select.EPOLLET
 class Shell:
     """One bash process, its pipes and its process group. Knows nothing of sessions."""
 
+    framed = False  # each line sent after its length (a fork's loop: wire.FORK_LOOP)
+
     def __init__(self, env: Mapping[str, str], cwd: str | None) -> None:
         token = secrets.token_hex(8)
         self.token = token.encode()
@@ -164,9 +169,10 @@ class Shell:
                    if self.per_call else None)
         # Above the fixed private numbers (copies.py: _STATE_FD ... _CHANGES_FD) and both
         # passed fds.
-        protocol = _Protocol.build(token, child_err, runner_fd,
-                                   max(child_err, runner_fd, PRIVATE_FD_FLOOR + 15) + 1,
-                                   outputs=outputs)
+        out_fd = max(child_err, runner_fd, PRIVATE_FD_FLOOR + 15) + 1
+        # The numbers our fds have inside bash: a fork of it keeps them (fork_line).
+        self.private_fds = (child_err, runner_fd, out_fd)
+        protocol = _Protocol.build(token, child_err, runner_fd, out_fd, outputs=outputs)
         try:
             os.write(runner_fd, protocol.runner)
             self._proc = _reap.spawn(
@@ -183,10 +189,92 @@ class Shell:
         finally:
             for fd in (status_w, child_err, runner_fd, out_w):
                 os.close(fd)
-        self.pid = self._proc.pid
+        self.family = self._proc.pid  # its process session (forks of it share it)
         assert self._proc.stdin
-        self._stdin = self._proc.stdin.fileno()
-        self._stdout, self._stderr, self._status_r = out_r, err_r, status_r
+        self._attach(protocol, self._proc.stdin.fileno(), out_r, err_r, status_r)
+        self._start()
+
+    @classmethod
+    def fork(cls, source: Shell, timeout: float) -> Shell:
+        """A process fork of ``source`` (idle, between calls) driven as a shell of its
+        own: a subshell of it running :data:`.wire.FORK_LOOP` on FIFOs opened here.
+
+        It is not our child nor its session's leader (bash cannot ``setsid`` without
+        exec): it leads a process group of its own in the source's process session,
+        which stays watched by the keeper while any of them lives (``_reap.join``).
+        Raises ``RuntimeError`` when no fork answered within ``timeout``.
+        """
+        folder = tempfile.mkdtemp(prefix="coordex-bash-fork-")
+        fds: list[int] = []
+        runner = -1
+        try:
+            for name in ("in", "out", "err", "status"):
+                os.mkfifo(os.path.join(folder, name), 0o600)
+            # Ours are opened first without blocking, so the fork's opens return at once
+            # (``in`` read-write: its open for reading needs a writer).
+            fds = [os.open(os.path.join(folder, "in"), os.O_RDWR | os.O_CLOEXEC)]
+            fds += [os.open(os.path.join(folder, name),
+                            os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                    for name in ("out", "err", "status")]
+            child_err, runner_fd, out_fd = source.private_fds
+            token = secrets.token_hex(8)
+            if source.per_call:  # its calls open the fork's pipes, named by its own runner
+                outputs = (late_output.writer_path(fds[1]), late_output.writer_path(fds[2]))
+                protocol = _Protocol.build(token, *source.private_fds, outputs=outputs)
+                runner = _anonymous_file()
+                os.write(runner, protocol.runner)
+                line = _fork_line(folder, child_err, out_fd,
+                                  (runner_fd, late_output.writer_path(runner)))
+            else:
+                protocol = _Protocol.build(token, *source.private_fds)
+                line = _fork_line(folder, child_err, out_fd)
+            ending = source.exchange_line(line.encode(), timeout)
+            if ending.timed_out or not ending.survived:
+                raise RuntimeError("the shell did not fork")
+            deadline = time.monotonic() + timeout
+            pid = 0
+            while not pid:
+                with contextlib.suppress(OSError, ValueError), \
+                        open(os.path.join(folder, "pid"), "rb") as f:
+                    pid = int(f.read() or b"0")
+                if not pid:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the shell's fork did not start")
+                    time.sleep(0.001)
+            self = cls.__new__(cls)
+            self._proc = _Adopted(pid)  # type: ignore[assignment]
+            self.private_fds = source.private_fds
+            # Its process session is the source's: watched (and swept) while any of
+            # the family lives, its group spared when the source closes.
+            self.family = source.family
+            self.framed = True
+            self.per_call = source.per_call
+            _reap.join_family(self.family, pid)
+            self.token = token.encode()
+            self._attach(protocol, *fds)
+            fds = []  # the fork's now
+            self._start()
+            return self
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if runner >= 0:  # the fork has its own open of it by now (or is gone)
+                os.close(runner)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def exchange_line(self, line: bytes, timeout: float) -> Ending:
+        """Hand bash ``line`` (ours, not a user's) followed by a sync line, and wait for
+        the sync record."""
+        self._number += 1
+        line += _sync_line(self.token.decode(), self._number)
+        return self.exchange(line, self._number, RunRequest(code="", timeout=timeout),
+                             kind=b"s", interruptible=False)
+
+    def _attach(self, protocol: _Protocol, stdin: int, stdout: int, stderr: int,
+                status_r: int) -> None:
+        self.pid = self._proc.pid
+        self._stdin, self._stdout = stdin, stdout
+        self._stderr, self._status_r = stderr, status_r
         # Our ends only (bash holds other open file descriptions), so O_NONBLOCK is ours.
         for fd in (self._stdin, self._stdout, self._stderr, self._status_r):
             os.set_blocking(fd, False)
@@ -224,7 +312,6 @@ class Shell:
         except (AttributeError, OSError):
             self._pidfd = None
         copier.hold(*self._held())  # closed in read-only copies of Python sessions
-        self._start()
 
     def _held(self) -> list[int]:
         return [fd for fd in (self._stdin, self._stdout, self._stderr, self._status_r,
@@ -255,7 +342,7 @@ class Shell:
         ``spin=False``: wait in poll() at once (when a CPU is better left to others).
         """
         self._number += 1
-        line = self._trigger % self._number + _quote_code(code) + b"\n"
+        line = self._trigger % self._number + _quote_code(code, self.framed) + b"\n"
         if self._sync_aliases:
             line = _SYNC_ALIASES.encode() + b"; " + line
             self._sync_aliases = False
@@ -279,6 +366,8 @@ class Shell:
         """Hand ``line`` to bash and wait for record ``kind number`` (or bash's end)."""
         out, err = streams or (Stream("stdout", request), Stream("stderr", request))
         ending = Ending()
+        if self.framed:  # a fork's loop reads each line after its length (wire.FORK_LOOP)
+            line = b"%d\n" % len(line) + line
         pending = self._write_input(memoryview(line))
         if pending:
             self._poller.register(self._stdin, select.EPOLLOUT)
@@ -340,6 +429,8 @@ class Shell:
                                     ending.aborted = True
                                 self._note_flags(flags, top_level=True)
                                 finished = True
+                            elif rkind == b"e" and isinstance(self._proc, _Adopted):
+                                self._proc.said = status  # a fork's exit status
                     elif what == _STDOUT:
                         if events & select.EPOLLIN:  # (a hang-up alone: nothing to read)
                             self._pump(fd, out)
@@ -370,10 +461,12 @@ class Shell:
         err.feed(b"", final=True)
         if ended or self._reaped or (self._pidfd is None and self._proc.poll() is not None):
             ending.survived = False
+            if isinstance(self._proc, _Adopted):  # a fork says its status as it exits
+                self._proc.take_status(self._read_status())
             ending.returncode = self._proc.wait()
             self.terminate()  # background jobs of the dead shell go with it
-        elif self.per_call and len(hung_up) < 2:
-            self._retire_held_pipes(hung_up)
+        elif self.per_call and kind == b"r" and len(hung_up) < 2:
+            self._retire_held_pipes(hung_up)  # (only a call's code opens writers)
         return ending
 
     def _retire_held_pipes(self, hung_up: set[int]) -> None:
@@ -403,8 +496,11 @@ class Shell:
         # Bash abandons the runner and reads the sync line next.
         signal_group(self.pid, signal.SIGINT)
         self._number += 1
+        line = _sync_line(self.token.decode(), self._number)
+        if self.framed:
+            line = b"%d\n" % len(line) + line
         try:
-            os.write(self._stdin, _sync_line(self.token.decode(), self._number))
+            os.write(self._stdin, line)
         except OSError:
             pass
         return self._number
@@ -524,6 +620,8 @@ class Shell:
             self.stop_step = _reap.stop(self._proc, "bash", ask=hang_up,
                                         steps=steps or _SHELL_STEPS)
             self._reaped = True
+            if isinstance(self._proc, _Adopted):  # a fork: its family may end with it
+                _reap.leave_family(self.family, self.pid)
             return self.stop_step
 
     def release(self) -> None:
@@ -537,11 +635,54 @@ class Shell:
         for fd in (self._stdout, self._stderr, self._status_r, self._pidfd):
             if fd is not None:
                 os.close(fd)
-        if self._proc.stdin is not None:
+        if isinstance(self._proc, _Adopted):  # a fork's input is a FIFO opened here
+            os.close(self._stdin)
+        elif self._proc.stdin is not None:
             try:
                 self._proc.stdin.close()
             except OSError:
                 pass
+
+
+class _Adopted:
+    """What :func:`_reap.stop` and :class:`Shell` ask of a ``Popen``, for a fork of a
+    session's shell: not our child (its parent is gone, or is a subreaper: reaped here
+    then), so its end is read from ``/proc``."""
+
+    stdin = stdout = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.said: int | None = None
+        self.args = ["(forked bash)"]
+
+    def take_status(self, records: list[tuple[bytes, int, int, bytes]]) -> None:
+        """The exit status the fork's EXIT trap reported (``TOKEN e 0 STATUS :``)."""
+        for kind, _number, status, _flags in records:
+            if kind == b"e":
+                self.said = status
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError, OSError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+                    return self.returncode
+            if not _reap._runs(self.pid):
+                # Its status, as its EXIT trap said it; else it was killed.
+                self.returncode = -signal.SIGKILL if self.said is None else self.said
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(0.002)
+        assert self.returncode is not None
+        return self.returncode
 
 
 def _anonymous_file() -> int:

@@ -92,7 +92,8 @@ class ShellSession:
     cannot be started at all.
     """
 
-    def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+    def __init__(self, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                 _forked: tuple[Shell, dict[str, Any]] | None = None) -> None:
         self._env = shell_env(env)
         self._cwd = cwd
         self._lock = threading.Lock()
@@ -107,6 +108,9 @@ class ShellSession:
         self._dump_flags = ""
         self._launcher: launcher.LauncherServer | None = None  # started on first use
         self._bash = shutil.which("bash", path=self._env.get("PATH")) or "/bin/bash"
+        if _forked is not None:  # a fork of another session's shell (fork_shell)
+            self._shell, self._baseline = _forked
+            return
         try:
             self._shell = Shell(self._env, cwd)
             self._baseline = self._dump(self._shell)
@@ -234,6 +238,15 @@ class ShellSession:
 
     def restore_checkpoint(self, folder: str, timeout: float) -> Written:
         return branches.restore_checkpoint(self, folder, timeout)
+
+    def fork_shell(self, timeout: float) -> ShellSession:
+        """A new session on a process fork of this one's shell (see ``Shell.fork``).
+        Called with the session held. Raises ``RuntimeError`` when it did not fork."""
+        replaced = self._ensure_shell()
+        if isinstance(replaced, Ran):
+            raise RuntimeError("the session's shell could not be started")
+        shell = Shell.fork(self._shell, timeout)
+        return ShellSession(env=self._env, cwd=self._cwd, _forked=(shell, self._baseline))
 
     def sibling(self) -> ShellSession:
         """A new session of the same environment and starting folder."""

@@ -42,18 +42,25 @@ done
 )"""
 
 
-def quote_code(code: str) -> bytes:
+def quote_code(code: str, ascii_only: bool = False) -> bytes:
     """``code`` as one ``$'...'`` word on one line (NUL bytes dropped).
 
     Only ``\\``, ``'``, newline and ``!`` (history expansion, were a user to turn it
-    back on) are escaped; every other byte, binary ones included, stands for itself.
+    back on) are escaped; every other byte, binary ones included, stands for itself -
+    but with ``ascii_only`` bytes past 127 are ``\\xHH`` too, so the word has as many
+    characters as bytes in any locale (a fork's loop counts the line it reads).
     """
     data = code.encode("utf-8", "surrogateescape")
     if b"\0" in data:
         data = data.replace(b"\0", b"")
     data = (data.replace(b"\\", b"\\\\").replace(b"'", b"\\'").replace(b"\n", b"\\n")
             .replace(b"!", b"\\041"))
+    if ascii_only and not data.isascii():
+        data = _HIGH_BYTE.sub(lambda m: b"\\x%02x" % m[0][0], data)
     return b"$'" + data + b"'"
+
+
+_HIGH_BYTE = re.compile(rb"[\x80-\xff]")
 
 
 # The version of the trigger-line / record texts below (docs/protocol.md, "The bash
@@ -126,6 +133,65 @@ class ShellProtocol:
         # read of the line and prints none, which proves the code never started.
         trigger = f"PROMPT_COMMAND=${p}run {p}call=%d {p}code=".encode()
         return cls(runner.encode(), setup, trigger)
+
+
+# A fork of a session's shell (``fork_session``, SPEC 15) is a subshell of it: a process
+# fork, so it carries everything the shell holds (variables, functions, aliases,
+# options, cwd, umask, open fds, exported env) without copying a byte. A subshell does
+# not read commands by itself, so it runs this loop, which speaks the same record wire:
+# read a line, print the "go" record, run PROMPT_COMMAND (the runner) and print PS1. The
+# code runs in the loop's body, not its condition, so ``set -e`` ends the shell as it
+# would end the source's. A call's ``continue`` comes back to the condition and its
+# ``break`` ends the loop, which the trailing eval starts again: either way the call's
+# record is printed (PS1 holds a fallback record for it before the code runs). An interrupt runs the INT
+# trap, whose ``break`` leaves every loop the code was in, as an interactive shell
+# abandons the line; it empties PS1, so the call's record is the sync line's, as there.
+# Each line comes after its length (a line of its own): ``read -N`` reads it in large
+# chunks, where a plain ``read`` from a pipe takes one byte per system call. ``-N`` counts
+# characters, so every line a fork is sent is ASCII (``quote_code(ascii_only=True)``):
+# as many characters as bytes in any locale, and no locale switch on every call.
+FORK_LOOP = (
+    "while \\builtin printf %s \"${PS1@P}\" >&2; "
+    f"IFS= \\builtin read -r {PRIVATE_PREFIX}n && IFS= \\builtin read -r -N "
+    f"\"${PRIVATE_PREFIX}n\" {PRIVATE_PREFIX}line || \\builtin exit 0; "
+    "do \\builtin printf %s \"${PS0@P}\" >&2; "
+    f"\\builtin eval \"${PRIVATE_PREFIX}line\"; "
+    "if [[ -n ${PROMPT_COMMAND-} ]]; then "
+    f"PS1=\"\\n${{{PRIVATE_PREFIX}record}}${{{PRIVATE_PREFIX}call}} 0 {FLAGS}\\n\"; "
+    "\\builtin eval \"$PROMPT_COMMAND\"; fi; done; "
+    f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
+
+
+def fork_line(folder: str, stderr_fd: int, stdout_fd: int,
+              runner: tuple[int, str] | None = None) -> str:
+    """The text that forks the shell into a loop on the FIFOs in ``folder`` (``in``,
+    ``out``, ``err``, ``status``), its pid written to ``folder/pid`` first.
+
+    ``runner``: (the runner's fd number, a path to the fork's own runner) for a shell
+    whose calls open their output pipes by path (``ShellProtocol.build(outputs=...)``):
+    the fork reads its runner there, which names its own pipes, and keeps no writer on
+    them (``out`` and ``err`` are then left unopened).
+
+    Run at the top level, between calls. The subshell in between (``set -m`` there puts
+    the loop's process in a group of its own) leaves the source's ``$!`` and job table
+    as they were; the loop's process is then nobody's job, and the source's group is
+    not its group, so signals to one never reach the other.
+    """
+    p = PRIVATE_PREFIX
+    f = shell_quote(folder.rstrip("/") + "/")
+    if runner is None:
+        exec_line = f"\\exec <{f}in >{f}out 2>{f}status {stderr_fd}>{f}err {stdout_fd}>&1"
+    else:
+        exec_line = f"\\exec <{f}in >/dev/null 2>{f}status {runner[0]}<{runner[1]}"
+    # Not our child, so its exit status is not ours to read: its EXIT trap says it.
+    said = ("\\builtin printf '\\n%s e 0 %s :\\n' "
+            f"\"${{{p}record% r }}\" \"$?\" >&2")
+    inner = (f"\\builtin set +m; \\builtin trap 'PS1=; \\builtin break 1000000' INT; "
+             f"\\builtin trap {shell_quote(said)} EXIT; "
+             f"\\builtin printf %s \"$BASHPID\" >{f}pid; "
+             f"{exec_line}; {p}loop={shell_quote(FORK_LOOP)}; "
+             f"\\builtin eval \"${p}loop\"")
+    return f"( \\builtin set -m; ( {inner} ) & ) >/dev/null 2>&1 </dev/null; "
 
 
 def sync_line(token: str, number: int) -> bytes:
@@ -276,6 +342,6 @@ def _line_names(lines: set[str], ignored: frozenset[str]) -> set[str] | None:
                                                            f"alias {PRIVATE_PREFIX}"))}
 
 
-__all__ = ["DUMP", "FLAGS", "PRIVATE_PREFIX", "RECORD_WIRE_VERSION", "SYNC_ALIASES",
-           "VOLATILE_VARIABLES", "ShellProtocol", "changed_names", "parse_dump", "parse_flags", "quote_code",
-           "shell_quote", "state_names", "sync_line"]
+__all__ = ["DUMP", "FLAGS", "FORK_LOOP", "PRIVATE_PREFIX", "RECORD_WIRE_VERSION",
+           "SYNC_ALIASES", "VOLATILE_VARIABLES", "ShellProtocol", "changed_names", "fork_line",
+           "parse_dump", "parse_flags", "quote_code", "shell_quote", "state_names", "sync_line"]

@@ -1,0 +1,149 @@
+"""SPEC 15: a bash session is forked as a process (a subshell of its shell serving the
+same record wire), so the fork carries all the shell holds - open fds included - and is
+owned and ended like every process coordex starts."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from coordex import Executor
+
+BASH = {"language": "bash", "state_mode": "stateful"}
+
+
+def _runs(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _gone(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _runs(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _runs(pid)
+
+
+def test_a_fork_carries_variables_functions_cwd_and_an_open_fd(tmp_path: Path) -> None:
+    log = tmp_path / "fd3.txt"
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code(f"x=41; declare -a rows=(b a); f() {{ echo \"f $x\"; }}; "
+                        f"alias ll='echo listed'; shopt -s extglob; cd {tmp_path}; "
+                        f"exec 3>{log}; hidden=not-exported",
+                        session_name="src", **BASH)
+        forked = ex.fork_session(session_name="src", language="bash", new_name="trial")
+        assert forked["copy"] == "process" and forked["left_out"] == []
+        assert forked["ms"] < 1000
+        shown = ex.execute_code("echo $x ${rows[1]} $hidden; f; ll; shopt -q extglob && "
+                                "echo extglob; pwd; echo from-fork >&3",
+                                session_name="trial", **BASH)
+        assert shown["stdout"] == f"41 a not-exported\nf 41\nlisted\nextglob\n{tmp_path}\n"
+        # The fork writes through the same open file description as the source's fd 3.
+        assert log.read_text() == "from-fork\n"
+        ex.execute_code("x=99; unset -f f; cd /; exec 3>&-", session_name="trial", **BASH)
+        src = ex.execute_code("echo $x; f; pwd; echo from-source >&3", session_name="src",
+                              **BASH)
+        assert src["stdout"] == f"41\nf 41\n{tmp_path}\n" and src["exit_code"] == 0
+        assert log.read_text() == "from-fork\nfrom-source\n"
+
+
+def test_a_forks_break_continue_and_timeout_keep_it_answering(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("n=1", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        for code in ("for i in 1 2; do :; done; break; echo no",
+                     "continue; echo no"):
+            r = ex.execute_code(code, session_name="f", **BASH)
+            assert r["stdout"] == "" and r["exit_code"] == 0, r
+        r = ex.execute_code("n=2; while :; do :; done", session_name="f", timeout=1, **BASH)
+        assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+        r = ex.execute_code("sleep 30; echo not-reached", session_name="f", timeout=1, **BASH)
+        assert r["error_type"] == "timeout" and r["stdout"] == "", r
+        assert ex.execute_code("echo $n", session_name="f", **BASH)["stdout"] == "2\n"
+
+
+def test_a_fork_is_ended_on_close_even_after_its_source(tmp_path: Path) -> None:
+    ex = Executor(root=tmp_path / "home")
+    try:
+        ex.execute_code("sleep 300 &", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        pid = int(ex.execute_code("sleep 301 & echo $BASHPID", session_name="f",
+                                  **BASH)["stdout"])
+        job = int(ex.execute_code("echo $!", session_name="f", **BASH)["stdout"])
+        ex.close_session(session_name="src", language="bash")  # the fork lives on
+        assert ex.execute_code("echo alive", session_name="f", **BASH)["stdout"] == "alive\n"
+        assert _runs(pid) and _runs(job)
+        ex.fork_session(session_name="f", language="bash", new_name="g")
+        grand = int(ex.execute_code("echo $BASHPID", session_name="g", **BASH)["stdout"])
+        ex.close_session(session_name="f", language="bash")
+        assert _gone(pid) and _gone(job)  # its own group ends with it
+        assert _runs(grand)
+    finally:
+        ex.close()
+    assert _gone(grand)
+    members = [p for p in os.listdir("/proc") if p.isdigit() and _runs(int(p))]
+    assert str(pid) not in members and str(grand) not in members
+
+
+HOST = r"""
+import sys, time
+from coordex import Executor
+ex = Executor(root=sys.argv[1])
+bash = {"language": "bash", "state_mode": "stateful"}
+ex.execute_code("x=1", session_name="src", **bash)
+ex.fork_session(session_name="src", language="bash", new_name="f")
+out = ex.execute_code("sleep 300 & echo $BASHPID $!", session_name="f", **bash)["stdout"]
+ex.close_session(session_name="src", language="bash")
+open(sys.argv[2], "w").write(out)
+time.sleep(600)
+"""
+
+
+def test_a_fork_ends_when_the_host_dies_after_its_source_closed(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    report = tmp_path / "pids"
+    host = subprocess.Popen([sys.executable, "-c", HOST, str(tmp_path / "home"), str(report)])
+    try:
+        deadline = time.monotonic() + 60
+        while not report.exists() or not report.read_text():
+            assert host.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        pids = [int(p) for p in report.read_text().split()]
+        assert all(_runs(p) for p in pids)
+        host.send_signal(signal.SIGKILL)
+        host.wait(10)
+        assert all(_gone(p, 10) for p in pids), pids
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+
+
+def test_set_e_ends_a_forks_shell_as_it_ends_the_sources(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("v=1", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        r = ex.execute_code("set -e; false; echo not-reached", session_name="f", **BASH)
+        assert r["stdout"] == "" and r["exit_code"] == 1, r
+        assert ex.execute_code("echo ${v-gone}", session_name="f", **BASH)["stdout"] == \
+            "gone\n"  # a fresh shell took its place, as for the source
+        assert ex.execute_code("echo $v", session_name="src", **BASH)["stdout"] == "1\n"
+
+
+def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("export LC_ALL=C.UTF-8", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        code = "s='héllo ✓ " + "x" * 300_000 + "'; echo ${#s}; echo 'ünï' | od -An -tx1"
+        r = ex.execute_code(code, session_name="f", **BASH)
+        assert r["stdout"].split("\n")[0] == str(len("héllo ✓ ") + 300_000), r
+        assert r["stdout"].split("\n")[1].split() == \
+            [f"{b:02x}" for b in "ünï\n".encode()]
+        assert ex.execute_code("echo next", session_name="f", **BASH)["stdout"] == "next\n"
