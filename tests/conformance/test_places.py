@@ -543,6 +543,12 @@ def test_output_written_while_a_later_call_runs_lands_in_no_later_call(
     for _ in range(2):
         r = at.run(mine, state_mode="stateful", session_name="bg")
         assert (r["stdout"], r["stderr"]) == ("mine\n", ""), r
+    # A fork of the session made while the writer writes: its calls are its own too.
+    forked = at.ex.fork_session(session_name="bg", language=at.place.language,
+                                venv_id=at.venv_id, new_name="bg-fork")
+    assert "error" not in forked, forked
+    r = at.run(mine, state_mode="stateful", session_name="bg-fork")
+    assert (r["stdout"], r["stderr"]) == ("mine\n", ""), r
     # The writer wrote on to its end: losing its call's readers did not stop it.
     deadline = time.monotonic() + 10
     while not done.exists() and time.monotonic() < deadline:

@@ -1007,6 +1007,7 @@ def fork_session(msg: Dict[str, Any], channel: Channel, namespace: Dict[str, Any
             os.close(msg_w)
             os.close(result_r)
         _State.standbys, _State.unreaped, _State.fork_child = [], [], 0
+        _State.per_call = False  # its first run drops the copies kept here
         keep_std_fds()
         restore_std_fds()
         forked = Channel(in_fd, out_fd)
