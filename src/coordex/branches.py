@@ -20,6 +20,7 @@ from .backends.base import Checkpointable, Forkable
 from .core import coordinates as coords
 from .core.coordinates import Coordinate
 from .core.errors import CoordexError, make_error, validation
+from .core.lineage import forget_fork, note_fork
 from .persist.checkpoints import KEEP, CheckpointStore
 from .persist.store import Identity
 
@@ -118,27 +119,11 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
                     ex._persist.adopt(table.record(new_key), forked.session)
         finally:
             lock.release()
-        _note_fork(ex, table.record(new_key), source)
+        note_fork(ex, table.record(new_key), source)
         return {"session": table.record(new_key), "from": source, "ms": _ms(started),
                 "copy": forked.copy, "left_out": list(forked.left_out), "files": FILES_SHARED}
     except CoordexError as exc:
         return exc.to_dict()
-
-
-def _where(record: dict[str, Any]) -> tuple[Any, Any, Any]:
-    return (record.get("language"), record.get("venv_id"), record.get("session_id"))
-
-
-def _note_fork(ex: Executor, new: dict[str, Any], source: dict[str, Any]) -> None:
-    """Which session a fork was made from, for the page (while both are open here)."""
-    ex.__dict__.setdefault("_forked_from", {})[_where(new)] = dict(source)
-
-
-def forked_from(ex: Any, record: dict[str, Any]) -> dict[str, Any] | None:
-    """The session ``record``'s session was forked from in this executor, if it was
-    (None for any other executor-like object: a confined host's client)."""
-    found: dict[Any, dict[str, Any]] = getattr(ex, "__dict__", {}).get("_forked_from") or {}
-    return found.get(_where(record))
 
 
 # -- checkpoints --------------------------------------------------------------------------
@@ -306,6 +291,6 @@ def restore_session(ex: Executor, language: Any, session_id: Any, session_name: 
 
 def forget(ex: Executor, record: dict[str, Any]) -> None:
     """``close_session``: the session's checkpoints go with it."""
-    ex.__dict__.get("_forked_from", {}).pop(_where(record), None)
+    forget_fork(ex, record)
     with contextlib.suppress(OSError):
         _store(ex).forget(Identity.of(record))

@@ -21,9 +21,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..branches import forked_from
 from ..contract import ExecutorLike
 from ..core.errors import CoordexError
+from ..core.lineage import forked_from
 from ..log.running import calls_of
 from .http import MAX_BODY, Request, Response, json_response
 
