@@ -76,3 +76,32 @@ def test_a_writer_opens_its_own_end_on_a_pipe_by_path() -> None:
         assert os.read(r, 10) == b""  # no writer left: end of file, until the next opens one
     finally:
         os.close(r)
+
+
+@pytest.mark.parametrize("place", ["bash", "worker"])
+def test_without_proc_the_calls_share_the_pipes_as_before(
+        place: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /proc is missing: one pair of pipes for every call, what waits on them is
+    dropped before each call (docs/protocol.md), and a closed fd 1 comes back."""
+    import sys
+
+    from coordex.backends.base import RunRequest
+    from coordex.backends.env.workers import WorkerSession
+    from coordex.backends.shell import ShellSession
+
+    monkeypatch.setattr(late_output, "per_call_pipes_work", lambda fd: False)
+    if place == "bash":
+        session: ShellSession | WorkerSession = ShellSession()
+        late, mine = "(sleep 0.2; echo LATE) &", "echo mine; exec 1>&-"
+    else:
+        session = WorkerSession(sys.executable)
+        late = "import subprocess\n_p = subprocess.Popen(['sh', '-c', 'sleep 0.2; echo LATE'])"
+        mine = "print('mine')"
+    try:
+        assert session.run(RunRequest(late, timeout=10)).stdout == ""
+        time.sleep(0.5)  # it wrote between the calls
+        assert session.run(RunRequest(mine, timeout=10)).stdout == "mine\n"
+        again = "echo again" if place == "bash" else "print('again')"
+        assert session.run(RunRequest(again, timeout=10)).stdout == "again\n"
+    finally:
+        session.close()
