@@ -55,24 +55,29 @@ def table(rows: list[tuple[str, ...]]) -> str:
 
 class Owned:
     """A place's session (or stateless template) run as the Executor runs it: each call
-    through ``coordex.sessions.attempts`` (SPEC 6's retry and the words of the result),
-    so a figure holds what the session table adds to the place's own work."""
+    through ``coordex.sessions.settle`` (SPEC 6's retry) and rendered by
+    ``coordex.core.record.render``, so a figure holds what the session table and the
+    result add to the place's own work."""
 
     def __init__(self, target: Any, kind: str, retries: bool) -> None:
-        from coordex import sessions
-
-        self._attempts = sessions.attempts
         self.target = target
         self.kind, self.retries = kind, retries
 
+    def _call(self, mode: Any, run: Any, request: Any) -> dict[str, Any]:
+        from coordex import sessions
+        from coordex.core.record import CallRecord, render
+
+        settled = sessions.settle(self, mode, run, request)  # type: ignore[arg-type]
+        return render(CallRecord(mode, {}, 0.0, settled))
+
     def run(self, request: Any) -> dict[str, Any]:
-        return self._attempts(self, "stateful", self.target.run, request)  # type: ignore[arg-type]
+        return self._call("stateful", self.target.run, request)
 
     def run_read_only(self, request: Any) -> dict[str, Any]:
-        return self._attempts(self, "read_only", self.target.run_read_only, request)  # type: ignore[arg-type]
+        return self._call("read_only", self.target.run_read_only, request)
 
     def run_stateless(self, request: Any) -> dict[str, Any]:
-        return self._attempts(self, "stateless", self.target.run_stateless, request)  # type: ignore[arg-type]
+        return self._call("stateless", self.target.run_stateless, request)
 
     def close(self) -> None:
         self.target.close()

@@ -9,7 +9,7 @@ function here returns, and the hand-written pages ``{include}`` them:
 - ``errors.md``: every ``error_type``, what it means, and what the model is told, from
   the pure core's own constructors (the same ones every place goes through);
 - ``call-endings.md``: every event a place reports (``core/facts.py``) in every mode, as
-  ``core/messages.said`` words it, with the ``state_lost`` the core decides;
+  ``core/record.render`` words it, with the ``state_lost`` the core decides;
 - ``cli.md``: ``coordex --help`` and every command's help, from the argument parser;
 - ``executor-options.md``: the ``Executor`` constructor's options and defaults;
 - ``view.md``: what a confined host's file view holds (``hosting/view.py``);
@@ -35,7 +35,8 @@ from coordex.cli import build_parser
 from coordex.core import facts
 from coordex.core.coordinates import check_coordinate
 from coordex.core.errors import ERROR_MEANINGS, ERROR_TYPES, CoordexError
-from coordex.core.messages import WORDS, build_outside_spec, detached_busy, environment_not_found, said
+from coordex.core.messages import WORDS, build_outside_spec, detached_busy, environment_not_found
+from coordex.core.record import Settled, render_error
 from coordex.core.registry import SessionRegistry
 from coordex.tools import FORMATS, TOOL_NAMES, tool_definitions
 
@@ -152,6 +153,14 @@ _RAISED = facts.Ran(event=facts.Raised(
 _TIMED_OUT = facts.Ran(event=facts.TimedOut(survived=True))
 
 # One real case per error_type, made by the constructors the code itself calls.
+def _said(ran: facts.Ran, mode: Any, *, lost: bool, attempts: int = 1,
+          place: Any = "worker") -> dict[str, Any]:
+    """The error a call that ended in ``ran`` is told (a 60 s timeout; {}: a success),
+    as :func:`coordex.core.record.render` words it."""
+    settled = Settled(ran, place, mode, 60, attempts=attempts, lost=lost)
+    return render_error(settled) if settled.errored else {}
+
+
 ERROR_EXAMPLES: dict[str, tuple[str, Callable[[], object]]] = {
     "validation": ("`execute_code(\"x\", state_mode=\"read_only\")`",
                    lambda: check_coordinate("python", "read_only")),
@@ -160,13 +169,11 @@ ERROR_EXAMPLES: dict[str, tuple[str, Callable[[], object]]] = {
     "capacity": ("a stateful call opening one session more than `max_sessions=2` allow",
                  _full_registry),
     "execution": ("`1/0`, stateful, in an environment's worker",
-                  lambda: said(_RAISED, "worker", "stateful", 60, state_lost=False)["error"]),
+                  lambda: _said(_RAISED, "stateful", lost=False)),
     "timeout": ("`time.sleep(999)`, stateful, in an environment's worker, interrupted",
-                lambda: said(_TIMED_OUT, "worker", "stateful", 60,
-                             state_lost=False)["error"]),
+                lambda: _said(_TIMED_OUT, "stateful", lost=False)),
     "crashed": ("the worker killed (SIGKILL) under a stateful call, after its retry",
-                lambda: said(_DIED, "worker", "stateful", 60, state_lost=True,
-                             attempts=2)["error"]),
+                lambda: _said(_DIED, "stateful", lost=True, attempts=2)),
     "busy": ("a stateful call to a session whose earlier call returned `running` and still "
              "runs", lambda: detached_busy("c-7f3a")),
     "environment": ("a build whose index's certificate is not trusted (a corporate CA)",
@@ -238,10 +245,9 @@ def call_endings_page() -> str:
         for mode in MODES:
             ran = facts.Ran(event=event)
             lost = facts.lost_state(ran, mode)
-            outcome = said(ran, place, mode, 60, state_lost=lost)
-            error = outcome.get("error") or {}
+            error = _said(ran, mode, lost=lost, place=place)
             out.append(f"| `{mode}` | {_cell(error.get('error_type', '(success)'))} | "
-                       f"{'true' if outcome.get('state_lost') else 'false'} | "
+                       f"{'true' if lost else 'false'} | "
                        f"{_cell(error.get('error', ''))} | "
                        f"{_cell(error.get('suggestion', ''))} |\n")
         out.append("\n")

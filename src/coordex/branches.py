@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Checkpointable, Forkable
 from .core import coordinates as coords
+from .core import messages
 from .core.coordinates import Coordinate
 from .core.errors import CoordexError, make_error, validation
 from .core.lineage import forget_fork, note_fork
@@ -82,8 +83,8 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
         table = ex._table
         if table.find(Coordinate(coordinate.language, "stateful", coordinate.venv_id, None,
                                  new_name)) is not None or (
-                ex._persist is not None and ex._persist.find_waiting(
-                    coordinate.language, coordinate.venv_id, None, new_name) is not None):
+                ex._keeping.find_waiting(coordinate.language, coordinate.venv_id, None,
+                                         new_name) is not None):
             free = _free_name(ex, coordinate.language, coordinate.venv_id, new_name)
             raise validation(f"A {coordinate.language} session named {new_name!r} already "
                              "exists in this environment.",
@@ -91,14 +92,11 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
         with table.reading(coordinate, ex.timeout, None) as (key, slot):
             source = table.record(key)
             if slot is None or slot.session is None:
-                from .executor import _busy_outcome
-
-                return {**_busy_outcome()["error"], "session": source}
+                return {**messages.session_busy(), "session": source}
             session = slot.session
             if not isinstance(session, Forkable):
                 raise _unsupported("forked", source)
-            taken = set() if ex._persist is None else ex._persist.kept_ids(
-                coordinate.language, coordinate.venv_id)
+            taken = ex._keeping.kept_ids(coordinate.language, coordinate.venv_id)
             new_key = table.reserve_named(coordinate.language, coordinate.venv_id, new_name,
                                           taken)
             try:
@@ -114,9 +112,7 @@ def fork_session(ex: Executor, session_id: Any, session_name: Any, language: Any
             raise CoordexError("not_found", "The executor closed while the fork was made.",
                                "Open a new Executor.")
         try:
-            if ex._persist is not None:  # kept from its first moment (SPEC 12)
-                with contextlib.suppress(Exception):
-                    ex._persist.adopt(table.record(new_key), forked.session)
+            ex._keeping.adopt(table.record(new_key), forked.session)  # kept from now (SPEC 12)
         finally:
             lock.release()
         note_fork(ex, table.record(new_key), source)
@@ -147,9 +143,7 @@ def checkpoint_session(ex: Executor, language: Any, session_id: Any, session_nam
         with ex._table.reading(coordinate, ex.timeout, None) as (key, slot):
             record = ex._table.record(key)
             if slot is None or slot.session is None:
-                from .executor import _busy_outcome
-
-                return {**_busy_outcome()["error"], "session": record}
+                return {**messages.session_busy(), "session": record}
             session = slot.session
             if not isinstance(session, Checkpointable):
                 raise _unsupported("checkpointed", record)
@@ -159,7 +153,7 @@ def checkpoint_session(ex: Executor, language: Any, session_id: Any, session_nam
             except OSError as exc:
                 raise _storage(store, exc) from None
             at = time.time()
-            finish = session.start_checkpoint(str(folder), ex._persist_max_bytes)
+            finish = session.start_checkpoint(str(folder), ex._keeping.max_bytes)
         written = finish(WRITE_TIMEOUT)  # the session is free again: its copy writes
         if "error" in written:
             store.discard(identity, checkpoint)
@@ -212,11 +206,9 @@ def _identity(ex: Executor, coordinate: Coordinate) -> Identity:
     found = ex._table.find(coordinate)
     if found is not None:
         return Identity.of(ex._table.record(found[0]))
-    if ex._persist is not None:
-        kept = ex._persist.find_waiting(coordinate.language, coordinate.venv_id,
-                                        coordinate.session_id, coordinate.session_name)
-        if kept is not None:
-            return kept
+    kept = ex._keeping.waiting(coordinate)
+    if kept is not None:
+        return kept
     wanted = Identity(coordinate.language, coordinate.venv_id, coordinate.session_id or 0,
                       coordinate.session_name)
     if _store(ex).list(wanted):
@@ -259,29 +251,25 @@ def restore_session(ex: Executor, language: Any, session_id: Any, session_name: 
         with ex._table.stateful(opening, ex.timeout, None, ex._open_session) as (key, session,
                                                                                call):
             record = ex._table.record(key)
-            outcome: dict[str, Any] = {}
+            rebound: list[str] = []
+            lost = False
             try:
                 if session is None:
-                    from .executor import _busy_outcome
-
-                    return {**_busy_outcome()["error"], "session": record}
+                    return {**messages.session_busy(), "session": record}
                 if not isinstance(session, Checkpointable):
                     raise _unsupported("restored", record)
                 report = session.restore_checkpoint(str(folder), WRITE_TIMEOUT)
                 if "error" in report:
-                    outcome = {"state_lost": True}
+                    lost = True
                     return make_error(
                         "execution", f"The checkpoint could not be restored: "
                         f"{report['error']}.", "The session now starts empty; rebuild it "
                         "with rebuild_session, or restore another checkpoint.",
                         session=record, state_lost=True)
-                outcome = {"rebound": list(report.get("names") or [])}
-                if ex._persist is not None:  # what is kept of it on disk starts here
-                    with contextlib.suppress(Exception):
-                        ex._persist.forget(identity)
-                        ex._persist.adopt(record, session)
+                rebound = list(report.get("names") or [])
+                ex._keeping.adopt(record, session, anew=True)  # what is kept of it starts here
             finally:
-                ex._table.finish(key, call, outcome)
+                ex._table.finish(key, call, None, rebound, lost=lost)
         return {"restored": True, "checkpoint": checkpoint, "label": info.get("label"),
                 "at": info.get("at"), "session": record, "ms": _ms(started),
                 "left_out": list(report.get("left_out") or []), "files": FILES_UNTOUCHED}

@@ -15,41 +15,27 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
-import functools
-import itertools
 import os
-import shutil
-import sys
-import tempfile
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from . import branches, sessions, spill
+from . import branches, calling, managing, spill
 from .backends._reap import keeper as _process_keeper
-from .backends.base import SESSION_CWD, Outcome, OutputCallback, Place, RunRequest, Session, empty_outcome
-from .backends.env import EnvironmentPlace
-from .backends.own import OwnPlace, OwnSession
+from .backends.base import OutputCallback, Place, Session
+from .backends.own import OwnPlace
 from .core import coordinates as coords
 from .core import messages
-from .core.bindings import bound_names
 from .core.coordinates import Coordinate, SessionKey
-from .core.errors import CoordexError, validation
-from .core.registry import PLAN_KEY
-from .core.results import DEFAULT_OUTPUT_LIMIT, session_record, success
+from .core.errors import CoordexError
+from .core.results import DEFAULT_OUTPUT_LIMIT
 from .core.root import default_root
 from .core.shapes import (
     CheckpointList,
     CheckpointResult,
     CloseResult,
-    EnvironmentBuilt,
-    EnvironmentCreated,
-    EnvironmentList,
-    EnvironmentShown,
     ForkResult,
     HistoryResult,
     InspectResult,
@@ -62,14 +48,14 @@ from .core.shapes import (
     ToolFormat,
     UIResult,
 )
-from .log import LOG_FILE, CallLog
-from .log.calls import log_off_error, note_changes, record_call
+from .environments.facade import Environments
+from .log.calls import open_call_log
 from .log.detached import _current as _recorded_call
-from .log.running import RunningCalls, where
+from .log.running import RunningCalls
 from .long_work import LongWork
-from .long_work import error_record as _error_record
-from .long_work import ms as _ms
-from .observe.hook import call_env, watch_call
+from .observe.hook import watch_call
+from .persist.hooks import Keeping
+from .places import CapabilityBridge, Places, join_cluster
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
@@ -156,7 +142,7 @@ class Executor:
         self.output_limit = int(output_limit)
         self.read_only_paths = list(read_only_paths) if read_only_paths is not None else None
         self._envs_dir = Path(envs_dir) if envs_dir is not None else None
-        self._cluster: Any = self._join_cluster(cluster) if cluster is not None else None
+        self._cluster: Any = join_cluster(self, cluster) if cluster is not None else None
         self._lock = threading.RLock()
         self._capabilities: dict[str, Callable[..., Any]] = {}
         self._environments: Any = environments_manager
@@ -164,18 +150,17 @@ class Executor:
         # Where the call log and the function store are written when not under root by
         # this process (a confined host's owner writes them: hosting/records).
         self._records = records
-        self._progress = _Progress()
         import builtins
 
         self.plan_namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        self._own_place = OwnPlace(self._session_globals, _CapabilityBridge(self),
+        self._own_place = OwnPlace(self._session_globals, CapabilityBridge(self),
                                    inline=bool(own_on_caller_thread))
-        self._places: dict[PlaceKey, Place] = {("python", None): self._own_place}
+        self._places = Places(self, self._own_place)
         self._table = SessionTable(max_sessions,
                                    self._own_place.open_session(self.plan_namespace))
-        self._call_log = self._open_call_log(log, log_max_rows)
-        self._persist = self._open_persistence(persist, snapshot_interval, persist_max_bytes)
-        self._persist_max_bytes = int(persist_max_bytes)
+        self._call_log = open_call_log(self.root, self._records, log, log_max_rows)
+        self._keeping = Keeping.open(self.root, self._table, self._call_log, persist=persist,
+                                     interval=snapshot_interval, max_bytes=persist_max_bytes)
         # Calls in flight, for the page (SPEC 11): their output so far, and interrupt.
         self.running_calls = RunningCalls(
             self._call_log.reserve if self._call_log is not None else None)
@@ -203,12 +188,9 @@ class Executor:
 
         With ``persist``, each session that changed since its last snapshot is written
         first (at most a few seconds in all; the call log keeps what is not written)."""
-        if self._persist is not None and not self._table.closed:
-            with contextlib.suppress(Exception):
-                self._persist.close()
+        self._keeping.close()
         sessions = self._table.drain()
-        with self._lock:
-            places = list(self._places.values())
+        places = self._places.all()
         for session in sessions:
             with contextlib.suppress(Exception):
                 session.close()
@@ -260,40 +242,20 @@ class Executor:
         """
         watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
         if watch is None:
-            return self._execute_code(code, language, state_mode, session_id, session_name,
-                                      venv_id, timeout, on_output, on_progress, cancel, wait)
+            return cast(RunResult, calling.start(
+                self, code, language, state_mode, session_id, session_name, venv_id, timeout,
+                on_output, on_progress, cancel, wait))
         result: Any = None
         try:
-            result = self._execute_code(code, language, state_mode, session_id, session_name,
-                                        venv_id, timeout, on_output, on_progress, cancel, wait)
+            result = calling.start(self, code, language, state_mode, session_id,
+                                   session_name, venv_id, timeout, on_output, on_progress,
+                                   cancel, wait)
         finally:
             watch.done({"code": code, "language": language, "state_mode": state_mode,
                         "session_id": session_id, "session_name": session_name,
                         "venv_id": venv_id}, result)
             watch.close()
         return cast(RunResult, result)
-
-    def _execute_code(self, code: Any, language: Any, state_mode: Any, session_id: Any,
-                      session_name: Any, venv_id: Any, timeout: Any,
-                      on_output: OutputCallback | None, on_progress: Any,
-                      cancel: threading.Event | None, wait: Any) -> RunResult:
-        if wait is None and not self._calls.active:
-            if cancel is None and (record := getattr(_recorded_call, "record", None)):
-                cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
-            return cast(RunResult, self._execute(
-                code, language, state_mode, session_id, session_name, venv_id, timeout,
-                on_output, on_progress, cancel, self.output_limit, nested=False))
-        asked = {"code": code, "language": language, "state_mode": state_mode,
-                 "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
-                 "timeout": timeout}
-
-        def run(output: OutputCallback | None, event: threading.Event | None) -> dict[str, Any]:
-            return self._execute(code, language, state_mode, session_id, session_name,
-                                 venv_id, timeout, output, on_progress, event,
-                                 self.output_limit, nested=False)
-
-        return cast(RunResult, self._calls.run("execute_code", asked, state_mode, run, wait,
-                                              on_output, cancel))
 
     # ------------------------------------------------------------------ long work (SPEC 14)
 
@@ -348,349 +310,26 @@ class Executor:
         ``"redelivered": true`` instead of running again."""
         return self._calls.hold_call(call_id)
 
-    def _execute(self, code: Any, language: Any, state_mode: Any, session_id: Any,
-                 session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
-                 on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
-                 output_limit: int, *, nested: bool) -> dict[str, Any]:
-        """The body of every call: validate, run where the coordinate says, shape.
 
-        ``nested`` marks a stored-function call, which may come from code running in the
-        very session it names (see :meth:`_active_session`).
-        """
-        started = time.perf_counter()
-        coordinate: Coordinate | None = None
-        seq: int | None = None  # the call's log row, where one was reserved while it ran
-        tee: spill.Tee | None = None  # a stored function's inner call is fitted by its caller
-        try:
-            code = coords.check_code(code)
-            coordinate = coords.check_coordinate(language, state_mode, session_id,
-                                                 session_name, venv_id)
-            limit = coords.check_timeout(timeout) or self.timeout
-            if on_output is not None and not callable(on_output):
-                raise validation("on_output must be a callable taking (stream, text).",
-                                 "Pass a function like lambda stream, text: ..., or None.")
-            self._check_open()
-            if cancel is None and self._ui is not None:  # the page may interrupt it
-                cancel = threading.Event()
-            running = self.running_calls.start(
-                where(coordinate.language, coordinate.venv_id, coordinate.session_id,
-                      coordinate.session_name, coordinate.state_mode), code, cancel, on_output)
-            running.recorded = getattr(_recorded_call, "record", None)
-            if not nested:
-                tee = spill.Tee(self.spill_folder, output_limit, running.output)
-            try:
-                request = RunRequest(code, limit, tee or running.output, output_limit,
-                                     cancel=cancel, env=call_env(),
-                                     value_limit=None if nested else spill.VALUE_KEEP_CHARS)
-                self._progress.callback = running.progress(on_progress)  # the page sees builds
-                active = self._active_session(coordinate) if nested else None
-                if active is None:
-                    outcome, session = self._dispatch(coordinate, request)
-                else:
-                    outcome, session = self._run_in_active(active, coordinate, request)
-            finally:
-                seq = self.running_calls.finish(running)
-        except CoordexError as exc:
-            result = _error_record(exc, coordinate, started)
-        else:
-            result = self._shape(outcome, session, coordinate, started)
-            if running.interrupted:  # a person stopped it from the page
-                result = messages.stopped_by(result, "person")
-            elif cancel is not None and cancel.is_set():  # its caller cancelled it
-                result = messages.stopped_by(result, "caller")
-        if tee is not None:
-            result = tee.finish(result, output_limit)
-        asked = None if coordinate is not None else (language, state_mode, session_id,
-                                                      session_name, venv_id)
-        result = record_call(self._call_log, result, code, coordinate, seq, asked)
-        if self._persist is not None and coordinate is not None and \
-                coordinate.state_mode == "stateful":
-            from .log.calls import last_row
-
-            self._persist.after_call(result, last_row())
-        return result
-
-    def _dispatch(self, coordinate: Coordinate, request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        if coordinate.venv_id is not None:
-            self._require_environment(coordinate.venv_id)
-        if coordinate.state_mode == "stateless":
-            where = session_record(coordinate.language, coordinate.venv_id, None, None)
-            place = self._place(coordinate.language, coordinate.venv_id)
-            return sessions.attempts(place, "stateless", place.run_stateless, request), where
-        if coordinate.state_mode == "stateful":
-            return self._run_stateful(coordinate, request)
-        return self._run_read_only(coordinate, request)
-
-    def _run_stateful(self, coordinate: Coordinate,
-                      request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        if self._persist is not None:
-            self._claim_kept(coordinate)
-        with self._table.stateful(coordinate, request.timeout, request.cancel,
-                                  self._open_session) as (key, session, call):
-            record = self._table.record(key)
-            if session is None:
-                return _busy_outcome(), record
-            outcome: Outcome = {}
-            place = self._place(key.language, key.venv_id)
-            restored = None
-            if self._persist is not None and call == 1:  # before the call's code runs
-                restored = self._persist.restore(key, record, session, self.timeout * 5)
-            try:
-                outcome = self._table.run(key, place, "stateful", session.run, request)
-                if restored is not None and restored.get("state_lost"):
-                    outcome["state_lost"] = True  # kept, but nothing could be restored
-                    if outcome.get("error"):
-                        outcome["error"]["state_lost"] = True
-                elif restored is not None:
-                    outcome["restored"] = restored
-                if key.language == "python" and "error" not in outcome:
-                    # ``x = 41`` again is a rebinding though the object is the same one.
-                    outcome["rebound"] = list(dict.fromkeys(
-                        [*(outcome.get("rebound") or ()), *bound_names(request.code)]))
-                if self._call_log is not None:
-                    note_changes(outcome.get("rebound"), outcome.get("deleted"))
-                if self._persist is not None:
-                    self._persist.note(call, key.language == "bash" or any(
-                        name != "_" for name in [*(outcome.get("rebound") or ()),
-                                                 *(outcome.get("deleted") or ())]))
-            finally:
-                self._table.finish(key, call, outcome)
-            return outcome, record
-
-    def _claim_kept(self, coordinate: Coordinate) -> None:
-        """A kept session named in ``coordinate`` and not yet restored gets its old id;
-        a new named session never takes the id of one still kept."""
-        assert self._persist is not None
-        if coordinate.session_name is None:
-            return
-        kept = self._persist.find_waiting(coordinate.language, coordinate.venv_id, None,
-                                          coordinate.session_name)
-        taken = self._persist.kept_ids(coordinate.language, coordinate.venv_id)
-        if kept is None and not taken:
-            return
-        with self._table.lock:
-            registry = self._table.registry
-            if registry.find(coordinate) is not None:
-                return
-            held = {e.key.session_id for e in registry.entries()
-                    if (e.key.language, e.key.venv_id) == (coordinate.language, coordinate.venv_id)}
-            if kept is not None and kept.session_id not in held:
-                sid = kept.session_id
-            else:
-                sid = next(i for i in itertools.count(1) if i not in held | taken)
-            key = SessionKey(coordinate.language, coordinate.venv_id, sid)
-            if key not in registry:
-                with contextlib.suppress(CoordexError):  # capacity: said by the call itself
-                    registry.reserve(key, coordinate.session_name, time.time())
-
-    def _open_persistence(self, persist: bool, interval: float, max_bytes: int) -> Any:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
-            raise ValueError(f"snapshot_interval must be a number of seconds >= 0, got {interval!r}")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"persist_max_bytes must be an integer >= 1, got {max_bytes!r}")
-        if not persist:
-            return None
-        from .persist import Persistence
-
-        return Persistence(self.root, self._table, self._call_log, interval=float(interval),
-                           max_bytes=max_bytes)
+    def _bring_back(self, coordinate: Coordinate, timeout: float) -> dict[str, Any] | None:
+        return calling.bring_back(self, coordinate, timeout)
 
     def _open_session(self, key: SessionKey) -> Session:
         return self._place(key.language, key.venv_id).open_session()
 
-    def _run_read_only(self, coordinate: Coordinate,
-                       request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        restored = self._bring_back(coordinate, request.timeout)
-        with self._table.reading(coordinate, request.timeout, request.cancel) as (key, slot):
-            record = self._table.record(key)
-            if slot is None or slot.session is None:
-                return _busy_outcome(), record
-            self._table.count_call(key)
-            with self._protected(request) as protected:
-                session = slot.session
-                place = self._place(key.language, key.venv_id)
-                outcome = self._table.run(key, place, "read_only", session.run_read_only,
-                                          protected)
-            note_changes(outcome.pop("rebound", None), outcome.pop("deleted", None),
-                         outcome.pop("written", None))
-            if restored is not None:
-                outcome["restored"] = restored
-            return outcome, record
-
-    def _bring_back(self, coordinate: Coordinate, timeout: float) -> dict[str, Any] | None:
-        """A kept session not yet restored, named by a read-only call or an inspection:
-        opened and restored first, as its first stateful call would (SPEC 12). Returns
-        what the restore says."""
-        if self._persist is None or self._persist.find_waiting(
-                coordinate.language, coordinate.venv_id, coordinate.session_id,
-                coordinate.session_name) is None:
-            return None
-        opening = dataclasses.replace(coordinate, state_mode="stateful")
-        outcome, _ = self._run_stateful(opening, RunRequest(code="", timeout=timeout))
-        restored: dict[str, Any] | None = outcome.get("restored")
-        return restored
-
-    @contextlib.contextmanager
-    def _protected(self, request: RunRequest) -> Iterator[RunRequest]:
-        """``request`` with a fresh scratch folder and the folders to protect (SPEC
-        guarantee 3); the scratch folder is removed when the call is over."""
-        scratch = tempfile.mkdtemp(prefix="coordex-ro-")
-        try:
-            yield dataclasses.replace(request, protect_paths=self._protect_paths(),
-                                      scratch=scratch,
-                                      report_changes=self._call_log is not None)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    def _protect_paths(self) -> tuple[str, ...]:
-        # Places resolve SESSION_CWD against the session's own cwd where the copy runs.
-        if self.read_only_paths is not None:
-            return tuple(self.read_only_paths)
-        return (SESSION_CWD, os.path.expanduser("~"))
-
-    def _shape(self, outcome: Outcome, session: dict[str, Any], coordinate: Coordinate,
-               started: float) -> dict[str, Any]:
-        error = outcome.pop("error", None)
-        if error is not None:
-            record = dict(error)
-            record.setdefault("session", session)
-            record.setdefault("state_mode", coordinate.state_mode)
-            for key in ("isolation", "retried"):
-                if key in outcome and key not in record:
-                    record[key] = outcome[key]
-            if outcome.get("images"):
-                record.setdefault("images", outcome["images"])
-            if coordinate.state_mode == "read_only":
-                # Nothing ran (the session was busy): no copy was made, nothing is claimed.
-                record.setdefault("isolation", {"names": True, "objects": True, "files": "none",
-                                                "copy": "none"})
-            if outcome.get("state_lost"):
-                record["state_lost"] = True
-            if outcome.get("restored"):
-                record["restored"] = outcome["restored"]
-            record["duration_ms"] = _ms(started)
-            return record
-        extra = {k: v for k, v in outcome.items()
-                 if k not in ("stdout", "stderr", "truncated", "result", "exit_code", "images")}
-        return success(stdout=outcome.get("stdout", ""), stderr=outcome.get("stderr", ""),
-                       truncated=bool(outcome.get("truncated")), result=outcome.get("result"),
-                       exit_code=outcome.get("exit_code"), images=outcome.get("images") or [],
-                       session=session, state_mode=coordinate.state_mode,
-                       duration_ms=_ms(started), **extra)
-
-    # ------------------------------------------------------------------ places
-
     def _place(self, language: str, venv_id: int | None) -> Place:
-        """The place for one (language, environment), made on first use.
-
-        The one point where the kind of place is chosen: a new kind of place (a confined
-        host, a cluster node) is one more branch in :meth:`_new_place`, nothing else
-        changes. Making a place may build its environment, so it happens outside the
-        executor's lock; of two threads racing, one place is kept and the other closed.
-        """
-        key: PlaceKey = (language, venv_id)
-        with self._lock:
-            place = self._places.get(key)
-        if place is not None:
-            return place
-        self._check_open()
-        made = self._new_place(language, venv_id)
-        with self._lock:
-            place = self._places.get(key)
-            if place is None and not self._closed:
-                self._places[key] = made
-                return made
-        made.close()
-        if place is None:
-            raise messages.executor_closed()
-        return place
-
-    def _new_place(self, language: str, venv_id: int | None) -> Place:
-        if self._cluster is not None:
-            return self._cluster_place(language, venv_id)
-        if language == "bash":
-            from .backends.shell import ShellPlace
-
-            return ShellPlace(env=self._bash_env(venv_id))
-        assert venv_id is not None  # the own interpreter's place exists from the start
-        return EnvironmentPlace(
-            lambda: self.environments_manager.python_for(venv_id, self._progress.emit),
-            lambda: self._worker_env(venv_id), _CapabilityBridge(self))
-
-    def _join_cluster(self, address: Any) -> Any:
-        """Join the Ray cluster at ``address`` (SPEC section 10); ValueError if it cannot."""
-        if hasattr(address, "converse"):  # a confined tenant's cluster, through its owner
-            address.capabilities, address.build_timeout = _CapabilityBridge(self), self.build_timeout
-            return address
-        if not isinstance(address, str) or not address.strip():
-            raise ValueError(f"cluster must be a Ray address such as 'auto' or "
-                             f"'ray://host:10001', got {address!r}")
-        try:
-            from .backends.ray import RayCluster
-
-            return RayCluster(address, capabilities=_CapabilityBridge(self),
-                              build_timeout=self.build_timeout)
-        except CoordexError as exc:
-            raise ValueError(f"{exc.error} {exc.suggestion}") from None
-
-    def _cluster_place(self, language: str, venv_id: int | None) -> Place:
-        """A place on the cluster: its sessions live on nodes, and an environment is built
-        on the node that needs it, from its spec and hash, with the spec's resources."""
-        from .backends.ray import EnvRef
-        from .core.spec import parse_spec
-
-        env = None
-        if venv_id is not None:
-            text, spec_hash, label = self.environments_manager.describe(venv_id)
-            asked = parse_spec(text).resources  # [tool.coordex]
-            env = EnvRef(text, spec_hash, label, {k: float(v) for k, v in asked.items() if v})
-        place: Place = self._cluster.place(language, env, self._progress.emit)
-        return place
-
-    def _bash_env(self, venv_id: int | None) -> dict[str, str] | None:
-        """The environment for bash: the host's, or with ``venv_id`` activated."""
-        if venv_id is None:
-            return None
-        # Built on first use for bash too: activating a folder that does not exist yet
-        # would silently leave the host's python first on PATH.
-        self.environments_manager.python_for(venv_id, self._progress.emit)
-        return self._worker_env(venv_id)
-
-    def _worker_env(self, venv_id: int) -> dict[str, str]:
-        env = dict(os.environ)
-        env_dir = self.environments_manager.env_dir(venv_id)
-        if env_dir is not None:
-            env["VIRTUAL_ENV"] = str(env_dir)
-            env["PATH"] = str(Path(env_dir) / "bin") + os.pathsep + env.get("PATH", "")
-            env.pop("PYTHONHOME", None)
-        return env
+        return self._places.get(language, venv_id)
 
     def _check_open(self) -> None:
         if self._table.closed:
             raise messages.executor_closed()
 
+
     # ------------------------------------------------------------------ sessions API
 
     def list_sessions(self) -> SessionsResult:
         """All open sessions with their provenance, and the cap (none once closed)."""
-        records: list[dict[str, Any]] = []
-        max_sessions = self._table.registry.max_sessions
-        if self._table.closed:
-            return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
-        for entry, session in self._table.entries():
-            record = entry.record()
-            if session is not None:
-                with contextlib.suppress(Exception):
-                    record["alive"] = bool(session.alive())
-                node = getattr(session, "node", None)
-                if node:  # placed on a cluster node
-                    record["node"] = node
-            record["held"] = True  # held by this process (SPEC 12: kept ones are not)
-            records.append(record)
-        self._calls.mark_busy(records)  # SPEC 14: the sessions detached calls hold
-        if self._persist is not None:
-            records.extend(self._persist.waiting())
-        return cast(SessionsResult, {"sessions": records, "max_sessions": max_sessions})
+        return cast(SessionsResult, managing.list_sessions(self))
 
     def inspect_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
@@ -701,73 +340,16 @@ class Executor:
         with capabilities and ``functions`` listed apart. Bash: ``{"cwd", "variables",
         "functions", "aliases"}`` — only what the session added. Changes nothing.
         """
-        try:
-            coordinate = coords.check_coordinate(language, "stateful", session_id,
-                                                 session_name, venv_id)
-            restored = self._bring_back(coordinate, self.timeout)
-            with self._table.reading(coordinate, self.timeout, None) as (key, slot):
-                if slot is None or slot.session is None:
-                    return cast(InspectResult, _busy_outcome()["error"])
-                report = self._table.inspect(key, slot, self._place(key.language,
-                                                                    key.venv_id))
-            if "error_type" in report:  # one failure shape in every place: the error dict
-                report["session"] = self._table.record(key)
-                return cast(InspectResult, report)
-            if key.language == "python":
-                for item in report.get("names", []):
-                    bound, ago = self._table.provenance(key, item["name"])
-                    item["bound_at_call"], item["calls_ago"] = bound, ago
-                report.setdefault("capabilities", sorted(self._capabilities))
-            report["session"] = self._table.record(key)
-            if self._persist is not None:  # SPEC 12: how it is kept on disk
-                report["kept"] = self._persist.describe(report["session"])
-            if restored is not None:
-                report["restored"] = restored
-            return cast(InspectResult, report)
-        except CoordexError as exc:
-            return cast(InspectResult, exc.to_dict())
+        return cast(InspectResult, managing.inspect_session(
+            self, language, session_id, session_name, venv_id))
 
     def close_session(self, language: Language = "python", session_id: int | None = None,
                       session_name: str | None = None,
                       venv_id: int | None = None) -> CloseResult:
         """Close one session and end its process. Needs a session; never session 0 of
         the own interpreter's Python (the plan namespace)."""
-        try:
-            coordinate = coords.check_coordinate(language, "stateful", session_id,
-                                                 session_name, venv_id)
-            self._check_open()
-            if not coordinate.names_session:
-                raise validation(
-                    "close_session needs a session: pass session_id or session_name.",
-                    "Call list_sessions() to see open sessions, then close_session("
-                    "language=..., session_name='...') or session_id=<int>.")
-            kept = None if self._persist is None else self._persist.find_waiting(
-                coordinate.language, coordinate.venv_id, coordinate.session_id,
-                coordinate.session_name)
-            if kept is not None and self._table.find(coordinate) is None:
-                assert self._persist is not None
-                if not self._persist.forget(kept):  # kept on disk only: its snapshot goes
-                    from .persist.manager import held_elsewhere
-
-                    raise held_elsewhere(kept.record())
-                branches.forget(self, kept.record())
-                if self._call_log is not None:  # a rebuild brings it back from the log
-                    self._call_log.event("close", kept.record())
-                return cast(CloseResult, {"closed": True, "session": kept.record()})
-            record, session = self._table.remove(coordinate)
-            if session is not None:
-                session.close()
-            if self._persist is not None:
-                from .persist import Identity
-
-                self._persist.forget(Identity.of(record))
-            branches.forget(self, record)  # its checkpoints go with it (SPEC 15)
-            if self._call_log is not None:
-                self._call_log.event("close", record)
-            spill.forget_session(self.spill_folder, record)
-            return cast(CloseResult, {"closed": True, "session": record})
-        except CoordexError as exc:
-            return cast(CloseResult, exc.to_dict())
+        return cast(CloseResult, managing.close_session(
+            self, language, session_id, session_name, venv_id))
 
     # ------------------------------------------------------------------ branches (SPEC 15)
 
@@ -810,22 +392,6 @@ class Executor:
 
     # ------------------------------------------------------------------ the call log
 
-    def _open_call_log(self, enabled: bool, max_rows: int) -> CallLog | None:
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
-        if not enabled:
-            return None
-        if self._records is not None:
-            log: CallLog = self._records.call_log(max_rows)
-            return log
-        return CallLog(self.root / LOG_FILE, max_rows)
-
-    def _record_call(self, result: dict[str, Any], code: Any,
-                     coordinate: Coordinate | None) -> dict[str, Any]:
-        """The end of every call: its log row, and a suggestion naming rebuild_session
-        where state was lost (the wording: ``coordex.core.messages.rebuild_hint``)."""
-        return record_call(self._call_log, result, code, coordinate)
-
     def history(self, language: Language | None = None, session_id: int | None = None,
                 session_name: str | None = None, venv_id: int | None = None,
                 limit: int = 50, seq: int | None = None, *, outcome: str | None = None,
@@ -843,44 +409,23 @@ class Executor:
         ``state_mode``, ``text`` (found in the code, output, result or error) and
         ``after_seq`` (newer calls only) narrow the list further, as the page does.
         """
-        from .log.calls import history
-
-        try:
-            if self._call_log is None:
-                raise log_off_error("history")
-            return cast(HistoryResult, history(
-                self._call_log, language, session_id, session_name, venv_id, limit, seq,
-                outcome=outcome, state_mode=state_mode, text=text, after_seq=after_seq))
-        except CoordexError as exc:
-            return cast(HistoryResult, exc.to_dict())
+        return cast(HistoryResult, managing.history(
+            self, language, session_id, session_name, venv_id, limit, seq, outcome=outcome,
+            state_mode=state_mode, text=text, after_seq=after_seq))
 
     def rebuild_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
                         venv_id: int | None = None, *, wait: float | None = None) -> RebuildResult:
         """Bring back a session whose state was lost (or that was closed) from the log.
 
-        ``wait`` (seconds > 0): as for :meth:`execute_code`, a rebuild still replaying
-        then returns a ``running`` record; :meth:`wait_call` fetches its result.
-        """
-        if wait is None and not self._calls.active:
-            return self._rebuild_session(language, session_id, session_name, venv_id)
-        asked = {"language": language, "session_id": session_id,
-                 "session_name": session_name, "venv_id": venv_id}
-        return cast(RebuildResult, self._calls.run(
-            "rebuild_session", asked, "stateful",
-            lambda output, event: dict(self._rebuild_session(language, session_id,
-                                                             session_name, venv_id)),
-            wait, None, None))
-
-    def _rebuild_session(self, language: Any, session_id: Any, session_name: Any,
-                         venv_id: Any) -> RebuildResult:
-        """Bring back a session whose state was lost (or that was closed) from the log.
-
         Replays into a fresh session, in order, the stateful calls that succeeded and
         built the lost state (since the session was created or last started over, up to
         the loss), stopping at the first that fails. Replayed code runs again: files it
         writes are written again. Works for a session of an earlier run under the same
-        ``root`` too.
+        ``root`` too; with ``persist``, a kept session starts from its snapshot.
+
+        ``wait`` (seconds > 0): as for :meth:`execute_code`, a rebuild still replaying
+        then returns a ``running`` record; :meth:`wait_call` fetches its result.
 
         Returns:
             ``{"replayed": n, "failed_at": seq | None, "session": {...}, "calls": [seq...]}``
@@ -888,59 +433,16 @@ class Executor:
             ``not_found`` when the log holds nothing of that session, ``validation`` with
             ``log=False`` or when nothing was lost.
         """
-        from .log.replay import rebuild_session
-
-        try:
-            self._check_open()
-            if self._persist is not None:
-                kept = self._rebuild_kept(language, session_id, session_name, venv_id)
-                if kept is not None:
-                    return cast(RebuildResult, kept)
-            if self._call_log is None:
-                raise log_off_error("rebuild_session")
-            return cast(RebuildResult, rebuild_session(self, self._call_log, language, session_id,
-                                                       session_name, venv_id))
-        except CoordexError as exc:
-            return cast(RebuildResult, exc.to_dict())
-
-    def _rebuild_kept(self, language: Any, session_id: Any, session_name: Any,
-                      venv_id: Any) -> dict[str, Any] | None:
-        """``rebuild_session`` from a kept session's snapshot (SPEC 12): a kept session
-        not yet restored is restored; an open one whose state was lost after its last
-        snapshot gets that snapshot back plus the calls logged before the loss. None:
-        the log alone rebuilds it."""
-        assert self._persist is not None
-        coordinate = coords.check_coordinate(language, "stateful", session_id,
-                                             session_name, venv_id)
-        waiting = self._persist.find_waiting(coordinate.language, coordinate.venv_id,
-                                             coordinate.session_id, coordinate.session_name)
-        plan = None
-        record = waiting.record() if waiting is not None else None
-        if waiting is not None and self._persist.held_elsewhere(waiting):
-            from .persist.manager import held_elsewhere
-
-            raise held_elsewhere(waiting.record(), "rebuild")
-        if waiting is None:
-            found = self._table.find(coordinate)
-            if found is None or found[0] == PLAN_KEY or self._call_log is None:
-                return None
-            record = self._table.record(found[0])
-            plan = self._persist.plan_rebuild(record)
-            if plan is None:
-                return None
-            _, session = self._table.remove(coordinate)
-            if session is not None:
-                session.close()
-            at = self._call_log.event("rebuild", record, {"snapshot": True,
-                                                          "until": plan["until"]})
-            self._persist.rebuilding(record, at, plan["until"])
-        restored = self._bring_back(coordinate, self.timeout) or {}
-        found = self._table.find(coordinate)
-        return {"replayed": int(restored.get("replayed") or 0),
-                "failed_at": restored.get("failed_at"),
-                "session": self._table.record(found[0]) if found else record,
-                "calls": plan["calls"] if plan else [],
-                "skipped_failed": plan["failed"] if plan else [], "restored": restored}
+        if wait is None and not self._calls.active:
+            return cast(RebuildResult, managing.rebuild_session(
+                self, language, session_id, session_name, venv_id))
+        asked = {"language": language, "session_id": session_id,
+                 "session_name": session_name, "venv_id": venv_id}
+        return cast(RebuildResult, self._calls.run(
+            "rebuild_session", asked, "stateful",
+            lambda output, event: managing.rebuild_session(self, language, session_id,
+                                                           session_name, venv_id),
+            wait, None, None))
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).
@@ -983,7 +485,7 @@ class Executor:
                 raise ValueError(f"capability name must be a Python identifier, got {cap_name!r}")
             with self._lock:
                 self._capabilities[cap_name] = func
-                places = list(self._places.values())
+            places = self._places.all()
             for place in places:
                 with contextlib.suppress(Exception):
                     place.capabilities_changed()
@@ -1017,7 +519,7 @@ class Executor:
     @property
     def environments(self) -> Environments:
         """``create(spec, name=None)``, ``list()``, ``build(venv_id)``: dicts, never raising."""
-        return Environments(self)
+        return Environments(lambda: self.environments_manager)
 
     def _require_environment(self, venv_id: int) -> None:
         if not self.environments_manager.exists(venv_id):
@@ -1096,105 +598,10 @@ class Executor:
         session's lock, which the outer call holds.
         """
         record = getattr(_recorded_call, "record", None)  # cancel_call reaches it
-        return self._execute(code, "python", state_mode, session_id, session_name, venv_id,
-                             timeout, on_output, on_progress,
-                             record.cancel if record is not None else None,
-                             max(output_limit, self.output_limit), nested=True)
-
-    def _run_in_active(self, active: tuple[SessionKey, OwnSession], coordinate: Coordinate,
-                       request: RunRequest) -> tuple[Outcome, dict[str, Any]]:
-        key, session = active
-        place = self._place(key.language, key.venv_id)
-        if coordinate.state_mode == "read_only":
-            with self._protected(request) as protected:
-                outcome = sessions.attempts(place, "read_only", functools.partial(
-                    session.run_nested, read_only=True), protected)
-        else:  # nested: runs inline on this thread, inside the outer call
-            outcome = sessions.attempts(place, "stateful", functools.partial(
-                session.run_nested, read_only=False), request)
-        for kept in ("rebound", "deleted", "written"):  # the outer call records those
-            outcome.pop(kept, None)
-        return outcome, self._table.record(key)
-
-    def _active_session(self, coordinate: Coordinate) -> tuple[SessionKey, OwnSession] | None:
-        """The own-interpreter session ``coordinate`` names if this thread is running
-        code in it right now (its namespace is the globals of a frame on the stack)."""
-        from .backends.own.output import local as own_call
-
-        if coordinate.venv_id is not None or coordinate.state_mode == "stateless":
-            return None
-        if not getattr(own_call, "in_call", False):
-            return None
-        found = self._table.find(coordinate)
-        if found is None:
-            return None
-        key, slot = found
-        session = slot.session
-        if isinstance(session, OwnSession) and session.running_here(sys._getframe(1)):
-            return key, session
-        return None
-
-
-class Environments:
-    """``ex.environments``: a thin dict-returning facade over the environment manager."""
-
-    def __init__(self, executor: Executor) -> None:
-        self._executor = executor
-
-    def create(self, spec: str, name: str | None = None) -> EnvironmentCreated:
-        return cast(EnvironmentCreated, self._guard(lambda m: m.create(spec, name)))
-
-    def list(self) -> EnvironmentList:
-        return cast(EnvironmentList, self._guard(lambda m: m.list()))
-
-    def show(self, venv_id: int) -> EnvironmentShown:
-        """One environment's spec, whether it is built, and its packages and versions."""
-        return cast(EnvironmentShown, self._guard(lambda m: m.show(venv_id)))
-
-    def build(self, venv_id: int, on_progress: Callable[[str], None] | None = None) -> EnvironmentBuilt:
-        return cast(EnvironmentBuilt, self._guard(lambda m: m.build(venv_id, on_progress=on_progress)))
-
-    def remove_unused(self) -> dict[str, Any]:
-        """Delete built environment folders that no stored environment refers to."""
-        return self._guard(lambda m: m.remove_unused())
-
-    def _guard(self, action: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-        try:
-            return dict(action(self._executor.environments_manager))
-        except CoordexError as exc:
-            return exc.to_dict()
-
-
-class _Progress(threading.local):
-    """The build-progress callback of the call running on this thread."""
-
-    callback: Callable[[str], None] | None = None
-
-    def emit(self, line: str) -> None:
-        if self.callback is not None:
-            with contextlib.suppress(Exception):
-                self.callback(line)
-
-
-class _CapabilityBridge:
-    """What a worker sees of the host's capabilities."""
-
-    def __init__(self, executor: Executor) -> None:
-        self._executor = weakref.ref(executor)
-
-    def names(self) -> list[str]:
-        executor = self._executor()
-        return sorted(executor._capabilities) if executor is not None else []
-
-    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        executor = self._executor()
-        if executor is None:
-            raise RuntimeError("the executor is closed")
-        return executor.call_capability(name, args, kwargs)
-
-
-def _busy_outcome() -> Outcome:
-    return {**empty_outcome(), "error": messages.session_busy()}
+        return calling.execute(self, code, "python", state_mode, session_id, session_name,
+                               venv_id, timeout, on_output, on_progress,
+                               record.cancel if record is not None else None,
+                               max(output_limit, self.output_limit), nested=True)
 
 
 # An Executor forgotten without close() still ends its processes at interpreter exit.

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .core import coordinates as coords
-from .core.coordinates import Coordinate, SessionKey
+from .core.coordinates import SessionKey
 from .core.errors import CoordexError, validation
+from .core.record import CallRecord, render
 from .core.results import session_record
 from .log.detached import CallBook, inside_call
 
@@ -70,7 +71,7 @@ class LongWork:
             wait = check_wait(wait)
             self._check_open()
         except CoordexError as exc:
-            return error_record(exc, None, started)
+            return render(CallRecord(None, None, ms(started), refused=exc))
         if inside_call():  # a recorded call's own calls run as they are
             return run(on_output, cancel)
         place = None if state_mode == "stateless" else {
@@ -138,16 +139,6 @@ class LongWork:
         return result_of_row(rows[0]) if rows else None
 
 
-def error_record(exc: CoordexError, coordinate: Coordinate | None,
-                 started: float) -> dict[str, Any]:
-    """A refused call's error dict, with its ``state_mode`` and ``duration_ms``."""
-    record = exc.to_dict()
-    if coordinate is not None:
-        record.setdefault("state_mode", coordinate.state_mode)
-    record["duration_ms"] = ms(started)
-    return record
-
-
 def check_wait(wait: Any) -> float | None:
     """``wait`` as seconds, or a ``validation`` error naming the fix."""
     if wait is None:
@@ -164,4 +155,4 @@ def ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
 
 
-__all__ = ["LongWork", "check_wait", "error_record", "ms"]
+__all__ = ["LongWork", "check_wait", "ms"]

@@ -3,11 +3,12 @@
 :class:`SessionTable` is the only code that moves a session through its lifecycle
 (``starting → idle ⇄ busy``, ``broken`` when the process holding it died, ``closed`` at
 the end; the table of legal moves is :data:`coordex.core.registry.TRANSITIONS`). It
-decides from the facts a place reports in an outcome:
+decides from the facts a place reports, settled into one
+:class:`~coordex.core.record.Settled` per call (never from words):
 
-- a call whose outcome says the process died (``crashed``) leaves the session
-  ``broken``; its next call moves it back through ``starting`` (the place replaces the
-  process and reports ``state_lost``);
+- a call whose process died with the session's state leaves the session ``broken``
+  (:attr:`Settled.broken <coordex.core.record.Settled.broken>`); its next call moves it
+  back through ``starting`` (the place replaces the process and reports ``replaced``);
 - ``state_lost`` is reported once per loss: a loss already reported by an earlier
   result is not repeated;
 - a call that reserved a new session whose process could not start releases the
@@ -23,18 +24,20 @@ bookkeeping and is never held while code runs.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from .backends.base import Outcome, Place, RunRequest, Session, wait_for
+from .backends.base import Place, RunRequest, Session, wait_for
 from .core import facts, faults, messages
-from .core.coordinates import Coordinate, SessionKey
+from .core.coordinates import Coordinate, SessionKey, StateMode
 from .core.errors import CoordexError
 from .core.facts import Ran
+from .core.record import Settled, render_error
 from .core.registry import PLAN_KEY, SessionEntry, SessionRegistry
 from .core.results import session_record
 
@@ -159,22 +162,23 @@ class SessionTable:
             self.registry.move(key, "idle")
         return session
 
-    def finish(self, key: SessionKey, call: int, outcome: Outcome) -> None:
-        """Record what a call did: its state after, and the names it rebound."""
-        rebound, deleted = outcome.pop("rebound", ()), outcome.pop("deleted", ())
-        error = outcome.get("error") or {}
+    def finish(self, key: SessionKey, call: int, settled: Settled | None,
+               rebound: Collection[str] = (), deleted: Collection[str] = (), *,
+               lost: bool = False) -> None:
+        """Record what a call did: its state after, and the names it rebound or deleted.
+
+        ``settled`` None: the call ended without one (the session is idle). ``lost``:
+        the session's state went during the call (its settled loss, or a kept session
+        nothing could be restored into); with a crash, the session is ``broken``."""
         with self.lock:
             if key not in self.registry:
                 return
-            lost = bool(outcome.get("state_lost") or error.get("state_lost"))
-            broken = lost and error.get("error_type") == "crashed"
+            broken = lost and settled is not None and settled.crashed
             self.registry.move(key, "broken" if broken else "idle")
             self.registry.record_bindings(key, call, rebound, deleted)
             if lost:
                 # What was bound before the loss is gone with it.
-                entry = self.registry.get(key)
-                if entry is not None:
-                    entry.bindings = {n: c for n, c in entry.bindings.items() if c == call}
+                self.registry.keep_bindings_of(key, call)
 
     # -- read-only and inspect ---------------------------------------------------------
 
@@ -195,11 +199,14 @@ class SessionTable:
         finally:
             slot.lock.release()
 
-    def run(self, key: SessionKey, place: Place, mode: messages.Mode,
-            run: Callable[[RunRequest], Ran], request: RunRequest) -> Outcome:
-        """One call to the session ``key`` (held by the caller) through :func:`attempts`,
-        each loss said once."""
-        slot = self._slots.get(key)
+    def run(self, key: SessionKey, place: Place, mode: StateMode,
+            request: RunRequest) -> Settled:
+        """One ``stateful`` or ``read_only`` call to the session ``key`` (held by the
+        caller) through :func:`attempts`, each loss said once."""
+        slot = self._slots[key]
+        session = slot.session
+        assert session is not None, "the caller holds a live session"
+        run = session.run_read_only if mode == "read_only" else session.run
 
         def attempt(request: RunRequest) -> Ran:
             ran = run(request)
@@ -211,11 +218,9 @@ class SessionTable:
                                                                    detail=event.detail))
             return ran
 
-        outcome, told = run_once_told(place, mode, attempt, request,
-                                      slot is not None and slot.told)
-        if slot is not None:
-            slot.told = told
-        return outcome
+        settled = settle(place, mode, attempt, request, told=slot.told)
+        slot.told = settled.during
+        return settled
 
     def inspect(self, key: SessionKey, slot: Slot, place: Place) -> dict[str, Any]:
         """What the session holds (SPEC 7), or the error that kept it from saying; a
@@ -229,6 +234,27 @@ class SessionTable:
         with self.lock:
             if key in self.registry:
                 self.registry.begin_call(key, time.time())
+
+    def reserve_kept(self, coordinate: Coordinate, kept_id: int | None,
+                     taken: Collection[int]) -> None:
+        """A named session kept on disk (SPEC 12) and not yet restored: reserve its old
+        id ``kept_id`` for it; a new named session takes none of the ids in ``taken``
+        (still kept). A full table is said by the call itself."""
+        with self.lock:
+            registry = self.registry
+            if registry.find(coordinate) is not None:
+                return
+            held = {e.key.session_id for e in registry.entries()
+                    if (e.key.language, e.key.venv_id) == (coordinate.language,
+                                                           coordinate.venv_id)}
+            if kept_id is not None and kept_id not in held:
+                sid = kept_id
+            else:
+                sid = next(i for i in itertools.count(1) if i not in held | set(taken))
+            key = SessionKey(coordinate.language, coordinate.venv_id, sid)
+            if key not in registry:
+                with suppress(CoordexError):  # capacity: said by the call itself
+                    registry.reserve(key, coordinate.session_name, time.time())
 
     # -- a session made from another (fork_session) ----------------------------------------
 
@@ -303,15 +329,6 @@ class SessionTable:
             raise messages.executor_closed()
 
 
-def run_once_told(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran],
-                  request: RunRequest, told: bool) -> tuple[Outcome, bool]:
-    """:func:`attempts` for a kept session whose last result ``told`` a loss; also
-    whether this one tells a loss whose dead process the place has yet to replace (a
-    loss during its last run: the next call's replacement is that one)."""
-    outcome, last = _attempts(place, mode, run, request, told)
-    return outcome, facts.lost_state(last, mode)
-
-
 def inspected(report: dict[str, Any] | Ran, place: Place,
               told: bool) -> tuple[dict[str, Any], bool]:
     """A session's ``inspect`` answer as the Executor gives it, and whether it said a
@@ -320,8 +337,7 @@ def inspected(report: dict[str, Any] | Ran, place: Place,
     if isinstance(report, Ran):
         during = facts.lost_state(report, "read_only")
         lost = during or (report.replaced and not told)
-        error = messages.said(report, place.kind, "read_only", 0.0, state_lost=lost)["error"]
-        return dict(error), during
+        return render_error(Settled(report, place.kind, "read_only", 0.0, lost=lost)), during
     report = dict(report)
     if report.pop("replaced", False) and not told:
         report["state_lost"] = True
@@ -332,10 +348,21 @@ def inspected(report: dict[str, Any] | Ran, place: Place,
 RETRY_FLOOR = 0.5
 
 
-def attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran],
-             request: RunRequest, *, told: bool = False) -> Outcome:
-    """Run one call through ``run`` (one attempt each), apply SPEC section 6 and word
-    the result.
+def attempts(place: Place, mode: StateMode, request: RunRequest, *,
+             session: Session | None = None, told: bool = False) -> Settled:
+    """Run one call at ``place`` in ``mode`` (a ``stateless`` call through the place, a
+    ``stateful`` or ``read_only`` one through ``session``) and settle it by SPEC section
+    6: see :func:`settle`."""
+    if mode == "stateless":
+        return settle(place, mode, place.run_stateless, request, told=told)
+    assert session is not None, "a stateful or read-only call runs in a session"
+    run = session.run_read_only if mode == "read_only" else session.run
+    return settle(place, mode, run, request, told=told)
+
+
+def settle(place: Place, mode: StateMode, run: Callable[[RunRequest], Ran],
+           request: RunRequest, *, told: bool = False) -> Settled:
+    """Run one call through ``run`` (one attempt each) and apply SPEC section 6.
 
     Where the place ``retries`` (Python workers) and what died under the call had not
     taken it for good, the call runs once more, on the fresh process the place puts in,
@@ -347,12 +374,6 @@ def attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran]
     already said the loss); a loss during the call always is. A stateless call never
     says it.
     """
-    return _attempts(place, mode, run, request, told)[0]
-
-
-def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran],
-              request: RunRequest, told: bool) -> tuple[Outcome, Ran]:
-    """:func:`attempts`, and the last attempt's facts."""
     tried: list[faults.Attempt] = []
     hows: list[str] = []
     lost = False
@@ -362,9 +383,8 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
         ran = run(attempt)
         if not tried and not ran.replaced and not isinstance(ran.event, facts.Died):
             # The first attempt, nothing died or was replaced: no retry to weigh.
-            lost = facts.lost_state(ran, mode)
-            tried.append(faults.Attempt())
-            break
+            during = facts.lost_state(ran, mode)
+            return Settled(ran, place.kind, mode, request.timeout, 1, (), during, False, during)
         lost = lost or facts.lost_state(ran, mode) or (ran.replaced and (bool(tried) or not told))
         tried.append(faults.attempt(ran))
         step = faults.next_step(place.retries, tried, read_only=mode == "read_only")
@@ -376,9 +396,6 @@ def _attempts(place: Place, mode: messages.Mode, run: Callable[[RunRequest], Ran
         assert isinstance(ran.event, facts.Died)
         hows.append(ran.event.how)
         attempt = dataclasses.replace(request, timeout=left)
-    outcome = messages.said(ran, place.kind, mode, request.timeout,
-                            state_lost=lost and mode != "stateless", attempts=len(tried),
-                            hows=hows)
-    if faults.retried(tried):
-        outcome["retried"] = True
-    return outcome, ran
+    return Settled(ran, place.kind, mode, request.timeout, attempts=len(tried),
+                   hows=tuple(hows), lost=lost and mode != "stateless",
+                   retried=faults.retried(tried), during=facts.lost_state(ran, mode))

@@ -8,6 +8,7 @@ when a node dies during a call or between calls.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from coordex import Executor
+from coordex.backends.ray.place import RaySession
 from tests.cluster.conftest import NODE_ARGS, LocalCluster, owned_processes
 from tests.fakes.wheels import ledgerlib_wheel, requirement
 
@@ -43,8 +45,10 @@ from tests.conformance.test_places import (  # noqa: E402
     PLACES,
     At,
     Place,
+    envs_dir,  # noqa: F401  (a fixture the kept row takes)
     test_a_busy_session_reads_the_same_everywhere,
     test_a_call_whose_session_is_closed_under_it_reads_the_same,
+    test_a_checkpoint_of_another_session_is_refused,
     test_a_death_near_the_deadline_returns_within_the_one_timeout,
     test_a_process_found_dead_is_replaced_and_says_state_lost,
     test_a_process_stopped_while_idle_reads_the_same,
@@ -52,7 +56,11 @@ from tests.conformance.test_places import (  # noqa: E402
     test_a_result_holds_the_specs_keys_and_no_others,
     test_a_timeout_that_the_code_survives,
     test_an_exception_in_the_code_reads_the_same_everywhere,
+    test_checkpoint_then_restore_undoes_later_steps,
     test_closed_sessions_are_gone,
+    test_fork_copies_state_and_never_touches_the_source,
+    test_fork_to_a_name_in_use_names_a_free_one,
+    test_kept_sessions_come_back_after_a_restart,
     test_list_and_inspect_see_the_session_and_change_nothing,
     test_output_streams_through_on_output,
     test_read_only_sees_the_session_and_changes_nothing,
@@ -76,13 +84,19 @@ CONFORMANCE = [
     test_output_streams_through_on_output,
     test_read_only_sees_the_session_and_changes_nothing, test_stateful_keeps_state,
     test_stateful_without_a_session_uses_session_0, test_stateless_sees_and_keeps_nothing,
-    test_what_does_not_fit_a_result_is_kept_whole_in_a_file]
+    test_what_does_not_fit_a_result_is_kept_whole_in_a_file,
+    # the capability rows: run where a cluster session has the capability, else skipped
+    test_kept_sessions_come_back_after_a_restart,
+    test_fork_copies_state_and_never_touches_the_source,
+    test_fork_to_a_name_in_use_names_a_free_one,
+    test_checkpoint_then_restore_undoes_later_steps,
+    test_a_checkpoint_of_another_session_is_refused]
 
 
 @pytest.fixture(params=[p for p in PLACES if p.id in ("worker", "bash")], ids=lambda p: p.id)
 def at(request: pytest.FixtureRequest, local_cluster: LocalCluster,
        tmp_path: Path) -> Iterator[At]:
-    place: Place = request.param
+    place: Place = dataclasses.replace(request.param, session=RaySession)
     ex = Executor(root=tmp_path / "home", timeout=30, cluster=local_cluster.address)
     try:
         venv_id = None

@@ -25,6 +25,10 @@ import pytest
 
 from coordex import Executor
 from coordex.backends import late_output
+from coordex.backends.base import Checkpointable, Forkable, Kept, RunsNested
+from coordex.backends.env.workers import WorkerSession
+from coordex.backends.own import OwnSession
+from coordex.backends.shell import ShellSession
 from tests.conftest import assert_no_new_children, child_pids
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,17 +45,31 @@ class Place:
     slow: str       # runs for ~30 s unless interrupted
     pid: str        # prints the pid of the process holding the session
     killable: bool  # the process holding a session can be killed and replaced
+    session: type   # its sessions' class: the capabilities it has (backends/base.py)
 
 
 PY_SLOW = "import time\nwhile True: time.sleep(0.01)"
 PLACES = [
     Place("own", "python", False, "v = 41", "print(globals().get('v', ''))", "v = 99",
-          PY_SLOW, "import os; print(os.getpid())", killable=False),
+          PY_SLOW, "import os; print(os.getpid())", killable=False, session=OwnSession),
     Place("worker", "python", True, "v = 41", "print(globals().get('v', ''))", "v = 99",
-          PY_SLOW, "import os; print(os.getpid())", killable=True),
+          PY_SLOW, "import os; print(os.getpid())", killable=True, session=WorkerSession),
     Place("bash", "bash", False, "v=41", 'echo "$v"', "v=99", "sleep 30", "echo $$",
-          killable=True),
+          killable=True, session=ShellSession),
 ]
+
+# The optional capabilities a place's sessions may have: each has its rows below, run
+# over every place whose sessions implement it, skipped (with the reason) elsewhere.
+CAPABILITIES: dict[str, type] = {"kept": Kept, "forked": Forkable,
+                                 "checkpointed": Checkpointable, "called into": RunsNested}
+
+
+def needs(at: At, capability: str) -> None:
+    """Skip unless the place's sessions have ``capability``."""
+    protocol = CAPABILITIES[capability]
+    if not issubclass(at.place.session, protocol):
+        pytest.skip(f"a {at.place.session.__name__} cannot be {capability} (it is no "
+                    f"backends.base.{protocol.__name__})")
 
 
 PROCESS = {"own": "agent's own interpreter", "worker": "worker process", "bash": "bash shell"}
@@ -584,10 +602,59 @@ def test_a_stopped_process_returns_within_its_timeout_and_the_grace(at: At, when
     assert took <= 2 + 2, took
 
 
+# -- kept (SPEC 12: the Kept capability) ----------------------------------------------------
+
+
+def test_kept_sessions_come_back_after_a_restart(at: At, tmp_path: Path, envs_dir: Path
+                                                 ) -> None:
+    needs(at, "kept")
+    root = tmp_path / "kept"
+
+    def executor() -> tuple[Executor, int | None]:
+        ex = Executor(root=root, timeout=30, envs_dir=envs_dir, persist=True)
+        venv_id = None
+        if at.place.in_environment:
+            venv_id = ex.environments.create("# no requirements\n", name="bare")["venv_id"]
+        return ex, venv_id
+
+    ex, venv_id = executor()
+    with ex:
+        assert ex.execute_code(at.place.set_v, language=at.place.language, venv_id=venv_id,
+                               state_mode="stateful", session_name="k").get("exit_code") \
+            in (0, None)
+    ex, venv_id = executor()  # a new process would do the same: nothing is in memory
+    with ex:
+        listed = [s for s in ex.list_sessions()["sessions"] if s["session_name"] == "k"]
+        assert [s["held"] for s in listed] == [False]
+        r = ex.execute_code(at.place.show_v, language=at.place.language, venv_id=venv_id,
+                            state_mode="stateful", session_name="k")
+        assert r["stdout"] == "41\n"
+        assert r["restored"]["from"] == "snapshot" and r["restored"]["left_out"] == []
+        kept = ex.inspect_session(at.place.language, session_name="k", venv_id=venv_id)["kept"]
+        assert kept["snapshot"]["bytes"] > 0  # the calls after it are kept by the log
+
+
+# -- nested calls (the RunsNested capability) -----------------------------------------------
+
+
+def test_a_stored_function_called_into_the_session_running_it_runs_there(at: At) -> None:
+    needs(at, "called into")
+    at.ex.functions.define(source="def bump(x):\n    global total\n"
+                                  "    total = globals().get('total', 0) + x\n    return total\n")
+    r = at.run("first = functions.bump.stateful(session_name='n')(5)\n"
+               "first, functions.bump.stateful(session_name='n')(2), total",
+               state_mode="stateful", session_name="n")
+    assert r["result"] == "(5, 7, 7)", r
+    peek = at.run("functions.bump.read_only(session_name='n')(100), total",
+                  state_mode="stateful", session_name="n")
+    assert peek["result"] == "(107, 7)", peek  # a copy: the session is not changed
+
+
 # -- branches and checkpoints (SPEC 15: the Forkable and Checkpointable capabilities) -------
 
 
 def test_fork_copies_state_and_never_touches_the_source(at: At) -> None:
+    needs(at, "forked")
     at.run(at.place.set_v, state_mode="stateful", session_name="src")
     forked = at.ex.fork_session(session_name="src", language=at.place.language,
                                 venv_id=at.venv_id, new_name="trial")
@@ -606,6 +673,7 @@ def test_fork_copies_state_and_never_touches_the_source(at: At) -> None:
 
 
 def test_fork_to_a_name_in_use_names_a_free_one(at: At) -> None:
+    needs(at, "forked")
     at.run(at.place.set_v, state_mode="stateful", session_name="src")
     at.run(at.place.set_v, state_mode="stateful", session_name="taken")
     r = at.ex.fork_session(session_name="src", language=at.place.language,
@@ -616,6 +684,7 @@ def test_fork_to_a_name_in_use_names_a_free_one(at: At) -> None:
 
 
 def test_checkpoint_then_restore_undoes_later_steps(at: At) -> None:
+    needs(at, "checkpointed")
     at.run(at.place.set_v, state_mode="stateful", session_name="s")
     made = at.ex.checkpoint_session(**at.where(session_name="s"), label="before")
     assert made["checkpoint"].startswith("cp-") and made["label"] == "before"
@@ -631,6 +700,7 @@ def test_checkpoint_then_restore_undoes_later_steps(at: At) -> None:
 
 
 def test_a_checkpoint_of_another_session_is_refused(at: At) -> None:
+    needs(at, "checkpointed")
     at.run(at.place.set_v, state_mode="stateful", session_name="a")
     at.run(at.place.set_v, state_mode="stateful", session_name="b")
     made = at.ex.checkpoint_session(**at.where(session_name="a"))
@@ -695,6 +765,8 @@ def _runs(pid: int) -> bool:
 
 
 def test_what_cannot_be_kept_is_named_in_left_out(at: At) -> None:
+    needs(at, "forked")
+    needs(at, "checkpointed")
     if at.place.language != "python":
         pytest.skip("a shell's state is text: nothing is left out")
     at.run("import threading\nlock = threading.Lock()\nv = 41", state_mode="stateful",

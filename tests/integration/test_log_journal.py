@@ -20,7 +20,7 @@ import pytest
 
 from coordex import Executor
 from coordex.log import LOG_FILE, journal, store
-from coordex.log.calls import last_row, record_call
+from coordex.log.calls import record_call
 from coordex.log.journal import Journal, parse_line
 from coordex.log.store import CallLog, LogReader, SQLiteWriter
 
@@ -123,8 +123,7 @@ def test_the_seq_of_a_row_still_in_the_journal_is_known_on_asking(root: Path, he
     log = CallLog(root / LOG_FILE)
     try:
         result = {"result": "2", "duration_ms": 0.1, "state_mode": "stateless"}
-        record_call(log, result, "1 + 1", None)
-        row = last_row()  # what a snapshot of a kept session is marked with
+        row = record_call(log, result, "1 + 1", None)  # a kept session's snapshot is marked with it
         assert row.written and LogReader(log.path).query("SELECT seq FROM calls") == []
         seq = row.seq()
         assert isinstance(seq, int) and row.seq() == seq

@@ -279,7 +279,9 @@ class _WorkerPlace:
 
 def owned(session: WorkerSession, request: RunRequest, mode: Any = "stateful") -> dict[str, Any]:
     """One call as the session owner makes it: SPEC 6's retry applied to the attempts."""
-    return sessions.attempts(_WorkerPlace(), mode, session.target.run, request)
+    from tests.said import outcome
+
+    return outcome(sessions.settle(_WorkerPlace(), mode, session.target.run, request))  # type: ignore[arg-type]
 
 
 def test_a_death_during_a_call_is_reported_as_a_fact(session: WorkerSession) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from coordex.core import facts, messages
 from coordex.core.errors import ERROR_TYPES
+from coordex.core.record import CallRecord, Settled, render, render_error
 
 PLACES: list[messages.PlaceKind] = ["own", "worker", "shell", "cluster"]
 
@@ -75,7 +76,7 @@ def test_a_signal_is_spelled_one_way_in_every_message() -> None:
 
 
 def test_one_event_reads_the_same_in_every_place_but_for_the_place_name() -> None:
-    """``said``: each event, worded once; only the name of the place differs."""
+    """``render``: each event, worded once; only the name of the place differs."""
     events = [facts.Raised("ValueError", "bad value", "Traceback..."),
               facts.TimedOut(survived=True), facts.TimedOut(survived=False),
               facts.TimedOut(survived=False, taken=False),
@@ -85,8 +86,8 @@ def test_one_event_reads_the_same_in_every_place_but_for_the_place_name() -> Non
     for event in events:
         for mode in ("stateful", "read_only", "stateless"):
             lost = facts.lost_state(facts.Ran(event), mode)
-            said = {place: messages.said(facts.Ran(event, stdout="o"), place, mode, 3.0,
-                                         state_lost=lost)["error"]
+            said = {place: render_error(Settled(facts.Ran(event, stdout="o"), place, mode, 3.0,
+                                                lost=lost))
                     for place in ("own", "worker", "cluster")}
             kinds = {(e["error_type"], e["state_lost"], e["stdout"]) for e in said.values()}
             assert len(kinds) == 1, (event, mode, said)
@@ -98,26 +99,27 @@ def test_one_event_reads_the_same_in_every_place_but_for_the_place_name() -> Non
 def test_a_raised_coordex_error_keeps_its_own_type_and_suggestion() -> None:
     event = facts.Raised("CallError", "m", "tb", error_type="not_found",
                          error="No stored function 'f'.", suggestion="Define it first.")
-    error = messages.said(facts.Ran(event), "worker", "stateful", 3.0,
-                          state_lost=False)["error"]
+    error = render_error(Settled(facts.Ran(event), "worker", "stateful", 3.0))
     assert (error["error_type"], error["error"], error["suggestion"]) == (
         "not_found", "No stored function 'f'.", "Define it first.")
 
 
 def test_a_death_before_the_code_was_read_says_so() -> None:
     ran = facts.Ran(facts.Died("process", "killed by SIGKILL", started=False))
-    error = messages.said(ran, "shell", "stateful", 3.0, state_lost=True, attempts=2,
-                          hows=["killed by SIGKILL"])["error"]
+    error = render_error(Settled(ran, "shell", "stateful", 3.0, attempts=2,
+                                 hows=("killed by SIGKILL",), lost=True))
     assert "before it read the code" in error["error"] and "not retried" not in error["error"]
 
 
 @pytest.mark.parametrize("mode", ["stateful", "stateless", "read_only"])
 @pytest.mark.parametrize("who", ["person", "caller"])
 def test_a_stopped_call_says_it_was_interrupted_once(mode: str, who: str) -> None:
-    from coordex.core import messages
 
     for survived in (True, False):
-        said = messages.stopped_by(messages.timeout("own", mode, 25, survived=survived), who)
+        settled = Settled(facts.Ran(facts.TimedOut(survived=survived)), "own", mode, 25,
+                          lost=facts.lost_state(facts.Ran(facts.TimedOut(survived=survived)),
+                                                mode))
+        said = render(CallRecord(mode, {}, 1.0, settled, stopped_by=who))  # type: ignore[arg-type]
         error = said["error"]
         head = "interrupted from the page" if who == "person" else "cancelled by its caller"
         assert error.startswith(f"The call was {head}"), error
@@ -130,9 +132,8 @@ def test_a_retried_call_that_then_times_out_tells_one_story(survived: bool) -> N
     """N5: it read "…state from before this call is lost; then: … the session survived
     with its state": two stories, the second false."""
     ran = facts.Ran(facts.TimedOut(survived=survived), stdout="o")
-    out = messages.said(ran, "worker", "stateful", 4, state_lost=True, attempts=2,
-                        hows=["killed by SIGKILL"])
-    error = out["error"]
+    error = render_error(Settled(ran, "worker", "stateful", 4, attempts=2,
+                                 hows=("killed by SIGKILL",), lost=True))
     assert error["error_type"] == "timeout" and error["state_lost"] is True
     text = error["error"] + " " + error["suggestion"]
     assert "survived" not in text and "state kept" not in text and "then:" not in text
@@ -140,6 +141,6 @@ def test_a_retried_call_that_then_times_out_tells_one_story(survived: bool) -> N
     assert "state" in error["error"] and "lost" in error["error"]
     assert "rebuild_session" in error["suggestion"]
     for mode in ("stateless", "read_only"):
-        other = messages.said(ran, "worker", mode, 4, state_lost=False, attempts=2,
-                              hows=["killed by SIGKILL"])["error"]
+        other = render_error(Settled(ran, "worker", mode, 4, attempts=2,  # type: ignore[arg-type]
+                                     hows=("killed by SIGKILL",)))
         assert "died during this call" in other["error"] and "survived" not in other["error"]

@@ -13,10 +13,12 @@ import pytest
 
 from coordex.backends.base import RunRequest, Session
 from coordex.core import coordinates as coords
-from coordex.core import facts, messages
+from coordex.core import facts
 from coordex.core.errors import CoordexError
+from coordex.core.record import Settled
 from coordex.core.registry import PLAN_KEY
-from coordex.sessions import SessionTable, attempts
+from coordex.sessions import SessionTable, settle
+from tests.said import outcome as told
 
 
 class FakeSession:
@@ -68,7 +70,7 @@ def test_a_call_moves_starting_idle_busy_idle() -> None:
     with table.stateful(stateful("a"), 1.0, None, opener(made)) as (key, session, call):
         assert session is made[0] and call == 1
         assert state(table, "a") == "busy"
-        table.finish(key, call, {"rebound": ["x"]})
+        table.finish(key, call, None, ["x"])
     assert state(table, "a") == "idle"
     assert table.provenance(key, "x") == (1, 0)
 
@@ -77,13 +79,15 @@ def test_a_crash_that_lost_state_leaves_the_session_broken_until_its_next_call()
     table = SessionTable(5, FakeSession())
     made: list[FakeSession] = []
     with table.stateful(stateful("a"), 1.0, None, opener(made)) as (key, _, call):
-        table.finish(key, call, {"rebound": ["x"]})
+        table.finish(key, call, None, ["x"])
     with table.stateful(stateful("a"), 1.0, None, opener(made)) as (key, _, call):
-        table.finish(key, call, {"error": messages.crashed("shell", "stateful", "killed")})
+        crash = Settled(facts.Ran(facts.Died("process", "killed")), "shell", "stateful", 5.0,
+                        lost=True)
+        table.finish(key, call, crash, lost=True)
     assert state(table, "a") == "broken"
     with table.stateful(stateful("a"), 1.0, None, opener(made)) as (key, _, call):
         assert state(table, "a") == "busy"
-        table.finish(key, call, {"state_lost": True, "rebound": ["y"]})
+        table.finish(key, call, None, ["y"], lost=True)
     assert state(table, "a") == "idle"
     # Names bound before the loss are gone with it; provenance keeps only the new ones.
     assert table.provenance(key, "x") == (0, 3)
@@ -105,7 +109,7 @@ def test_a_session_that_cannot_start_frees_its_place_under_the_cap() -> None:
     made: list[FakeSession] = []
     with table.stateful(stateful("b"), 1.0, None, opener(made)) as (key, session, call):
         assert session is not None
-        table.finish(key, call, {})
+        table.finish(key, call, None)
 
 
 def test_a_busy_session_yields_no_session_after_the_timeout() -> None:
@@ -117,7 +121,7 @@ def test_a_busy_session_yields_no_session_after_the_timeout() -> None:
         with table.stateful(stateful("a"), 1.0, None, opener(made)) as (key, _, call):
             inside.set()
             release.wait(5)
-            table.finish(key, call, {})
+            table.finish(key, call, None)
 
     holder = threading.Thread(target=hold)
     holder.start()
@@ -134,7 +138,7 @@ def test_close_moves_to_closed_and_drain_hands_back_every_session() -> None:
     made: list[FakeSession] = []
     for name in ("a", "b"):
         with table.stateful(stateful(name), 1.0, None, opener(made)) as (key, _, call):
-            table.finish(key, call, {})
+            table.finish(key, call, None)
     record, session = table.remove(stateful("a"))
     assert record["session_name"] == "a" and session is made[0]
     assert table.registry.find(stateful("a")) is None
@@ -158,7 +162,7 @@ def test_an_illegal_move_is_a_bug_and_raises() -> None:
     table = SessionTable(5, FakeSession())
     made: list[FakeSession] = []
     with table.stateful(stateful("a"), 1.0, None, opener(made)) as (key, _, call):
-        table.finish(key, call, {})
+        table.finish(key, call, None)
     table.remove(stateful("a"))
     with pytest.raises(KeyError):
         table.registry.move(key, "idle")
@@ -180,9 +184,9 @@ def test_a_replacement_is_news_once_and_only_if_not_already_said() -> None:
         with table.stateful(stateful("s"), 5, None, opener(made)) as (key, session, n):
             assert isinstance(session, FakeSession)
             session.script = list(script)
-            outcome = table.run(key, place, "stateful", session.run, RunRequest("x", 5))  # type: ignore[arg-type]
-            table.finish(key, n, dict(outcome))
-            return outcome
+            settled = table.run(key, place, "stateful", RunRequest("x", 5))  # type: ignore[arg-type]
+            table.finish(key, n, settled, lost=settled.lost)
+            return told(settled)
 
     assert call(facts.Ran(replaced=True)).get("state_lost") is True  # found dead: news
     # Killed again before the next call: a new loss of the fresh process, said again.
@@ -204,14 +208,14 @@ def test_a_retry_runs_in_what_is_left_of_the_one_timeout() -> None:
         time.sleep(0.3)
         return facts.Ran(facts.Died("process", "killed by SIGKILL"))
 
-    outcome = attempts(_Place("worker", retries=True), "stateful", run,  # type: ignore[arg-type]
-                       RunRequest("x", 2.0))
+    outcome = told(settle(_Place("worker", retries=True), "stateful", run,  # type: ignore[arg-type]
+                          RunRequest("x", 2.0)))
     assert len(seen) == 2 and seen[0] == 2.0 and seen[1] < 1.75
     assert outcome["retried"] is True and outcome["state_lost"] is True
     assert "died 2 times" in outcome["error"]["error"]
     seen.clear()
-    attempts(_Place("worker", retries=True), "stateful", run,  # type: ignore[arg-type]
-             RunRequest("x", 0.6))
+    settle(_Place("worker", retries=True), "stateful", run,  # type: ignore[arg-type]
+           RunRequest("x", 0.6))
     assert len(seen) == 1  # under the floor left: no retry, crashed
 
 
@@ -222,8 +226,8 @@ def test_a_call_a_lost_node_had_taken_is_not_run_again() -> None:
         runs.append(1)
         return facts.Ran(facts.Died("node", "the node died", taken=True))
 
-    outcome = attempts(_Place("cluster", retries=True), "stateful", run,  # type: ignore[arg-type]
-                       RunRequest("x", 30))
+    outcome = told(settle(_Place("cluster", retries=True), "stateful", run,  # type: ignore[arg-type]
+                          RunRequest("x", 30)))
     assert runs == [1] and outcome["error"]["error_type"] == "crashed"
     assert "retried" not in outcome
 
@@ -231,6 +235,6 @@ def test_a_call_a_lost_node_had_taken_is_not_run_again() -> None:
 def test_a_stateless_call_never_says_state_lost() -> None:
     for event in (facts.Died("process", "x"), facts.TimedOut(survived=False),
                   facts.Closed("executor"), facts.StartFailed("no bash")):
-        outcome = attempts(_Place("shell", retries=False), "stateless",  # type: ignore[arg-type]
-                           lambda r, e=event: facts.Ran(e), RunRequest("x", 5))
+        outcome = told(settle(_Place("shell", retries=False), "stateless",  # type: ignore[arg-type]
+                              lambda r, e=event: facts.Ran(e), RunRequest("x", 5)))
         assert "state_lost" not in outcome and outcome["error"]["state_lost"] is False

@@ -5,8 +5,8 @@ A place runs one :class:`RunRequest` and ends each attempt in a frozen
 run ended (``Ok``, ``Exited``, ``Raised``, ``TimedOut``, ``Died``, ``Closed``,
 ``StartFailed``, ``Busy``), and whether the process was found dead and replaced before
 the code ran. Places report facts, never sentences: the session table decides what
-follows (:func:`coordex.sessions.attempts`: a retry, a loss said once) and
-:func:`coordex.core.messages.said` words it into the outcome the Executor shapes.
+follows (:func:`coordex.sessions.settle`: a retry, a loss said once, settled into a
+:class:`~coordex.core.record.Settled`) and :func:`coordex.core.record.render` words it.
 """
 
 from __future__ import annotations
@@ -271,4 +271,83 @@ class Checkpointable(Protocol):
     def restore_checkpoint(self, folder: str, timeout: float) -> Written:
         """Put the state written in ``folder`` back in place of the session's (files on
         disk are not touched): ``{"left_out", "ms"}``, or ``{"error": why}``."""
+        ...
+
+
+# -- kept: sessions that outlive their process (SPEC 12) ----------------------------------
+
+
+@runtime_checkable
+class Writer(Protocol):
+    """A snapshot being written by a copy of a session (a fork), while the session
+    answers on. What :mod:`coordex.persist` watches until it is done."""
+
+    def running(self) -> bool:
+        """Whether the copy is still at work (one that ended is reaped here)."""
+        ...
+
+    def wait(self) -> None:
+        """Wait for a copy that has written to end (reaped)."""
+        ...
+
+    def kill(self) -> None:
+        """Stop the copy now (what it had not written is kept by the call log)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Done:
+    """A writer that was done before it was returned (a bash shell dumps itself)."""
+
+    def running(self) -> bool:
+        return False
+
+    def wait(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+@runtime_checkable
+class Kept(Protocol):
+    """A session whose state can be written to a snapshot folder and brought back into
+    a fresh session of the same place, in this process or a later one (SPEC 12).
+
+    The folder's ``meta.json`` (:mod:`coordex.worker._coordex_snapshot`) is the record of
+    what was written: the writer updates it last, with ``attempt`` and ``file`` (None and
+    ``problem_why`` when nothing was written). When and where snapshots are written, how
+    many are kept and what is replayed after one is :mod:`coordex.persist`'s policy.
+    """
+
+    def start_snapshot(self, folder: str, *, attempt: int, through: int, max_bytes: int,
+                       identity: Mapping[str, Any], close: tuple[int, ...] = ()
+                       ) -> Writer | None:
+        """Start writing the session's state into ``folder``, tagged ``attempt`` and
+        ``through`` (the last logged call it holds), with ``identity`` in its meta.
+        Called with the session held; returns at once with the writer (None: the session
+        did not answer). ``close``: descriptors a copy of this process lets go of first."""
+        ...
+
+    def restore_snapshot(self, folder: str, replay: list[str], timeout: float) -> Written:
+        """Load the snapshot in ``folder`` into this session (just opened, no code run),
+        then run ``replay`` (the calls that bound what it left out):
+        ``{"names", "left_out", "replayed", "ms"}``, or ``{"error": why}``."""
+        ...
+
+
+# -- nested calls: a stored function calling back into the session running it ----------
+
+
+@runtime_checkable
+class RunsNested(Protocol):
+    """A session whose running code may call back into itself on the same thread (a
+    stored function called from code in the own interpreter)."""
+
+    def running_here(self, frame: Any) -> bool:
+        """Whether ``frame`` (or a caller of it) runs in this session right now."""
+        ...
+
+    def run_nested(self, request: RunRequest, read_only: bool) -> Ran:
+        """Run inside the outer call that is running in this session right now."""
         ...

@@ -3,7 +3,7 @@
 Every place (the own interpreter, a worker, a shell, a cluster node) ends a run in one
 frozen :class:`Ran`: the output fields and exactly one *event* saying how the run ended.
 The session table decides what follows from it (a retry, a loss to report, a broken
-session) and :func:`coordex.core.messages.said` words it, so the same event reads the
+session) and :func:`coordex.core.record.render` words it, so the same event reads the
 same in every place.
 
 =============  ===========================================================================

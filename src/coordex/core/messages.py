@@ -67,38 +67,29 @@ def rebuild_hint(session: dict[str, Any] | None) -> str:
             "stateful calls that built it (their code runs again).")
 
 
-def add_rebuild_hint(result: dict[str, Any], session: dict[str, Any] | None) -> None:
-    """Make a ``crashed`` or ``state_lost`` result's suggestion name the exact rebuild
-    call (the places' generic hint, if present, is replaced by it)."""
-    if session is None or (session.get("session_id") is None
-                           and session.get("session_name") is None):
-        return  # a stateless call keeps no state to get back
-    hint = rebuild_hint(session)
-    current = result.get("suggestion")
-    if not current:
-        result["suggestion"] = "The session's earlier state is gone. " + hint
-    elif REBUILD_HINT in current:
-        result["suggestion"] = current.replace(REBUILD_HINT, hint)
-    elif "rebuild_session" not in current:
-        result["suggestion"] = f"{current.rstrip()} {hint}"
-
-
-def with_rebuild_hint(suggestion: str) -> str:
-    """``suggestion`` followed by the rebuild hint, once."""
+def with_rebuild_hint(suggestion: str, hint: str = REBUILD_HINT) -> str:
+    """``suggestion`` followed by the rebuild hint (``hint``: the exact call, where the
+    call log holds what it replays), once."""
     if "rebuild_session" in suggestion:
         return suggestion
-    return f"{suggestion} {REBUILD_HINT}".strip()
+    return f"{suggestion} {hint}".strip()
 
 
 def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
-            stuck: bool = False, stdout: str = "", stderr: str = "") -> dict[str, Any]:
+            stuck: bool = False, stdout: str = "", stderr: str = "", hint: str = REBUILD_HINT,
+            stopped: StoppedBy | None = None) -> dict[str, Any]:
     """The code ran past ``seconds``.
 
     ``survived``: the interrupt stopped it and the session kept its state. ``stuck``:
     the code did not stop and its place cannot be killed (the own interpreter).
+    ``stopped``: a person or the caller interrupted it as at its timeout (SPEC 6): the
+    sentence says who, not the timeout, and what to do instead of a larger timeout.
     """
     words = WORDS[place]
     limit = f"{seconds:g} s"
+    if stopped is not None:
+        return _stopped_timeout(place, mode, survived=survived, stuck=stuck, stopped=stopped,
+                                stdout=stdout, stderr=stderr)
     longer = f"timeout={max(seconds * 4, 60):g}"
     common: dict[str, Any] = {"stdout": stdout, "stderr": stderr}
     if stuck:
@@ -124,7 +115,7 @@ def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
                 f"The session was restarted (state lost): re-create the {words.holds} you "
                 "need before continuing. Keep long work "
                 "interruptible (do not ignore SIGINT or swallow KeyboardInterrupt), split it "
-                f"into smaller calls, or pass a larger timeout (e.g. {longer})."),
+                f"into smaller calls, or pass a larger timeout (e.g. {longer}).", hint),
             state_lost=True, **common)
     if mode == "stateful":
         return make_error(
@@ -142,7 +133,7 @@ def timeout(place: PlaceKind, mode: Mode, seconds: float, *, survived: bool,
         f"{longer}).", state_lost=False, **common)
 
 
-def not_taken(place: PlaceKind, seconds: float) -> dict[str, Any]:
+def not_taken(place: PlaceKind, seconds: float, hint: str = REBUILD_HINT) -> dict[str, Any]:
     """The session's process never took the code within its timeout (stopped, stuck)
     and was replaced: the code did not run, the state is lost."""
     words = WORDS[place]
@@ -152,11 +143,11 @@ def not_taken(place: PlaceKind, seconds: float) -> dict[str, Any]:
         f"{seconds:g} s (it was stopped or stuck) and was replaced: the code did not run, "
         "and the session's state is lost.",
         with_rebuild_hint(f"Re-create the {words.holds} you need in the fresh session, "
-                          "then run the code again."), state_lost=True)
+                          "then run the code again.", hint), state_lost=True)
 
 
 def timeout_after_a_retry(place: PlaceKind, mode: Mode, seconds: float, how: str, *,
-                          survived: bool) -> dict[str, Any]:
+                          survived: bool, hint: str = REBUILD_HINT) -> dict[str, Any]:
     """A call whose process died under it, ran again on a fresh one and then ran past
     what was left of its one timeout: one story, from the settled facts (the state from
     before the call went with the first process, whatever the second run's interrupt
@@ -175,7 +166,7 @@ def timeout_after_a_retry(place: PlaceKind, mode: Mode, seconds: float, how: str
                f"did not stop within {INTERRUPT_GRACE:g} s of the interrupt, so that "
                f"{words.process} was killed too: the session's state is lost.")
         return make_error("timeout", head + end, with_rebuild_hint(
-            f"Re-create the {words.holds} you need before continuing; " + faster),
+            f"Re-create the {words.holds} you need before continuing; " + faster, hint),
             state_lost=True)
     where = ("the session is unchanged" if mode == "read_only"
              else "nothing was kept, as with any stateless call")
@@ -183,13 +174,9 @@ def timeout_after_a_retry(place: PlaceKind, mode: Mode, seconds: float, how: str
                       state_lost=False)
 
 
-# How a timeout's error begins (:func:`timeout`): a call stopped by a person or by its
-# caller is interrupted as at its timeout (SPEC 6), but not for taking too long.
-# What the interrupt did goes with it: the new head already says the call was interrupted.
-_TIMEOUT_HEAD = re.compile(
-    r"^The code ran past its timeout of [0-9.]+ ?[a-z]*(?: and was (?:interrupted|stopped))?")
+StoppedBy = Literal["person", "caller"]
 
-_STOPPED_BY = {
+_STOPPED_BY: dict[StoppedBy, tuple[str, str]] = {
     "person": ("The call was interrupted from the page by the person watching it",
                "It was stopped on purpose, not for taking too long: do not run it again as "
                "it was. Read its output so far (stdout, stderr), then ask, or change "
@@ -200,18 +187,42 @@ _STOPPED_BY = {
 }
 
 
-def stopped_by(result: dict[str, Any], who: Literal["person", "caller"]) -> dict[str, Any]:
-    """``result`` of a call that ``who`` stopped, worded so: its ``timeout`` error says
-    who stopped it, not its timeout, and what to do instead of running it again with a
-    larger timeout. Other results pass unchanged."""
-    if result.get("error_type") != "timeout":
-        return result
-    error = str(result.get("error") or "")
-    head = _TIMEOUT_HEAD.match(error)
-    words, suggestion = _STOPPED_BY[who]
-    result["error"] = words + (error[head.end():] if head else ". " + error)
-    result["suggestion"] = suggestion
-    return result
+def stopped_words(who: StoppedBy) -> tuple[str, str]:
+    """How a call ``who`` stopped is said: the head of its error, and its suggestion."""
+    return _STOPPED_BY[who]
+
+
+def _stopped_timeout(place: PlaceKind, mode: Mode, *, survived: bool, stuck: bool,
+                     stopped: StoppedBy, **common: Any) -> dict[str, Any]:
+    """:func:`timeout` for a call a person or its caller interrupted: what the interrupt
+    did, after who did it (the head already says the call was interrupted)."""
+    words = WORDS[place]
+    head, suggestion = _STOPPED_BY[stopped]
+    if stuck:
+        return make_error("timeout", head + ".", suggestion, state_lost=False, **common)
+    if not survived and mode == "stateful":
+        return make_error(
+            "timeout",
+            f"{head}, did not stop within {INTERRUPT_GRACE:g} s of the interrupt, and its "
+            f"{words.process} was killed and restarted: the session's state is lost.",
+            suggestion, state_lost=True, **common)
+    if mode == "stateful":
+        return make_error(
+            "timeout", f"{head}; the session survived with its state ({words.holds} set "
+            "before the interrupt are kept).", suggestion, state_lost=False, **common)
+    where = ("the session is unchanged" if mode == "read_only"
+             else "nothing was kept, as with any stateless call")
+    return make_error("timeout", f"{head}; {where}.", suggestion, state_lost=False, **common)
+
+
+def stopped_error(error: dict[str, Any], who: StoppedBy | None) -> dict[str, Any]:
+    """A ``timeout`` error worded before it was known that ``who`` stopped the call (a
+    session that stayed busy, a place that never took the code): who stopped it comes
+    first, and what to do instead. Built once, as the error is made."""
+    if who is None or error.get("error_type") != "timeout":
+        return error
+    head, suggestion = _STOPPED_BY[who]
+    return {**error, "error": f"{head}. {error['error']}", "suggestion": suggestion}
 
 
 def killed_by(signal_number: int) -> str:
@@ -225,7 +236,8 @@ def killed_by(signal_number: int) -> str:
 
 
 def crashed(place: PlaceKind, mode: Mode, how: str, *, attempts: int = 1,
-            state_lost: bool | None = None, **extra: Any) -> dict[str, Any]:
+            state_lost: bool | None = None, hint: str = REBUILD_HINT,
+            **extra: Any) -> dict[str, Any]:
     """The process running the code died during the call (after ``attempts`` tries)."""
     words = WORDS[place]
     times = "" if attempts == 1 else f" {attempts} times"
@@ -251,11 +263,11 @@ def crashed(place: PlaceKind, mode: Mode, how: str, *, attempts: int = 1,
             "The next call starts on a fresh process: re-create the "
             f"{words.holds} you need, then run the code again. If the code ends its own "
             "process (os._exit, os.kill, `kill $$`, a crash in a C extension, running out "
-            "of memory), change that part."),
+            "of memory), change that part.", hint),
         state_lost=True if state_lost is None else state_lost, **extra)
 
 
-def node_lost(how: str, mode: Mode) -> dict[str, Any]:
+def node_lost(how: str, mode: Mode, hint: str = REBUILD_HINT) -> dict[str, Any]:
     """The cluster node holding a session (or running a stateless call) was lost."""
     if mode == "stateless":
         return make_error("crashed", f"The node running this call was lost ({how}); "
@@ -266,11 +278,16 @@ def node_lost(how: str, mode: Mode) -> dict[str, Any]:
         "crashed", f"The node holding this session was lost ({how}): its state is gone "
         f"with it{copy}",
         with_rebuild_hint("Run the setup again, or rebuild the session; the next stateful "
-                          "call opens a fresh session on another node."), state_lost=True)
+                          "call opens a fresh session on another node.", hint), state_lost=True)
 
 
-def session_busy() -> dict[str, Any]:
-    """The call waited its whole timeout for another call to the same session."""
+def session_busy(stopped: StoppedBy | None = None) -> dict[str, Any]:
+    """The call waited its whole timeout for another call to the same session (or
+    until ``stopped`` interrupted the wait)."""
+    return stopped_error(_session_busy(), stopped)
+
+
+def _session_busy() -> dict[str, Any]:
     return make_error(
         "timeout", "The session stayed busy with another call for the whole timeout.",
         "Nothing ran and no state changed. Retry later, pass a larger timeout=, or use "
@@ -288,7 +305,7 @@ def detached_busy(call_id: str) -> dict[str, Any]:
         "another session.", call_id=call_id)
 
 
-def session_closed(place: PlaceKind) -> dict[str, Any]:
+def session_closed(place: PlaceKind, hint: str = REBUILD_HINT) -> dict[str, Any]:
     """A call to a kept session that was closed (``close_session``, or its place): one
     sentence for every place."""
     words = WORDS[place]
@@ -296,7 +313,7 @@ def session_closed(place: PlaceKind) -> dict[str, Any]:
         "crashed", f"This session was closed: its {words.process} and everything it "
         "started were ended, and its state is gone.",
         with_rebuild_hint("Open a new session with a stateful call (the same name starts "
-                          "a fresh one), or use state_mode='stateless'."), state_lost=True)
+                          "a fresh one), or use state_mode='stateless'.", hint), state_lost=True)
 
 
 def closed_during_call(place: PlaceKind, mode: str, detail: str = "", *,
@@ -317,54 +334,36 @@ def closed_during_call(place: PlaceKind, mode: str, detail: str = "", *,
 # -- one attempt's facts, worded -------------------------------------------------------
 
 
-def said(ran: facts.Ran, place: PlaceKind, mode: Mode, seconds: float, *,
-         state_lost: bool, attempts: int = 1, hows: Sequence[str] = ()) -> dict[str, Any]:
-    """The outcome of a call whose last attempt reported ``ran``: the output fields,
-    ``error`` (the SPEC error dict) unless the code ran to its end, ``isolation`` for a
-    read-only call, ``state_lost`` where it holds, and the changes the session table
-    and the call log keep (``rebound``, ``deleted``, ``written``).
-
-    ``seconds`` is the call's timeout, ``attempts`` how often it ran (``hows``: how each
-    death happened), ``state_lost`` what :func:`coordex.sessions.attempts` decided.
-    """
-    event = ran.event
-    outcome: dict[str, Any] = {
-        "stdout": ran.stdout, "stderr": ran.stderr, "truncated": ran.truncated,
-        "result": ran.result, "exit_code": ran.exit_code, "images": list(ran.images)}
-    if mode == "read_only":
-        outcome["isolation"] = dict(ran.isolation) if ran.isolation else {
-            "names": True, "objects": True, "files": "none", "copy": "none"}
-    if mode != "stateless":  # what the session table and the call log keep (or pop)
-        for key, value in (("rebound", ran.rebound), ("deleted", ran.deleted),
-                           ("written", ran.written)):
-            if value:
-                outcome[key] = value if callable(value) else list(value)
-    if isinstance(event, facts.Exited):
-        outcome["exit_code"] = event.status
-    elif not isinstance(event, facts.Ok):
-        outcome.update(result=None, exit_code=None)
-        if not isinstance(event, facts.Raised):
-            outcome["images"] = []
-        error = _error(event, place, mode, seconds, attempts, hows)
-        error.update(stdout=ran.stdout, stderr=ran.stderr, state_lost=state_lost)
-        outcome["error"] = error
-    if state_lost:
-        outcome["state_lost"] = True
-    return outcome
+def error_of(event: facts.Event, place: PlaceKind, mode: Mode, seconds: float,
+             attempts: int = 1, hows: Sequence[str] = (), *, hint: str = REBUILD_HINT,
+             stopped: StoppedBy | None = None) -> dict[str, Any]:
+    """The SPEC error dict for a call whose last attempt ended in ``event`` (anything
+    but ``Ok``/``Exited``), in ``mode`` at ``place``: ``seconds`` its timeout,
+    ``attempts`` how often it ran (``hows``: how each death happened), ``hint`` the
+    rebuild call a lost state names, ``stopped`` who interrupted it (SPEC 6).
+    :func:`coordex.core.record.render` puts it in the result."""
+    error = _error(event, place, mode, seconds, attempts, hows, hint, stopped)
+    return stopped_error(error, stopped) if stopped is not None and not (
+        isinstance(event, facts.TimedOut) and event.taken
+        and not (attempts > 1 and hows and not event.stuck)) else error
 
 
 def _error(event: facts.Event, place: PlaceKind, mode: Mode, seconds: float, attempts: int,
-           hows: Sequence[str]) -> dict[str, Any]:
+           hows: Sequence[str], hint: str, stopped: StoppedBy | None) -> dict[str, Any]:
     if isinstance(event, facts.Raised):
         return raised(event, place, mode)
     if isinstance(event, facts.TimedOut):
         if not event.taken:
-            return not_taken(place, seconds)
+            return not_taken(place, seconds, hint)
         if attempts > 1 and hows and not event.stuck:
             error = timeout_after_a_retry(place, mode, seconds, "; ".join(dict.fromkeys(hows)),
-                                          survived=event.survived)
+                                          survived=event.survived, hint=hint)
+        elif stopped is not None:
+            return timeout(place, mode, seconds, survived=event.survived, stuck=event.stuck,
+                           stopped=stopped)
         else:
-            error = timeout(place, mode, seconds, survived=event.survived, stuck=event.stuck)
+            error = timeout(place, mode, seconds, survived=event.survived, stuck=event.stuck,
+                            hint=hint)
         if place == "shell":
             error["suggestion"] += (" A long command can run in the background "
                                     "(`cmd > out.log 2>&1 &`) in a stateful session while "
@@ -374,19 +373,19 @@ def _error(event: facts.Event, place: PlaceKind, mode: Mode, seconds: float, att
     if isinstance(event, facts.Died):
         how = "; ".join(dict.fromkeys([*hows, event.how])) or "no reason given"
         if event.what == "node":
-            return node_lost(how, mode)
+            return node_lost(how, mode, hint)
         if not event.started:
             how += ", before it read the code"
         elif place == "shell" and mode != "read_only":
             how += "; the command was not retried"
-        error = crashed(place, mode, how, attempts=attempts)
+        error = crashed(place, mode, how, attempts=attempts, hint=hint)
         if place == "shell" and mode != "read_only":
             error["suggestion"] += (" A command that signals its own shell (e.g. `kill $$`) "
                                     "can run in a subshell `( ... )` instead.")
         return error
     if isinstance(event, facts.Closed):
         if event.by == "session" and not event.during:
-            return session_closed(place)
+            return session_closed(place, hint)
         return closed_during_call(place, mode, event.detail, session=event.by == "session")
     if isinstance(event, facts.StartFailed):
         if event.error is not None:

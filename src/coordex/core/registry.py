@@ -213,6 +213,13 @@ class SessionRegistry:
         for name in deleted:
             entry.bindings.pop(name, None)
 
+    def keep_bindings_of(self, key: SessionKey, call: int) -> None:
+        """The session's state was lost during ``call``: what was bound before went
+        with it; only that call's own names are left."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.bindings = {n: c for n, c in entry.bindings.items() if c == call}
+
     def provenance(self, key: SessionKey, name: str) -> tuple[int, int]:
         """(bound_at_call, calls_ago) for one name; names bound before coordex are call 0."""
         entry = self._entries[key]

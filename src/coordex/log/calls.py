@@ -1,14 +1,14 @@
 """From a finished call to a log row, and the executor-facing reads of the log.
 
 :func:`record_call` runs at the end of every call the Executor makes (``execute_code``
-and stored-function calls alike): it turns the result dict into a row for
-:class:`~coordex.log.store.CallLog` and, where the result says state was lost, ends its
-suggestion with how to get it back (:func:`coordex.core.messages.rebuild_hint`). It
-never raises: a log that fails costs the row, not the call.
+and stored-function calls alike): it turns the rendered result dict into a row for
+:class:`~coordex.log.store.CallLog`, with what the result does not show passed beside it
+(the names and files the call changed: :func:`changes`). It reads the result and never
+changes it, and never raises: a log that fails costs the row, not the call.
 
-Two facts do not travel in the result dict and are handed over through a thread-local
-note instead: what a read-only copy would have changed (the backends report it, the
-result does not show it) and which logged call a rebuild is replaying.
+One fact of a call reaches the row through a note on the thread that runs it, set by
+the code that started the call: which logged call a rebuild is replaying
+(:func:`note_replay`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from ..core import coordinates as coords
-from ..core import messages
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
 from .store import COLUMNS, CallLog, LogReader, decode_row, rows_where
@@ -46,13 +45,29 @@ _NOT_THE_CODES = frozenset({"_", "__", "___", "__builtins__", "__name__", "__doc
 _OWN_FILES = ("log.sqlite3", "library.sqlite3", "environments.sqlite3")
 
 
-def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
-    """What the read-only copy about to be recorded on this thread changed: names it
-    rebound or deleted, and files it wrote in protected folders (all discarded).
+def open_call_log(root: Any, records: Any, enabled: bool, max_rows: int) -> CallLog | None:
+    """An Executor's call log: under ``root``, or written by ``records`` (a confined
+    host's owner); None when ``enabled`` is false. ValueError for a bad ``max_rows``."""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"log_max_rows must be an integer >= 1, got {max_rows!r}")
+    if not enabled:
+        return None
+    if records is not None:
+        log: CallLog = records.call_log(max_rows)
+        return log
+    from . import LOG_FILE
+
+    return CallLog(root / LOG_FILE, max_rows)
+
+
+def changes(rebound: Any, deleted: Any, written: Any = None) -> Any:
+    """The row's ``changed`` column for a call: names it rebound or deleted, and files
+    a read-only copy wrote in protected folders (all discarded); None when the code
+    changed nothing.
 
     ``rebound`` may instead be a callable returning ``(rebound, deleted)``: a place
     whose names cost a parse (a bash copy's) hands that over, and the log works it out
-    after the row is written, off the call's path.
+    after the row is written, off the call's path (the column is then a callable).
     """
     if callable(rebound):
         names = rebound
@@ -61,9 +76,8 @@ def note_changes(rebound: Any, deleted: Any, written: Any = None) -> None:
             now_rebound, now_deleted = names()
             return _changes(now_rebound, now_deleted, written)
 
-        _notes.changed = later
-    else:
-        _notes.changed = _changes(rebound, deleted, written)
+        return later
+    return _changes(rebound, deleted, written)
 
 
 def _changes(rebound: Any, deleted: Any, written: Any) -> dict[str, Any] | None:
@@ -93,12 +107,6 @@ def _names(names: Any) -> list[str]:
 def _own_file(path: Any) -> bool:
     name = os.path.basename(str(path))
     return any(name == own or name.startswith(own + "-") for own in _OWN_FILES)
-
-
-def note_call_id(call_id: str | None) -> None:
-    """The next row written on this thread is the call ``call_id`` (SPEC 14: its result
-    is read back from the log by that id)."""
-    _notes.call_id = call_id
 
 
 def result_of_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -136,13 +144,15 @@ def note_replay(seq: int, code: str) -> None:
 
 def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                 coordinate: Coordinate | None, seq: int | None = None,
-                asked: tuple[Any, ...] | None = None) -> dict[str, Any]:
+                asked: tuple[Any, ...] | None = None, *, changed: Any = None,
+                call_id: str | None = None) -> LoggedRow:
     """Write the row of one finished call (completing row ``seq`` if the call's row was
-    reserved while it ran) before the call returns; returns ``result`` (its suggestion
-    may now name ``rebuild_session``). ``asked``: the coordinate's arguments as given,
-    for a call refused before they made a coordinate (its row shows what was asked)."""
+    reserved while it ran) before the call returns, and return it. ``asked``: the
+    coordinate's arguments as given, for a call refused before they made a coordinate
+    (its row shows what was asked). ``changed``: :func:`changes` of the call.
+    ``call_id``: the call record (SPEC 14) whose own row this is."""
     if log is None:
-        return result
+        return LoggedRow()
     try:
         session = result.get("session")
         if session is None and coordinate is not None and coordinate.state_mode != "stateless":
@@ -151,14 +161,6 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                        "session_name": coordinate.session_name}
         error_type = result.get("error_type")
         state_lost = result.get("state_lost")
-        if state_lost or error_type == "crashed":
-            messages.add_rebuild_hint(result, session)
-        changed = getattr(_notes, "changed", None)
-        if changed is not None:
-            _notes.changed = None
-        call_id = getattr(_notes, "call_id", None)
-        if call_id is not None:
-            _notes.call_id = None
         replay = getattr(_notes, "replay", None)
         replay_of = None
         if replay is not None and replay[1] is code:
@@ -193,10 +195,9 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
             "call_id": call_id}
         # A row reserved while the call ran is completed in the file; any other goes
         # through the journal (durable at once, in the file a moment later).
-        _notes.seq = log.append(row, seq) if seq is not None else (log, log.record(row))
+        return LoggedRow(log.append(row, seq) if seq is not None else (log, log.record(row)))
     except Exception:  # the log never costs the call
-        pass
-    return result
+        return LoggedRow()
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -223,13 +224,6 @@ class LoggedRow:
             log, entry = self._noted
             self._noted = log.seq_of(entry) if entry is not None else None
         return self._noted
-
-
-def last_row() -> LoggedRow:
-    """The row :func:`record_call` wrote last on this thread (once)."""
-    noted = getattr(_notes, "seq", None)
-    _notes.seq = None
-    return LoggedRow(noted)
 
 
 def _as_asked(asked: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import CoordexError
-from .calls import note_call_id
 from .held import HeldResults
 from .running import _Stream
 
@@ -96,9 +95,18 @@ class CallRecord:
         self.detached = False  # a ``running`` record of it was handed out
         self.lost = False  # a request of it was lost before its answer was delivered
         self.session: dict[str, Any] | None = None  # filled in by the executor
+        # The call's own log row carries its call_id (SPEC 14: read back by it after a
+        # restart): given to the first call this record's thread starts, and only once.
+        self._row_id: str | None = self.call_id if tool in LOGGED_AS_ONE_ROW else None
         self._relay = relay
         self._streams = {"stdout": _Stream(), "stderr": _Stream()}
         self._lock = threading.Lock()
+
+    def take_row_id(self) -> str | None:
+        """The ``call_id`` for the log row of the first call started on this record's
+        thread (the tool call itself; a stored function's own calls start later)."""
+        row_id, self._row_id = self._row_id, None
+        return row_id
 
     def output(self, stream: str, text: str) -> None:
         kept = self._streams.get(stream)
@@ -208,8 +216,6 @@ class CallBook:
         try:
             if session_of is not None:
                 record.session = session_of()
-            if record.tool in LOGGED_AS_ONE_ROW:
-                note_call_id(record.call_id)
             result = run(record.output, record.cancel)
         except Exception as exc:  # a coordex bug still ends the call with a result
             from ..tools import internal_error

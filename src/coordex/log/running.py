@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..contract import ExecutorLike
-from ..core import messages
 from ..core.errors import CoordexError
+from ..core.record import forwarded_stopped
 
 OnOutput = Callable[[str, str], None]
 # Characters of each stream a running call keeps: the first and the last this many.
@@ -269,7 +269,7 @@ class Watch:
 
     def done(self, result: Any) -> Any:
         if self._call is not None and self._call.interrupted and isinstance(result, dict):
-            return messages.stopped_by(result, "person")
+            return forwarded_stopped(result, "person")
         if self._registry is not None and isinstance(result, dict) and \
                 isinstance(result.get("call_id"), str):
             if result.get("running") and self._call is not None:

@@ -34,23 +34,26 @@ import contextlib
 import os
 import queue
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..backends.base import RunRequest
+from ..backends.base import Kept, RunRequest, Session, Writer
 from ..core.coordinates import SessionKey
 from ..core.errors import CoordexError, make_error
 from ..log.calls import LoggedRow
 from ..log.rebuild import replayable
 from ..worker import _coordex_snapshot as snap
-from . import kinds
 from .store import Identity, SnapshotStore
 
+if TYPE_CHECKING:
+    from ..sessions import SessionTable
+
+# A snapshot's copy gives up after this long (a stuck pickler never holds a slot).
+SNAPSHOT_TIMEOUT = 600.0
 # What a snapshot written at close may take in all: SPEC 8 gives a stop 5 s.
 CLOSE_BUDGET = 3.0
 # At close, how long a session's snapshot waits for the call running in it.
@@ -66,8 +69,8 @@ class _Kept:
     dirty: bool = False  # a stateful call succeeded since its last snapshot
     last_snapshot: float = field(default_factory=time.monotonic)
     attempt: int = 0
-    # (attempt, started, pid of the writer if it is our own child, else the worker's)
-    in_flight: tuple[int, float, int | None, int | None] | None = None
+    # (attempt, started, the copy writing it)
+    in_flight: tuple[int, float, Writer] | None = None
     meta: dict[str, Any] | None = None  # as found at start, for list_sessions
     # The coordinates this process holds it under, when kept apart under another name.
     local: Identity | None = None
@@ -80,7 +83,7 @@ class Persistence:
     log (None: snapshots alone, nothing is replayed).
     """
 
-    def __init__(self, root: Path, table: Any, log: Any, *, interval: float,
+    def __init__(self, root: Path, table: SessionTable, log: Any, *, interval: float,
                  max_bytes: int) -> None:
         self.store = SnapshotStore(root)
         self._table = table
@@ -94,7 +97,6 @@ class Persistence:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._notes = threading.local()
         self._owner: str | None = getattr(log, "owner", None)
         self._held: dict[str, int] = {}  # slug -> fd of its folder's lock
         # Sessions of this process kept apart: slug of their coordinates -> the identity
@@ -112,9 +114,8 @@ class Persistence:
         with self._lock:
             kept = [k for k in self._kept.values()
                     if not k.held and k.identity.slug() not in self._held]
-        with self._table.lock:  # the plan namespace is open from the start: held
-            open_keys = {(e.key.language, e.key.venv_id, e.key.session_id, e.name)
-                         for e in self._table.registry.entries()}
+        open_keys = {(e.key.language, e.key.venv_id, e.key.session_id, e.name)
+                     for e, _ in self._table.entries()}  # the plan namespace too: held
         records = []
         for item in kept:
             elsewhere = self.store.held_elsewhere(item.identity)
@@ -230,19 +231,12 @@ class Persistence:
 
     # -- after each call ----------------------------------------------------------------
 
-    def note(self, call: int, changed: bool) -> None:
-        """What the stateful call running on this thread is: its number in its session,
-        and whether it changed names (read by :meth:`after_call`)."""
-        self._notes.call, self._notes.changed = call, changed
-
-    def after_call(self, result: dict[str, Any], row: LoggedRow) -> None:
-        """A stateful call's result was logged as ``row``: keep its session. The row's
-        seq is asked for only when a snapshot is marked or started with it (a row still
-        in the log's journal is moved into the file for it)."""
-        call, changed = getattr(self._notes, "call", None), getattr(self._notes, "changed", False)
-        self._notes.call = None
-        if call is None:
-            return
+    def after_call(self, result: dict[str, Any], row: LoggedRow, call: int,
+                   changed: bool) -> None:
+        """Stateful call number ``call`` of a session (``changed``: it changed names)
+        was logged as ``row``: keep its session. The row's seq is asked for only when a
+        snapshot is marked or started with it (a row still in the log's journal is moved
+        into the file for it)."""
         record = result.get("session")
         if not isinstance(record, dict) or record.get("session_id") is None:
             return
@@ -325,8 +319,8 @@ class Persistence:
         if not slot.lock.acquire(timeout=_START_WAIT):
             return
         try:
-            entry = self._table.registry.get(key)
-            if entry is None or entry.calls != call or slot.session is None:
+            calls = next((e.calls for e, _ in self._table.entries() if e.key == key), None)
+            if calls != call or slot.session is None:
                 return
             self._start(item, slot.session, seq)
         finally:
@@ -334,59 +328,46 @@ class Persistence:
 
     # -- writing ------------------------------------------------------------------------
 
-    def _start(self, item: _Kept, session: Any, through: int) -> None:
-        kind = kinds.kind_of(session)
-        if kind is None:
-            return
+    def _start(self, item: _Kept, session: Session, through: int) -> None:
+        if not isinstance(session, Kept):
+            return  # a place whose sessions are not kept (the cluster's)
         folder = self.store.folder(item.identity, make=True)
         meta = self.store.meta(item.identity) or {}
         item.attempt = max(item.attempt, int(meta.get("attempt") or 0)) + 1
         # ``since``: the first logged call of the session's life, for a replay of it all.
-        args: dict[str, Any] = {"attempt": item.attempt, "through": through, "max_bytes": self.max_bytes,
-                "identity": {**item.identity.record(), "since": meta.get("since"),
-                             "owners": meta.get("owners"), "aliases": meta.get("aliases")}}
+        identity = {**item.identity.record(), "since": meta.get("since"),
+                    "owners": meta.get("owners"), "aliases": meta.get("aliases")}
         started = time.monotonic()
         item.dirty, item.last_snapshot = False, started
         free = _free_bytes(folder)
         if free is not None and free < int(meta.get("bytes") or 0) + _SPARE_BYTES:
             # Never fill the disk: the log keeps the session meanwhile.
-            snap.write_meta(str(folder), dict(meta or args["identity"], attempt=item.attempt,
+            snap.write_meta(str(folder), dict(meta or identity, attempt=item.attempt,
                                               problem="disk_full", problem_why=(
                 f"only {free} bytes are free where snapshots are kept ({folder.parent}); "
                 "the session is kept by replaying its calls until space is freed")))
             return
-        if kind == "own":
-            with self._lock:
-                held = tuple(self._held.values())
-            pid = kinds.fork_own_snapshot(session, folder, close=held, **args)
-            item.in_flight = (item.attempt, started, pid, None)
-        elif kind == "env":
-            writer = kinds.start_env_snapshot(session, folder, **args)
-            if writer is not None:
-                item.in_flight = (item.attempt, started, None, writer)
-        else:
-            kinds.snapshot_bash(session, folder, **args)
+        with self._lock:
+            held = tuple(self._held.values())
+        writer = session.start_snapshot(str(folder), attempt=item.attempt, through=through,
+                                        max_bytes=self.max_bytes, identity=identity,
+                                        close=held)
+        if writer is not None:
+            item.in_flight = (item.attempt, started, writer)
 
     def _busy_writing(self, item: _Kept) -> bool:
         """Whether a snapshot of ``item`` is still being written (reaps a finished one)."""
         flight = item.in_flight
         if flight is None:
             return False
-        attempt, started, pid, writer = flight
-        done = int((self.store.meta(item.identity) or {}).get("attempt") or 0) >= attempt
-        if pid is not None:
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    if done:  # it has written; reaped as it exits
-                        os.waitpid(pid, 0)
-                    elif time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT:
-                        return True
-                    else:
-                        _kill(pid)
-            done = True
-        elif not done and time.monotonic() - started < kinds.SNAPSHOT_TIMEOUT and \
-                writer is not None and snap.running(writer):
-            return True  # the worker's writer (it ended without a word: not written)
+        attempt, started, writer = flight
+        if writer.running():
+            if int((self.store.meta(item.identity) or {}).get("attempt") or 0) >= attempt:
+                writer.wait()  # it has written; reaped as it exits
+            elif time.monotonic() - started < SNAPSHOT_TIMEOUT:
+                return True
+            else:
+                writer.kill()
         item.in_flight = None
         return False
 
@@ -412,8 +393,8 @@ class Persistence:
             while self._busy_writing(item) and time.monotonic() < deadline:
                 time.sleep(0.02)
             flight = item.in_flight
-            if flight is not None and flight[2] is not None:
-                _kill(flight[2])  # not done in time: the log keeps what it would have
+            if flight is not None:
+                flight[2].kill()  # not done in time: the log keeps what it would have
         with self._lock:
             fds, self._held = list(self._held.values()), {}
         for fd in fds:
@@ -443,8 +424,8 @@ class Persistence:
             identity = self._apart.pop(identity.slug(), identity)
             item = self._kept.pop(identity.slug(), None)
             fd = self._held.pop(identity.slug(), None)
-        if item is not None and item.in_flight is not None and item.in_flight[2] is not None:
-            _kill(item.in_flight[2])
+        if item is not None and item.in_flight is not None:
+            item.in_flight[2].kill()
         if fd is None and self.store.held_elsewhere(identity):
             if item is not None:
                 with self._lock:
@@ -455,7 +436,7 @@ class Persistence:
             os.close(fd)
         return True
 
-    def adopt(self, record: dict[str, Any], session: Any) -> None:
+    def adopt(self, record: dict[str, Any], session: Session) -> None:
         """A session whose state came other than by its own calls (``fork_session``,
         ``restore_session``; held by the caller): a snapshot of it is started now, and
         only the calls logged after this point are replayed over it after a restart."""
@@ -477,8 +458,8 @@ class Persistence:
             item.held, item.identity, item.attempt = True, identity, 0
             item.local = None if identity is local else local
         self._try(lambda: self.store.mark(identity, through + 1, self._owner, aliases))
-        if self._busy_writing(item) and item.in_flight is not None and item.in_flight[2]:
-            _kill(item.in_flight[2])
+        if self._busy_writing(item) and item.in_flight is not None:
+            item.in_flight[2].kill()
         item.in_flight = None
         self._start(item, session, through)
 
@@ -513,9 +494,8 @@ class Persistence:
         process. None if none could be taken."""
         base = local.session_name if local.session_name is not None \
             else f"session {local.session_id}"
-        with self._table.lock:
-            names = {e.name for e in self._table.registry.entries()
-                     if (e.key.language, e.key.venv_id) == (local.language, local.venv_id)}
+        names = {e.name for e, _ in self._table.entries()
+                 if (e.key.language, e.key.venv_id) == (local.language, local.venv_id)}
         for number in range(2, 100):
             name = f"{base} ({number})"
             apart = Identity(local.language, local.venv_id, local.session_id, name)
@@ -537,7 +517,7 @@ class Persistence:
 
     # -- restoring ----------------------------------------------------------------------
 
-    def restore(self, key: SessionKey, record: dict[str, Any], session: Any,
+    def restore(self, key: SessionKey, record: dict[str, Any], session: Session,
                 timeout: float) -> dict[str, Any] | None:
         """Bring back the kept session ``record`` names into ``session`` (just opened,
         no code run yet). Returns the call's ``restored``; ``{"state_lost": True}`` when
@@ -566,7 +546,6 @@ class Persistence:
         for half in self.store.folder(identity).glob(".state-*"):  # a killed writer's
             half.unlink(missing_ok=True)
         started = time.monotonic()
-        kind = kinds.kind_of(session)
         meta = self.store.meta(item.identity) or {}
         rows = self._rows_after(item.identity, meta.get("through"))
         folder = self.store.folder(item.identity)
@@ -584,15 +563,10 @@ class Persistence:
         if lost_since is not None:
             rows = rows[lost_since + 1:]
             why = "the session lost its state after its last snapshot"
-        elif kind is not None and meta.get("file"):
+        elif isinstance(session, Kept) and meta.get("file"):
             left = list(meta.get("left_out") or [])
             replay = self._binding_calls(item.identity, left, meta.get("through"))
-            if kind == "own":
-                report = kinds.restore_own(session, folder, replay)
-            elif kind == "env":
-                report = kinds.restore_env(session, folder, replay, timeout)
-            else:
-                report = kinds.restore_bash(session, folder)
+            report = session.restore_snapshot(str(folder), replay, timeout)
             why = report.get("error")
             if why is not None:  # the whole life is replayed instead
                 rows = self._rows_after(item.identity, (meta.get("since") or 1) - 1)
@@ -653,7 +627,7 @@ class Persistence:
             if item is not None:
                 item.held = False
 
-    def _replay(self, session: Any, rows: list[dict[str, Any]]) -> tuple[int, int | None]:
+    def _replay(self, session: Session, rows: list[dict[str, Any]]) -> tuple[int, int | None]:
         done = 0
         for row in rows:
             code = row.get("code")
@@ -833,13 +807,6 @@ def _last_loss(rows: list[dict[str, Any]]) -> int | None:
         if rows[index].get("state_lost") or rows[index].get("kind") == "rebuild":
             return index
     return None
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, 0)
 
 
 __all__ = ["Persistence", "snap"]

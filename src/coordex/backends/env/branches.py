@@ -13,14 +13,13 @@ import contextlib
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...core.errors import CoordexError
-from ...worker import _coordex_snapshot as snap
+from .. import _kept
 from ..base import Forked, Written
+from . import keep
 
 if TYPE_CHECKING:
     from .workers import WorkerSession
@@ -30,39 +29,14 @@ FORK_MAX_BYTES = 1 << 40
 
 def start_checkpoint(session: WorkerSession, folder: str, max_bytes: int
                      ) -> Callable[[float], Written]:
-    from ...persist.kinds import start_env_snapshot
-
-    started = time.monotonic()
-    writer = start_env_snapshot(session, Path(folder), attempt=1, through=0,
-                                max_bytes=max_bytes, identity={})
-
-    def finish(timeout: float) -> Written:
-        if writer is None:
-            return {"error": "the environment's worker did not answer"}
-        deadline = time.monotonic() + timeout
-        while snap.running(writer) and not (snap.read_meta(folder) or {}).get("attempt"):
-            if time.monotonic() > deadline:
-                return {"error": f"the checkpoint was not written within {timeout:g} s"}
-            time.sleep(0.005)
-        from ..own.branches import written
-
-        return written(folder, started)
-
-    return finish
+    return _kept.start_checkpoint(session, folder, max_bytes, keep.SILENT)
 
 
 def restore_checkpoint(session: WorkerSession, folder: str, timeout: float) -> Written:
-    from ...persist.kinds import restore_env
+    def start_over() -> None:
+        session.start_over()
 
-    started = time.monotonic()
-    if not (snap.read_meta(folder) or {}).get("file"):
-        return {"error": "the checkpoint holds no state"}
-    session.start_over()
-    report: dict[str, Any] = restore_env(session, Path(folder), [], timeout)
-    if "error" in report:
-        return report
-    return {"names": report.get("names") or [], "left_out": report.get("left_out") or [],
-            "ms": round((time.monotonic() - started) * 1000.0, 1)}
+    return _kept.restore_checkpoint(session, folder, timeout, start_over)
 
 
 def fork(session: WorkerSession, timeout: float) -> Forked:

@@ -18,8 +18,11 @@ How it works:
   forked and warmed up (under a millisecond, against ten or more for an interpreter
   start). Idle templates are pooled so parallel stateless calls do not queue.
 
-A call is one conversation on the protocol pipes; ``select.poll`` waits on them, after a
-short spin for in-process cells (see ``_converse``).
+A call is one conversation on the protocol pipes; ``select.epoll`` waits on them, after
+a short spin for in-process cells (see ``_converse``). Each run's code writes to output
+pipes of its own (the run names them; module ``late_output``): a pipe something the
+code started still holds when ``done`` arrives is retired, and what that writes later is
+dropped - never a later call's output (SPEC 6).
 
 Every outcome is a plain dict (``backends.base``); failures are SPEC error dicts.
 """
@@ -38,7 +41,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,8 +63,8 @@ from ...protocol import (
 )
 from ...worker import _coordex_copy as copier
 from .. import _reap, late_output
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Written
-from . import branches
+from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Writer, Written
+from . import branches, keep
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
 START_TIMEOUT = 30.0  # a cold venv on a slow disk can take seconds to import site
@@ -438,7 +441,7 @@ class _WorkerProcess:
                     break
                 if not data:
                     self._eof.add(fd)
-                    with contextlib.suppress(KeyError, ValueError):
+                    with contextlib.suppress(KeyError, ValueError, OSError):
                         self._poll.unregister(fd)
                     break
 
@@ -456,7 +459,7 @@ class _WorkerProcess:
                     return
                 # Every writer closed it (the code closed fd 1, say): stop watching.
                 self._eof.add(fd)
-                with contextlib.suppress(KeyError, ValueError):
+                with contextlib.suppress(KeyError, ValueError, OSError):
                     self._poll.unregister(fd)
                 return
             capture.feed(data)
@@ -724,7 +727,7 @@ class WorkerSession:
 
     def exchange(self, kind: str, reply_type: str, timeout: float,
                  **fields: Any) -> dict[str, Any] | None:
-        """Send one message (a ``snapshot`` or ``restore`` of :mod:`coordex.persist`) and
+        """Send one message (a ``snapshot`` or ``restore``: :mod:`.keep`) and
         return the worker's ``reply_type`` reply; None when the worker did not answer."""
         with self._lock:
             proc = self._proc
@@ -736,7 +739,16 @@ class WorkerSession:
                 self._replace_quietly()
             return reply.message
 
-    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+    # -- capabilities (base.Kept, base.Forkable, base.Checkpointable) ----------------------
+
+    def start_snapshot(self, folder: str, *, attempt: int, through: int, max_bytes: int,
+                       identity: Mapping[str, Any], close: tuple[int, ...] = ()
+                       ) -> Writer | None:
+        return keep.start_snapshot(self, folder, attempt=attempt, through=through,
+                                   max_bytes=max_bytes, identity=identity)
+
+    def restore_snapshot(self, folder: str, replay: list[str], timeout: float) -> Written:
+        return keep.restore_snapshot(self, folder, replay, timeout)
 
     def fork(self, timeout: float) -> Forked:
         return branches.fork(self, timeout)

@@ -9,18 +9,17 @@ snapshot writer of SPEC 12), so the session keeps answering while it is written.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...core.errors import CoordexError
 from ...worker import _coordex_snapshot as snap
+from .. import _kept
+from .._kept import pickler_path
 from ..base import Forked, Written
+from . import keep
 
 if TYPE_CHECKING:
     from .place import OwnSession
@@ -30,8 +29,6 @@ FORK_MAX_BYTES = 1 << 40
 
 
 def fork(session: OwnSession, timeout: float) -> Forked:
-    from ...persist.kinds import pickler_path, restore_own
-
     source = session._require()
     folder = tempfile.mkdtemp(prefix="coordex-fork-")
     try:
@@ -47,7 +44,7 @@ def fork(session: OwnSession, timeout: float) -> Forked:
         new = session._place.open_session()
         state = new._require()
         state.environ = dict(source.environ)
-        report = restore_own(new, Path(folder), [])
+        report = keep.restore_snapshot(new, folder, [])
         if "error" in report:
             new.close()
             raise CoordexError("execution", f"The copy could not be loaded: {report['error']}.",
@@ -60,49 +57,11 @@ def fork(session: OwnSession, timeout: float) -> Forked:
 
 def start_checkpoint(session: OwnSession, folder: str, max_bytes: int
                      ) -> Callable[[float], Written]:
-    from ...persist.kinds import fork_own_snapshot
-
-    started = time.monotonic()
-    pid = fork_own_snapshot(session, Path(folder), attempt=1, through=0, max_bytes=max_bytes,
-                            identity={})
-
-    def finish(timeout: float) -> Written:
-        deadline = time.monotonic() + timeout
-        while True:
-            done, _status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                return {"error": f"the checkpoint was not written within {timeout:g} s"}
-            time.sleep(0.005)
-        return written(folder, started)
-
-    return finish
+    return _kept.start_checkpoint(session, folder, max_bytes)
 
 
 def restore_checkpoint(session: OwnSession, folder: str, timeout: float) -> Written:
-    from ...persist.kinds import restore_own
+    def start_over() -> None:
+        keep.empty(session)
 
-    state = session._require()
-    started = time.monotonic()
-    if not (snap.read_meta(folder) or {}).get("file"):
-        return {"error": "the checkpoint holds no state"}
-    for name in snap.user_names(state.namespace, skip=state.injected):
-        state.namespace.pop(name, None)
-    report: dict[str, Any] = restore_own(session, Path(folder), [])
-    if "error" in report:
-        return report
-    return {"names": report.get("names") or [], "left_out": report.get("left_out") or [],
-            "ms": round((time.monotonic() - started) * 1000.0, 1)}
-
-
-def written(folder: str, started: float) -> Written:
-    """What a snapshot writer left in ``folder``: its size and what it left out."""
-    meta = snap.read_meta(folder) or {}
-    if not meta.get("file"):
-        return {"error": meta.get("problem_why") or "the writer ended without writing"}
-    return {"bytes": int(meta.get("bytes") or 0), "left_out": list(meta.get("left_out") or []),
-            "ms": round((time.monotonic() - started) * 1000.0, 1)}
+    return _kept.restore_checkpoint(session, folder, timeout, start_over)

@@ -16,8 +16,8 @@ from ...core.facts import Ran
 from ...core.messages import PlaceKind
 from ...worker import _coordex_copy as copier
 from .. import isolation
-from ..base import Forked, RunRequest, Written
-from . import branches
+from ..base import Forked, RunRequest, Writer, Written
+from . import branches, keep
 from .interpreter import NamespaceSession, OwnInterpreter
 
 _INSPECT_REPR_LIMIT = 200
@@ -63,7 +63,7 @@ class OwnSession:
     def alive(self) -> bool:
         return self.state is not None
 
-    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+    # -- capabilities (base.Kept, base.Forkable, base.Checkpointable) ----------------------
 
     def fork(self, timeout: float) -> Forked:
         return branches.fork(self, timeout)
@@ -74,13 +74,21 @@ class OwnSession:
     def restore_checkpoint(self, folder: str, timeout: float) -> Written:
         return branches.restore_checkpoint(self, folder, timeout)
 
+    def start_snapshot(self, folder: str, *, attempt: int, through: int, max_bytes: int,
+                       identity: Mapping[str, Any], close: tuple[int, ...] = ()) -> Writer:
+        return keep.start_snapshot(self, folder, attempt=attempt, through=through,
+                                   max_bytes=max_bytes, identity=identity, close=close)
+
+    def restore_snapshot(self, folder: str, replay: list[str], timeout: float) -> Written:
+        return keep.restore_snapshot(self, folder, replay)
+
     def close(self) -> None:
         """Drop every reference this session holds, so its memory can be released."""
         session, self.state = self.state, None
         if session is not None:
             self._place.release(session)
 
-    # -- calls made from code already running in this session (stored functions) -------
+    # -- nested calls (base.RunsNested): from code already running in this session -------
 
     def running_here(self, frame: Any) -> bool:
         """Whether ``frame`` (or a caller of it) runs in this session's namespace."""

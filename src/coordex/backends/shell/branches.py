@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...core.errors import CoordexError
-from ...worker import _coordex_snapshot as snap
+from .. import _kept
 from ..base import Forked, Written
 
 if TYPE_CHECKING:
@@ -29,31 +27,12 @@ if TYPE_CHECKING:
 
 def start_checkpoint(session: ShellSession, folder: str, max_bytes: int
                      ) -> Callable[[float], Written]:
-    from ...persist.kinds import snapshot_bash
-
-    started = time.monotonic()
-    meta = snapshot_bash(session, Path(folder), attempt=1, through=0, max_bytes=max_bytes,
-                         identity={})
-    done: Written = ({"error": meta.get("problem_why") or "the shell's state was not written"}
-                     if not meta.get("file") else
-                     {"bytes": int(meta.get("bytes") or 0), "left_out": [],
-                      "ms": round((time.monotonic() - started) * 1000.0, 1)})
-    return lambda timeout: done
+    return _kept.start_checkpoint(session, folder, max_bytes)
 
 
 def restore_checkpoint(session: ShellSession, folder: str, timeout: float) -> Written:
-    from ...persist.kinds import restore_bash
-
-    started = time.monotonic()
-    if not (snap.read_meta(folder) or {}).get("file"):
-        return {"error": "the checkpoint holds no state"}
-    fresh = session.start_over()
-    if fresh is not None:
-        return {"error": fresh}
-    report: dict[str, Any] = restore_bash(session, Path(folder))
-    if "error" in report:
-        return report
-    return {"names": [], "left_out": [], "ms": round((time.monotonic() - started) * 1000.0, 1)}
+    """A fresh shell, then the dump sourced in it: nothing set after the checkpoint stays."""
+    return _kept.restore_checkpoint(session, folder, timeout, session.start_over)
 
 
 def fork(session: ShellSession, timeout: float) -> Forked:

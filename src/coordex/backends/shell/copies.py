@@ -58,6 +58,31 @@ NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
 # variables (a copy's PWD too: the log speaks of names, as for Python), the above, and
 # two a non-interactive bash sets for itself where the session's has none.
 _NOT_NAMES = VOLATILE_VARIABLES | NOT_RESTORED | {"BASH_COMPAT", "COMP_WORDBREAKS"}
+
+
+def dump_state(target: str, *, options: str, reset: str, after: str, before: str = "",
+               opening: str = "") -> str:
+    """The one bash text that writes a shell's state to ``target`` (quoted), from a
+    subshell, so the session's own state (``$?`` aside) is untouched: a protected copy's
+    state file (:meth:`ProtectedCopy.dump_command`) and a snapshot or checkpoint
+    (:mod:`.keep`) are both this dump.
+
+    The ``shopt``/``set`` options come first, as a function named ``options`` that the
+    state calls once everything else is restored; ``reset`` then turns off the user's
+    -e/-u/-f in the subshell. What is not restored is unset there, so one ``declare -p``
+    prints the rest (bash's read-only ones stay, and fail harmlessly when sourced). One
+    pass: ``${!a@}`` per letter costs ~1 ms. ``before`` runs first, ``opening`` starts
+    the file, ``after`` (commands, each ending in ``;``) adds what the state ends with.
+    """
+    return (
+        f"( {before}"
+        f"{{ \\builtin printf '{opening}%s() {{\\n' {options}; \\builtin shopt -p; "
+        f"\\builtin set +o; \\builtin printf ':\\n}}\\n'; }} >| {target} 2>/dev/null\n"
+        f"{reset}\n"
+        f"\\builtin unset -v {' '.join(sorted(NOT_RESTORED))} 2>/dev/null\n"
+        f"{{ \\builtin declare -p; \\builtin declare -f; \\builtin alias -p; "
+        f"{after}}} >> {target} 2>/dev/null )"
+    )
 # The copy's bash runs `-c SCRIPT bash`: SCRIPT sources the state (from an fd the
 # launcher placed at _STATE_FD: the copy's view of the private folder may be an overlay
 # mounted before the state was written; errors silenced, and `|| :` keeps -e from
@@ -256,28 +281,20 @@ class ProtectedCopy:
         """
         q = _shell_quote
         p = PRIVATE_PREFIX
-        state = q(self.state_file)
         restore_tail = (f"{_OPTIONS_FUNCTION}; \\builtin unset -f {_OPTIONS_FUNCTION}\n"
                         "\\builtin set +xv\n")
-        return (
-            # Note the trace flags (the driver line turned them on for this text), then
-            # work untraced. The state first closes its fd (bash has read the file; no
-            # function named exec exists yet: `builtin exec` would not keep the change).
-            # The options, saved first, become a function the state calls once
-            # everything else is restored; then the user's -e/-u/-f go off here.
-            f"( {{ {p}f=; [[ $- == *x* ]] && {p}f+='set -x; '; "
-            f"[[ $- == *v* ]] && {p}f+='set -v; '; \\builtin set +xv; }} 2>/dev/null\n"
-            f"{{ \\builtin printf '\\\\exec {_STATE_FD}<&-\\n%s() {{\\n' {_OPTIONS_FUNCTION}; "
-            f"\\builtin shopt -p; \\builtin set +o; \\builtin printf ':\\n}}\\n'; }} >| {state} 2>/dev/null\n"
-            f"\\builtin set +euf; \\builtin printf %s \"${p}f\"\n"
-            # What is not restored is unset in this throwaway subshell, so one
-            # `declare -p` prints the rest (bash's read-only ones stay, and fail
-            # harmlessly in the copy). One pass: `${!a@}` per letter costs ~1 ms.
-            f"\\builtin unset -v {' '.join(sorted(NOT_RESTORED))} 2>/dev/null\n"
-            f"{{ \\builtin declare -p; \\builtin declare -f; \\builtin alias -p; "
-            f"\\builtin printf 'set --'; (($#)) && \\builtin printf ' %q' \"$@\"; "
-            f"\\builtin printf %s {q(chr(10) + restore_tail)}; }} >> {state} 2>/dev/null )"
-        )
+        # Note the trace flags (the driver line turned them on for this text), then work
+        # untraced. The state first closes its fd (bash has read the file; no function
+        # named exec exists yet: `builtin exec` would not keep the change); then the
+        # user's -e/-u/-f go off here, and the trace flags are printed.
+        return dump_state(
+            q(self.state_file), options=_OPTIONS_FUNCTION,
+            before=(f"{{ {p}f=; [[ $- == *x* ]] && {p}f+='set -x; '; "
+                    f"[[ $- == *v* ]] && {p}f+='set -v; '; \\builtin set +xv; }} 2>/dev/null\n"),
+            opening=f"\\\\exec {_STATE_FD}<&-\\n",
+            reset=f"\\builtin set +euf; \\builtin printf %s \"${p}f\"",
+            after=(f"\\builtin printf 'set --'; (($#)) && \\builtin printf ' %q' \"$@\"; "
+                   f"\\builtin printf %s {q(chr(10) + restore_tail)}; "))
 
     def go_text(self, code: str, flags: str) -> str:
         """What the child splices into its script: the trace flags, then the code.

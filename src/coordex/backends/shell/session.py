@@ -25,8 +25,8 @@ from ...core.facts import Ran
 from ...core.messages import PlaceKind
 from ...diskspace import free_bytes
 from .. import _reap, isolation
-from ..base import Forked, RunRequest, Written
-from . import branches, launcher
+from ..base import Forked, RunRequest, Writer, Written
+from . import branches, keep, launcher
 from .copies import CopySlot, ProtectedCopy
 from .process import Ending, Shell, Stream, shell_env
 from .wire import DUMP as _DUMP
@@ -228,7 +228,15 @@ class ShellSession:
                 self._launcher.close()
                 self._launcher = None
 
-    # -- capabilities (base.Forkable, base.Checkpointable) --------------------------------
+    # -- capabilities (base.Kept, base.Forkable, base.Checkpointable) ----------------------
+
+    def start_snapshot(self, folder: str, *, attempt: int, through: int, max_bytes: int,
+                       identity: Mapping[str, Any], close: tuple[int, ...] = ()) -> Writer:
+        return keep.start_snapshot(self, folder, attempt=attempt, through=through,
+                                   max_bytes=max_bytes, identity=identity)
+
+    def restore_snapshot(self, folder: str, replay: list[str], timeout: float) -> Written:
+        return keep.restore_snapshot(self, folder)
 
     def fork(self, timeout: float) -> Forked:
         return branches.fork(self, timeout)
