@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from coordex import Executor
+from coordex.backends import late_output
 from coordex.backends.base import Checkpointable, Forkable, Kept, RunsNested
 from coordex.backends.env.workers import WorkerSession
 from coordex.backends.own import OwnSession
@@ -520,6 +521,66 @@ def test_output_written_after_its_call_returned_lands_in_no_later_call(at: At) -
     mine = "echo mine" if at.place.language == "bash" else "print('mine')"
     r = at.run(mine, state_mode="stateful", session_name="bg")
     assert (r["stdout"], r["stderr"]) == ("mine\n", ""), r
+
+
+# A writer the first call leaves running: a marker every 10 ms for 2 s on both streams,
+# then it leaves a file named DONE, which says it was not stopped by its lost readers.
+BACKGROUND_WRITERS = {
+    ("bash", "process"): "(for i in $(seq 200); do echo BG; echo BG >&2; sleep 0.01; done; "
+                         "touch DONE) &",
+    ("python", "process"): (
+        "import subprocess\n_bg = subprocess.Popen(['sh', '-c', 'for i in $(seq 200); do "
+        "echo BG; echo BG >&2; sleep 0.01; done; touch DONE'])"),
+    ("python", "thread"): (
+        "import sys, threading, time\n"
+        "def _bg():\n"
+        "    for _ in range(200):\n"
+        "        print('BG', flush=True); print('BG', file=sys.stderr, flush=True)\n"
+        "        time.sleep(0.01)\n"
+        "    open('DONE', 'w').close()\n"
+        "threading.Thread(target=_bg, daemon=True).start()"),
+}
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_output_written_while_a_later_call_runs_lands_in_no_later_call(
+        at: At, writer: str, tmp_path: Path) -> None:
+    """SPEC 6 (soak S4): a background writer an earlier call left running wrote into
+    the later calls that ran while it wrote (bash, an environment; the own interpreter's
+    threads too). A call's result holds what its own code wrote, and nothing else."""
+    code = BACKGROUND_WRITERS.get((at.place.language, writer))
+    if code is None:
+        pytest.skip("bash starts no threads")
+    done = tmp_path / "DONE"
+    code = code.replace("DONE", str(done))
+    dropped = late_output.dropped()
+    first = at.run(code, state_mode="stateful", session_name="bg")
+    assert "error" not in first, first
+    mine = ("sleep 0.5; echo mine" if at.place.language == "bash" else
+            "import time\ntime.sleep(0.5)\nprint('mine')")
+    for _ in range(2):
+        r = at.run(mine, state_mode="stateful", session_name="bg")
+        assert (r["stdout"], r["stderr"]) == ("mine\n", ""), r
+    # A fork of the session made while the writer writes: its calls are its own too.
+    forked = at.ex.fork_session(session_name="bg", language=at.place.language,
+                                venv_id=at.venv_id, new_name="bg-fork")
+    assert "error" not in forked, forked
+    r = at.run(mine, state_mode="stateful", session_name="bg-fork")
+    assert (r["stdout"], r["stderr"]) == ("mine\n", ""), r
+    # The writer wrote on to its end: losing its call's readers did not stop it.
+    deadline = time.monotonic() + 10
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists()
+    if (at.place.language, writer) == ("python", "process"):
+        at.run("_bg.wait()", state_mode="stateful", session_name="bg")
+    if at.place.id != "own" and writer == "process":
+        # Read and dropped by the host, and the retired pipes closed once it ended.
+        assert late_output.dropped() > dropped
+        deadline = time.monotonic() + 5
+        while any(t.name == "coordex-late-output" for t in threading.enumerate()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
 
 
 @pytest.mark.parametrize("when", ["idle", "mid-call"])

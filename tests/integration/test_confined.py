@@ -67,6 +67,16 @@ def test_output_streams_while_the_call_runs(confined: ConfinedExecutor) -> None:
     assert first[0] == "stdout" and first[2] - started < result["duration_ms"] / 1000
 
 
+def test_a_background_job_writes_into_no_later_call_in_the_jail(
+        confined: ConfinedExecutor) -> None:
+    """SPEC 6 in a jail too: each bash call's code opens its own output pipes there
+    (the jail's /proc), so a job an earlier call left running writes into no later call."""
+    confined.execute_code("(for i in $(seq 100); do echo BG; echo BG >&2; sleep 0.01; "
+                          "done) &", language="bash", state_mode="stateful")
+    r = confined.execute_code("sleep 0.5; echo mine", language="bash", state_mode="stateful")
+    assert (r["stdout"], r["stderr"]) == ("mine\n", ""), r
+
+
 def test_a_dead_host_is_restarted_with_state_lost(confined: ConfinedExecutor) -> None:
     confined.execute_code("kept = 1", state_mode="stateful")
     died = confined.execute_code("import os; os._exit(3)")

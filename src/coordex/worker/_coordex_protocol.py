@@ -40,7 +40,7 @@ MESSAGES: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
     "hello": (WORKER_TO_HOST, ("protocol", "python", "pid"), ("fork", "executable")),
     "capabilities": (HOST_TO_WORKER, ("names",), ()),
     "run": (HOST_TO_WORKER, ("id", "code", "mode", "output_limit"),
-            ("timeout", "protect", "scratch", "capabilities", "env")),
+            ("timeout", "protect", "scratch", "capabilities", "env", "outputs")),
     "capability_call": (WORKER_TO_HOST, ("id", "name", "args", "kwargs"), ()),
     "capability_result": (HOST_TO_WORKER, ("id",), ("value", "error")),
     "done": (WORKER_TO_HOST, ("id", "result", "error", "interrupted", "images"),

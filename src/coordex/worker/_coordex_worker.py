@@ -83,6 +83,7 @@ class _State:
     copy_link: Optional[copier.Link] = None  # in a read-only copy: the link to this worker
     # fd -> (a private copy, its identity): fds 1 and 2 as the host gave them.
     std_fds: Dict[int, Tuple[int, Tuple[int, int]]] = {}
+    per_call = False  # runs name their own output pipes (attach_outputs)
 
 
 class Channel:
@@ -367,6 +368,114 @@ def restore_std_fds() -> None:
             setattr(sys, "__%s__" % name, fresh)
 
 
+def attach_outputs(msg: Dict[str, Any]) -> None:
+    """Fds 1 and 2 become writers of this call's own on the host's output pipes, which
+    the run names (``outputs``, docs/protocol.md); :func:`detach_outputs` closes them
+    before ``done``. What a process or thread an earlier call left running writes then
+    goes elsewhere (SPEC 6): the earlier call's pipes, or ``/dev/null``."""
+    if not _State.per_call:
+        start_per_call()
+    outputs = msg["outputs"]
+    for fd, path in ((1, outputs[0]), (2, outputs[1])):
+        try:
+            new = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # the host has gone; nothing will read it
+        if new != fd:  # (the code may have closed fd 1 or 2: then it got that number)
+            os.dup2(new, fd)
+            os.close(new)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = getattr(sys, name)
+        if stream is None or getattr(stream, "closed", True):
+            fresh = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                     errors="backslashreplace", write_through=True)
+            setattr(sys, name, fresh)
+            setattr(sys, "__%s__" % name, fresh)
+
+
+def start_per_call() -> None:
+    """The first run naming its pipes: the copies of fds 1 and 2 kept since the start
+    (:func:`keep_std_fds`) are writers the host would wait on for ever; they go."""
+    _State.per_call = True
+    for copy, _identity in _State.std_fds.values():
+        try:
+            os.close(copy)
+        except OSError:
+            pass
+    _State.std_fds = {}
+
+
+def detach_outputs() -> None:
+    """Flush, then point fds 1 and 2 at ``/dev/null``: no writer of this process is
+    left on the call's pipes, so one the host still sees there is a process the code
+    left running."""
+    _flush_user_streams()
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    for fd in (1, 2):
+        if null != fd:
+            os.dup2(null, fd)
+    if null > 2:  # (with fd 1 or 2 closed by the code, it took that number)
+        os.close(null)
+
+
+class _ThreadFilter(io.TextIOBase):
+    """sys.stdout/sys.stderr during a call while threads an earlier call started run:
+    their writes are dropped (SPEC 6), every other thread's go through."""
+
+    def __init__(self, stream: Any, old: Any) -> None:
+        super().__init__()
+        self.stream = stream
+        self._old = old
+
+    def write(self, text: str) -> int:
+        import threading
+
+        if threading.current_thread() in self._old:
+            return len(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.stream, item)
+
+
+def filter_old_threads() -> Optional[Tuple[Any, Any]]:
+    """Before a stateful call: if threads an earlier call started still run, wrap
+    sys.stdout/sys.stderr so their prints reach no later call; what to put back."""
+    threading = sys.modules.get("threading")
+    if threading is None or threading.active_count() <= 1:
+        return None
+    current = threading.current_thread()
+    old = frozenset(t for t in threading.enumerate() if t is not current)
+    saved = (sys.stdout, sys.stderr)
+    sys.stdout = _ThreadFilter(sys.stdout, old)
+    sys.stderr = _ThreadFilter(sys.stderr, old)
+    return saved
+
+
+def unfilter_threads(saved: Optional[Tuple[Any, Any]]) -> None:
+    if saved is None:
+        return
+    if isinstance(sys.stdout, _ThreadFilter):
+        sys.stdout = saved[0]
+    if isinstance(sys.stderr, _ThreadFilter):
+        sys.stderr = saved[1]
+
+
 def _changed_names(before: Dict[str, Any], namespace: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     """User names a cell rebound (by identity) and deleted, given a copy from before it."""
     missing = _MISSING
@@ -624,6 +733,8 @@ def _copy_child_main(msg: Dict[str, Any], namespace: Dict[str, Any], out_fd: int
         outcome.update(isolation=isolation, id=msg["id"], type="done")
         _flush_user_streams()
         copier.end_descendants()  # what the code started ends with the copy
+        if "outputs" in msg:
+            detach_outputs()
         link.send(outcome)
         copier.step_aside()
         os.close(out_fd)
@@ -761,10 +872,14 @@ def _child_main(msg: Dict[str, Any], namespace: Dict[str, Any], result_fd: int) 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if "capabilities" not in msg:  # forked on demand, not a prepared standby
             namespace = fresh_namespace()
+        if "outputs" in msg:
+            attach_outputs(msg)
         enter_call_env(msg)
         outcome = copier.run_cell(msg["code"], namespace, msg["output_limit"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _flush_user_streams()
+        if "outputs" in msg:
+            detach_outputs()  # before `done`: the host then sees who else holds them
         outcome["id"] = msg["id"]
         outcome["type"] = "done"
         line = wire.encode(outcome)
@@ -809,13 +924,26 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
             if kind == "capabilities":
                 set_capabilities(namespace, msg["names"])
             elif kind == "run":
-                restore_std_fds()
+                # The run's own pipes: a stateless run's fork child attaches them itself
+                # (a standby was forked before this run named them).
+                attached = "outputs" in msg and msg["mode"] != "stateless"
+                if "outputs" not in msg:
+                    restore_std_fds()
+                elif attached:
+                    attach_outputs(msg)
+                elif not _State.per_call:
+                    start_per_call()
+                    detach_outputs()
+                filtered = filter_old_threads() if msg["mode"] == "stateful" else None
                 if msg["mode"] == "stateful":
                     outcome = run_stateful(msg, namespace)  # type: Optional[Dict[str, Any]]
                 elif msg["mode"] == "read_only":
                     outcome = run_read_only(msg, namespace)
                 else:
                     outcome = run_forked(msg, namespace)
+                unfilter_threads(filtered)
+                if attached:
+                    detach_outputs()
                 if outcome is not None:  # else the fork child has sent `done` itself
                     _flush_user_streams()
                     outcome["id"] = msg["id"]
@@ -874,6 +1002,7 @@ def fork_session(msg: Dict[str, Any], channel: Channel, namespace: Dict[str, Any
             os.close(msg_w)
             os.close(result_r)
         _State.standbys, _State.unreaped, _State.fork_child = [], [], 0
+        _State.per_call = False  # its first run drops the copies kept here
         keep_std_fds()
         restore_std_fds()
         forked = Channel(in_fd, out_fd)

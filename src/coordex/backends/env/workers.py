@@ -18,8 +18,11 @@ How it works:
   forked and warmed up (under a millisecond, against ten or more for an interpreter
   start). Idle templates are pooled so parallel stateless calls do not queue.
 
-A call is one conversation on the protocol pipes; ``select.poll`` waits on them, after a
-short spin for in-process cells (see ``_converse``).
+A call is one conversation on the protocol pipes; ``select.epoll`` waits on them, after
+a short spin for in-process cells (see ``_converse``). Each run's code writes to output
+pipes of its own (the run names them; module ``late_output``): a pipe something the
+code started still holds when ``done`` arrives is retired, and what that writes later is
+dropped - never a later call's output (SPEC 6).
 
 Every outcome is a plain dict (``backends.base``); failures are SPEC error dicts.
 """
@@ -59,7 +62,7 @@ from ...protocol import (
     to_wire,
 )
 from ...worker import _coordex_copy as copier
-from .. import _reap
+from .. import _reap, late_output
 from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Writer, Written
 from . import branches, keep
 
@@ -73,6 +76,7 @@ END_MARGIN = 0.2
 SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
+_OUTPUT_EVENTS = select.EPOLLIN | select.EPOLLET  # how the output pipes are watched
 _PIPE_SIZE = 1 << 20
 RunMode = StateMode  # the state mode, defined once (core.coordinates)
 # A read-only run whose copy never reported: no code of it ran against the session.
@@ -217,11 +221,24 @@ class _WorkerProcess:
         copier.hold(self._to_worker, self._from_worker, self._out_r, self._err_r)
         self._eof: set[int] = set()
         self._reader = LineReader(self._from_worker)
-        # poll() rather than selectors: this sits on every call's path, and the
-        # selectors layer costs more than the system call it wraps.
-        self._poll = select.poll()
-        for fd in (self._from_worker, self._out_r, self._err_r):
-            self._poll.register(fd, select.POLLIN)
+        # Each call's code opens writers of its own on the output pipes (module
+        # late_output); each run names them, and the worker holds none between calls.
+        self.outputs: list[str] | None = None
+        if late_output.per_call_pipes_work(self._out_r):
+            self.outputs = [late_output.writer_path(self._out_r),
+                            late_output.writer_path(self._err_r)]
+        # epoll rather than selectors: this sits on every call's path, and the
+        # selectors layer costs more than the system call it wraps. The output pipes
+        # are watched edge-triggered: between calls they have no writer, a hang-up
+        # poll() would report again and again.
+        self._poll = select.epoll()
+        self._poll.register(self._from_worker, select.EPOLLIN)
+        for fd in (self._out_r, self._err_r):
+            self._poll.register(fd, _OUTPUT_EVENTS)
+        self._outputs = select.poll()  # at a call's end: what is left, who hung up
+        for fd in (self._out_r, self._err_r):
+            self._outputs.register(fd, select.POLLIN)
+        copier.hold(self._poll.fileno())
 
     def _handshake(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -235,14 +252,15 @@ class _WorkerProcess:
                     f"The Python worker ({self.python}) did not announce itself within "
                     f"{timeout:g} s.", "Check that the interpreter starts (run it by hand); "
                     "a very slow disk may need a larger start timeout.", _tail(log))
-            for fd, _ in self._poll.poll(left * 1000):
-                data = self._read(fd)
+            for fd, _ in self._poll.poll(left):
                 if fd == self._from_worker:
+                    data = self._read(fd)
                     if not data:
                         eof = True
                     lines.extend(self._reader.feed(data))
-                elif data:
-                    log += data
+                else:
+                    while data := self._read(fd):  # edge-triggered: all of it
+                        log += data
         if not lines:
             self._proc.wait()
             raise WorkerStartError(
@@ -327,7 +345,8 @@ class _WorkerProcess:
                   capabilities: CapabilityHost | None, fork_child: bool) -> _Reply:
         # SPEC 6: what a process an earlier call started wrote since that call returned
         # is no call's output: it is dropped before this call begins.
-        self._drop_stale_output()
+        if self.outputs is None:
+            self._drop_stale_output()
         captures = {self._out_r: StreamCapture("stdout", request),
                     self._err_r: StreamCapture("stderr", request)}
         reply = _Reply()
@@ -372,9 +391,10 @@ class _WorkerProcess:
             wait = 0.0 if now < spin_until else max(escalate_at - now, 0.0)
             if cancel is not None:
                 wait = min(wait, _CANCEL_POLL)
-            for fd, _ in self._poll.poll(wait * 1000):
+            for fd, events in self._poll.poll(wait):
                 if fd in captures:
-                    self._pump(fd, captures[fd])
+                    if events & select.EPOLLIN:  # (a hang-up alone: nothing to read)
+                        self._pump(fd, captures[fd])
                     continue
                 data = self._read(fd)
                 if not data:
@@ -393,12 +413,22 @@ class _WorkerProcess:
         # Pipes are synchronous: whatever the worker (or a fork child that has exited)
         # wrote to fds 1/2 before `done` is already in the pipes, so one non-blocking
         # drain completes the call's output. Only a background process the code left
-        # running can write later; the next call drops that before it begins.
-        ready = {fd for fd, _ in self._poll.poll(0)}
-        for fd, capture in captures.items():
-            if fd in ready:
-                self._pump(fd, capture, drain=True)
+        # running can write later: it holds a writer still (no hang-up), so its pipe is
+        # retired and what it writes is dropped (late_output); without per-call pipes
+        # the next call drops what waits before it begins.
+        held = set(captures)
+        for fd, events in self._outputs.poll(0):
+            if events & select.POLLIN:
+                self._pump(fd, captures[fd], drain=True)
+            if events & select.POLLHUP:
+                held.discard(fd)
+        for capture in captures.values():
             capture.finish()
+        if self.outputs is not None:
+            for fd in held:
+                self._poll.unregister(fd)
+                late_output.renew(fd, self)
+                self._poll.register(fd, _OUTPUT_EVENTS)
         return self._collect(reply, captures)
 
     def _drop_stale_output(self) -> None:
@@ -411,7 +441,7 @@ class _WorkerProcess:
                     break
                 if not data:
                     self._eof.add(fd)
-                    with contextlib.suppress(KeyError, ValueError):
+                    with contextlib.suppress(KeyError, ValueError, OSError):
                         self._poll.unregister(fd)
                     break
 
@@ -425,9 +455,11 @@ class _WorkerProcess:
             except OSError:
                 data = b""
             if not data:
+                if self.outputs is not None:  # no writer now (edge-triggered: once)
+                    return
                 # Every writer closed it (the code closed fd 1, say): stop watching.
                 self._eof.add(fd)
-                with contextlib.suppress(KeyError, ValueError):
+                with contextlib.suppress(KeyError, ValueError, OSError):
                     self._poll.unregister(fd)
                 return
             capture.feed(data)
@@ -514,7 +546,10 @@ class _WorkerProcess:
         if getattr(self, "_fds_released", False):
             return
         self._fds_released = True
-        copier.release(self._to_worker, self._from_worker, self._out_r, self._err_r)
+        late_output.forget(self)
+        copier.release(self._to_worker, self._from_worker, self._out_r, self._err_r,
+                       self._poll.fileno())
+        self._poll.close()
         for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -618,6 +653,8 @@ def _run_once(proc: _WorkerProcess, request: RunRequest, mode: RunMode,
         fields.update(protect=list(request.protect_paths), scratch=request.scratch)
     if request.env:  # the call's trace context (SPEC 16)
         fields["env"] = dict(request.env)
+    if proc.outputs is not None:  # the pipes this call's code writes to
+        fields["outputs"] = proc.outputs
     msg = message("run", id=proc.next_id(), code=request.code, mode=mode,
                   output_limit=request.result_limit, timeout=request.timeout, **fields)
     return proc.converse(msg, "done", request, capabilities, fork_child=mode != "stateful")

@@ -27,9 +27,9 @@ How it works:
 - Output: ``sys.stdout``/``sys.stderr`` are wrapped for the duration of each call by
   proxies that route each write to the call it belongs to: the call running on the
   writing thread, or for a thread the code started (``threading.Thread.start``
-  records the call) that call while it runs, then the session's next call; a thread
-  of an ended call whose session runs nothing now writes nowhere, and never into
-  another session's call; a host thread's prints wait and reach the host's stream
+  records the call) that call while it runs; a thread of an ended call writes
+  nowhere (SPEC 6: never into a later call, of its session or another); a host
+  thread's prints wait and reach the host's stream
   once the call ended. Lone surrogates are escaped (``\\udce9``) as in every place.
   File descriptors 1/2 (child processes, C code) point at pipes whose reader thread
   streams them to the running call, and fd 0 is ``/dev/null`` so nothing waits on

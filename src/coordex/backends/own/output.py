@@ -48,8 +48,8 @@ class Call:
 
     The call's own thread finds it in ``local.call``; a thread its code starts carries
     it as ``_coordex_call`` (set by :func:`_start_with_origin`), so the thread's prints
-    reach this call while it runs, then the next call of the same session, and never a
-    call of another session.
+    reach this call while it runs and no call once it returned (SPEC 6), of this
+    session or another.
     """
 
     __slots__ = ("err", "open", "out", "session", "threads")
@@ -82,18 +82,21 @@ def _current_call() -> Call | None:
 
 def _target_call() -> Call | None:
     """Where a write from this thread goes: a call, None (the host's stream) or
-    ``_NOWHERE`` (a thread whose call is over and whose session runs nothing now)."""
+    ``_NOWHERE`` (a thread whose call is over: SPEC 6, what it writes after its call
+    returned is no call's output, not even its own session's next one)."""
     call = _current_call()
     if call is None or call.open:
         return call
-    session = call.session
-    current = session.current if session is not None else None
-    return current if current is not None else _NOWHERE
+    return _NOWHERE
 
 
 def current_mark() -> str | None:
-    """The mark of the session whose code runs on this thread (or started it), if any."""
-    call = _target_call()
+    """The mark of the session whose code runs on this thread (or started it, while
+    that session runs a call), if any."""
+    call = _current_call()
+    if call is not None and not call.open:
+        session = call.session
+        call = session.current if session is not None else None
     session = call.session if call is not None else None
     return session.mark if session is not None else None
 

@@ -10,13 +10,18 @@ the next one, every variable, function, alias, option and the cwd intact). ``+m`
 turns job control off, so background jobs stay in the shell's process group (close()
 reaps them) and ignore SIGINT (a timeout never kills them).
 
-Bash's own fd 2 is a private *status pipe*; the user's stderr reaches it at a high fd.
+Bash's own fd 2 is a private *status pipe*, its fd 1 ``/dev/null``. The user's stdout
+and stderr are two pipes the host reads and bash holds no writer on: each call's code
+opens writers of its own on them by path (``/proc/HOST/fd/N``) and closes them when it
+ends, so a pipe still held after a call is held by a job the call left running, and is
+retired (:mod:`..late_output`): that job's later output is dropped, never another
+call's. (Without ``/proc``, bash keeps the pipes and every call shares them.)
 Each call is one *trigger line* on bash's stdin: assignments of the call number, of
 the code as one ``$'...'`` word, and of ``PROMPT_COMMAND`` to a fixed *runner*. Bash
 runs PROMPT_COMMAND after the line, non-interactively (no ``[1] 1234`` job notices,
 no ``exit`` echo) and at the top level (``declare`` makes globals). The runner unsets
 PROMPT_COMMAND, sources a nameless file (``/dev/fd/N``) whose one line evals the code
-with stdin at /dev/null, the user's stderr moved onto fd 2 and our fds closed -
+with stdin at /dev/null, the call's output pipes on fds 1 and 2 and our fds closed -
 sourced so that bash cleans finished foreground jobs out of its job table and
 ``return`` ends the code - and then sets PS1 to the *record* ``TOKEN r CALL STATUS
 FLAGS``. Bash prints PS1 to its fd 2 (the status pipe) just before it reads the next
@@ -61,7 +66,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...worker import _coordex_copy as copier
-from .. import _reap
+from .. import _reap, late_output
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
 from .wire import SYNC_ALIASES as _SYNC_ALIASES
 from .wire import ShellProtocol as _Protocol
@@ -138,6 +143,8 @@ class Ending:
 
 
 _STDOUT, _STDERR, _STATUS, _STDIN, _PIDFD = range(5)
+# How the output pipes are watched during a call (see Shell.__init__).
+_OUTPUT_EVENTS = select.EPOLLIN | select.EPOLLET
 
 
 class Shell:
@@ -149,34 +156,42 @@ class Shell:
         token = secrets.token_hex(8)
         self.token = token.encode()
         status_r, status_w = os.pipe()
+        out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        # The user's stderr reaches bash at a high fd; bash's own fd 2 is the status pipe.
+        # Each call's code opens writers of its own on the two pipes (late_output); bash
+        # holds none. Without /proc, bash keeps them as before: its fd 1, and the user's
+        # stderr at a high fd (bash's own fd 2 is the status pipe).
+        self.per_call = late_output.per_call_pipes_work(out_r)
         child_err = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, PRIVATE_FD_FLOOR)
         os.close(err_w)
         runner_fd = _anonymous_file()
+        outputs = ((late_output.writer_path(out_r), late_output.writer_path(err_r))
+                   if self.per_call else None)
         # Above the fixed private numbers (copies.py: _STATE_FD ... _CHANGES_FD) and both
         # passed fds.
         out_fd = max(child_err, runner_fd, PRIVATE_FD_FLOOR + 15) + 1
         # The numbers our fds have inside bash: a fork of it keeps them (fork_line).
         self.private_fds = (child_err, runner_fd, out_fd)
-        protocol = _Protocol.build(token, child_err, runner_fd, out_fd)
+        protocol = _Protocol.build(token, child_err, runner_fd, out_fd, outputs=outputs)
         try:
             os.write(runner_fd, protocol.runner)
             self._proc = _reap.spawn(
-                BASH_ARGV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=status_w,
-                env=dict(env), cwd=cwd, pass_fds=(child_err, runner_fd), bufsize=0,
+                BASH_ARGV, stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL if self.per_call else out_w, stderr=status_w,
+                env=dict(env), cwd=cwd,
+                pass_fds=(runner_fd,) if self.per_call else (child_err, runner_fd),
+                bufsize=0,
             )
         except BaseException:
-            for fd in (status_r, err_r):
+            for fd in (status_r, err_r, out_r):
                 os.close(fd)
             raise
         finally:
-            for fd in (status_w, child_err, runner_fd):
+            for fd in (status_w, child_err, runner_fd, out_w):
                 os.close(fd)
         self.family = self._proc.pid  # its process session (forks of it share it)
-        assert self._proc.stdin and self._proc.stdout
-        self._attach(protocol, self._proc.stdin.fileno(), self._proc.stdout.fileno(), err_r,
-                     status_r)
+        assert self._proc.stdin
+        self._attach(protocol, self._proc.stdin.fileno(), out_r, err_r, status_r)
         self._start()
 
     @classmethod
@@ -191,6 +206,7 @@ class Shell:
         """
         folder = tempfile.mkdtemp(prefix="coordex-bash-fork-")
         fds: list[int] = []
+        runner = -1
         try:
             for name in ("in", "out", "err", "status"):
                 os.mkfifo(os.path.join(folder, name), 0o600)
@@ -200,9 +216,19 @@ class Shell:
             fds += [os.open(os.path.join(folder, name),
                             os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                     for name in ("out", "err", "status")]
-            child_err, _runner, out_fd = source.private_fds
-            ending = source.exchange_line(
-                _fork_line(folder, child_err, out_fd).encode(), timeout)
+            child_err, runner_fd, out_fd = source.private_fds
+            token = secrets.token_hex(8)
+            if source.per_call:  # its calls open the fork's pipes, named by its own runner
+                outputs = (late_output.writer_path(fds[1]), late_output.writer_path(fds[2]))
+                protocol = _Protocol.build(token, *source.private_fds, outputs=outputs)
+                runner = _anonymous_file()
+                os.write(runner, protocol.runner)
+                line = _fork_line(folder, child_err, out_fd,
+                                  (runner_fd, late_output.writer_path(runner)))
+            else:
+                protocol = _Protocol.build(token, *source.private_fds)
+                line = _fork_line(folder, child_err, out_fd)
+            ending = source.exchange_line(line.encode(), timeout)
             if ending.timed_out or not ending.survived:
                 raise RuntimeError("the shell did not fork")
             deadline = time.monotonic() + timeout
@@ -222,10 +248,9 @@ class Shell:
             # the family lives, its group spared when the source closes.
             self.family = source.family
             self.framed = True
+            self.per_call = source.per_call
             _reap.join_family(self.family, pid)
-            token = secrets.token_hex(8)
             self.token = token.encode()
-            protocol = _Protocol.build(token, *source.private_fds)
             self._attach(protocol, *fds)
             fds = []  # the fork's now
             self._start()
@@ -233,6 +258,8 @@ class Shell:
         finally:
             for fd in fds:
                 os.close(fd)
+            if runner >= 0:  # the fork has its own open of it by now (or is gone)
+                os.close(runner)
             shutil.rmtree(folder, ignore_errors=True)
 
     def exchange_line(self, line: bytes, timeout: float) -> Ending:
@@ -268,16 +295,19 @@ class Shell:
         self._setup, self._trigger = protocol.setup, protocol.trigger
         self._kinds = {self._stdout: _STDOUT, self._stderr: _STDERR,
                        self._status_r: _STATUS, self._stdin: _STDIN}
-        self._poller = select.poll()
-        for fd in (self._stdout, self._stderr, self._status_r):
-            self._poller.register(fd, select.POLLIN)
+        # epoll: the output pipes are watched edge-triggered (between calls nobody
+        # writes to them, and poll would report that hang-up again and again).
+        self._poller = select.epoll()
+        for fd in (self._stdout, self._stderr):
+            self._poller.register(fd, _OUTPUT_EVENTS)
+        self._poller.register(self._status_r, select.EPOLLIN)
         self._outputs = select.poll()
         for fd in (self._stdout, self._stderr):
             self._outputs.register(fd, select.POLLIN)
         self._pidfd: int | None = None
         try:
             self._pidfd = os.pidfd_open(self.pid)
-            self._poller.register(self._pidfd, select.POLLIN)
+            self._poller.register(self._pidfd, select.EPOLLIN)
             self._kinds[self._pidfd] = _PIDFD
         except (AttributeError, OSError):
             self._pidfd = None
@@ -285,7 +315,7 @@ class Shell:
 
     def _held(self) -> list[int]:
         return [fd for fd in (self._stdin, self._stdout, self._stderr, self._status_r,
-                              self._pidfd) if fd is not None]
+                              self._pidfd, self._poller.fileno()) if fd is not None]
 
     def _start(self) -> None:
         # History off (and no file to write it to), aliases on, the runner stored. What
@@ -320,9 +350,11 @@ class Shell:
             self._top_verbose = self._verbose
             line = (b"\\builtin set -v; " if self._verbose else b"\\builtin set +v; ") + line
         out, err = Stream("stdout", request), Stream("stderr", request)
-        # SPEC 6: what a background job of an earlier call wrote since that call returned
-        # is no call's output: it is dropped before this call begins.
-        self._drop_stale_output()
+        if not self.per_call:
+            # SPEC 6: what a background job of an earlier call wrote since that call
+            # returned is no call's output: it is dropped before this call begins.
+            # (With per-call pipes, nothing the earlier call started writes here.)
+            self._drop_stale_output()
         ending = self.exchange(line, self._number, request, streams=(out, err), spin=spin)
         if not ending.survived and not self.says_go:
             ending.started = True  # a bash without PS0 cannot tell: assume it started
@@ -338,7 +370,7 @@ class Shell:
             line = b"%d\n" % len(line) + line
         pending = self._write_input(memoryview(line))
         if pending:
-            self._poller.register(self._stdin, select.POLLOUT)
+            self._poller.register(self._stdin, select.EPOLLOUT)
         now = time.monotonic()
         deadline = now + request.timeout
         # The kill comes END_MARGIN before timeout + grace: ending the group and draining
@@ -374,14 +406,14 @@ class Shell:
                     deadline = min(now + INTERRUPT_GRACE, handover_deadline)
                     continue
                 if spin_until:
-                    timeout_ms: float = 0
+                    wait: float = 0
                     if time.perf_counter() >= spin_until:
                         spin_until = 0
                 else:
-                    timeout_ms = (deadline - now) * 1000
+                    wait = max(deadline - now, 0.0)
                     if self._pidfd is None or cancel is not None:
-                        timeout_ms = min(timeout_ms, POLL_FALLBACK * 1000)
-                for fd, _events in self._poller.poll(timeout_ms):
+                        wait = min(wait, POLL_FALLBACK)
+                for fd, events in self._poller.poll(wait):
                     what = self._kinds[fd]
                     if what == _STATUS:
                         for rkind, rnumber, status, flags in self._read_status():
@@ -400,9 +432,11 @@ class Shell:
                             elif rkind == b"e" and isinstance(self._proc, _Adopted):
                                 self._proc.said = status  # a fork's exit status
                     elif what == _STDOUT:
-                        self._pump(fd, out)
+                        if events & select.EPOLLIN:  # (a hang-up alone: nothing to read)
+                            self._pump(fd, out)
                     elif what == _STDERR:
-                        self._pump(fd, err)
+                        if events & select.EPOLLIN:
+                            self._pump(fd, err)
                     elif what == _STDIN:
                         pending = self._write_input(pending)
                         if not pending:
@@ -417,8 +451,12 @@ class Shell:
                 self._poller.unregister(self._stdin)
         # What the code wrote came before the record; a pipe poll() saw empty then may
         # hold it now.
-        for fd, _events in self._outputs.poll(0):
-            self._pump(fd, out if fd == self._stdout else err)
+        hung_up = set()
+        for fd, events in self._outputs.poll(0):
+            if events & select.POLLIN:
+                self._pump(fd, out if fd == self._stdout else err)
+            if events & select.POLLHUP:
+                hung_up.add(fd)
         out.feed(b"", final=True)
         err.feed(b"", final=True)
         if ended or self._reaped or (self._pidfd is None and self._proc.poll() is not None):
@@ -427,7 +465,19 @@ class Shell:
                 self._proc.take_status(self._read_status())
             ending.returncode = self._proc.wait()
             self.terminate()  # background jobs of the dead shell go with it
+        elif self.per_call and kind == b"r" and len(hung_up) < 2:
+            self._retire_held_pipes(hung_up)  # (only a call's code opens writers)
         return ending
+
+    def _retire_held_pipes(self, hung_up: set[int]) -> None:
+        """The code's writers are closed now: a pipe that did not hang up is held by a
+        process the code left running. It gets a fresh pipe in its place, and what
+        that process writes from now on is dropped (SPEC 6, module late_output)."""
+        for fd in (self._stdout, self._stderr):
+            if fd not in hung_up:
+                self._poller.unregister(fd)
+                late_output.renew(fd, self)
+                self._poller.register(fd, _OUTPUT_EVENTS)
 
     def _note_flags(self, field: bytes, *, top_level: bool) -> None:
         """Take in a record's flags; ``top_level``: a sync line's, already in force."""
@@ -476,7 +526,8 @@ class Shell:
         return size[0]
 
     def _drop_stale_output(self) -> None:
-        """Read and drop what waits on the output pipes now (never blocks)."""
+        """Read and drop what waits on the output pipes now (never blocks); without
+        per-call pipes only."""
         for fd, _events in self._outputs.poll(0):
             while True:
                 try:
@@ -487,7 +538,7 @@ class Shell:
                     for poller in (self._poller, self._outputs):
                         try:
                             poller.unregister(fd)
-                        except KeyError:
+                        except (KeyError, OSError):
                             pass
                     break
 
@@ -499,12 +550,14 @@ class Shell:
             except OSError:  # BlockingIOError: drained
                 return
             if not data:
+                if self.per_call:  # no writer now (edge-triggered: reported once)
+                    return
                 # The command closed the shell's stdout/stderr (or bash died): stop
                 # watching it, or poll() would report end-of-file forever.
                 for poller in (self._poller, self._outputs):
                     try:
                         poller.unregister(fd)
-                    except KeyError:
+                    except (KeyError, OSError):
                         pass
                 return
             stream.feed(data)
@@ -520,7 +573,7 @@ class Shell:
         if not data:
             try:
                 self._poller.unregister(self._status_r)
-            except KeyError:
+            except (KeyError, OSError):
                 pass
             return []
         buf = self._status_buf + data
@@ -577,19 +630,18 @@ class Shell:
             return
         self._released = True
         copier.release(*self._held())
-        for fd in (self._stderr, self._status_r, self._pidfd):
+        late_output.forget(self)
+        self._poller.close()
+        for fd in (self._stdout, self._stderr, self._status_r, self._pidfd):
             if fd is not None:
                 os.close(fd)
-        if isinstance(self._proc, _Adopted):  # a fork's pipes are FIFOs opened here
-            for fd in (self._stdin, self._stdout):
-                os.close(fd)
-            return
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        if isinstance(self._proc, _Adopted):  # a fork's input is a FIFO opened here
+            os.close(self._stdin)
+        elif self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
 
 
 class _Adopted:

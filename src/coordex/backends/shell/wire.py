@@ -94,10 +94,17 @@ class ShellProtocol:
 
     @classmethod
     def build(cls, token: str, stderr_fd: int, runner_fd: int,
-              stdout_fd: int | None = None) -> ShellProtocol:
-        """``stdout_fd``: where bash keeps a copy of its fd 1 (set up by the first line),
-        which every call's code gets as fd 1 again, whatever an earlier call did to its
-        fd 1 (``exec >&-``); by default one above the others."""
+              stdout_fd: int | None = None,
+              outputs: tuple[str, str] | None = None) -> ShellProtocol:
+        """``outputs``: the paths each call's code opens as its fd 1 and fd 2, a writer
+        of its own on the host's pipes (``/proc/HOST/fd/N``, see
+        :mod:`..late_output`); closed when the code ends, so a pipe still written to
+        after that is held by something the code left running.
+
+        Without ``outputs`` (no ``/proc``): ``stdout_fd`` is where bash keeps a copy of
+        its fd 1 (set up by the first line), which every call's code gets as fd 1
+        again, whatever an earlier call did to its fd 1 (``exec >&-``); by default one
+        above the others; the code's fd 2 is ``stderr_fd``."""
         p = PRIVATE_PREFIX
         out = max(stderr_fd, runner_fd) + 1 if stdout_fd is None else stdout_fd
         # Sourced, not eval'd in PROMPT_COMMAND directly: only while a file is sourced
@@ -106,12 +113,17 @@ class ShellProtocol:
         # Our fds are closed for the code (its children see 0, 1 and 2 only) and come
         # back after it, whatever it did to those numbers. The eval's redirections
         # come after its trace and its line's set -v echo: those go to the status pipe.
-        runner = (f"\\builtin eval \"${p}code\" </dev/null 1>&{out} 2>&{stderr_fd}- "
-                  f"{out}>&- {runner_fd}<&-\n")
+        if outputs is not None:
+            runner = (f"\\builtin eval \"${p}code\" </dev/null 1>{outputs[0]} "
+                      f"2>{outputs[1]} {runner_fd}<&-\n")
+        else:
+            runner = (f"\\builtin eval \"${p}code\" </dev/null 1>&{out} 2>&{stderr_fd}- "
+                      f"{out}>&- {runner_fd}<&-\n")
         prompt_command = (
             f"\\builtin unset PROMPT_COMMAND; \\builtin . /dev/fd/{runner_fd}; "
             f"PS1=\"\\n${p}record${p}call $? {FLAGS}\\n\" PS0=${p}go")
-        setup = (f"\\exec {out}>&1; "
+        keep_stdout = "" if outputs is not None else f"\\exec {out}>&1; "
+        setup = (f"{keep_stdout}"
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
                  f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
@@ -150,9 +162,15 @@ FORK_LOOP = (
     f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
 
 
-def fork_line(folder: str, stderr_fd: int, stdout_fd: int) -> str:
+def fork_line(folder: str, stderr_fd: int, stdout_fd: int,
+              runner: tuple[int, str] | None = None) -> str:
     """The text that forks the shell into a loop on the FIFOs in ``folder`` (``in``,
     ``out``, ``err``, ``status``), its pid written to ``folder/pid`` first.
+
+    ``runner``: (the runner's fd number, a path to the fork's own runner) for a shell
+    whose calls open their output pipes by path (``ShellProtocol.build(outputs=...)``):
+    the fork reads its runner there, which names its own pipes, and keeps no writer on
+    them (``out`` and ``err`` are then left unopened).
 
     Run at the top level, between calls. The subshell in between (``set -m`` there puts
     the loop's process in a group of its own) leaves the source's ``$!`` and job table
@@ -161,14 +179,17 @@ def fork_line(folder: str, stderr_fd: int, stdout_fd: int) -> str:
     """
     p = PRIVATE_PREFIX
     f = shell_quote(folder.rstrip("/") + "/")
+    if runner is None:
+        exec_line = f"\\exec <{f}in >{f}out 2>{f}status {stderr_fd}>{f}err {stdout_fd}>&1"
+    else:
+        exec_line = f"\\exec <{f}in >/dev/null 2>{f}status {runner[0]}<{runner[1]}"
     # Not our child, so its exit status is not ours to read: its EXIT trap says it.
     said = ("\\builtin printf '\\n%s e 0 %s :\\n' "
             f"\"${{{p}record% r }}\" \"$?\" >&2")
     inner = (f"\\builtin set +m; \\builtin trap 'PS1=; \\builtin break 1000000' INT; "
              f"\\builtin trap {shell_quote(said)} EXIT; "
              f"\\builtin printf %s \"$BASHPID\" >{f}pid; "
-             f"\\exec <{f}in >{f}out 2>{f}status {stderr_fd}>{f}err "
-             f"{stdout_fd}>&1; {p}loop={shell_quote(FORK_LOOP)}; "
+             f"{exec_line}; {p}loop={shell_quote(FORK_LOOP)}; "
              f"\\builtin eval \"${p}loop\"")
     return f"( \\builtin set -m; ( {inner} ) & ) >/dev/null 2>&1 </dev/null; "
 
