@@ -155,7 +155,9 @@ class Tee:
         """``record`` within ``budget``, each field cut (here or by the place) kept whole
         in a file and named in ``spilled``; every file not named is deleted."""
         fitted, cut = fit(record, budget, value_limit)
-        with self._lock:  # most calls: nothing cut, nothing written to a file
+        if not cut and not self._streams:  # most calls: no output held, nothing cut
+            return fitted
+        with self._lock:  # many others: nothing cut, nothing written to a file
             if not cut and all(kept.file is None and not kept.failed
                                for kept in self._streams.values()):
                 self._streams.clear()

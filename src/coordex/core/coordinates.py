@@ -146,6 +146,32 @@ def check_coordinate(
     venv_id: Any = None,
 ) -> Coordinate:
     """Validate the raw call arguments (types, values, and mode/session rules)."""
+    # Most calls name a coordinate seen before: plain arguments are looked up (their
+    # exact types first, so 1, 1.0 and True never share an entry).
+    plain = type(language) is str and type(state_mode) is str \
+        and type(session_id) in _ID_TYPES and type(session_name) in _NAME_TYPES \
+        and type(venv_id) in _ID_TYPES
+    if plain:
+        asked = (language, state_mode, session_id, session_name, venv_id)
+        found = _CHECKED.get(asked)
+        if found is not None:
+            return found
+    coordinate = _check_coordinate(language, state_mode, session_id, session_name, venv_id)
+    if plain:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[asked] = coordinate
+    return coordinate
+
+
+_ID_TYPES = (int, type(None))
+_NAME_TYPES = (str, type(None))
+_CHECKED: dict[tuple[Any, ...], Coordinate] = {}  # plain arguments -> their coordinate
+_CHECKED_MAX = 1024
+
+
+def _check_coordinate(language: Any, state_mode: Any, session_id: Any, session_name: Any,
+                      venv_id: Any) -> Coordinate:
     lang = check_language(language)
     mode = check_state_mode(state_mode)
     sid, sname = check_session(session_id, session_name)

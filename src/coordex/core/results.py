@@ -137,9 +137,14 @@ def fit(record: dict[str, Any], budget: int = RESULT_BUDGET,
     all of it, and what it leaves goes to the others. A cut sets ``truncated`` where the
     record has one.
     """
-    texts = {name: record[name] for name in FITTED if isinstance(record.get(name), str)}
-    if 7 * sum(map(len, texts.values())) < min(budget // 4, value_limit):
+    chars = 0
+    for name in FITTED:
+        text = record.get(name)
+        if isinstance(text, str):
+            chars += len(text)
+    if 7 * chars < min(budget // 4, value_limit):
         return record, []  # seven bytes a character at most: nothing to cut (most calls)
+    texts = {name: record[name] for name in FITTED if isinstance(record.get(name), str)}
     cut: list[str] = []
     record = dict(record)
     value = texts.get("result")

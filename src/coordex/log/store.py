@@ -130,8 +130,6 @@ _WRITTEN = COLUMNS[1:]
 # The owner: the journal's own; said_by: only an owner's rows of a host have it, and
 # those never pass through a journal (so a journal an older process left still reads).
 _JOURNALED = tuple(c for c in _WRITTEN if c not in ("owner", SAID_BY))
-_INSERT = (f"INSERT INTO calls ({', '.join(_WRITTEN)}) "
-           f"VALUES ({', '.join('?' * len(_WRITTEN))})")
 
 # Logs that exist when the process forks belong to the parent: in the child (a read-only
 # copy, a multiprocessing worker) they fall silent. Logs the child opens itself work.
@@ -231,28 +229,59 @@ _ROW_REFUSED = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataErro
 _MANY = 32
 
 
-@functools.lru_cache(maxsize=_MANY)
-def _insert_sql(rows: int) -> str:
-    return _INSERT + f", ({', '.join('?' * len(_WRITTEN))})" * (rows - 1)
+@functools.lru_cache(maxsize=256)
+def _insert_sql(columns: tuple[str, ...], rows: int = 1) -> str:
+    """``INSERT`` of ``rows`` rows naming only ``columns`` (the others are NULL)."""
+    values = f"({', '.join('?' * len(columns))})"
+    return (f"INSERT INTO calls ({', '.join(columns)}) VALUES "
+            + ", ".join([values] * rows))
+
+
+def _bound(row: dict[str, Any]) -> tuple[tuple[str, ...], list[Any]]:
+    """The columns of ``row`` to name in an ``INSERT`` and their values: a None is left
+    out (its column is NULL all the same) rather than bound, as binding one costs
+    sqlite3 a failed adapter lookup (an exception made and dropped) per value."""
+    values = list(map(row.get, _WRITTEN))
+    if None not in values:
+        return _WRITTEN, values
+    named = tuple([c for c, v in zip(_WRITTEN, values, strict=True) if v is not None])
+    if not named:  # nothing but NULLs: refused as before (``at`` is NOT NULL)
+        return _WRITTEN[:1], [None]
+    return named, [v for v in values if v is not None]
+
+
+def _insert_one(conn: sqlite3.Connection, row: dict[str, Any]) -> int | None:
+    columns, values = _bound(row)
+    return conn.execute(_insert_sql(columns), values).lastrowid
 
 
 def _insert_many(conn: sqlite3.Connection, rows: list[tuple[int, dict[str, Any]]],
                  seqs: list[int | None]) -> None:
-    """Insert ``rows`` (``(index, encoded row)``) in one statement, setting
+    """Insert ``rows`` (``(index, encoded row)``) in as few statements as their
+    columns allow (rows naming the same columns, one after another, share one), setting
     ``seqs[index]``; a row the file refuses (then one statement a row) is left out
     alone."""
-    try:
-        last = conn.execute(_insert_sql(len(rows)),
-                            [v for _, row in rows for v in map(row.get, _WRITTEN)]).lastrowid
-    except _ROW_REFUSED:
-        for index, row in rows:
-            with contextlib.suppress(*_ROW_REFUSED):
-                seqs[index] = conn.execute(_INSERT, list(map(row.get, _WRITTEN))).lastrowid
-        return
-    assert last is not None
-    # One statement's rows take the next seqs in order: each is the highest plus one.
-    for seq, (index, _) in enumerate(rows, start=last - len(rows) + 1):
-        seqs[index] = seq
+    bound = [_bound(row) for _, row in rows]
+    start = 0
+    while start < len(rows):
+        columns = bound[start][0]
+        end = start + 1
+        while end < len(rows) and bound[end][0] == columns:
+            end += 1
+        try:
+            last = conn.execute(_insert_sql(columns, end - start),
+                                [v for _, values in bound[start:end] for v in values]).lastrowid
+        except _ROW_REFUSED:
+            for (index, _), (named, values) in zip(rows[start:end], bound[start:end],
+                                                   strict=True):
+                with contextlib.suppress(*_ROW_REFUSED):
+                    seqs[index] = conn.execute(_insert_sql(named), values).lastrowid
+        else:
+            assert last is not None
+            # One statement's rows take the next seqs in order: each is the highest + 1.
+            for seq, (index, _) in enumerate(rows[start:end], start=last - (end - start) + 1):
+                seqs[index] = seq
+        start = end
 
 
 def _busy(exc: BaseException) -> bool:
@@ -332,7 +361,7 @@ class SQLiteWriter:
     def append(self, row: dict[str, Any]) -> int:
         conn = self.connection()
         try:
-            seq = conn.execute(_INSERT, [row.get(c) for c in _WRITTEN]).lastrowid
+            seq = _insert_one(conn, row)
         except sqlite3.Error as exc:
             if not _is_full(exc):  # a full disk: the file is whole, and its room is kept
                 self.drop()
