@@ -101,16 +101,20 @@ class SessionTable:
 
     # -- a stateful call -------------------------------------------------------------
 
-    @contextmanager
     def stateful(self, coordinate: Coordinate, timeout: float, cancel: threading.Event | None,
-                 opener: Callable[[SessionKey], Session]) -> Iterator[
-                     tuple[SessionKey, Session | None, int]]:
+                 opener: Callable[[SessionKey], Session]) -> _Held:
         """Hold the session a stateful call runs in (created with ``opener`` if new).
 
-        Yields ``(key, session, call number)``; ``session`` is None when another call
-        kept the session busy for the whole timeout (nothing ran). On exit, :meth:`finish`
-        must have been given the outcome.
+        A context manager giving ``(key, session, call number)``; ``session`` is None when
+        another call kept the session busy for the whole timeout (nothing ran). On exit,
+        :meth:`finish` must have been given the outcome.
         """
+        return _Held(self, coordinate, timeout, cancel, opener)
+
+    def _hold(self, coordinate: Coordinate, timeout: float, cancel: threading.Event | None,
+              opener: Callable[[SessionKey], Session]) -> tuple[SessionKey, Session | None,
+                                                                int, Slot | None]:
+        """What :meth:`stateful` enters with, and the slot whose lock is then held."""
         with self.lock:
             self._check_open()
             key, created = self.registry.resolve_or_reserve(coordinate, time.time())
@@ -118,8 +122,7 @@ class SessionTable:
             if slot is None:
                 slot = self._slots[key] = Slot(None, threading.Lock())
         if not wait_for(slot.lock, timeout, cancel):
-            yield key, None, 0
-            return
+            return key, None, 0, None
         try:
             session = slot.session
             if session is None:
@@ -135,9 +138,10 @@ class SessionTable:
                     self.registry.move(key, "idle")
                 call = self.registry.begin_call(key, time.time())
                 self.registry.move(key, "busy")
-            yield key, session, call
-        finally:
+        except BaseException:
             slot.lock.release()
+            raise
+        return key, session, call, slot
 
     def _open(self, key: SessionKey, slot: Slot, created: bool,
               opener: Callable[[SessionKey], Session]) -> Session:
@@ -327,6 +331,25 @@ class SessionTable:
     def _check_open(self) -> None:
         if self.closed:
             raise messages.executor_closed()
+
+
+class _Held:
+    """:meth:`SessionTable.stateful`: a class, not a generator, as every stateful call
+    enters one."""
+
+    __slots__ = ("_args", "_slot", "_table")
+
+    def __init__(self, table: SessionTable, *args: Any) -> None:
+        self._table, self._args = table, args
+        self._slot: Slot | None = None
+
+    def __enter__(self) -> tuple[SessionKey, Session | None, int]:
+        key, session, call, self._slot = self._table._hold(*self._args)
+        return key, session, call
+
+    def __exit__(self, *exc: object) -> None:
+        if self._slot is not None:
+            self._slot.lock.release()
 
 
 def inspected(report: dict[str, Any] | Ran, place: Place,
