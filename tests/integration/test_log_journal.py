@@ -257,3 +257,14 @@ def _close_while_waking(tmp_path: Path, failures: list[BaseException]) -> None:
             failures.append(exc)
         writer.join()
         log.close()
+
+
+def test_lines_parsed_in_one_batch_read_as_each_alone() -> None:
+    """A batch of journal lines parses to what each line parses to alone: a torn or
+    foreign line among them is left out alone, the rest read whole."""
+    columns = ("a", "b")
+    good = [b'[1,"x",null]\n', b'[2,"caf\\udce9",[1,2]]\n', b'[3,1.5,{"k":"v"}]\n']
+    odd = [b'[4,"torn', b'[true,1,2]\n', b'[5,1]\n', b'{"a":1}\n', b"", b'[6,1,2] [7,1,2]\n']
+    for lines in (good, good[:1] + odd + good[1:], odd):
+        assert journal.parse_lines(lines, columns) == [parse_line(x, columns) for x in lines]
+    assert journal.parse_lines(good, columns)[1] == (2, {"a": "caf\udce9", "b": [1, 2]})

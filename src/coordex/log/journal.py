@@ -241,6 +241,27 @@ def parse_line(line: bytes, columns: Sequence[str]) -> tuple[int, dict[str, Any]
     return number, dict(zip(columns, values[1:], strict=True))
 
 
+def parse_lines(lines: Sequence[bytes],
+                columns: Sequence[str]) -> list[tuple[int, dict[str, Any]] | None]:
+    """:func:`parse_line` of each of ``lines``, in one JSON parse where they all parse
+    (a log's own lines: one parse a batch, not one a row), else one a line."""
+    try:
+        found = json.loads(b"[" + b",".join(lines) + b"]")
+    except (ValueError, RecursionError):
+        found = None
+    if not isinstance(found, list) or len(found) != len(lines):
+        return [parse_line(line, columns) for line in lines]
+    width = len(columns) + 1
+    rows: list[tuple[int, dict[str, Any]] | None] = []
+    for values in found:
+        number = values[0] if isinstance(values, list) and len(values) == width else None
+        if isinstance(number, bool) or not isinstance(number, int):
+            rows.append(None)
+        else:
+            rows.append((number, dict(zip(columns, values[1:], strict=True))))
+    return rows
+
+
 def _journals(log_path: Path) -> Iterator[Path]:
     prefix = log_path.name + _INFIX
     try:

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..worker._coordex_engine import escape_text
-from .journal import Journal, parse_line, recover
+from .journal import Journal, parse_lines, recover
 
 LOG_FILE = "log.sqlite3"
 CODE_CAP_BYTES = 64 * 1024
@@ -666,7 +666,8 @@ class CallLog:
         if not batch:
             return True
         # This log's own lines: each parses (a None would count as a row refused alone).
-        rows = [parse_line(e.line or b"", _JOURNALED) or (0, {}) for e in batch]
+        rows = [found or (0, {}) for found in parse_lines([e.line or b"" for e in batch],
+                                                          _JOURNALED)]
         try:
             seqs = self._sqlite.append_journaled(self.owner, rows)
         except (sqlite3.Error, OSError) as exc:
