@@ -84,6 +84,8 @@ class OutputBuffer:
         return self.dropped > 0
 
     def getvalue(self) -> str:
+        if not self._head_len:  # nothing written (the head fills first): most streams
+            return ""
         head = "".join(self._head)
         tail = "".join(self._tail)
         if self.dropped:
