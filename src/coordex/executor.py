@@ -240,22 +240,9 @@ class Executor:
                 ``wait`` that ends in time returns its result with its ``call_id``.
                 Default: wait for the end.
         """
-        watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
-        if watch is None:
-            return cast(RunResult, calling.start(
-                self, code, language, state_mode, session_id, session_name, venv_id, timeout,
-                on_output, on_progress, cancel, wait))
-        result: Any = None
-        try:
-            result = calling.start(self, code, language, state_mode, session_id,
-                                   session_name, venv_id, timeout, on_output, on_progress,
-                                   cancel, wait)
-        finally:
-            watch.done({"code": code, "language": language, "state_mode": state_mode,
-                        "session_id": session_id, "session_name": session_name,
-                        "venv_id": venv_id}, result)
-            watch.close()
-        return cast(RunResult, result)
+        return cast(RunResult, calling.watched_start(
+            self, code, language, state_mode, session_id, session_name, venv_id, timeout,
+            on_output, on_progress, cancel, wait))
 
     # ------------------------------------------------------------------ long work (SPEC 14)
 
