@@ -162,8 +162,8 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
         try:
             request = RunRequest(code, limit, tee or running.output, output_limit,
                                  cancel=cancel, env=call_env(),
+                                 on_progress=running.progress(on_progress),  # the page sees builds
                                  value_limit=None if nested else spill.VALUE_KEEP_CHARS)
-            ex._places.progress.callback = running.progress(on_progress)  # the page sees builds
             active = _active_session(ex, coordinate) if nested else None
             if active is None:
                 done = dispatch(ex, coordinate, request)
@@ -215,7 +215,7 @@ def dispatch(ex: Executor, coordinate: Coordinate, request: RunRequest) -> Done:
         ex._require_environment(coordinate.venv_id)
     if coordinate.state_mode == "stateless":
         record = session_record(coordinate.language, coordinate.venv_id, None, None)
-        place = ex._place(coordinate.language, coordinate.venv_id)
+        place = ex._place(coordinate.language, coordinate.venv_id, request.on_progress)
         return Done(sessions.attempts(place, "stateless", request), record)
     if coordinate.state_mode == "stateful":
         return run_stateful(ex, coordinate, request)
@@ -227,8 +227,8 @@ def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> D
     run through the table, its names recorded."""
     ex._keeping.claim(coordinate)
     table = ex._table
-    with table.stateful(coordinate, request.timeout, request.cancel,
-                        ex._open_session) as (key, session, call):
+    with table.stateful(coordinate, request.timeout, request.cancel, functools.partial(
+            ex._open_session, on_progress=request.on_progress)) as (key, session, call):
         record = table.record(key)
         if session is None:
             return Done(None, record)

@@ -96,7 +96,7 @@ class RunningCall:
 
     def progress(self, relay: Callable[[str], None] | None) -> Callable[[str], None]:
         """The ``on_progress`` of this call: an environment build's lines, kept as the
-        ``build`` stream (then the caller's own)."""
+        ``build`` stream (then the caller's own, whose failure never costs the build)."""
         def line(text: str) -> None:
             with self._lock:
                 kept = self._streams.get("build")
@@ -104,7 +104,8 @@ class RunningCall:
                     kept = self._streams["build"] = _Stream()
                 kept.add(text if text.endswith("\n") else text + "\n")
             if relay is not None:
-                relay(text)
+                with contextlib.suppress(Exception):
+                    relay(text)
 
         return line
 
