@@ -38,7 +38,7 @@ from .core import coordinates as coords
 from .core.bindings import bound_names
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
-from .core.record import CallRecord, Settled, StoppedBy, render
+from .core.record import CallRecord, Settled, StoppedBy, render, stopped_by
 from .core.results import session_record
 from .log.calls import changes, record_call
 from .log.detached import _current as _recorded_call
@@ -176,11 +176,9 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
             coordinate.state_mode if coordinate is not None else None,
             _asked_session(coordinate), ms(started), refused=exc, log_on=log_on)
     else:
-        stopped: StoppedBy | None = None
-        if running.interrupted:  # a person stopped it from the page
-            stopped = "person"
-        elif cancel is not None and cancel.is_set():  # its caller cancelled it
-            stopped = "caller"
+        # A person stopped it from the page (this one's, or the owner's of a forwarded
+        # call), or its caller cancelled it.
+        stopped: StoppedBy | None = "person" if running.interrupted else stopped_by(cancel)
         record = CallRecord(coordinate.state_mode, done.session, ms(started), done.settled,
                             None, done.restored, done.restore_lost, stopped, log_on)
     result = render(record)

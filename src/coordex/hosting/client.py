@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core import messages
 from ..core.errors import make_error
+from ..core.record import stopped_by
 from ..observe.hook import observed
 from . import wire
 from .jail import best_level
@@ -253,8 +254,8 @@ class _Host:
                     pending.done.wait()
                     break
             if cancel is not None and cancel.is_set():
-                with contextlib.suppress(OSError):
-                    self._send({"type": "cancel", "id": call_id})
+                with contextlib.suppress(OSError):  # who stopped it: the host words it
+                    self._send({"type": "cancel", "id": call_id, "by": stopped_by(cancel)})
                 give_up = time.monotonic() + CANCEL_GRACE
                 cancel = None
             if give_up is not None and time.monotonic() > give_up:
