@@ -808,9 +808,8 @@ def readable_paths() -> list[str]:
     (``python -m`` puts it there), ``PYTHONPATH``, and what a cluster puts on a worker's
     path (Ray adds its driver's working folder, which may be a server's base folder
     holding its root and tokens file). Those are the operator's, not the installation's."""
-    import coordex
-
-    package = os.path.dirname(os.path.dirname(os.path.abspath(coordex.__file__)))
+    # The folder holding the coordex package: three up from this file.
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)),
              package}
