@@ -38,12 +38,12 @@ from .core import coordinates as coords
 from .core.bindings import bound_names
 from .core.coordinates import Coordinate, SessionKey
 from .core.errors import CoordexError, validation
-from .core.record import CallRecord, Settled, StoppedBy, render
+from .core.record import CallRecord, Settled, StoppedBy, render, stopped_by
 from .core.results import session_record
 from .log.calls import changes, record_call
 from .log.detached import _current as _recorded_call
 from .log.running import where
-from .observe.hook import call_env
+from .observe.hook import call_env, watch_call
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -70,23 +70,56 @@ class Done:
         self.names_changed = False
 
 
+def watched_start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
+                  session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
+                  on_progress: Any, cancel: threading.Event | None, wait: Any, *,
+                  replay_of: int | None = None) -> dict[str, Any]:
+    """``execute_code`` as observed (SPEC 16): :func:`start` inside its span, if any.
+    ``replay_of``: the logged call a rebuild replays (its row says so)."""
+    watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
+    if watch is None:
+        return start(ex, code, language, state_mode, session_id, session_name, venv_id,
+                     timeout, on_output, on_progress, cancel, wait, replay_of=replay_of)
+    result: Any = None
+    try:
+        result = start(ex, code, language, state_mode, session_id, session_name, venv_id,
+                       timeout, on_output, on_progress, cancel, wait, replay_of=replay_of)
+    finally:
+        watch.done({"code": code, "language": language, "state_mode": state_mode,
+                    "session_id": session_id, "session_name": session_name,
+                    "venv_id": venv_id}, result)
+        watch.close()
+    return result
+
+
+def replay(ex: Executor, seq: int, code: str, *, language: Any, venv_id: Any,
+           timeout: Any, session_id: Any = None, session_name: Any = None) -> dict[str, Any]:
+    """A rebuild's replay of logged call ``seq``: ``execute_code(code)`` in the stateful
+    session named, whose row is marked ``replay_of`` ``seq``."""
+    return watched_start(ex, code, language, "stateful", session_id, session_name, venv_id,
+                         timeout, None, None, None, None, replay_of=seq)
+
+
 def start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
           session_name: Any, venv_id: Any, timeout: Any, on_output: Any, on_progress: Any,
-          cancel: threading.Event | None, wait: Any) -> dict[str, Any]:
+          cancel: threading.Event | None, wait: Any, *,
+          replay_of: int | None = None) -> dict[str, Any]:
     """``execute_code``: run now (:func:`execute`), or through the call records of SPEC
     14 when given ``wait`` or when a detached call or a held result exists."""
     if wait is None and not ex._calls.active:
         if cancel is None and (record := getattr(_recorded_call, "record", None)):
             cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
         return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
-                       timeout, on_output, on_progress, cancel, ex.output_limit, nested=False)
+                       timeout, on_output, on_progress, cancel, ex.output_limit, nested=False,
+                       replay_of=replay_of)
     asked = {"code": code, "language": language, "state_mode": state_mode,
              "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
              "timeout": timeout}
 
     def run(output: Any, event: threading.Event | None) -> dict[str, Any]:
         return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
-                       timeout, output, on_progress, event, ex.output_limit, nested=False)
+                       timeout, output, on_progress, event, ex.output_limit, nested=False,
+                       replay_of=replay_of)
 
     return ex._calls.run("execute_code", asked, state_mode, run, wait, on_output, cancel)
 
@@ -94,7 +127,8 @@ def start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: A
 def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
             session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
             on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
-            output_limit: int, *, nested: bool) -> dict[str, Any]:
+            output_limit: int, *, nested: bool, replay_of: int | None = None
+            ) -> dict[str, Any]:
     """The body of every call: validate, run where the coordinate says, render.
 
     ``nested`` marks a stored-function call, which may come from code running in the
@@ -128,8 +162,8 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
         try:
             request = RunRequest(code, limit, tee or running.output, output_limit,
                                  cancel=cancel, env=call_env(),
+                                 on_progress=running.progress(on_progress),  # the page sees builds
                                  value_limit=None if nested else spill.VALUE_KEEP_CHARS)
-            ex._places.progress.callback = running.progress(on_progress)  # the page sees builds
             active = _active_session(ex, coordinate) if nested else None
             if active is None:
                 done = dispatch(ex, coordinate, request)
@@ -142,11 +176,9 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
             coordinate.state_mode if coordinate is not None else None,
             _asked_session(coordinate), ms(started), refused=exc, log_on=log_on)
     else:
-        stopped: StoppedBy | None = None
-        if running.interrupted:  # a person stopped it from the page
-            stopped = "person"
-        elif cancel is not None and cancel.is_set():  # its caller cancelled it
-            stopped = "caller"
+        # A person stopped it from the page (this one's, or the owner's of a forwarded
+        # call), or its caller cancelled it.
+        stopped: StoppedBy | None = "person" if running.interrupted else stopped_by(cancel)
         record = CallRecord(coordinate.state_mode, done.session, ms(started), done.settled,
                             None, done.restored, done.restore_lost, stopped, log_on)
     result = render(record)
@@ -155,7 +187,8 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     asked = None if coordinate is not None else (language, state_mode, session_id,
                                                   session_name, venv_id)
     row = record_call(ex._call_log, result, code, coordinate, seq, asked,
-                      changed=done.changed if done is not None else None, call_id=call_id)
+                      changed=done.changed if done is not None else None, call_id=call_id,
+                      replay_of=replay_of)
     if done is not None and done.call is not None:
         ex._keeping.logged(result, row, done.call, done.names_changed)
     return result
@@ -180,7 +213,7 @@ def dispatch(ex: Executor, coordinate: Coordinate, request: RunRequest) -> Done:
         ex._require_environment(coordinate.venv_id)
     if coordinate.state_mode == "stateless":
         record = session_record(coordinate.language, coordinate.venv_id, None, None)
-        place = ex._place(coordinate.language, coordinate.venv_id)
+        place = ex._place(coordinate.language, coordinate.venv_id, request.on_progress)
         return Done(sessions.attempts(place, "stateless", request), record)
     if coordinate.state_mode == "stateful":
         return run_stateful(ex, coordinate, request)
@@ -192,8 +225,8 @@ def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> D
     run through the table, its names recorded."""
     ex._keeping.claim(coordinate)
     table = ex._table
-    with table.stateful(coordinate, request.timeout, request.cancel,
-                        ex._open_session) as (key, session, call):
+    with table.stateful(coordinate, request.timeout, request.cancel, functools.partial(
+            ex._open_session, on_progress=request.on_progress)) as (key, session, call):
         record = table.record(key)
         if session is None:
             return Done(None, record)

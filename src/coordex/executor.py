@@ -157,7 +157,7 @@ class Executor:
                                    inline=bool(own_on_caller_thread))
         self._places = Places(self, self._own_place)
         self._table = SessionTable(max_sessions,
-                                   self._own_place.open_session(self.plan_namespace))
+                                   self._own_place.open_session(namespace=self.plan_namespace))
         self._call_log = open_call_log(self.root, self._records, log, log_max_rows)
         self._keeping = Keeping.open(self.root, self._table, self._call_log, persist=persist,
                                      interval=snapshot_interval, max_bytes=persist_max_bytes)
@@ -240,22 +240,9 @@ class Executor:
                 ``wait`` that ends in time returns its result with its ``call_id``.
                 Default: wait for the end.
         """
-        watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
-        if watch is None:
-            return cast(RunResult, calling.start(
-                self, code, language, state_mode, session_id, session_name, venv_id, timeout,
-                on_output, on_progress, cancel, wait))
-        result: Any = None
-        try:
-            result = calling.start(self, code, language, state_mode, session_id,
-                                   session_name, venv_id, timeout, on_output, on_progress,
-                                   cancel, wait)
-        finally:
-            watch.done({"code": code, "language": language, "state_mode": state_mode,
-                        "session_id": session_id, "session_name": session_name,
-                        "venv_id": venv_id}, result)
-            watch.close()
-        return cast(RunResult, result)
+        return cast(RunResult, calling.watched_start(
+            self, code, language, state_mode, session_id, session_name, venv_id, timeout,
+            on_output, on_progress, cancel, wait))
 
     # ------------------------------------------------------------------ long work (SPEC 14)
 
@@ -314,11 +301,13 @@ class Executor:
     def _bring_back(self, coordinate: Coordinate, timeout: float) -> dict[str, Any] | None:
         return calling.bring_back(self, coordinate, timeout)
 
-    def _open_session(self, key: SessionKey) -> Session:
-        return self._place(key.language, key.venv_id).open_session()
+    def _open_session(self, key: SessionKey,
+                      on_progress: Callable[[str], None] | None = None) -> Session:
+        return self._place(key.language, key.venv_id, on_progress).open_session(on_progress)
 
-    def _place(self, language: str, venv_id: int | None) -> Place:
-        return self._places.get(language, venv_id)
+    def _place(self, language: str, venv_id: int | None,
+               on_progress: Callable[[str], None] | None = None) -> Place:
+        return self._places.get(language, venv_id, on_progress)
 
     def _check_open(self) -> None:
         if self._table.closed:

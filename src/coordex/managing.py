@@ -8,9 +8,10 @@ for bad arguments.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any
 
-from . import branches, spill
+from . import branches, calling, spill
 from .core import coordinates as coords
 from .core import messages
 from .core.errors import CoordexError, validation
@@ -136,6 +137,7 @@ def rebuild_session(ex: Executor, language: Any, session_id: Any, session_name: 
             return rebuilt
         if ex._call_log is None:
             raise log_off_error("rebuild_session")
-        return replay(ex, ex._call_log, language, session_id, session_name, venv_id)
+        return replay(ex, ex._call_log, language, session_id, session_name, venv_id,
+                      replay=functools.partial(calling.replay, ex))
     except CoordexError as exc:
         return exc.to_dict()

@@ -61,6 +61,7 @@ from .core.errors import make_error
 from .mcp_hello import INSTRUCTIONS, SERVER_NAME, Greeting, WireFds, claim_stdio
 from .observe import http as operator_http
 from .observe.hook import watch_tool_call
+from .stopping import STOPPING
 from .tools import (
     MCP_DEFAULT_TIMEOUT,
     TOOL_NAMES,
@@ -227,37 +228,6 @@ async def _pump_progress(ctx: ServerRequestContext[Any, Any], relay: OutputRelay
 # --- stopping (SPEC section 8) -----------------------------------------------------------
 
 
-class _Stopping:
-    """The requests in flight, and whether the server is stopping.
-
-    At SIGTERM (:func:`stop_answering`) the executors are closed first, so every call in
-    flight returns an error dict at once (its processes ended); each is sent as an
-    answer saying the server is stopping, and only once none is left in flight (or
-    after :data:`ANSWER_SECONDS`) does the transport stop. A request that comes in
-    meanwhile is answered the same way without running.
-    """
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self._idle = threading.Condition()
-        self._in_flight = 0
-
-    def enter(self) -> None:
-        with self._idle:
-            self._in_flight += 1
-
-    def leave(self) -> None:
-        with self._idle:
-            self._in_flight -= 1
-            if self._in_flight <= 0:
-                self._idle.notify_all()
-
-    def wait_answered(self, seconds: float) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight <= 0, seconds)
-
-
-STOPPING = _Stopping()
 # How long answers to the requests in flight may take at a stop (SPEC: out within 5 s).
 ANSWER_SECONDS = 3.0
 # Once the last one left run_tool: time for the transport to write it.

@@ -10,15 +10,13 @@ one of those is the cluster's place instead. A new kind of place is one more bra
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Place
+from .backends.base import Place, ProgressCallback
 from .backends.env import EnvironmentPlace
 from .core import messages
 from .core.errors import CoordexError
@@ -36,16 +34,15 @@ class Places:
         self._executor = executor
         self._lock = threading.Lock()
         self._made: dict[PlaceKey, Place] = {("python", None): own}
-        # The build-progress callback of the call running on each thread: a place made
-        # (an environment built) during a call reports its lines to that call.
-        self.progress = Progress()
 
     def all(self) -> list[Place]:
         with self._lock:
             return list(self._made.values())
 
-    def get(self, language: str, venv_id: int | None) -> Place:
-        """The place for one (language, environment), made on first use.
+    def get(self, language: str, venv_id: int | None,
+            on_progress: ProgressCallback | None = None) -> Place:
+        """The place for one (language, environment), made on first use (an environment
+        built for it reports its lines to ``on_progress``, the asking call's).
 
         Making a place may build its environment, so it happens outside the lock; of
         two threads racing, one place is kept and the other closed.
@@ -57,7 +54,7 @@ class Places:
             return place
         executor = self._executor
         executor._check_open()
-        made = self._new(language, venv_id)
+        made = self._new(language, venv_id, on_progress)
         with self._lock:
             place = self._made.get(key)
             if place is None and not executor._closed:
@@ -68,17 +65,19 @@ class Places:
             raise messages.executor_closed()
         return place
 
-    def _new(self, language: str, venv_id: int | None) -> Place:
+    def _new(self, language: str, venv_id: int | None,
+             on_progress: ProgressCallback | None) -> Place:
         executor = self._executor
         if executor._cluster is not None:
             return self._cluster_place(language, venv_id)
         if language == "bash":
             from .backends.shell import ShellPlace
 
-            return ShellPlace(env=self._bash_env(venv_id))
+            return ShellPlace(env=self._bash_env(venv_id, on_progress))
         assert venv_id is not None  # the own interpreter's place exists from the start
         return EnvironmentPlace(
-            lambda: executor.environments_manager.python_for(venv_id, self.progress.emit),
+            lambda progress: executor.environments_manager.python_for(
+                venv_id, progress),
             lambda: self._worker_env(venv_id), CapabilityBridge(executor))
 
     def _cluster_place(self, language: str, venv_id: int | None) -> Place:
@@ -93,16 +92,17 @@ class Places:
             text, spec_hash, label = executor.environments_manager.describe(venv_id)
             asked = parse_spec(text).resources  # [tool.coordex]
             env = EnvRef(text, spec_hash, label, {k: float(v) for k, v in asked.items() if v})
-        place: Place = executor._cluster.place(language, env, self.progress.emit)
+        place: Place = executor._cluster.place(language, env)
         return place
 
-    def _bash_env(self, venv_id: int | None) -> dict[str, str] | None:
+    def _bash_env(self, venv_id: int | None,
+                  on_progress: ProgressCallback | None) -> dict[str, str] | None:
         """The environment for bash: the host's, or with ``venv_id`` activated."""
         if venv_id is None:
             return None
         # Built on first use for bash too: activating a folder that does not exist yet
         # would silently leave the host's python first on PATH.
-        self._executor.environments_manager.python_for(venv_id, self.progress.emit)
+        self._executor.environments_manager.python_for(venv_id, on_progress)
         return self._worker_env(venv_id)
 
     def _worker_env(self, venv_id: int) -> dict[str, str]:
@@ -133,15 +133,6 @@ def join_cluster(executor: Executor, address: Any) -> Any:
         raise ValueError(f"{exc.error} {exc.suggestion}") from None
 
 
-class Progress(threading.local):
-    """The build-progress callback of the call running on this thread."""
-
-    callback: Callable[[str], None] | None = None
-
-    def emit(self, line: str) -> None:
-        if self.callback is not None:
-            with contextlib.suppress(Exception):
-                self.callback(line)
 
 
 class CapabilityBridge:

@@ -258,6 +258,7 @@ def test_serve_shows_a_tenants_running_call_to_that_tenant_alone(tmp_path: Path)
         caller.join(timeout=30)
         assert out and out[0]["error_type"] == "timeout" and out[0]["state_lost"] is False
         assert "interrupted from the page by the person watching" in out[0]["error"]
+        assert "cancelled by its caller" not in out[0]["error"]  # said once, as it was
         assert _ui(base, alice, "api/running").json() == {"running": []}
 
 

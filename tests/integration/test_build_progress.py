@@ -77,6 +77,21 @@ def test_uvs_lines_reach_execute_codes_on_progress_one_by_one_in_order(
     assert any(line.startswith(" + alphapkg==1.0") for line in lines), lines
 
 
+def test_a_stateful_calls_build_reports_to_that_call_and_no_later_one(
+        ex: Executor, tmp_path: Path) -> None:
+    made = ex.environments.create(three_wheels(tmp_path / "wheels"))
+    first: list[str] = []
+    result = ex.execute_code("import alphapkg; alphapkg.NAME", state_mode="stateful",
+                             venv_id=made["venv_id"], on_progress=first.append)
+    assert result.get("result") == "'alphapkg'", result
+    assert any(line.startswith("Installed 3 packages") for line in first), first
+    # The environment is built: a new session there opens without a line to anyone.
+    later: list[str] = []
+    result = ex.execute_code("1", state_mode="stateful", session_name="other",
+                             venv_id=made["venv_id"], on_progress=later.append)
+    assert result.get("result") == "1" and later == [], (result, later)
+
+
 def test_a_silent_build_backend_still_sends_a_line_at_least_every_5_seconds(
         ex: Executor, tmp_path: Path) -> None:
     made = ex.environments.create(silent_source_tree(tmp_path / "slowpkg", 12))

@@ -80,6 +80,21 @@ def test_the_log_survives_a_restart(root: Path) -> None:
         assert second.execute_code("kept", state_mode="stateful", session_name="s")["result"] == "'yes'"
 
 
+def test_a_rebuilds_replays_mark_their_rows_and_no_other(root: Path) -> None:
+    with Executor(root=root) as ex:
+        ex.execute_code("a = 1", state_mode="stateful", session_name="s")
+        ex.execute_code("b = a + 1", state_mode="stateful", session_name="s")
+        ex.close_session(session_name="s")
+        assert ex.rebuild_session(session_name="s")["replayed"] == 2
+        ex.execute_code("a = 1", state_mode="stateful", session_name="s")  # not a replay
+    rows = sqlite3.connect(root / LOG_FILE).execute(
+        "SELECT seq, code, replay_of FROM calls WHERE kind = 'call' ORDER BY seq").fetchall()
+    first, second = rows[0][0], rows[1][0]
+    assert [(code, of) for _, code, of in rows] == [
+        ("a = 1", None), ("b = a + 1", None), ("a = 1", first), ("b = a + 1", second),
+        ("a = 1", None)]
+
+
 def test_the_log_is_bounded_oldest_first(root: Path) -> None:
     with Executor(root=root, log_max_rows=10) as ex:
         for i in range(25):

@@ -111,6 +111,27 @@ def test_cancel_interrupts_the_call(confined: ConfinedExecutor) -> None:
     assert result.get("error_type") in ("timeout", "execution"), result
 
 
+def test_who_stopped_a_call_reaches_the_host_and_its_words(confined: ConfinedExecutor,
+                                                            tmp_path: Path) -> None:
+    from coordex import Executor
+    from coordex.core.record import stop
+
+    def stopped(ex: ConfinedExecutor | Executor, who: str) -> dict[str, object]:
+        cancel = threading.Event()
+        threading.Timer(0.5, stop, (cancel, who)).start()
+        return dict(ex.execute_code("import time; time.sleep(10)", state_mode="stateful",
+                                    session_name=who, cancel=cancel))
+
+    with Executor(root=tmp_path / "local", timeout=20) as local:
+        for who, words in (("person", "interrupted from the page"),
+                           ("caller", "cancelled by its caller")):
+            there, here = stopped(confined, who), stopped(local, who)
+            assert there["error_type"] == "timeout" and words in str(there["error"]), there
+            # Said once, and as the owner's own Executor says it.
+            assert str(there["error"]).count("The call was") == 1, there
+            assert (there["error"], there["suggestion"]) == (here["error"], here["suggestion"])
+
+
 def test_the_memory_limit_holds(confined: ConfinedExecutor) -> None:
     hog = confined.execute_code("hog = bytearray(512 << 20); hog[::4096] = b'x' * len(hog[::4096])")
     assert hog.get("error_type") in ("crashed", "execution"), hog

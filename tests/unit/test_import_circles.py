@@ -4,7 +4,7 @@ Read with ``ast`` over src/coordex: the imports a module makes when it is import
 its top level, including under ``try`` / ``if`` — but not those under ``if TYPE_CHECKING``
 (types only). A package's ``__init__`` counts as a module of its own. Among those there
 is no circle at all. Counting the imports made inside functions too (made when called),
-the circles left are listed in ``KNOWN``, and none may grow or appear.
+there is none either: ``KNOWN`` is empty, and none may appear.
 """
 
 from __future__ import annotations
@@ -201,21 +201,9 @@ def test_coordex_has_no_import_circle() -> None:
     assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
-# The circles left through imports made inside functions, each a set of modules: a
-# lower module reaching up when called. Shrink these; never add to them.
-KNOWN: list[set[str]] = [
-    # The package's lazy names (AsyncExecutor, ConfinedExecutor) and what reads
-    # ``coordex.__file__`` / ``__version__`` when it runs (calling, managing, places and
-    # long_work are the Executor's own body, in modules of their own).
-    {"coordex", "coordex.aio", "coordex.backends.ray", "coordex.backends.ray.node",
-     "coordex.backends.ray.place", "coordex.branches", "coordex.calling",
-     "coordex.managing", "coordex.places", "coordex.environments",
-     "coordex.environments.manager", "coordex.executor", "coordex.hosting",
-     "coordex.hosting.client", "coordex.long_work", "coordex.observe", "coordex.observe.figures",
-     "coordex.observe.hook", "coordex.observe.spans"},
-    # /healthz and /readyz served beside the MCP endpoint.
-    {"coordex.mcp_server", "coordex.observe.http"},
-]
+# The circles through imports made inside functions (a lower module reaching up when
+# called), each a set of modules: none left. Never add one.
+KNOWN: list[set[str]] = []  # none left; keep it so
 
 
 def test_no_new_circle_through_imports_made_when_called() -> None:

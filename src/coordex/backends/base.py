@@ -24,6 +24,7 @@ from ..core.results import DEFAULT_OUTPUT_LIMIT, OutputBuffer
 from ..core.terminal import QueryFilter
 
 OutputCallback = Callable[[str, str], None]
+ProgressCallback = Callable[[str], None]
 Outcome = dict[str, Any]
 
 # Pagers never take over a call (SPEC section 6): every backend's processes see these.
@@ -67,6 +68,9 @@ class RunRequest:
     # Variables the call's code sees in its environment for this call alone, on top of
     # its session's (the trace context: TRACEPARENT, TRACESTATE; SPEC 16).
     env: Mapping[str, str] | None = None
+    # The call's ``on_progress``: the lines of an environment a place builds for it on
+    # first use (a build is not counted against the call's timeout).
+    on_progress: ProgressCallback | None = None
 
 
 class Cancel(Protocol):
@@ -203,8 +207,10 @@ class Place(Protocol):
     kind: PlaceKind
     retries: bool
 
-    def open_session(self) -> Session:
-        """Start a new kept session (raises ``CoordexError`` when it cannot start)."""
+    def open_session(self, on_progress: ProgressCallback | None = None) -> Session:
+        """Start a new kept session (raises ``CoordexError`` when it cannot start).
+        ``on_progress``: the opening call's, given the lines of an environment built
+        for it."""
         ...
 
     def run_stateless(self, request: RunRequest) -> Ran:

@@ -22,6 +22,7 @@ Pure: no processes, no disk, no clock.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,6 @@ from .messages import (
     error_of,
     rebuild_hint,
     session_busy,
-    stopped_error,
 )
 from .results import success
 
@@ -169,11 +169,24 @@ def render_error(settled: Settled) -> dict[str, Any]:
     return error
 
 
-def forwarded_stopped(result: dict[str, Any], who: StoppedBy) -> dict[str, Any]:
-    """The result of a call forwarded to another Executor (a tenant's host) that ``who``
-    stopped here, where that Executor could not know who did: a ``timeout`` says who
-    stopped it first, and what to do instead. Other results pass unchanged."""
-    return stopped_error(result, who)
+def stop(cancel: threading.Event, who: StoppedBy) -> None:
+    """Stop a call through its ``cancel`` event, saying who did: the fact its record is
+    rendered from (:func:`stopped_by`), here or in the host a forwarded call runs in
+    (the confined host's ``cancel`` message carries it)."""
+    setattr(cancel, _BY, who)
+    cancel.set()
+
+
+def stopped_by(cancel: threading.Event | None) -> StoppedBy | None:
+    """Who stopped a call whose ``cancel`` is set: as :func:`stop` said, else its caller
+    (a front end's request cancelled); None while it is not set."""
+    if cancel is None or not cancel.is_set():
+        return None
+    who = getattr(cancel, _BY, None)
+    return who if who in ("person", "caller") else "caller"
+
+
+_BY = "_coordex_stopped_by"
 
 
 def _success(record: CallRecord, settled: Settled) -> dict[str, Any]:
@@ -252,4 +265,4 @@ def _hint(result: dict[str, Any], session: dict[str, Any] | None, log_on: bool) 
         result["suggestion"] = f"{current.rstrip()} {hint}"
 
 
-__all__ = ["CallRecord", "Settled", "StoppedBy", "forwarded_stopped", "render", "render_error"]
+__all__ = ["CallRecord", "Settled", "StoppedBy", "render", "render_error", "stop", "stopped_by"]

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core import messages
 from ..core.errors import make_error
+from ..core.record import stopped_by
 from ..observe.hook import observed
 from . import wire
 from .jail import best_level
@@ -253,8 +254,8 @@ class _Host:
                     pending.done.wait()
                     break
             if cancel is not None and cancel.is_set():
-                with contextlib.suppress(OSError):
-                    self._send({"type": "cancel", "id": call_id})
+                with contextlib.suppress(OSError):  # who stopped it: the host words it
+                    self._send({"type": "cancel", "id": call_id, "by": stopped_by(cancel)})
                 give_up = time.monotonic() + CANCEL_GRACE
                 cancel = None
             if give_up is not None and time.monotonic() > give_up:
@@ -807,9 +808,8 @@ def readable_paths() -> list[str]:
     (``python -m`` puts it there), ``PYTHONPATH``, and what a cluster puts on a worker's
     path (Ray adds its driver's working folder, which may be a server's base folder
     holding its root and tokens file). Those are the operator's, not the installation's."""
-    import coordex
-
-    package = os.path.dirname(os.path.dirname(os.path.abspath(coordex.__file__)))
+    # The folder holding the coordex package: three up from this file.
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)),
              package}

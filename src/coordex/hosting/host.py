@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..contract import ExecutorLike
+from ..core.record import stop
 from . import identity, jail, wire
 from .jail import JailSpec, Level, LimitReport, Limits
 from .wire import DEFAULT_MAX_CALLS, DEFAULT_MAX_PROCESSES
@@ -559,7 +560,7 @@ class _Server:
                     if msg["type"] == "cancel":
                         event = self.cancels.get(msg["id"])
                         if event is not None:
-                            event.set()
+                            stop(event, "person" if msg.get("by") == "person" else "caller")
                         continue
                     self.cancels[msg["id"]] = threading.Event()
                     self.pool.submit(self._run, msg)

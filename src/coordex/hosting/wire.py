@@ -23,7 +23,7 @@ from typing import Any
 
 from ..worker._coordex_protocol import LineReader, ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # The host's limits unless its owner says otherwise (SPEC 9: --max-calls defaults to 8).
 DEFAULT_MAX_CALLS = 8
@@ -44,7 +44,7 @@ MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "call": (OWNER_TO_HOST, ("id", "method", "args"), ("stream",)),
     "output": (HOST_TO_OWNER, ("id", "stream", "text"), ()),
     "reply": (HOST_TO_OWNER, ("id", "value"), ()),
-    "cancel": (OWNER_TO_HOST, ("id",), ()),
+    "cancel": (OWNER_TO_HOST, ("id",), ("by",)),
     "shutdown": (OWNER_TO_HOST, (), ()),
     # A tenant's Executor on a server whose sessions live on a cluster (SPEC 10) asks
     # its owner, which holds the cluster connection, to reach that tenant's node actors.

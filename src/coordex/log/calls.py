@@ -6,15 +6,13 @@ and stored-function calls alike): it turns the rendered result dict into a row f
 (the names and files the call changed: :func:`changes`). It reads the result and never
 changes it, and never raises: a log that fails costs the row, not the call.
 
-One fact of a call reaches the row through a note on the thread that runs it, set by
-the code that started the call: which logged call a rebuild is replaying
-(:func:`note_replay`).
+Which logged call a rebuild is replaying reaches the row as an argument
+(``replay_of``), passed down the replay's call path.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
@@ -22,16 +20,6 @@ from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
 from .store import COLUMNS, CallLog, LogReader, decode_row, rows_where
-
-
-class _Notes(threading.local):
-    # Defaults: an attribute a thread never set costs an AttributeError to read.
-    changed: Any = None
-    call_id: Any = None
-    replay: Any = None
-
-
-_notes = _Notes()
 
 # The keys of one history record (SPEC section 11), in order.
 HISTORY_KEYS = ("seq", "at", "language", "venv_id", "session_id", "session_name",
@@ -145,20 +133,16 @@ def result_of_row(row: dict[str, Any]) -> dict[str, Any]:
                       from_log=True, seq=row.get("seq"))
 
 
-def note_replay(seq: int, code: str) -> None:
-    """The next call of exactly ``code`` on this thread replays logged call ``seq``."""
-    _notes.replay = (seq, code)
-
-
 def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                 coordinate: Coordinate | None, seq: int | None = None,
                 asked: tuple[Any, ...] | None = None, *, changed: Any = None,
-                call_id: str | None = None) -> LoggedRow:
+                call_id: str | None = None, replay_of: int | None = None) -> LoggedRow:
     """Write the row of one finished call (completing row ``seq`` if the call's row was
     reserved while it ran) before the call returns, and return it. ``asked``: the
     coordinate's arguments as given, for a call refused before they made a coordinate
     (its row shows what was asked). ``changed``: :func:`changes` of the call.
-    ``call_id``: the call record (SPEC 14) whose own row this is."""
+    ``call_id``: the call record (SPEC 14) whose own row this is. ``replay_of``: the
+    logged call this one replays (a rebuild's)."""
     if log is None:
         return LoggedRow()
     try:
@@ -169,11 +153,6 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                        "session_name": coordinate.session_name}
         error_type = result.get("error_type")
         state_lost = result.get("state_lost")
-        replay = getattr(_notes, "replay", None)
-        replay_of = None
-        if replay is not None and replay[1] is code:
-            replay_of = replay[0]
-            _notes.replay = None
         duration = result.get("duration_ms") or 0.0
         if coordinate is None and asked is not None:
             language, state_mode, session_id, session_name, venv_id = _as_asked(asked)

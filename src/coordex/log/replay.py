@@ -4,13 +4,15 @@ The rows of the named session are read (this run's rows first; a session this ru
 opened is taken from the newest run that logged it, so a session survives a restart of
 the program), :func:`~coordex.log.rebuild.lost_calls` picks the calls that built the
 lost state, the session is started over (closed if it is open) and a ``rebuild`` row
-marks the new life, then each call runs again through the executor's public
-``execute_code`` (so it is logged too, as a replay of its original), stopping at the
-first that fails. Only the executor's public methods are used.
+marks the new life, then each call runs again through ``replay`` (the executor's
+``execute_code`` with the original's number passed along, so it is logged too, as a
+replay of its original), stopping at the first that fails. Otherwise only the
+executor's public methods are used.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..contract import ExecutorLike
@@ -18,7 +20,7 @@ from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, make_error
 from ..core.messages import session_arguments
-from .calls import note_replay, read
+from .calls import read
 from .rebuild import (
     failed_in,
     lives,
@@ -30,13 +32,18 @@ from .rebuild import (
 )
 from .store import CallLog, decode_row, rows_where
 
+# ``replay(seq, code, language=, venv_id=, timeout=, session_id= | session_name=)``:
+# run logged call ``seq``'s code again in the stateful session named, its row marked
+# ``replay_of`` ``seq``.
+Replay = Callable[..., dict[str, Any]]
+
 _ROW_COLUMNS = ("seq, owner, kind, language, venv_id, session_id, session_name, state_mode, "
                 "code, code_truncated, duration_ms, outcome, exit_code, state_lost, changed, "
                 "replay_of")
 
 
 def rebuild_session(executor: ExecutorLike, log: CallLog, language: Any, session_id: Any,
-                    session_name: Any, venv_id: Any) -> dict[str, Any]:
+                    session_name: Any, venv_id: Any, *, replay: Replay) -> dict[str, Any]:
     """Replay the calls that built a lost or closed session. Raises CoordexError."""
     coordinate = coords.check_coordinate(language, "stateful", session_id, session_name, venv_id)
     rows = _session_rows(log, coordinate)
@@ -65,14 +72,14 @@ def rebuild_session(executor: ExecutorLike, log: CallLog, language: Any, session
         if "error_type" in closed:
             return closed
     log.event("rebuild", identity, {"replays": [row["seq"] for row in calls]})
-    report = _replay(executor, coordinate, identity, calls)
+    report = _replay(executor, replay, coordinate, identity, calls)
     report["calls"] = [row["seq"] for row in calls]
     report["skipped_failed"] = failed_in(life) if life is not None else []
     return report
 
 
-def _replay(executor: ExecutorLike, coordinate: Coordinate, identity: dict[str, Any],
-            calls: list[dict[str, Any]]) -> dict[str, Any]:
+def _replay(executor: ExecutorLike, replay: Replay, coordinate: Coordinate,
+            identity: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
     """Run ``calls`` again in order into the session ``identity`` names; stop at the
     first that cannot run or fails."""
     target = ({"session_name": identity["session_name"]} if identity.get("session_name")
@@ -81,10 +88,9 @@ def _replay(executor: ExecutorLike, coordinate: Coordinate, identity: dict[str, 
     for row in calls:
         failure = _cannot_replay(row)
         if failure is None:
-            note_replay(row["seq"], row["code"])
-            result = executor.execute_code(row["code"], language=coordinate.language,
-                                           state_mode="stateful", venv_id=coordinate.venv_id,
-                                           timeout=_replay_timeout(executor, row), **target)
+            result = replay(row["seq"], row["code"], language=coordinate.language,
+                            venv_id=coordinate.venv_id,
+                            timeout=_replay_timeout(executor, row), **target)
             report["session"] = result.get("session") or report["session"]
             if replay_failed(row, result):
                 failure = {k: result[k] for k in ("error", "error_type", "suggestion",

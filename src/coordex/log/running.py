@@ -26,7 +26,7 @@ from typing import Any
 
 from ..contract import ExecutorLike
 from ..core.errors import CoordexError
-from ..core.record import forwarded_stopped
+from ..core.record import stop
 
 OnOutput = Callable[[str, str], None]
 # Characters of each stream a running call keeps: the first and the last this many.
@@ -96,7 +96,7 @@ class RunningCall:
 
     def progress(self, relay: Callable[[str], None] | None) -> Callable[[str], None]:
         """The ``on_progress`` of this call: an environment build's lines, kept as the
-        ``build`` stream (then the caller's own)."""
+        ``build`` stream (then the caller's own, whose failure never costs the build)."""
         def line(text: str) -> None:
             with self._lock:
                 kept = self._streams.get("build")
@@ -104,7 +104,8 @@ class RunningCall:
                     kept = self._streams["build"] = _Stream()
                 kept.add(text if text.endswith("\n") else text + "\n")
             if relay is not None:
-                relay(text)
+                with contextlib.suppress(Exception):
+                    relay(text)
 
         return line
 
@@ -210,7 +211,7 @@ class RunningCalls:
                                "interrupt it (no cancel event).",
                                "Wait for its timeout, or close its session.")
         call.interrupted = True
-        call.cancel.set()
+        stop(call.cancel, "person")
         return {"interrupted": True, "seq": call.seq, "id": call.id, "session": call.where}
 
 
@@ -253,9 +254,10 @@ def calls_of(executor: ExecutorLike) -> RunningCalls:
 
 class Watch:
     """What :func:`tracked` yields: the ``on_output`` to hand over, and ``done(result)``
-    which words the result of a call a person interrupted and follows long work (SPEC
-    14): a call answered ``running`` stays listed, detached, until its final result
-    passes by (a ``wait_call``) or its timeout has surely passed."""
+    which follows long work (SPEC 14): a call answered ``running`` stays listed,
+    detached, until its final result passes by (a ``wait_call``) or its timeout has
+    surely passed. A call a person interrupts here is stopped through its cancel event,
+    which says so (:func:`~coordex.core.record.stop`): the host words it."""
 
     def __init__(self, output: OnOutput | None, call: RunningCall | None,
                  registry: RunningCalls | None = None, executor: ExecutorLike | None = None,
@@ -268,8 +270,6 @@ class Watch:
         self.kept = False
 
     def done(self, result: Any) -> Any:
-        if self._call is not None and self._call.interrupted and isinstance(result, dict):
-            return forwarded_stopped(result, "person")
         if self._registry is not None and isinstance(result, dict) and \
                 isinstance(result.get("call_id"), str):
             if result.get("running") and self._call is not None:

@@ -15,12 +15,13 @@ configured (``--otel``, or the library user's own).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..contract import ExecutorLike
-from . import hook
+from . import shared
 
 # Seconds: a call is from a millisecond to the 50 s MCP default and beyond.
 CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -95,7 +96,7 @@ class Figures:
         args = arguments if isinstance(arguments, Mapping) else {}
         if tool not in CODE_TOOLS or args.get("state_mode") not in ("stateful", "read_only"):
             return None
-        facts = hook.coordinates(tool, args, None)
+        facts = shared.coordinates(tool, args, None)
         key = (tenant or "", facts["language"], facts["place"], facts["venv_id"],
                facts["session"] or "0")
         with self._lock:
@@ -115,7 +116,7 @@ class Figures:
     def count(self, tenant: str | None, tool: str, arguments: Mapping[str, Any] | None,
               result: Any, seconds: float) -> None:
         """One finished call, from its result."""
-        facts = hook.coordinates(tool, arguments, result)
+        facts = shared.coordinates(tool, arguments, result)
         base = [tenant or ""] if self.tenants else []
         if self.registry is not None:
             self._tools.labels(*base, tool, facts["outcome"]).inc()
@@ -130,7 +131,7 @@ class Figures:
         if self._otel is not None:
             self._otel.count(tenant, tool, facts, seconds)
         if isinstance(result, Mapping):
-            for fact in result.get(hook.FACTS_KEY) or ():  # a confined host's builds
+            for fact in result.get(shared.FACTS_KEY) or ():  # a confined host's builds
                 if isinstance(fact, Mapping) and isinstance(fact.get("seconds"), (int, float)):
                     self.build(tenant, str(fact.get("build")), float(fact["seconds"]))
 
@@ -174,7 +175,7 @@ class Figures:
     def detached(self) -> dict[str, int]:
         """Detached calls by tenant: each tenant's figure, 0 until it has one."""
         counts = {tenant or "": 0 for tenant, _ in self.sources()}
-        counts.update(hook.DETACHED)
+        counts.update(shared.DETACHED)
         return counts
 
     def render(self, tenant: str | None = None) -> bytes:
@@ -253,8 +254,7 @@ class _Instruments:
     def __init__(self, figures: Figures) -> None:
         from opentelemetry import metrics
 
-        from .. import __version__
-
+        __version__ = sys.modules["coordex"].__version__  # loaded before any of its modules
         meter = metrics.get_meter("coordex", __version__)
         self.calls = meter.create_counter("coordex.calls", unit="{call}",
                                           description="Tool calls that ran code, by outcome.")

@@ -27,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
+
+from .shared import FACTS_KEY, coordinates
 
 # The watch of the call running in this context (True: a confined host's call, watched
 # by its server); False: none.
@@ -46,13 +47,8 @@ CALL_FACTS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.Co
 # The server's figures (observe.figures.Figures), set by `coordex serve --metrics` or
 # when a meter provider is configured; None: nothing is counted.
 FIGURES: Any = None
-# Detached calls in flight (SPEC 14), by tenant: read by the coordex_detached_calls
-# gauge. Long work sets it; until then it stays 0.
-DETACHED: dict[str, int] = {}
-
 CALLS_LOG = logging.getLogger("coordex.calls")
-# The key under which a confined host hands its call's facts back to the server.
-FACTS_KEY = "_coordex_observed"
+
 
 
 _spans: Any = None  # observe.spans, once OpenTelemetry is loaded
@@ -71,20 +67,6 @@ def tracing_on() -> bool:
 def call_env() -> Mapping[str, str] | None:
     """``TRACEPARENT`` (and ``TRACESTATE``) for the call running in this context."""
     return CALL_ENV.get()
-
-
-_environ = getattr(os.environ, "_data", None)  # os.environ's own (encoded) dict
-_CONTENT = (os.environ.encodekey("COORDEX_OTEL_CONTENT")
-            if isinstance(_environ, dict) else "")
-_ON = os.environ.encodevalue("1") if isinstance(_environ, dict) else ""
-
-
-def content_on() -> bool:
-    """``COORDEX_OTEL_CONTENT=1`` now (read each call, in os.environ's own dict: a
-    tenth of ``os.environ.get``)."""
-    if isinstance(_environ, dict):
-        return bool(_environ.get(_CONTENT) == _ON)
-    return os.environ.get("COORDEX_OTEL_CONTENT") == "1"
 
 
 def call_span() -> Any:
@@ -245,7 +227,7 @@ def watch_build(venv_id: Any) -> Iterator[dict[str, Any]]:
     if tracing:
         from . import spans
 
-        span = spans.child("coordex.build", {"coordex.venv_id": str(venv_id)})
+        span = spans.child("coordex.build", {"coordex.venv_id": str(venv_id)}, call_span())
     outcome = "error"
     try:
         yield facts
@@ -264,51 +246,6 @@ def watch_build(venv_id: Any) -> Iterator[dict[str, Any]]:
                 FIGURES.build(None, outcome, seconds)
             if sink is not None:
                 sink.append({"build": outcome, "seconds": seconds})
-
-
-def coordinates(tool: str, arguments: Mapping[str, Any] | None,
-                result: Any) -> dict[str, Any]:
-    """A call's coordinates and outcome, from its result (what ran) and its arguments
-    (what was asked, for a call that failed before it had a session)."""
-    # dict, not Mapping: an ABC check costs a call ~1 us here (results are plain dicts).
-    args = arguments if isinstance(arguments, dict) else {}
-    record = result if isinstance(result, dict) else {}
-    found = record.get("session")
-    session: Mapping[str, Any] = found if isinstance(found, dict) else {}
-    if tool not in ("execute_code", "call_function") and not session and not any(
-            key in args for key in ("language", "state_mode", "session_id", "session_name",
-                                    "venv_id")):
-        return {"tool": tool, "language": "", "state_mode": "", "session": "", "venv_id": "",
-                "place": "", "outcome": _outcome(record), "state_lost": bool(
-                    record.get("state_lost")), "retried": bool(record.get("retried"))}
-    language = session.get("language") or args.get("language") or "python"
-    venv_id = session.get("venv_id") if "venv_id" in session else args.get("venv_id")
-    name = session.get("session_name") or args.get("session_name")
-    sid = session.get("session_id") if session.get("session_id") is not None \
-        else args.get("session_id")
-    if language == "bash":
-        place = "shell"
-    elif venv_id is None:
-        place = "own"
-    else:
-        place = "env"
-    if session.get("node"):
-        place = "cluster"
-    return {
-        "tool": tool, "language": str(language),
-        "state_mode": str(record.get("state_mode") or args.get("state_mode") or "stateless"),
-        "session": "" if name is None and sid is None else str(name if name is not None else sid),
-        "venv_id": "" if venv_id is None else str(venv_id), "place": place,
-        "outcome": _outcome(record), "state_lost": bool(record.get("state_lost")),
-        "retried": bool(record.get("retried")),
-    }
-
-
-def _outcome(record: Mapping[str, Any]) -> str:
-    error_type = record.get("error_type")
-    if error_type:
-        return str(error_type)
-    return "running" if record.get("running") else "ok"
 
 
 def log_call(tenant: str | None, tool: str, arguments: Mapping[str, Any] | None,

@@ -14,6 +14,7 @@ import hmac
 from typing import Any
 
 from ..contract import ExecutorLike
+from ..stopping import STOPPING
 
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 OPERATOR_PATHS = ("/healthz", "/readyz", "/metrics")
@@ -66,8 +67,6 @@ def _operator(app: Any, authorization: str | None) -> bool:
 
 
 def _ready(app: Any) -> bool:
-    from ..mcp_server import STOPPING
-
     if STOPPING.event.is_set() or not getattr(app, "started", True):
         return False
     return all(not _closed(tenant.executor) for tenant in app.tenants)

@@ -14,6 +14,7 @@ without the MCP attributes.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -29,7 +30,7 @@ from opentelemetry.trace import (
     StatusCode,
 )
 
-from . import hook
+from . import shared
 
 TRACER_NAME = "coordex"
 # Characters of code and of each stream kept as attributes with COORDEX_OTEL_CONTENT=1.
@@ -48,8 +49,7 @@ def tracer() -> Any:
     global _tracer
     provider = trace.get_tracer_provider()
     if _tracer is None or _tracer[0] is not provider:
-        from .. import __version__
-
+        __version__ = sys.modules["coordex"].__version__  # loaded before any of its modules
         _tracer = (provider, provider.get_tracer(TRACER_NAME, __version__))
     return _tracer[1]
 
@@ -79,7 +79,7 @@ def outcome_attributes(tool: str, arguments: Mapping[str, Any] | None, result: A
     """coordex's attributes of one call: coordinates and outcome, ``error.type`` for an
     error (code and output only with ``COORDEX_OTEL_CONTENT=1``); with ``library`` the
     tool's own (``gen_ai.*``), which the MCP SDK's span already has."""
-    facts = hook.coordinates(tool, arguments, result)
+    facts = shared.coordinates(tool, arguments, result)
     key = (tool, library, facts["language"], facts["state_mode"], facts["session"],
            facts["venv_id"], facts["outcome"], facts["state_lost"], facts["retried"])
     attributes = _made.get(key)
@@ -88,7 +88,7 @@ def outcome_attributes(tool: str, arguments: Mapping[str, Any] | None, result: A
         if len(_made) >= _MADE_MAX:
             _made.clear()
         _made[key] = attributes
-    if hook.content_on():
+    if shared.content_on():
         attributes = dict(attributes)
         args = arguments if isinstance(arguments, dict) else {}
         record = result if isinstance(result, dict) else {}
@@ -141,8 +141,8 @@ def finish(span: Any, tool: str, arguments: Mapping[str, Any] | None, result: An
         restored = result["restored"]
         if isinstance(restored, Mapping) and isinstance(restored.get("ms"), (int, float)):
             restore_span(span, restored, ended_ns)
-    if hook.FACTS_KEY in result:
-        for fact in result[hook.FACTS_KEY] or ():  # builds a confined host made
+    if shared.FACTS_KEY in result:
+        for fact in result[shared.FACTS_KEY] or ():  # builds a confined host made
             if isinstance(fact, dict) and isinstance(fact.get("seconds"), (int, float)):
                 build_span(span, str(fact.get("build")), float(fact["seconds"]))
 
@@ -253,10 +253,9 @@ def start_call(tool: str) -> Any:
     return tracer().start_span(name, kind=SpanKind.INTERNAL)
 
 
-def child(name: str, attributes: dict[str, Any]) -> tuple[Any, Any]:
-    """A child of the call's span (or of OpenTelemetry's current span: the MCP SDK's),
-    made current; end it with :func:`end_child`."""
-    parent = hook.call_span()
+def child(name: str, attributes: dict[str, Any], parent: Any = None) -> tuple[Any, Any]:
+    """A child of ``parent``, the call's span (or of OpenTelemetry's current span: the
+    MCP SDK's), made current; end it with :func:`end_child`."""
     context = trace.set_span_in_context(parent) if parent is not None else None
     span = tracer().start_span(name, context=context, attributes=attributes)
     return span, otel_context.attach(trace.set_span_in_context(span))

@@ -16,7 +16,7 @@ from typing import Any
 from ...core import messages
 from ...core.facts import Ran
 from ...core.messages import PlaceKind
-from ..base import RunRequest
+from ..base import ProgressCallback, RunRequest
 
 
 class EnvironmentPlace:
@@ -24,15 +24,17 @@ class EnvironmentPlace:
 
     A call whose worker (or fork) died is run once more (SPEC 6): ``retries``.
 
-    ``python`` returns the environment's interpreter, building the environment on first
-    use (a build is not counted against a call's timeout); ``env`` its process
+    ``python(on_progress)`` returns the environment's interpreter, building the
+    environment on first use, its lines to the call's ``on_progress`` (a build is not
+    counted against a call's timeout); ``env`` its process
     environment (``VIRTUAL_ENV`` and ``PATH`` set).
     """
 
     kind: PlaceKind = "worker"
     retries = True
 
-    def __init__(self, python: Callable[[], str | Path], env: Callable[[], dict[str, str]],
+    def __init__(self, python: Callable[[ProgressCallback | None], str | Path],
+                 env: Callable[[], dict[str, str]],
                  capabilities: Any) -> None:
         self._python = python
         self._env = env
@@ -41,22 +43,23 @@ class EnvironmentPlace:
         self._template: Any = None
         self._closed = False
 
-    def open_session(self) -> Any:
+    def open_session(self, on_progress: ProgressCallback | None = None) -> Any:
         from .workers import WorkerSession
 
-        return WorkerSession(self._python(), env=self._env(), capabilities=self._capabilities)
+        return WorkerSession(self._python(on_progress), env=self._env(),
+                             capabilities=self._capabilities)
 
     def run_stateless(self, request: RunRequest) -> Ran:
-        ran: Ran = self._stateless_template().run_stateless(request)
+        ran: Ran = self._stateless_template(request.on_progress).run_stateless(request)
         return ran
 
-    def _stateless_template(self) -> Any:
+    def _stateless_template(self, on_progress: ProgressCallback | None) -> Any:
         from .workers import WorkerTemplate
 
         with self._lock:
             if self._template is not None:
                 return self._template
-        python = self._python()
+        python = self._python(on_progress)
         template = WorkerTemplate(python, env=self._env(), capabilities=self._capabilities)
         with self._lock:
             if self._template is None and not self._closed:

@@ -16,7 +16,7 @@ from ...core.facts import Ran
 from ...core.messages import PlaceKind
 from ...worker import _coordex_copy as copier
 from .. import isolation
-from ..base import Forked, RunRequest, Writer, Written
+from ..base import Forked, ProgressCallback, RunRequest, Writer, Written
 from . import branches, keep
 from .interpreter import NamespaceSession, OwnInterpreter
 
@@ -126,7 +126,8 @@ class OwnPlace:
         self._sessions: list[OwnSession] = []
         self._lock = threading.Lock()
 
-    def open_session(self, namespace: dict[str, Any] | None = None) -> OwnSession:
+    def open_session(self, on_progress: ProgressCallback | None = None,
+                     namespace: dict[str, Any] | None = None) -> OwnSession:
         state = self.own.new_session(namespace)
         session = OwnSession(self, state)
         self._inject(state)

@@ -186,14 +186,13 @@ class RayCluster:
 
     # -- places and hosts -----------------------------------------------------------------
 
-    def place(self, language: str, env: EnvRef | None,
-              progress: ProgressCallback | None = None) -> RayPlace:
+    def place(self, language: str, env: EnvRef | None) -> RayPlace:
         """The place of one (language, environment) on the cluster (kept per spec hash)."""
         key = (language, env.spec_hash if env is not None else None)
         with self._lock:
             found = self._places.get(key)
             if found is None:
-                found = self._places[key] = RayPlace(self, language, env, progress)
+                found = self._places[key] = RayPlace(self, language, env)
             return found
 
     def host(self, resources: dict[str, float]) -> _Host:
@@ -444,21 +443,19 @@ def run_args(request: RunRequest, capabilities: Any) -> dict[str, Any]:
 class RayPlace:
     """One (language, environment) on the cluster: opens sessions, serves stateless calls."""
 
-    def __init__(self, cluster: RayCluster, language: str, env: EnvRef | None,
-                 progress: ProgressCallback | None) -> None:
+    def __init__(self, cluster: RayCluster, language: str, env: EnvRef | None) -> None:
         self.cluster = cluster
         self.language = language
         # Python on a node is retried once after a death, bash never (SPEC 6).
         self.kind: messages.PlaceKind = "cluster"
         self.retries = language == "python"
         self.env = env
-        self.progress = progress
         self.resources = dict(env.resources) if env is not None else {}
         self._lock = threading.Lock()
         self._stateless: _Host | None = None  # its own actor, when resources are asked
 
-    def open_session(self) -> RaySession:
-        return RaySession(self)
+    def open_session(self, on_progress: ProgressCallback | None = None) -> RaySession:
+        return RaySession(self, on_progress)
 
     def run_stateless(self, request: RunRequest) -> Ran:
         """A fresh shell or fork child on a node (a Python call whose node was lost
@@ -469,7 +466,7 @@ class RayPlace:
         try:
             host = self._stateless_host()
             reply = self.cluster.converse(host, "stateless", args, request, deadline,
-                                          self.progress)
+                                          request.on_progress)
         except CoordexError as exc:
             return Ran(facts.StartFailed(error=exc))
         except NodeLost as lost:
@@ -508,14 +505,14 @@ class RaySession:
     session is opened again elsewhere after its node died.
     """
 
-    def __init__(self, place: RayPlace) -> None:
+    def __init__(self, place: RayPlace, on_progress: ProgressCallback | None = None) -> None:
         self.place = place
         self.node = ""
         self._lock = threading.Lock()
         self._closed = False
         self._host: _Host | None = None
         self._sid = ""
-        self._open()
+        self._open(on_progress)
 
     # -- Session ---------------------------------------------------------------------------
 
@@ -669,8 +666,9 @@ class RaySession:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _open(self) -> None:
-        """Open the session on a node (building its environment there first)."""
+    def _open(self, on_progress: ProgressCallback | None = None) -> None:
+        """Open the session on a node (building its environment there first, its lines
+        to ``on_progress``)."""
         cluster, place = self.place.cluster, self.place
         host = cluster.host(place.resources)
         sid = uuid.uuid4().hex
@@ -678,7 +676,7 @@ class RaySession:
                 "env": place.env.wire() if place.env else None, "capabilities": []}
         deadline = time.monotonic() + START_TIMEOUT + (cluster.build_timeout if place.env else 0)
         try:
-            reply = cluster.converse(host, "open", args, None, deadline, place.progress)
+            reply = cluster.converse(host, "open", args, None, deadline, on_progress)
         except NodeLost as lost:
             cluster.lost(host, lost)
             raise messages.cluster_start_failed(f"the session could not be opened ({lost.how})")
@@ -713,7 +711,7 @@ class RaySession:
             replaced = False
             if self._host is None:
                 try:
-                    self._open()
+                    self._open(request.on_progress)
                 except CoordexError as exc:
                     return Ran(facts.StartFailed(error=exc), replaced=True)
                 replaced = True

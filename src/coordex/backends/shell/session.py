@@ -25,7 +25,7 @@ from ...core.facts import Ran
 from ...core.messages import PlaceKind
 from ...diskspace import free_bytes
 from .. import _reap, isolation
-from ..base import Forked, RunRequest, Writer, Written
+from ..base import Forked, ProgressCallback, RunRequest, Writer, Written
 from . import branches, keep, launcher
 from .copies import CopySlot, ProtectedCopy
 from .process import Ending, Shell, Stream, shell_env
@@ -485,7 +485,7 @@ class ShellPlace:
     def capabilities_changed(self) -> None:
         """bash sees no capabilities."""
 
-    def open_session(self) -> ShellSession:
+    def open_session(self, on_progress: ProgressCallback | None = None) -> ShellSession:
         return ShellSession(env=self._env, cwd=self._cwd)
 
     def run_stateless(self, request: RunRequest) -> Ran:
