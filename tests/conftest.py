@@ -92,3 +92,13 @@ def ex(root: Path) -> Iterator[Executor]:
     finally:
         executor.close()
     assert_no_new_children(before)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The cluster's tests run last. A Ray driver in this process leaves fork handlers that
+    start a thread in every forked child, and a forked child with a second thread is
+    (rightly) refused file protection: the tests that fork this process for a read-only
+    copy would see protection refused for a reason of the test run's, not of the code."""
+    cluster = [item for item in items if "tests/cluster/" in item.nodeid]
+    if cluster:
+        items[:] = [item for item in items if "tests/cluster/" not in item.nodeid] + cluster

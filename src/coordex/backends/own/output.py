@@ -156,6 +156,9 @@ class _RoutedStream(io.TextIOBase):
                 self.original.flush()
 
     def isatty(self) -> bool:
+        if _target_call() is None and not _HOST_HELD.routing:  # the host's, between calls
+            with contextlib.suppress(Exception):
+                return bool(self.original.isatty())
         return False
 
     def fileno(self) -> int:
@@ -234,7 +237,18 @@ class routed_streams:
 
     def __exit__(self, *exc: object) -> None:
         _HOST_HELD.routing = False
-        sys.stdout, sys.stderr, sys.stdin = self.saved
+        # The proxies stay where no one replaced them during the call: a host thread in
+        # the middle of a print when the next call starts then writes its rest through
+        # them (held, written after that call), never through a stream it took before the
+        # call whose fd is that call's pipe. They pass every write to ``original`` between
+        # calls; a host that puts its own stream in is wrapped again at the next call.
+        saved = self.saved
+        if sys.stdout is not _STDOUT:
+            sys.stdout = saved[0]
+        if sys.stderr is not _STDERR:
+            sys.stderr = saved[1]
+        if sys.stdin is not _STDIN:
+            sys.stdin = saved[2]
         if _HOST_HELD.held:
             _HOST_HELD.release()  # the host's fds are its own again
 
