@@ -78,7 +78,16 @@ from ...worker._coordex_env import leave as call_env_leave
 from .._reap import OWNED_ENV
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, emit, wait_for
 from . import children, output
-from .output import Call, FdPump, any_alive, current_mark, install_thread_origin, local, routed_streams
+from .output import (
+    Call,
+    FdPump,
+    any_alive,
+    current_mark,
+    install_streams,
+    install_thread_origin,
+    local,
+    routed_streams,
+)
 from .runner import ON_CALLER, OnCaller, Runner, Watchdog, inline_ready
 
 # fork() copies only the calling thread. On Linux and the BSDs the C library and CPython
@@ -294,6 +303,7 @@ class OwnInterpreter:
         for key, value in PAGER_ENV.items():
             os.environ.setdefault(key, value)
         install_thread_origin()
+        install_streams()
         self.owned = children.Owned()
         children.current_mark = current_mark
         self._fds = FdPump()

@@ -142,18 +142,23 @@ class _RoutedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         call = _target_call()
         if call is None:
-            if _HOST_HELD.routing:  # fds 1/2 are the call's pipes now: later, not into it
-                return _HOST_HELD.hold(self, text)
-            return int(self.original.write(text) or 0)
+            # Under the lock a call takes to swap its pipes onto fds 1/2: a host write
+            # under way ends on the host's fds before they are swapped.
+            with _HOST_HELD.swap:
+                if _HOST_HELD.routing:  # fds 1/2 are the call's pipes: later, not into it
+                    return _HOST_HELD.hold(self, text)
+                return int(self.original.write(text) or 0)
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         (call.out if self._name == "stdout" else call.err)(engine.escape_text(text))
         return len(text)
 
     def flush(self) -> None:
-        if _target_call() is None and not _HOST_HELD.routing:
-            with contextlib.suppress(Exception):
-                self.original.flush()
+        if _target_call() is None:
+            with _HOST_HELD.swap:
+                if not _HOST_HELD.routing:
+                    with contextlib.suppress(Exception):
+                        self.original.flush()
 
     def isatty(self) -> bool:
         if _target_call() is None and not _HOST_HELD.routing:  # the host's, between calls
@@ -233,7 +238,8 @@ class routed_streams:
         if saved[2] is not _STDIN:
             _STDIN.original = saved[2]
         sys.stdout, sys.stderr, sys.stdin = _STDOUT, _STDERR, _STDIN
-        _HOST_HELD.routing = True
+        with _HOST_HELD.swap:  # no host write is under way when the call's pipes go in
+            _HOST_HELD.routing = True
 
     def __exit__(self, *exc: object) -> None:
         _HOST_HELD.routing = False
@@ -253,6 +259,18 @@ class routed_streams:
             _HOST_HELD.release()  # the host's fds are its own again
 
 
+def install_streams() -> None:
+    """Put the routing proxies in as ``sys.stdout``/``stderr``/``stdin`` now, not at the
+    first call: a host thread in the middle of a print when a call starts then writes the
+    rest through them (held until the call ends), never through the host's own stream,
+    whose fd is the call's pipe by then. Between calls they pass everything through."""
+    for name, proxy in (("stdout", _STDOUT), ("stderr", _STDERR), ("stdin", _STDIN)):
+        current = getattr(sys, name)
+        if current is not None and current is not proxy:
+            proxy.original = current
+            setattr(sys, name, proxy)
+
+
 class _HostHeld:
     """What host threads (no call's) print while a call runs, written out after it.
 
@@ -264,6 +282,9 @@ class _HostHeld:
 
     def __init__(self, limit: int = 1 << 20) -> None:
         self.routing = False
+        # Held by a host thread's write to the host's stream and by a call putting its
+        # pipes on fds 1/2 (see _RoutedStream.write): never both at once.
+        self.swap = threading.RLock()
         self._lock = threading.Lock()
         self.held: list[tuple[_RoutedStream, str]] = []
         self._size = 0
