@@ -268,3 +268,31 @@ def test_lines_parsed_in_one_batch_read_as_each_alone() -> None:
     for lines in (good, good[:1] + odd + good[1:], odd):
         assert journal.parse_lines(lines, columns) == [parse_line(x, columns) for x in lines]
     assert journal.parse_lines(good, columns)[1] == (2, {"a": "caf\udce9", "b": [1, 2]})
+
+
+def test_a_row_read_back_as_a_list_goes_to_the_file_as_the_same_row_as_a_dict() -> None:
+    """The log's own lines, read back as lists of values and encoded without a dict,
+    reach the file as the same columns and values as the dict of that line: every
+    kind of value (texts to escape and cap, flags, JSON columns, NULLs anywhere)."""
+    long = "y" * (store.CODE_CAP_BYTES + 10)
+    rows: list[dict[str, Any]] = [
+        {"at": 1.5, "kind": "call", "language": "python", "session_id": 0,
+         "state_mode": "stateful", "code": "x = 1", "duration_ms": 0.2, "outcome": "ok",
+         "changed": {"rebound": ["x"], "deleted": []}, "stdout": "", "stderr": ""},
+        {"at": 2.0, "kind": None, "code": long, "code_truncated": 1, "session_name": "caf\udce9",
+         "state_lost": True, "retried": 1, "isolation": {"files": "protected"},
+         "stdout": "o" * (store.OUTPUT_CAP_BYTES * 2), "stderr": "e\udcff", "result": "3",
+         "error": "boom", "suggestion": "s", "traceback": "t", "call_id": "c1",
+         "replay_of": 4, "exit_code": 2, "venv_id": 7},
+        {"at": 3.0},
+        {"at": 4.0, "code": None, "changed": [1, "a"], "state_lost": 0},
+    ]
+    for row in rows:
+        line = ("[9," + store._dumps(list(map(row.get, store._JOURNALED)))[1:]).encode()
+        as_list = journal.parse_lines([line], store._JOURNALED, as_lists=True)[0]
+        as_dict = parse_line(line, store._JOURNALED)
+        assert as_list is not None and as_dict is not None
+        assert isinstance(as_list[1], list)
+        expected = store._bound(store.encode_row(as_dict[1], "me"))
+        assert store._bound_journaled(as_list[1], "me") == expected
+        assert store._bound_journaled(dict(as_dict[1]), "me") == expected

@@ -241,10 +241,12 @@ def parse_line(line: bytes, columns: Sequence[str]) -> tuple[int, dict[str, Any]
     return number, dict(zip(columns, values[1:], strict=True))
 
 
-def parse_lines(lines: Sequence[bytes],
-                columns: Sequence[str]) -> list[tuple[int, dict[str, Any]] | None]:
+def parse_lines(lines: Sequence[bytes], columns: Sequence[str], as_lists: bool = False
+                ) -> list[tuple[int, Any] | None]:
     """:func:`parse_line` of each of ``lines``, in one JSON parse where they all parse
-    (a log's own lines: one parse a batch, not one a row), else one a line."""
+    (a log's own lines: one parse a batch, not one a row), else one a line. With
+    ``as_lists`` a row of that one parse is its list of values in the order of
+    ``columns`` rather than a dict (a line parsed alone is a dict all the same)."""
     try:
         found = json.loads(b"[" + b",".join(lines) + b"]")
     except (ValueError, RecursionError):
@@ -252,11 +254,13 @@ def parse_lines(lines: Sequence[bytes],
     if not isinstance(found, list) or len(found) != len(lines):
         return [parse_line(line, columns) for line in lines]
     width = len(columns) + 1
-    rows: list[tuple[int, dict[str, Any]] | None] = []
+    rows: list[tuple[int, Any] | None] = []
     for values in found:
         number = values[0] if isinstance(values, list) and len(values) == width else None
         if isinstance(number, bool) or not isinstance(number, int):
             rows.append(None)
+        elif as_lists:
+            rows.append((number, values[1:]))
         else:
             rows.append((number, dict(zip(columns, values[1:], strict=True))))
     return rows

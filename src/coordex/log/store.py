@@ -53,6 +53,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import json
 import os
 import secrets
@@ -241,13 +242,62 @@ def _bound(row: dict[str, Any]) -> tuple[tuple[str, ...], list[Any]]:
     """The columns of ``row`` to name in an ``INSERT`` and their values: a None is left
     out (its column is NULL all the same) rather than bound, as binding one costs
     sqlite3 a failed adapter lookup (an exception made and dropped) per value."""
-    values = list(map(row.get, _WRITTEN))
+    return _bound_values(list(map(row.get, _WRITTEN)))
+
+
+def _bound_values(values: list[Any]) -> tuple[tuple[str, ...], list[Any]]:
+    """:func:`_bound` of a row given as its values in the order of :data:`_WRITTEN`."""
     if None not in values:
         return _WRITTEN, values
-    named = tuple([c for c, v in zip(_WRITTEN, values, strict=True) if v is not None])
+    flags = bytes([v is not None for v in values])
+    named = _NAMED.get(flags)
+    if named is None:
+        named = tuple(itertools.compress(_WRITTEN, flags))
+        if len(_NAMED) < 1024:  # a handful of shapes in practice
+            _NAMED[flags] = named
     if not named:  # nothing but NULLs: refused as before (``at`` is NOT NULL)
         return _WRITTEN[:1], [None]
-    return named, [v for v in values if v is not None]
+    return named, list(itertools.compress(values, flags))
+
+
+# The columns a row names, by which of its values are not None (see ``_bound_values``).
+_NAMED: dict[bytes, tuple[str, ...]] = {}
+# Where a journal row's values sit (``_JOURNALED`` order), for :func:`_bound_journaled`.
+_AT_J = {c: i for i, c in enumerate(_JOURNALED)}
+_CODE_J, _TRUNC_J, _NAME_J = _AT_J["code"], _AT_J["code_truncated"], _AT_J["session_name"]
+_FLAGS_J = (_AT_J["state_lost"], _AT_J["retried"])
+_JSON_J = (_AT_J["isolation"], _AT_J["changed"])
+_RETURNED_J = tuple(_AT_J[c] for c in _RETURNED)
+assert (_JOURNALED[0], "owner", *_JOURNALED[1:], SAID_BY) == _WRITTEN
+
+
+def _bound_journaled(row: dict[str, Any] | list[Any],
+                     owner: str) -> tuple[tuple[str, ...], list[Any]]:
+    """``_bound(encode_row(row, owner))`` of a journal's row: a dict, or (the log's
+    own lines, read back in a batch) a list of values in the order of
+    :data:`_JOURNALED`, encoded in place without a dict (the log's thread does this for
+    every call: half the work)."""
+    if isinstance(row, dict):
+        return _bound(encode_row(row, owner))
+    values = row
+    code = values[_CODE_J]
+    if isinstance(code, str):
+        code, truncated = cap_code(code)
+        values[_CODE_J] = escape_text(code)
+        values[_TRUNC_J] = int(truncated or bool(values[_TRUNC_J]))
+    else:
+        values[_TRUNC_J] = 0
+    name = values[_NAME_J]
+    if isinstance(name, str):
+        values[_NAME_J] = escape_text(name)
+    for at in _FLAGS_J:
+        values[at] = int(bool(values[at]))
+    for at in _JSON_J:
+        values[at] = _json(values[at])
+    for at in _RETURNED_J:
+        if values[at] is not None:
+            values[at] = cap_output(values[at])
+    return _bound_values([values[0], owner, *values[1:], None])
 
 
 def _insert_one(conn: sqlite3.Connection, row: dict[str, Any]) -> int | None:
@@ -255,13 +305,14 @@ def _insert_one(conn: sqlite3.Connection, row: dict[str, Any]) -> int | None:
     return conn.execute(_insert_sql(columns), values).lastrowid
 
 
-def _insert_many(conn: sqlite3.Connection, rows: list[tuple[int, dict[str, Any]]],
+def _insert_many(conn: sqlite3.Connection,
+                 rows: list[tuple[int, tuple[tuple[str, ...], list[Any]]]],
                  seqs: list[int | None]) -> None:
-    """Insert ``rows`` (``(index, encoded row)``) in as few statements as their
-    columns allow (rows naming the same columns, one after another, share one), setting
-    ``seqs[index]``; a row the file refuses (then one statement a row) is left out
-    alone."""
-    bound = [_bound(row) for _, row in rows]
+    """Insert ``rows`` (``(index, (columns, values))``: a row's :func:`_bound`) in as
+    few statements as their columns allow (rows naming the same columns, one after
+    another, share one), setting ``seqs[index]``; a row the file refuses (then one
+    statement a row) is left out alone."""
+    bound = [row for _, row in rows]
     start = 0
     while start < len(rows):
         columns = bound[start][0]
@@ -373,7 +424,8 @@ class SQLiteWriter:
         return seq
 
     def append_journaled(self, owner: str,
-                         rows: Sequence[tuple[int, dict[str, Any]]]) -> list[int | None]:
+                         rows: Sequence[tuple[int, dict[str, Any] | list[Any]]]
+                         ) -> list[int | None]:
         """Insert rows of ``owner``'s journal (``(number, row)``, oldest first, each row
         as the journal holds it: :func:`encode_row` makes it a row of the file) that the
         file does not hold yet, and record the last number, in one transaction. Returns
@@ -388,8 +440,8 @@ class SQLiteWriter:
                 found = conn.execute("SELECT upto FROM journals WHERE owner = ?",
                                      (owner,)).fetchone()
                 upto = found[0] if found else 0
-                fresh = [(i, encode_row(row, owner)) for i, (number, row) in enumerate(rows)
-                         if number > upto]
+                fresh = [(i, _bound_journaled(row, owner))
+                         for i, (number, row) in enumerate(rows) if number > upto]
                 for start in range(0, len(fresh), _MANY):
                     _insert_many(conn, fresh[start:start + _MANY], seqs)
                 upto = max([upto, *(number for number, _ in rows)])
@@ -667,7 +719,7 @@ class CallLog:
             return True
         # This log's own lines: each parses (a None would count as a row refused alone).
         rows = [found or (0, {}) for found in parse_lines([e.line or b"" for e in batch],
-                                                          _JOURNALED)]
+                                                          _JOURNALED, as_lists=True)]
         try:
             seqs = self._sqlite.append_journaled(self.owner, rows)
         except (sqlite3.Error, OSError) as exc:
