@@ -19,12 +19,18 @@ from typing import Any
 from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
-from .store import COLUMNS, CallLog, LogReader, decode_row, rows_where
+from .store import _JOURNALED, COLUMNS, CallLog, LogReader, decode_row, rows_where
 
 # The keys of one history record (SPEC section 11), in order.
 HISTORY_KEYS = ("seq", "at", "language", "venv_id", "session_id", "session_name",
                 "state_mode", "code", "duration_ms", "outcome", "state_lost")
 MAX_LIMIT = 10_000
+# The columns of a call's row, in the order ``record_call`` lists its values.
+_ROW_KEYS = ("at", "kind", "language", "venv_id", "session_id", "session_name", "state_mode",
+             "code", "code_truncated", "duration_ms", "outcome", "exit_code", "state_lost",
+             "retried", "isolation", "changed", "replay_of", "stdout", "stderr", "result",
+             "error", "suggestion", "traceback", "call_id")
+assert _ROW_KEYS == _JOURNALED, "record_call lists a row's values in the journal's order"
 
 
 # At most this many names per list, as files written (``isolation.WRITTEN_LIMIT``): a
@@ -166,23 +172,23 @@ def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
         if coordinate is not None or asked is None:
             state_mode = result.get("state_mode") or (
                 coordinate.state_mode if coordinate is not None else None)
-        row = {
-            "at": time.time() - duration / 1000.0, "kind": "call", "language": language,
-            "venv_id": venv_id, "session_id": session_id, "session_name": session_name,
-            "state_mode": state_mode, "code": code if isinstance(code, str) else None,
-            "duration_ms": duration, "outcome": error_type or "ok",
-            "exit_code": result.get("exit_code"), "state_lost": state_lost,
-            "retried": result.get("retried"), "isolation": result.get("isolation"),
-            "changed": changed, "replay_of": replay_of,
+        # The row's values in the journal's order (``store._JOURNALED``): a list, no
+        # dict, on the path of every call.
+        values = [
+            time.time() - duration / 1000.0, "call", language, venv_id, session_id,
+            session_name, state_mode, code if isinstance(code, str) else None, None,
+            duration, error_type or "ok", result.get("exit_code"), state_lost,
+            result.get("retried"), result.get("isolation"), changed, replay_of,
             # SPEC 11: what the call returned, an empty stream as "" (None: it had none).
-            "stdout": _text_or_none(result.get("stdout")),
-            "stderr": _text_or_none(result.get("stderr")),
-            "result": result.get("result"), "error": result.get("error"),
-            "suggestion": result.get("suggestion"), "traceback": result.get("traceback"),
-            "call_id": call_id}
+            _text_or_none(result.get("stdout")), _text_or_none(result.get("stderr")),
+            result.get("result"), result.get("error"), result.get("suggestion"),
+            result.get("traceback"), call_id]
         # A row reserved while the call ran is completed in the file; any other goes
         # through the journal (durable at once, in the file a moment later).
-        logged = LoggedRow(log.append(row, seq) if seq is not None else (log, log.record(row)))
+        if seq is not None:
+            logged = LoggedRow(log.append(dict(zip(_ROW_KEYS, values, strict=True)), seq))
+        else:
+            logged = LoggedRow((log, log.record_values(values)))
         if not logged.written:  # never silent: the caller is told
             result["warning"] = (
                 "This call ran, but its row could not be written to the call log "

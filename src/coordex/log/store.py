@@ -268,6 +268,7 @@ _CODE_J, _TRUNC_J, _NAME_J = _AT_J["code"], _AT_J["code_truncated"], _AT_J["sess
 _FLAGS_J = (_AT_J["state_lost"], _AT_J["retried"])
 _JSON_J = (_AT_J["isolation"], _AT_J["changed"])
 _RETURNED_J = tuple(_AT_J[c] for c in _RETURNED)
+_CHANGED_J = _AT_J["changed"]
 assert (_JOURNALED[0], "owner", *_JOURNALED[1:], SAID_BY) == _WRITTEN
 
 
@@ -600,15 +601,29 @@ class CallLog:
         once for whoever reads through this log. Returns the row's handle for
         :meth:`seq_of`. Never raises: a row that cannot be written is counted in
         ``dropped``."""
+        return self._record(list(map(values.get, _JOURNALED)), values)
+
+    def record_values(self, values: list[Any]) -> _Entry | None:
+        """:meth:`record` of a row given as its values in the order of
+        :data:`_JOURNALED` (as ``record_call`` makes it: no dict on a call's path)."""
+        return self._record(values, None)
+
+    def _record(self, values: list[Any], row: dict[str, Any] | None) -> _Entry | None:
         if self.forked:
             return None
-        changed = values.get("changed")
-        later = changed if callable(changed) else None
-        if later is not None:  # worked out later, off the call's path
-            values = {**values, "changed": None}
+        later = values[_CHANGED_J]
+        if callable(later):  # worked out later, off the call's path
+            values = values.copy()
+            values[_CHANGED_J] = None
+        else:
+            later = None
         entry = self._journaled(values)
         if entry is None:
-            entry = _Entry(seq=self._write_now(self._encode(values), None))
+            if row is None:
+                row = dict(zip(_JOURNALED, values, strict=True))
+            elif later is not None:
+                row = {**row, "changed": None}
+            entry = _Entry(seq=self._write_now(self._encode(row), None))
         if later is not None:
             self._defer(entry, later)
         if not self._wake.is_set() and (not entry.done or
@@ -654,16 +669,18 @@ class CallLog:
                             "session_id": session.get("session_id"),
                             "session_name": session.get("session_name"), "changed": detail})
 
-    def _journaled(self, values: dict[str, Any]) -> _Entry | None:
-        """``values`` written to the journal as they are (only a text far past its cap
-        is cut first) and queued for the file, or None where there is no journal (or it
-        failed: the row then goes straight to the file)."""
+    def _journaled(self, values: list[Any]) -> _Entry | None:
+        """A row (its values in the order of :data:`_JOURNALED`) written to the journal
+        as it is (only a text far past its cap is cut first) and queued for the file, or
+        None where there is no journal (or it failed: the row then goes straight to the
+        file)."""
         if not self._journaling:
             return None
         try:
-            values_json = _dumps(list(map(values.get, _JOURNALED)))
+            values_json = _dumps(values)
             if len(values_json) > _LONG_ROW:
-                values_json = _dumps(list(map(_cut(values).get, _JOURNALED)))
+                values_json = _dumps(list(map(
+                    _cut(dict(zip(_JOURNALED, values, strict=True))).get, _JOURNALED)))
         except (TypeError, ValueError, RecursionError):
             return None  # a value JSON cannot hold: the file's encoding copes
         with self._queue_lock:
