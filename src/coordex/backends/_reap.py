@@ -216,6 +216,50 @@ def _runs(pid: int) -> bool:
         return False
 
 
+class Adopted:
+    """What :func:`stop` and a place ask of a ``Popen``, for a process that is not our
+    child (a fork of a session's worker or shell): its end is read from ``/proc``.
+
+    ``reaps``: it may be our child after all (its parent gone, this process a
+    subreaper), so each poll tries to reap it first (its exit status then). Otherwise
+    its status is :meth:`ended`'s: SIGKILL unless a subclass knows better.
+    ``pause``: seconds between two polls while :meth:`wait` waits."""
+
+    stdin = stdout = None
+
+    def __init__(self, pid: int, what: str, *, reaps: bool = False,
+                 pause: float = 0.005) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.args = [what]
+        self.reaps, self.pause = reaps, pause
+
+    def ended(self) -> int:
+        """The status of a process seen gone that this process could not reap."""
+        return -signal.SIGKILL
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            if self.reaps:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+                        return self.returncode
+            if not _runs(self.pid):
+                self.returncode = self.ended()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(self.pause)
+        assert self.returncode is not None
+        return self.returncode
+
+
 # Forks of a kept bash (``fork_session``): bash cannot leave its process session
 # without exec, so a fork leads a process group of its own in its source's session.
 # session id -> the groups of its live forks: spared when the source closes; the keeper

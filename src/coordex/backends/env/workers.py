@@ -202,7 +202,8 @@ class _WorkerProcess:
         self.capability_names, self.hello, self.close_step = None, {}, None
         self._carry, self._counter, self._closed, self._busy = {}, 0, False, False
         self._state_lock = threading.Lock()
-        self._proc = _Adopted(pid)  # type: ignore[assignment]
+        # Not our child: its parent, the source worker, reaps it.
+        self._proc = _reap.Adopted(pid, "(forked worker)")  # type: ignore[assignment]
         self._to_worker, self._from_worker, self._out_r, self._err_r = fds
         _reap.keeper().watch(pid)  # it ends if this process dies, as a spawned one does
         self._attach()
@@ -553,30 +554,6 @@ class _WorkerProcess:
         for fd in (self._to_worker, self._from_worker, self._out_r, self._err_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-class _Adopted:
-    """What :func:`_reap.stop` and this module ask of a ``Popen``, for a worker that is
-    not our child (a fork of a session's worker): its end is read from ``/proc``."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self.args = ["(forked worker)"]
-
-    def poll(self) -> int | None:
-        if self.returncode is None and not _reap._runs(self.pid):
-            self.returncode = -signal.SIGKILL  # its parent, the source worker, reaps it
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            time.sleep(0.005)
-        assert self.returncode is not None
-        return self.returncode
 
 
 def _unread(fd: int) -> int:

@@ -644,18 +644,14 @@ class Shell:
                 pass
 
 
-class _Adopted:
-    """What :func:`_reap.stop` and :class:`Shell` ask of a ``Popen``, for a fork of a
-    session's shell: not our child (its parent is gone, or is a subreaper: reaped here
-    then), so its end is read from ``/proc``."""
-
-    stdin = stdout = None
+class _Adopted(_reap.Adopted):
+    """A fork of a session's shell: not our child (its parent is gone, or is a
+    subreaper: reaped here then), its end read from ``/proc``; the status its EXIT
+    trap said where it could not be reaped here."""
 
     def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
+        super().__init__(pid, "(forked bash)", reaps=True, pause=0.002)
         self.said: int | None = None
-        self.args = ["(forked bash)"]
 
     def take_status(self, records: list[tuple[bytes, int, int, bytes]]) -> None:
         """The exit status the fork's EXIT trap reported (``TOKEN e 0 STATUS :``)."""
@@ -663,26 +659,8 @@ class _Adopted:
             if kind == b"e":
                 self.said = status
 
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            with contextlib.suppress(ChildProcessError, OSError):
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-                    return self.returncode
-            if not _reap._runs(self.pid):
-                # Its status, as its EXIT trap said it; else it was killed.
-                self.returncode = -signal.SIGKILL if self.said is None else self.said
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            time.sleep(0.002)
-        assert self.returncode is not None
-        return self.returncode
+    def ended(self) -> int:
+        return -signal.SIGKILL if self.said is None else self.said  # else: it was killed
 
 
 def _anonymous_file() -> int:
