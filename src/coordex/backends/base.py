@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..core.facts import Ran
 from ..core.messages import PlaceKind
+from ..core.quick import quick_init
 from ..core.results import DEFAULT_OUTPUT_LIMIT, OutputBuffer
 from ..core.terminal import QueryFilter
 
@@ -36,6 +37,7 @@ INTERRUPT_GRACE = 2.0
 SESSION_CWD = "."
 
 
+@quick_init
 @dataclass(frozen=True)
 class RunRequest:
     code: str

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from .errors import CoordexError
+from .quick import quick_init
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ Event = Ok | Exited | Raised | TimedOut | Died | Closed | StartFailed | Busy
 OK = Ok()
 
 
+@quick_init
 @dataclass(frozen=True)
 class Ran:
     """One attempt at a call, as its place saw it.

@@ -38,6 +38,7 @@ from .messages import (
     rebuild_hint,
     session_busy,
 )
+from .quick import quick_init
 from .results import success
 
 # What a read-only call claims when nothing says otherwise (nothing ran: no copy).
@@ -45,6 +46,7 @@ _NO_COPY = {"names": True, "objects": True, "files": "none", "copy": "none"}
 _OUTPUT = ("stdout", "stderr", "truncated", "result", "exit_code", "images")
 
 
+@quick_init
 @dataclass(frozen=True)
 class Settled:
     """What the session table settled for one call in ``mode`` at a ``place``: the last
@@ -105,6 +107,7 @@ class Settled:
         return self.ran.deleted if self.mode != "stateless" else ()
 
 
+@quick_init
 @dataclass(frozen=True)
 class CallRecord:
     """One ``execute_code`` (or stored-function) call as its result tells it.
