@@ -58,6 +58,41 @@ HOLD_MAX = 4096
 _hold_left = [0, 0, 0, HOLD_CALLS]
 
 
+class _EventGo:
+    """The runner's go signal over an ``eventfd``: ``release`` writes it with the GIL
+    let go first (``os.eventfd_write`` is a system call made without the GIL), so the
+    runner it wakes takes the GIL at once; a lock's ``release`` wakes the runner while
+    the caller still holds the GIL, and the runner, woken on the caller's CPU, runs only
+    to find the GIL held, sleeps again and is woken a second time (about three switches
+    more a call). ``acquire`` waits without the GIL, as a lock's does."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self) -> None:
+        self._fd = os.eventfd(0, os.EFD_CLOEXEC)
+
+    def acquire(self) -> bool:
+        os.eventfd_read(self._fd)  # every release so far: the runner looks at its job
+        return True
+
+    def release(self) -> None:
+        os.eventfd_write(self._fd, 1)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.close(self._fd)
+
+
+def _go_signal() -> _EventGo | Any:
+    """The runner's go signal: an ``eventfd`` where there is one, else a held lock."""
+    if hasattr(os, "eventfd"):
+        with contextlib.suppress(OSError):
+            return _EventGo()
+    go = _thread.allocate_lock()
+    go.acquire()
+    return go
+
+
 class Runner:
     """A daemon thread that runs one job at a time; the caller waits with a deadline.
 
@@ -82,8 +117,7 @@ class Runner:
     """
 
     def __init__(self) -> None:
-        self._go = _thread.allocate_lock()
-        self._go.acquire()
+        self._go = _go_signal()
         self.done = _thread.allocate_lock()  # released once per job, after it ended
         self.done.acquire()
         self._lock = _thread.allocate_lock()
