@@ -146,14 +146,14 @@ class Figures:
     # -- read when scraped ----------------------------------------------------------------
 
     def sessions(self) -> dict[tuple[str, str, str, str], int]:
-        """{(tenant, language, place, state): n}, state one of open (idle), busy, kept."""
+        """{(tenant, language, place, state): n}, state one of open (idle), busy, kept.
+
+        Busy: a session a tool call is running in, or one a detached call (SPEC 14)
+        holds after its request returned (``list_sessions`` marks it ``busy``)."""
         counts: dict[tuple[str, str, str, str], int] = {}
         with self._lock:
             busy = dict(self._busy)
-        busy_by: dict[tuple[str, str, str], int] = {}
-        for tenant, language, place, _venv, _session in busy:
-            where = (tenant, language, place)
-            busy_by[where] = busy_by.get(where, 0) + 1
+        held_busy: set[tuple[str, str, str, str, str]] = set()
         for source, executor in self.sources():
             tenant = source or ""
             for record in _held_sessions(executor):
@@ -161,21 +161,48 @@ class Figures:
                     ("own" if record.get("venv_id") is None else "env")
                 if record.get("node"):
                     place = "cluster"
+                language = str(record.get("language"))
                 state = "open" if record.get("held", True) else "kept"
-                key = (tenant, str(record.get("language")), place, state)
+                if record.get("busy") is True:
+                    state = "busy"
+                    venv = "" if record.get("venv_id") is None else str(record["venv_id"])
+                    for label in (record.get("session_name"), record.get("session_id")):
+                        if label is not None:
+                            held_busy.add((tenant, language, place, venv, str(label)))
+                key = (tenant, language, place, state)
                 counts[key] = counts.get(key, 0) + 1
+        busy_by: dict[tuple[str, str, str], int] = {}
+        for tenant, language, place, venv, session in busy:
+            if (tenant, language, place, venv, session) in held_busy:
+                continue  # counted busy from its listing already
+            where = (tenant, language, place)
+            busy_by[where] = busy_by.get(where, 0) + 1
         for (tenant, language, place), n in busy_by.items():
             opened = (tenant, language, place, "open")
             moved = min(n, counts.get(opened, 0))
             if moved:
                 counts[opened] -= moved
-            counts[(tenant, language, place, "busy")] = n
+                if not counts[opened]:
+                    del counts[opened]
+            busied = (tenant, language, place, "busy")
+            counts[busied] = counts.get(busied, 0) + n
         return counts
 
     def detached(self) -> dict[str, int]:
-        """Detached calls by tenant: each tenant's figure, 0 until it has one."""
+        """Detached calls by tenant: calls answered ``running`` (SPEC 14) whose code
+        still runs, as each executor's running calls (the page's ``GET running``) list
+        them; 0 for a tenant that has none."""
+        from ..log.running import calls_of
+
         counts = {tenant or "": 0 for tenant, _ in self.sources()}
-        counts.update(shared.DETACHED)
+        for source, executor in self.sources():
+            try:
+                running = calls_of(executor).running()
+            except Exception:  # a closing executor: nothing runs
+                continue
+            tenant = source or ""
+            counts[tenant] = counts.get(tenant, 0) + sum(
+                1 for call in running if call.get("detached") is True)
         return counts
 
     def render(self, tenant: str | None = None) -> bytes:
