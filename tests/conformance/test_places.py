@@ -29,7 +29,7 @@ from coordex.backends.base import Checkpointable, Forkable, Kept, RunsNested
 from coordex.backends.env.workers import WorkerSession
 from coordex.backends.own import OwnSession
 from coordex.backends.shell import ShellSession
-from tests.conftest import assert_no_new_children, child_pids
+from tests.conftest import alive, assert_no_new_children, child_pids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -751,17 +751,9 @@ def test_a_forked_worker_ends_with_the_executor_even_after_its_source(
     finally:
         ex.close()
     deadline = time.monotonic() + 5
-    while _runs(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _runs(pid)
-
-
-def _runs(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
+    assert not alive(pid)
 
 
 def test_what_cannot_be_kept_is_named_in_left_out(at: At) -> None:
