@@ -1,7 +1,9 @@
 """SPEC 16 word for word, through `coordex serve --metrics --log-level info` driven by
 the official MCP client: every metric family by its SPEC name and labels (read with
-Prometheus's parser), a detached call (SPEC 14) counted as one and its session as busy,
-and the server's per-call log line kept out of the output of the call it reports on."""
+Prometheus's parser), a detached call (SPEC 14) counted as one and its session as busy
+while it runs, counted among the calls once it ends by its outcome (``ok`` or the
+error_type), and the server's per-call log line kept out of the output of the call it
+reports on."""
 
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ def test_metrics_names_labels_detached_calls_and_the_log_line(tmp_path: Path,
             assert first.get("running") is True, first
             seen["during"] = scrape(base)
             seen["final"] = await call("wait_call", {"call_id": first["call_id"]})
+            assert await call("wait_call", {"call_id": first["call_id"]}) == seen["final"]
             await call("close_session", {"session_name": "a"})
             seen["rebuilt"] = await call("rebuild_session", {"session_name": "a"})
 
@@ -108,7 +111,10 @@ def test_metrics_names_labels_detached_calls_and_the_log_line(tmp_path: Path,
             assert got == labels, (name, sample)
     assert values(after["coordex_detached_calls"]) == {(): 0.0}
     assert values(after["coordex_rebuilds"], "_total") == {(): 1.0}
-    calls = values(after["coordex_calls"], "_total")
-    ok = (("language", "python"), ("outcome", "ok"), ("place", "own"),
-          ("state_mode", "stateful"))
-    assert calls[ok] >= 1
+    # The detached call counts once, when it ended, by its outcome (ok or the
+    # error_type), never as "running"; its duration is its own, not the wait.
+    coords = (("language", "python"), ("place", "own"), ("state_mode", "stateful"))
+    ok = tuple(sorted((*coords, ("outcome", "ok"))))
+    assert values(after["coordex_calls"], "_total") == {ok: 2.0}
+    assert values(after["coordex_call_duration_seconds"], "_count") == {coords: 2.0}
+    assert values(after["coordex_call_duration_seconds"], "_sum")[coords] > 2.5
