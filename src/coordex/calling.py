@@ -140,6 +140,8 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     tee: spill.Tee | None = None  # a stored function's inner call is fitted by its caller
     done: Done | None = None
     log_on = ex._call_log is not None
+    # Taken as the call begins: a stored function this call's code calls finds it said.
+    lost_before = ex._table.unsaid_loss and ex._table.take_unsaid_loss()
     recorded = getattr(_recorded_call, "record", None)  # a call given wait (SPEC 14)
     call_id = recorded.take_row_id() if recorded is not None else None
     try:
@@ -174,13 +176,15 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     except CoordexError as exc:
         record = CallRecord(
             coordinate.state_mode if coordinate is not None else None,
-            _asked_session(coordinate), ms(started), refused=exc, log_on=log_on)
+            _asked_session(coordinate), ms(started), refused=exc, log_on=log_on,
+            lost_before=lost_before)
     else:
         # A person stopped it from the page (this one's, or the owner's of a forwarded
         # call), or its caller cancelled it.
         stopped: StoppedBy | None = "person" if running.interrupted else stopped_by(cancel)
         record = CallRecord(coordinate.state_mode, done.session, ms(started), done.settled,
-                            None, done.restored, done.restore_lost, stopped, log_on)
+                            None, done.restored, done.restore_lost, stopped, log_on,
+                            lost_before)
     result = render(record)
     if tee is not None:
         result = tee.finish(result, output_limit)

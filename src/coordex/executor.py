@@ -113,6 +113,10 @@ class Executor:
             a fork of the session's process (the session keeps answering), and at close.
         persist_max_bytes: a snapshot larger than this is not written; the session is
             then kept by replaying its calls alone.
+        replaces_lost: this Executor starts in place of one that died with its sessions
+            (a confined host started again, SPEC 9): the first ``execute_code`` or
+            ``call_function`` result (or error) says ``state_lost: true``, once; one
+            that says ``restored`` says that instead.
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -127,7 +131,7 @@ class Executor:
                  cluster: str | None = None, own_on_caller_thread: bool = False,
                  environments_manager: Any = None, records: Any = None,
                  persist: bool = False, snapshot_interval: float = 30.0,
-                 persist_max_bytes: int = 2**31) -> None:
+                 persist_max_bytes: int = 2**31, replaces_lost: bool = False) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -157,7 +161,8 @@ class Executor:
                                    inline=bool(own_on_caller_thread))
         self._places = Places(self, self._own_place)
         self._table = SessionTable(max_sessions,
-                                   self._own_place.open_session(namespace=self.plan_namespace))
+                                   self._own_place.open_session(namespace=self.plan_namespace),
+                                   replaces_lost=replaces_lost)
         self._call_log = open_call_log(self.root, self._records, log, log_max_rows)
         self._keeping = Keeping.open(self.root, self._table, self._call_log, persist=persist,
                                      interval=snapshot_interval, max_bytes=persist_max_bytes)
