@@ -33,20 +33,20 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import sessions, spill
-from .backends.base import SESSION_CWD, RunRequest, RunsNested
+from .backends.base import SESSION_CWD, OutputCallback, RunRequest, RunsNested
 from .core import coordinates as coords
 from .core.bindings import bound_names
-from .core.coordinates import Coordinate, SessionKey
+from .core.coordinates import Coordinate, Language, SessionKey, StateMode
 from .core.errors import CoordexError, validation
 from .core.record import CallRecord, Settled, StoppedBy, render, stopped_by
 from .core.results import session_record
 from .log.calls import changes, record_call
-from .log.detached import _current as _recorded_call
 from .log.running import where
 from .observe.hook import call_env, watch_call
 
 if TYPE_CHECKING:
     from .executor import Executor
+    from .log.detached import CallRecord as Recorded
 
 
 class Done:
@@ -70,20 +70,26 @@ class Done:
         self.names_changed = False
 
 
-def watched_start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
-                  session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
-                  on_progress: Any, cancel: threading.Event | None, wait: Any, *,
-                  replay_of: int | None = None) -> dict[str, Any]:
+def watched_start(ex: Executor, code: str, language: Language, state_mode: StateMode,
+                  session_id: int | None, session_name: str | None, venv_id: int | None,
+                  timeout: float | None, on_output: OutputCallback | None,
+                  on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
+                  wait: float | None, *,
+                  replay_of: int | None = None, recorded: Recorded | None = None
+                  ) -> dict[str, Any]:
     """``execute_code`` as observed (SPEC 16): :func:`start` inside its span, if any.
-    ``replay_of``: the logged call a rebuild replays (its row says so)."""
+    ``replay_of``: the logged call a rebuild replays (its row says so); ``recorded``:
+    the call record (SPEC 14) of the call making this one (a rebuild given ``wait``)."""
     watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
     if watch is None:
         return start(ex, code, language, state_mode, session_id, session_name, venv_id,
-                     timeout, on_output, on_progress, cancel, wait, replay_of=replay_of)
-    result: Any = None
+                     timeout, on_output, on_progress, cancel, wait, replay_of=replay_of,
+                     recorded=recorded)
+    result: dict[str, Any] | None = None
     try:
         result = start(ex, code, language, state_mode, session_id, session_name, venv_id,
-                       timeout, on_output, on_progress, cancel, wait, replay_of=replay_of)
+                       timeout, on_output, on_progress, cancel, wait, replay_of=replay_of,
+                       recorded=recorded)
     finally:
         watch.done({"code": code, "language": language, "state_mode": state_mode,
                     "session_id": session_id, "session_name": session_name,
@@ -93,46 +99,56 @@ def watched_start(ex: Executor, code: Any, language: Any, state_mode: Any, sessi
 
 
 def replay(ex: Executor, seq: int, code: str, *, language: Any, venv_id: Any,
-           timeout: Any, session_id: Any = None, session_name: Any = None) -> dict[str, Any]:
+           timeout: Any, session_id: Any = None, session_name: Any = None,
+           recorded: Recorded | None = None) -> dict[str, Any]:
     """A rebuild's replay of logged call ``seq``: ``execute_code(code)`` in the stateful
-    session named, whose row is marked ``replay_of`` ``seq``."""
+    session named, whose row is marked ``replay_of`` ``seq``; ``recorded``: the
+    rebuild's call record, when it was given ``wait``."""
     return watched_start(ex, code, language, "stateful", session_id, session_name, venv_id,
-                         timeout, None, None, None, None, replay_of=seq)
+                         timeout, None, None, None, None, replay_of=seq, recorded=recorded)
 
 
-def start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
-          session_name: Any, venv_id: Any, timeout: Any, on_output: Any, on_progress: Any,
-          cancel: threading.Event | None, wait: Any, *,
-          replay_of: int | None = None) -> dict[str, Any]:
+def start(ex: Executor, code: str, language: Language, state_mode: StateMode,
+          session_id: int | None, session_name: str | None, venv_id: int | None,
+          timeout: float | None, on_output: OutputCallback | None,
+          on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
+          wait: float | None, *,
+          replay_of: int | None = None, recorded: Recorded | None = None) -> dict[str, Any]:
     """``execute_code``: run now (:func:`execute`), or through the call records of SPEC
-    14 when given ``wait`` or when a detached call or a held result exists."""
-    if wait is None and not ex._calls.active:
-        if cancel is None and (record := getattr(_recorded_call, "record", None)):
-            cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
+    14 when given ``wait`` or when a detached call or a held result exists. A call made
+    by a recorded call (``recorded``: a rebuild's replays) runs as it is, under that
+    record: its cancel reaches it, and the book does not see it again."""
+    if recorded is not None or (wait is None and not ex._calls.active):
+        if cancel is None and recorded is not None:
+            cancel = recorded.cancel
         return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
                        timeout, on_output, on_progress, cancel, ex.output_limit, nested=False,
-                       replay_of=replay_of)
+                       replay_of=replay_of, recorded=recorded)
     asked = {"code": code, "language": language, "state_mode": state_mode,
              "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
              "timeout": timeout}
 
-    def run(output: Any, event: threading.Event | None) -> dict[str, Any]:
+    def run(output: OutputCallback | None, event: threading.Event | None,
+            record: Recorded | None) -> dict[str, Any]:
         return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
                        timeout, output, on_progress, event, ex.output_limit, nested=False,
-                       replay_of=replay_of)
+                       replay_of=replay_of, recorded=record)
 
     return ex._calls.run("execute_code", asked, state_mode, run, wait, on_output, cancel)
 
 
-def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
-            session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
+def execute(ex: Executor, code: str, language: Language, state_mode: StateMode,
+            session_id: int | None, session_name: str | None, venv_id: int | None,
+            timeout: float | None, on_output: OutputCallback | None,
             on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
-            output_limit: int, *, nested: bool, replay_of: int | None = None
-            ) -> dict[str, Any]:
+            output_limit: int, *, nested: bool, replay_of: int | None = None,
+            recorded: Recorded | None = None) -> dict[str, Any]:
     """The body of every call: validate, run where the coordinate says, render.
 
     ``nested`` marks a stored-function call, which may come from code running in the
-    very session it names (see :func:`_active_session`).
+    very session it names (see :func:`_active_session`). ``recorded``: the call record
+    (SPEC 14) this call runs under, passed down from the book: its ``call_id`` goes on
+    this call's log row if no earlier call under it took it, and the page shows it.
     """
     started = time.perf_counter()
     coordinate: Coordinate | None = None
@@ -142,7 +158,6 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     log_on = ex._call_log is not None
     # Taken as the call begins: a stored function this call's code calls finds it said.
     lost_before = ex._table.unsaid_loss and ex._table.take_unsaid_loss()
-    recorded = getattr(_recorded_call, "record", None)  # a call given wait (SPEC 14)
     call_id = recorded.take_row_id() if recorded is not None else None
     try:
         code = coords.check_code(code)

@@ -50,7 +50,6 @@ from .core.shapes import (
 )
 from .environments.facade import Environments
 from .log.calls import open_call_log
-from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls
 from .long_work import LongWork
 from .observe.hook import watch_call, watched
@@ -60,6 +59,8 @@ from .sessions import SessionTable
 
 if TYPE_CHECKING:
     from .library.functions import FunctionLibrary
+    from .log.detached import CallRecord as Recorded
+    from .log.detached import Run
 
 PlaceKey = tuple[str, int | None]
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -251,17 +252,17 @@ class Executor:
 
     # ------------------------------------------------------------------ long work (SPEC 14)
 
-    def run_recorded(self, tool: str, arguments: dict[str, Any],
-                     run: Callable[[OutputCallback | None, threading.Event | None],
-                                   dict[str, Any]],
+    def run_recorded(self, tool: str, arguments: dict[str, Any], run: Run,
                      wait: float | None, on_output: OutputCallback | None = None,
                      cancel: threading.Event | None = None) -> dict[str, Any]:
-        """For front ends: run one tool call (``run(on_output, cancel)``) through the
-        call record of SPEC 14, as ``execute_code`` runs with ``wait``: ``busy`` for a
+        """For front ends: run one tool call (``run(on_output, cancel, record)``) through
+        the call record of SPEC 14, as ``execute_code`` runs with ``wait``: ``busy`` for a
         session a detached call holds, joined to an identical running call, a held
-        result redelivered, else run and waited for at most ``wait`` seconds."""
+        result redelivered, else run and waited for at most ``wait`` seconds. ``record``
+        (None when the call was run at once) goes down the call's path: to
+        :meth:`run_function_code` for a stored function."""
         if wait is None and not self._calls.active:
-            return run(on_output, cancel)
+            return run(on_output, cancel, None)
         return self._calls.run(tool, {k: v for k, v in arguments.items() if k != "wait"},
                               arguments.get("state_mode", "stateless"), run, wait,
                               on_output, cancel)
@@ -434,8 +435,8 @@ class Executor:
                  "session_name": session_name, "venv_id": venv_id}
         return cast(RebuildResult, self._calls.run(
             "rebuild_session", asked, "stateful",
-            lambda output, event: managing.rebuild_session(self, language, session_id,
-                                                           session_name, venv_id),
+            lambda output, event, record: managing.rebuild_session(
+                self, language, session_id, session_name, venv_id, record),
             wait, None, None))
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
@@ -577,11 +578,12 @@ class Executor:
 
     # ------------------------------------------------------------------ library hooks
 
-    def run_function_code(self, code: str, *, state_mode: str, session_id: int | None,
+    def run_function_code(self, code: str, *, state_mode: StateMode, session_id: int | None,
                           session_name: str | None, venv_id: int | None,
                           timeout: float | None, on_output: OutputCallback | None,
                           output_limit: int,
-                          on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                          on_progress: Callable[[str], None] | None = None,
+                          recorded: Recorded | None = None) -> dict[str, Any]:
         """``execute_code`` of Python for a stored-function call (the library's
         :class:`~coordex.library.functions.FunctionRunner`).
 
@@ -589,13 +591,15 @@ class Executor:
         output limit may be larger (the function's value comes back in ``result``), and
         a call from code running in the very session it names (plan code calling
         ``functions.f.stateful()(...)``) runs there at once instead of waiting for that
-        session's lock, which the outer call holds.
+        session's lock, which the outer call holds. ``recorded``: the call record
+        (SPEC 14) of a ``call_function`` given ``wait``: ``cancel_call`` reaches the code
+        through it, and the call's log row carries its ``call_id``.
         """
-        record = getattr(_recorded_call, "record", None)  # cancel_call reaches it
         return calling.execute(self, code, "python", state_mode, session_id, session_name,
                                venv_id, timeout, on_output, on_progress,
-                               record.cancel if record is not None else None,
-                               max(output_limit, self.output_limit), nested=True)
+                               recorded.cancel if recorded is not None else None,
+                               max(output_limit, self.output_limit), nested=True,
+                               recorded=recorded)
 
 
 # An Executor forgotten without close() still ends its processes at interpreter exit.
