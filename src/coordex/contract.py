@@ -18,7 +18,7 @@ A new executor method a front end calls goes here first, then on both executors.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .core.shapes import Language, StateMode, ToolFormat
@@ -59,7 +59,8 @@ class ExecutorLike(Protocol):
                      venv_id: int | None = ..., timeout: float | None = ...,
                      on_output: OnOutput | None = ..., *,
                      on_progress: Callable[[str], None] | None = ...,
-                     cancel: threading.Event | None = ..., wait: float | None = ...) -> Any: ...
+                     cancel: threading.Event | None = ..., wait: float | None = ...
+                     ) -> Mapping[str, Any]: ...
 
     def list_sessions(self) -> Any: ...
 
