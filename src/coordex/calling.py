@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,7 @@ from .core.coordinates import Coordinate, Language, SessionKey, StateMode
 from .core.errors import CoordexError, validation
 from .core.record import CallRecord, Settled, StoppedBy, render, stopped_by
 from .core.results import session_record
-from .log.calls import changes, record_call
+from .log.calls import Changed, changes, record_call
 from .log.running import where
 from .observe.hook import call_env, watch_call
 
@@ -66,7 +66,7 @@ class Done:
                  call: int | None = None) -> None:
         self.settled, self.session = settled, session
         self.restored, self.restore_lost, self.call = restored, restore_lost, call
-        self.changed: Any = None
+        self.changed: Changed = None
         self.names_changed = False
 
 
@@ -253,11 +253,13 @@ def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> D
         restored = ex._keeping.opening(key, record, session, call, ex.timeout * 5)
         restore_lost = bool(restored is not None and restored.get("state_lost"))
         settled: Settled | None = None
-        rebound: Any = ()
-        deleted: Any = ()
+        rebound: Sequence[str] = ()
+        deleted: Sequence[str] = ()
         try:
             settled = table.run(key, place, "stateful", request)
-            rebound, deleted = settled.rebound, settled.deleted
+            if not callable(settled.rebound):  # (only a read-only copy's can be)
+                rebound = settled.rebound
+            deleted = settled.deleted
             if key.language == "python" and not settled.errored:
                 # ``x = 41`` again is a rebinding though the object is the same one.
                 rebound = list(dict.fromkeys([*(rebound or ()), *bound_names(request.code)]))

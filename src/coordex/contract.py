@@ -110,6 +110,16 @@ class ExecutorLike(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class ForwardsTools(Protocol):
+    """An executor that takes a front end's whole tool call elsewhere (a confined host's
+    client: over its pipe, to the host's own router), instead of the front end routing
+    it here with :func:`coordex.tools.call_tool`."""
+
+    def forward_tool(self, name: str, arguments: Any = ..., on_output: OnOutput | None = ...,
+                     cancel: threading.Event | None = ...) -> Result: ...
+
+
 if TYPE_CHECKING:  # mypy holds each executor to the contract (the suite's ``mypy`` run)
     from .aio import AsyncExecutor
     from .executor import Executor
@@ -124,5 +134,9 @@ if TYPE_CHECKING:  # mypy holds each executor to the contract (the suite's ``myp
     def _an_async_executors_core_is_one(ex: AsyncExecutor) -> ExecutorLike:
         return ex.sync
 
+    def _a_confined_executor_forwards(ex: ConfinedExecutor) -> ForwardsTools:
+        return ex
 
-__all__ = ["FUNCTIONS_IN_PROCESS_ONLY", "IN_PROCESS_ONLY", "ExecutorLike", "OnOutput", "Result"]
+
+__all__ = ["FUNCTIONS_IN_PROCESS_ONLY", "IN_PROCESS_ONLY", "ExecutorLike", "ForwardsTools",
+           "OnOutput", "Result"]

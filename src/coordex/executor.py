@@ -58,9 +58,12 @@ from .places import CapabilityBridge, Places, join_cluster
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
+    from .backends.ray import RayCluster
+    from .environments.manager import EnvironmentManager
     from .library.functions import FunctionLibrary
     from .log.detached import CallRecord as Recorded
     from .log.detached import Run
+    from .ui.server import UIServer
 
 PlaceKey = tuple[str, int | None]
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -130,7 +133,7 @@ class Executor:
                  envs_dir: str | os.PathLike[str] | None = None,
                  log: bool = True, log_max_rows: int = 100_000,
                  cluster: str | None = None, own_on_caller_thread: bool = False,
-                 environments_manager: Any = None, records: Any = None,
+                 environments_manager: EnvironmentManager | None = None, records: Any = None,
                  persist: bool = False, snapshot_interval: float = 30.0,
                  persist_max_bytes: int = 2**31, replaces_lost: bool = False) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
@@ -147,10 +150,11 @@ class Executor:
         self.output_limit = int(output_limit)
         self.read_only_paths = list(read_only_paths) if read_only_paths is not None else None
         self._envs_dir = Path(envs_dir) if envs_dir is not None else None
-        self._cluster: Any = join_cluster(self, cluster) if cluster is not None else None
+        self._cluster: RayCluster | None = (join_cluster(self, cluster) if cluster is not None
+                                            else None)
         self._lock = threading.RLock()
         self._capabilities: dict[str, Callable[..., Any]] = {}
-        self._environments: Any = environments_manager
+        self._environments: EnvironmentManager | None = environments_manager
         self._functions: Any = None
         # Where the call log and the function store are written when not under root by
         # this process (a confined host's owner writes them: hosting/records).
@@ -172,7 +176,7 @@ class Executor:
             self._call_log.reserve if self._call_log is not None else None)
         # Calls given ``wait`` (SPEC 14): wait_call, cancel_call, busy, join, redelivery.
         self._calls = LongWork(self._table, self._call_log, self._check_open, self.root)
-        self._ui: Any = None
+        self._ui: UIServer | None = None
         # Output and values that do not fit a result go here (SPEC 14).
         self.spill_folder = spill.folder_of(_working_folder(self.root))
         _LIVE.add(self)
@@ -502,7 +506,7 @@ class Executor:
     # ------------------------------------------------------------------ environments & library
 
     @property
-    def environments_manager(self) -> Any:
+    def environments_manager(self) -> EnvironmentManager:
         with self._lock:
             if self._environments is None:
                 from .environments.manager import EnvironmentManager

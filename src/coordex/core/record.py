@@ -96,7 +96,7 @@ class Settled:
         return False
 
     @property
-    def rebound(self) -> Any:
+    def rebound(self) -> facts.Rebound:
         """Names the call rebound (a bash copy's: a callable); none for stateless."""
         return self.ran.rebound if self.mode != "stateless" else ()
 

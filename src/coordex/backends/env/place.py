@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ...core import messages
 from ...core.facts import Ran
 from ...core.messages import PlaceKind
-from ..base import ProgressCallback, RunRequest
+from ..base import CapabilityHost, ProgressCallback, RunRequest
 
 if TYPE_CHECKING:
     from .workers import WorkerSession, WorkerTemplate
@@ -38,7 +38,7 @@ class EnvironmentPlace:
 
     def __init__(self, python: Callable[[ProgressCallback | None], str | Path],
                  env: Callable[[], dict[str, str]],
-                 capabilities: Any) -> None:
+                 capabilities: CapabilityHost) -> None:
         self._python = python
         self._env = env
         self._capabilities = capabilities
