@@ -211,6 +211,25 @@ def test_rebuild_session_and_call_function_take_wait(ex: Executor) -> None:
                            session_name="r")["stdout"] == "1\n"
 
 
+def test_cancel_call_reaches_a_rebuilds_replay(ex: Executor, tmp_path: Path) -> None:
+    """The call record is passed down the rebuild's path to its replays: cancel_call on
+    a rebuild that returned ``running`` interrupts the replay it is in."""
+    slow = tmp_path / "slow"
+    ex.execute_code(f"if [ -e {slow} ]; then sleep 60; fi; X=1", language="bash",
+                    state_mode="stateful", session_name="r", timeout=120)
+    lost = ex.execute_code("kill -9 $$", language="bash", state_mode="stateful",
+                           session_name="r")
+    assert lost["state_lost"] is True
+    slow.write_text("now")
+    rebuilding = ex.rebuild_session("bash", session_name="r", wait=0.5)
+    assert rebuilding["running"] is True, rebuilding
+    started = time.monotonic()
+    stopped = ex.cancel_call(rebuilding["call_id"])
+    assert time.monotonic() - started < 10, stopped
+    assert stopped["replayed"] == 0 and stopped["failed_at"] is not None, stopped
+    assert stopped["failure"]["error_type"] == "timeout", stopped
+
+
 def test_async_executor_waits_and_cancels(tmp_path: Path) -> None:
     async def main() -> None:
         async with AsyncExecutor(root=tmp_path / "root") as aex:
