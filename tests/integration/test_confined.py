@@ -110,6 +110,19 @@ def test_a_host_lost_between_calls_is_said_once_by_the_next_result_that_can_say_
     assert confined.restarts == 1
 
 
+def test_history_and_rebuild_take_their_arguments_as_the_executor_does(
+        confined: ConfinedExecutor) -> None:
+    """SPEC 9: the Executor's methods over the pipe, called as the Executor's are (the
+    positional arguments raised TypeError)."""
+    confined.execute_code("x = 41", state_mode="stateful", session_name="a")
+    rows = confined.history("python", None, "a")["calls"]
+    assert [row["code"] for row in rows] == ["x = 41"]
+    confined.close_session("python", None, "a")
+    rebuilt = confined.rebuild_session("python", None, "a")
+    assert "error" not in rebuilt, rebuilt
+    assert confined.execute_code("x + 1", state_mode="stateful", session_name="a")["result"] == "42"
+
+
 def test_calls_run_side_by_side_up_to_max_calls(confined: ConfinedExecutor) -> None:
     results: list[dict[str, object]] = []
     started = time.monotonic()

@@ -688,11 +688,21 @@ class ConfinedExecutor:
     def tool_definitions(self, format: str = "openai", **options: Any) -> Any:
         return self._call("tool_definitions", {"format": format, **options})
 
-    def history(self, **options: Any) -> dict[str, Any]:
-        return self._call("history", options)
+    def history(self, language: str | None = None, session_id: int | None = None,
+                session_name: str | None = None, venv_id: int | None = None,
+                limit: int = 50, seq: int | None = None, **options: Any) -> dict[str, Any]:
+        """As :meth:`Executor.history` (its arguments in the same order)."""
+        args = {"language": language, "session_id": session_id, "session_name": session_name,
+                "venv_id": venv_id, "limit": limit, "seq": seq, **options}
+        return self._call("history", args)
 
-    def rebuild_session(self, **options: Any) -> dict[str, Any]:
-        return self._call("rebuild_session", options)
+    def rebuild_session(self, language: str = "python", session_id: int | None = None,
+                        session_name: str | None = None, venv_id: int | None = None,
+                        **options: Any) -> dict[str, Any]:
+        """As :meth:`Executor.rebuild_session` (its arguments in the same order)."""
+        args = {"language": language, "session_id": session_id, "session_name": session_name,
+                "venv_id": venv_id, **options}
+        return self._call("rebuild_session", args)
 
     # SPEC 15: branches and checkpoints, made inside the host (its tenant's own store).
 
