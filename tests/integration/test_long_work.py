@@ -41,11 +41,13 @@ def test_a_call_past_wait_returns_running_and_goes_on(ex: Executor, tmp_path: Pa
     assert set(first) == RUNNING_KEYS and first["running"] is True
     assert first["stdout"] == "loading\n" and first["state_mode"] == "stateful"
     assert first["session"]["session_name"] == "load"
+    assert first["session"]["session_id"] is not None  # the session the call opened
     assert "wait_call" in first["suggestion"]
     again = ex.wait_call(first["call_id"], wait=0.2)  # bounded: still running
     assert again["running"] is True and again["call_id"] == first["call_id"]
     final = ex.wait_call(first["call_id"])
     assert final["result"] == "1" and final["call_id"] == first["call_id"]
+    assert final["session"] == first["session"] == again["session"]
     assert final["stdout"] == "loading\n" and "error" not in final
     assert ex.wait_call(first["call_id"]) == final  # fetchable again, the very dict
     # The code ran under its own timeout, once; its session kept what it bound.

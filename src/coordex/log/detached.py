@@ -28,6 +28,7 @@ exists (then only to be checked for ``busy``, a join or a redelivery).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import secrets
@@ -81,6 +82,8 @@ class CallRecord:
         self.detached = False  # a ``running`` record of it was handed out
         self.lost = False  # a request of it was lost before its answer was delivered
         self.session: dict[str, Any] | None = None  # filled in by the executor
+        # Reads the session's record as the table holds it now (None: stateless).
+        self.session_of: Callable[[], dict[str, Any] | None] | None = None
         # The call's own log row carries its call_id (SPEC 14: read back by it after a
         # restart): given to the first call run under this record, and only once.
         self._row_id: str | None = self.call_id if tool in LOGGED_AS_ONE_ROW else None
@@ -109,11 +112,16 @@ class CallRecord:
         self._relay = None
 
     def running(self) -> dict[str, Any]:
+        session = self.session
+        if self.session_of is not None and (session is None or session.get("session_id") is None):
+            # A session the call itself opens has its id once it is open.
+            with contextlib.suppress(Exception):
+                session = self.session = self.session_of() or session
         with self._lock:
             stdout, stderr = self._streams["stdout"].text(), self._streams["stderr"].text()
         return {"running": True, "call_id": self.call_id,
                 "elapsed_ms": round((time.monotonic() - self.started) * 1000.0, 1),
-                "stdout": stdout, "stderr": stderr, "session": self.session,
+                "stdout": stdout, "stderr": stderr, "session": session,
                 "state_mode": self.state_mode or "stateless",
                 "suggestion": f"The call goes on under its own timeout. Call wait_call("
                 f"call_id={self.call_id!r}) for its result (it waits again, bounded), or "
@@ -209,6 +217,7 @@ class CallBook:
               session_of: Callable[[], dict[str, Any] | None] | None) -> None:
         try:
             if session_of is not None:
+                record.session_of = session_of
                 record.session = session_of()
             result = run(record.output, record.cancel, record)
         except Exception as exc:  # a coordex bug still ends the call with a result
