@@ -20,7 +20,7 @@ from .backends.base import Checkpointable, Forkable
 from .core import coordinates as coords
 from .core import messages
 from .core.coordinates import Coordinate
-from .core.errors import CoordexError, make_error, validation
+from .core.errors import CoordexError, validation
 from .core.lineage import forget_fork, note_fork
 from .persist.checkpoints import KEEP, CheckpointStore
 from .persist.store import Identity
@@ -157,10 +157,10 @@ def checkpoint_session(ex: Executor, language: Any, session_id: Any, session_nam
         written = finish(WRITE_TIMEOUT)  # the session is free again: its copy writes
         if "error" in written:
             store.discard(identity, checkpoint)
-            return make_error("execution", f"The checkpoint could not be written: "
-                              f"{written['error']}.", "Delete what cannot be kept (open "
-                              "files, connections) or free disk space, then checkpoint again.",
-                              session=record)
+            error = messages.checkpoint_not_written(
+                written.get("problem"), str(written["error"]), ex._keeping.max_bytes,
+                WRITE_TIMEOUT)
+            return {**error.to_dict(), "session": record}
         try:
             dropped = store.keep(identity, checkpoint, label, at, written)
         except OSError as exc:
@@ -261,11 +261,8 @@ def restore_session(ex: Executor, language: Any, session_id: Any, session_name: 
                 report = session.restore_checkpoint(str(folder), WRITE_TIMEOUT)
                 if "error" in report:
                     lost = True
-                    return make_error(
-                        "execution", f"The checkpoint could not be restored: "
-                        f"{report['error']}.", "The session now starts empty; rebuild it "
-                        "with rebuild_session, or restore another checkpoint.",
-                        session=record, state_lost=True)
+                    return {**messages.checkpoint_not_restored(str(report["error"])).to_dict(),
+                            "session": record}
                 rebound = list(report.get("names") or [])
                 ex._keeping.adopt(record, session, anew=True)  # what is kept of it starts here
             finally:

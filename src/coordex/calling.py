@@ -28,25 +28,25 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import sessions, spill
-from .backends.base import SESSION_CWD, RunRequest, RunsNested
+from .backends.base import SESSION_CWD, OutputCallback, RunRequest, RunsNested
 from .core import coordinates as coords
 from .core.bindings import bound_names
-from .core.coordinates import Coordinate, SessionKey
+from .core.coordinates import Coordinate, Language, SessionKey, StateMode
 from .core.errors import CoordexError, validation
 from .core.record import CallRecord, Settled, StoppedBy, render, stopped_by
 from .core.results import session_record
-from .log.calls import changes, record_call
-from .log.detached import _current as _recorded_call
+from .log.calls import Changed, changes, record_call
 from .log.running import where
 from .observe.hook import call_env, watch_call
 
 if TYPE_CHECKING:
     from .executor import Executor
+    from .log.detached import CallRecord as Recorded
 
 
 class Done:
@@ -66,24 +66,30 @@ class Done:
                  call: int | None = None) -> None:
         self.settled, self.session = settled, session
         self.restored, self.restore_lost, self.call = restored, restore_lost, call
-        self.changed: Any = None
+        self.changed: Changed = None
         self.names_changed = False
 
 
-def watched_start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
-                  session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
-                  on_progress: Any, cancel: threading.Event | None, wait: Any, *,
-                  replay_of: int | None = None) -> dict[str, Any]:
+def watched_start(ex: Executor, code: str, language: Language, state_mode: StateMode,
+                  session_id: int | None, session_name: str | None, venv_id: int | None,
+                  timeout: float | None, on_output: OutputCallback | None,
+                  on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
+                  wait: float | None, *,
+                  replay_of: int | None = None, recorded: Recorded | None = None
+                  ) -> dict[str, Any]:
     """``execute_code`` as observed (SPEC 16): :func:`start` inside its span, if any.
-    ``replay_of``: the logged call a rebuild replays (its row says so)."""
+    ``replay_of``: the logged call a rebuild replays (its row says so); ``recorded``:
+    the call record (SPEC 14) of the call making this one (a rebuild given ``wait``)."""
     watch = watch_call("execute_code")  # None unless someone observes (SPEC 16)
     if watch is None:
         return start(ex, code, language, state_mode, session_id, session_name, venv_id,
-                     timeout, on_output, on_progress, cancel, wait, replay_of=replay_of)
-    result: Any = None
+                     timeout, on_output, on_progress, cancel, wait, replay_of=replay_of,
+                     recorded=recorded)
+    result: dict[str, Any] | None = None
     try:
         result = start(ex, code, language, state_mode, session_id, session_name, venv_id,
-                       timeout, on_output, on_progress, cancel, wait, replay_of=replay_of)
+                       timeout, on_output, on_progress, cancel, wait, replay_of=replay_of,
+                       recorded=recorded)
     finally:
         watch.done({"code": code, "language": language, "state_mode": state_mode,
                     "session_id": session_id, "session_name": session_name,
@@ -93,46 +99,56 @@ def watched_start(ex: Executor, code: Any, language: Any, state_mode: Any, sessi
 
 
 def replay(ex: Executor, seq: int, code: str, *, language: Any, venv_id: Any,
-           timeout: Any, session_id: Any = None, session_name: Any = None) -> dict[str, Any]:
+           timeout: Any, session_id: Any = None, session_name: Any = None,
+           recorded: Recorded | None = None) -> dict[str, Any]:
     """A rebuild's replay of logged call ``seq``: ``execute_code(code)`` in the stateful
-    session named, whose row is marked ``replay_of`` ``seq``."""
+    session named, whose row is marked ``replay_of`` ``seq``; ``recorded``: the
+    rebuild's call record, when it was given ``wait``."""
     return watched_start(ex, code, language, "stateful", session_id, session_name, venv_id,
-                         timeout, None, None, None, None, replay_of=seq)
+                         timeout, None, None, None, None, replay_of=seq, recorded=recorded)
 
 
-def start(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
-          session_name: Any, venv_id: Any, timeout: Any, on_output: Any, on_progress: Any,
-          cancel: threading.Event | None, wait: Any, *,
-          replay_of: int | None = None) -> dict[str, Any]:
+def start(ex: Executor, code: str, language: Language, state_mode: StateMode,
+          session_id: int | None, session_name: str | None, venv_id: int | None,
+          timeout: float | None, on_output: OutputCallback | None,
+          on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
+          wait: float | None, *,
+          replay_of: int | None = None, recorded: Recorded | None = None) -> dict[str, Any]:
     """``execute_code``: run now (:func:`execute`), or through the call records of SPEC
-    14 when given ``wait`` or when a detached call or a held result exists."""
-    if wait is None and not ex._calls.active:
-        if cancel is None and (record := getattr(_recorded_call, "record", None)):
-            cancel = record.cancel  # a recorded call's own calls (a rebuild's replays)
+    14 when given ``wait`` or when a detached call or a held result exists. A call made
+    by a recorded call (``recorded``: a rebuild's replays) runs as it is, under that
+    record: its cancel reaches it, and the book does not see it again."""
+    if recorded is not None or (wait is None and not ex._calls.active):
+        if cancel is None and recorded is not None:
+            cancel = recorded.cancel
         return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
                        timeout, on_output, on_progress, cancel, ex.output_limit, nested=False,
-                       replay_of=replay_of)
+                       replay_of=replay_of, recorded=recorded)
     asked = {"code": code, "language": language, "state_mode": state_mode,
              "session_id": session_id, "session_name": session_name, "venv_id": venv_id,
              "timeout": timeout}
 
-    def run(output: Any, event: threading.Event | None) -> dict[str, Any]:
+    def run(output: OutputCallback | None, event: threading.Event | None,
+            record: Recorded | None) -> dict[str, Any]:
         return execute(ex, code, language, state_mode, session_id, session_name, venv_id,
                        timeout, output, on_progress, event, ex.output_limit, nested=False,
-                       replay_of=replay_of)
+                       replay_of=replay_of, recorded=record)
 
     return ex._calls.run("execute_code", asked, state_mode, run, wait, on_output, cancel)
 
 
-def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id: Any,
-            session_name: Any, venv_id: Any, timeout: Any, on_output: Any,
+def execute(ex: Executor, code: str, language: Language, state_mode: StateMode,
+            session_id: int | None, session_name: str | None, venv_id: int | None,
+            timeout: float | None, on_output: OutputCallback | None,
             on_progress: Callable[[str], None] | None, cancel: threading.Event | None,
-            output_limit: int, *, nested: bool, replay_of: int | None = None
-            ) -> dict[str, Any]:
+            output_limit: int, *, nested: bool, replay_of: int | None = None,
+            recorded: Recorded | None = None) -> dict[str, Any]:
     """The body of every call: validate, run where the coordinate says, render.
 
     ``nested`` marks a stored-function call, which may come from code running in the
-    very session it names (see :func:`_active_session`).
+    very session it names (see :func:`_active_session`). ``recorded``: the call record
+    (SPEC 14) this call runs under, passed down from the book: its ``call_id`` goes on
+    this call's log row if no earlier call under it took it, and the page shows it.
     """
     started = time.perf_counter()
     coordinate: Coordinate | None = None
@@ -140,7 +156,8 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     tee: spill.Tee | None = None  # a stored function's inner call is fitted by its caller
     done: Done | None = None
     log_on = ex._call_log is not None
-    recorded = getattr(_recorded_call, "record", None)  # a call given wait (SPEC 14)
+    # Taken as the call begins: a stored function this call's code calls finds it said.
+    lost_before = ex._table.unsaid_loss and ex._table.take_unsaid_loss()
     call_id = recorded.take_row_id() if recorded is not None else None
     try:
         code = coords.check_code(code)
@@ -174,13 +191,15 @@ def execute(ex: Executor, code: Any, language: Any, state_mode: Any, session_id:
     except CoordexError as exc:
         record = CallRecord(
             coordinate.state_mode if coordinate is not None else None,
-            _asked_session(coordinate), ms(started), refused=exc, log_on=log_on)
+            _asked_session(coordinate), ms(started), refused=exc, log_on=log_on,
+            lost_before=lost_before)
     else:
         # A person stopped it from the page (this one's, or the owner's of a forwarded
         # call), or its caller cancelled it.
         stopped: StoppedBy | None = "person" if running.interrupted else stopped_by(cancel)
         record = CallRecord(coordinate.state_mode, done.session, ms(started), done.settled,
-                            None, done.restored, done.restore_lost, stopped, log_on)
+                            None, done.restored, done.restore_lost, stopped, log_on,
+                            lost_before)
     result = render(record)
     if tee is not None:
         result = tee.finish(result, output_limit)
@@ -234,11 +253,13 @@ def run_stateful(ex: Executor, coordinate: Coordinate, request: RunRequest) -> D
         restored = ex._keeping.opening(key, record, session, call, ex.timeout * 5)
         restore_lost = bool(restored is not None and restored.get("state_lost"))
         settled: Settled | None = None
-        rebound: Any = ()
-        deleted: Any = ()
+        rebound: Sequence[str] = ()
+        deleted: Sequence[str] = ()
         try:
             settled = table.run(key, place, "stateful", request)
-            rebound, deleted = settled.rebound, settled.deleted
+            if not callable(settled.rebound):  # (only a read-only copy's can be)
+                rebound = settled.rebound
+            deleted = settled.deleted
             if key.language == "python" and not settled.errored:
                 # ``x = 41`` again is a rebinding though the object is the same one.
                 rebound = list(dict.fromkeys([*(rebound or ()), *bound_names(request.code)]))

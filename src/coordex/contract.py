@@ -18,7 +18,7 @@ A new executor method a front end calls goes here first, then on both executors.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .core.shapes import Language, StateMode, ToolFormat
@@ -59,7 +59,8 @@ class ExecutorLike(Protocol):
                      venv_id: int | None = ..., timeout: float | None = ...,
                      on_output: OnOutput | None = ..., *,
                      on_progress: Callable[[str], None] | None = ...,
-                     cancel: threading.Event | None = ..., wait: float | None = ...) -> Any: ...
+                     cancel: threading.Event | None = ..., wait: float | None = ...
+                     ) -> Mapping[str, Any]: ...
 
     def list_sessions(self) -> Any: ...
 
@@ -109,6 +110,16 @@ class ExecutorLike(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class ForwardsTools(Protocol):
+    """An executor that takes a front end's whole tool call elsewhere (a confined host's
+    client: over its pipe, to the host's own router), instead of the front end routing
+    it here with :func:`coordex.tools.call_tool`."""
+
+    def forward_tool(self, name: str, arguments: Any = ..., on_output: OnOutput | None = ...,
+                     cancel: threading.Event | None = ...) -> Result: ...
+
+
 if TYPE_CHECKING:  # mypy holds each executor to the contract (the suite's ``mypy`` run)
     from .aio import AsyncExecutor
     from .executor import Executor
@@ -123,5 +134,9 @@ if TYPE_CHECKING:  # mypy holds each executor to the contract (the suite's ``myp
     def _an_async_executors_core_is_one(ex: AsyncExecutor) -> ExecutorLike:
         return ex.sync
 
+    def _a_confined_executor_forwards(ex: ConfinedExecutor) -> ForwardsTools:
+        return ex
 
-__all__ = ["FUNCTIONS_IN_PROCESS_ONLY", "IN_PROCESS_ONLY", "ExecutorLike", "OnOutput", "Result"]
+
+__all__ = ["FUNCTIONS_IN_PROCESS_ONLY", "IN_PROCESS_ONLY", "ExecutorLike", "ForwardsTools",
+           "OnOutput", "Result"]

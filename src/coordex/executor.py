@@ -50,7 +50,6 @@ from .core.shapes import (
 )
 from .environments.facade import Environments
 from .log.calls import open_call_log
-from .log.detached import _current as _recorded_call
 from .log.running import RunningCalls
 from .long_work import LongWork
 from .observe.hook import watch_call, watched
@@ -59,7 +58,12 @@ from .places import CapabilityBridge, Places, join_cluster
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
+    from .backends.ray import RayCluster
+    from .environments.manager import EnvironmentManager
     from .library.functions import FunctionLibrary
+    from .log.detached import CallRecord as Recorded
+    from .log.detached import Run
+    from .ui.server import UIServer
 
 PlaceKey = tuple[str, int | None]
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -113,6 +117,10 @@ class Executor:
             a fork of the session's process (the session keeps answering), and at close.
         persist_max_bytes: a snapshot larger than this is not written; the session is
             then kept by replaying its calls alone.
+        replaces_lost: this Executor starts in place of one that died with its sessions
+            (a confined host started again, SPEC 9): the first ``execute_code`` or
+            ``call_function`` result (or error) says ``state_lost: true``, once; one
+            that says ``restored`` says that instead.
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -125,9 +133,9 @@ class Executor:
                  envs_dir: str | os.PathLike[str] | None = None,
                  log: bool = True, log_max_rows: int = 100_000,
                  cluster: str | None = None, own_on_caller_thread: bool = False,
-                 environments_manager: Any = None, records: Any = None,
+                 environments_manager: EnvironmentManager | None = None, records: Any = None,
                  persist: bool = False, snapshot_interval: float = 30.0,
-                 persist_max_bytes: int = 2**31) -> None:
+                 persist_max_bytes: int = 2**31, replaces_lost: bool = False) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
         try:
@@ -142,10 +150,11 @@ class Executor:
         self.output_limit = int(output_limit)
         self.read_only_paths = list(read_only_paths) if read_only_paths is not None else None
         self._envs_dir = Path(envs_dir) if envs_dir is not None else None
-        self._cluster: Any = join_cluster(self, cluster) if cluster is not None else None
+        self._cluster: RayCluster | None = (join_cluster(self, cluster) if cluster is not None
+                                            else None)
         self._lock = threading.RLock()
         self._capabilities: dict[str, Callable[..., Any]] = {}
-        self._environments: Any = environments_manager
+        self._environments: EnvironmentManager | None = environments_manager
         self._functions: Any = None
         # Where the call log and the function store are written when not under root by
         # this process (a confined host's owner writes them: hosting/records).
@@ -157,7 +166,8 @@ class Executor:
                                    inline=bool(own_on_caller_thread))
         self._places = Places(self, self._own_place)
         self._table = SessionTable(max_sessions,
-                                   self._own_place.open_session(namespace=self.plan_namespace))
+                                   self._own_place.open_session(namespace=self.plan_namespace),
+                                   replaces_lost=replaces_lost)
         self._call_log = open_call_log(self.root, self._records, log, log_max_rows)
         self._keeping = Keeping.open(self.root, self._table, self._call_log, persist=persist,
                                      interval=snapshot_interval, max_bytes=persist_max_bytes)
@@ -166,7 +176,7 @@ class Executor:
             self._call_log.reserve if self._call_log is not None else None)
         # Calls given ``wait`` (SPEC 14): wait_call, cancel_call, busy, join, redelivery.
         self._calls = LongWork(self._table, self._call_log, self._check_open, self.root)
-        self._ui: Any = None
+        self._ui: UIServer | None = None
         # Output and values that do not fit a result go here (SPEC 14).
         self.spill_folder = spill.folder_of(_working_folder(self.root))
         _LIVE.add(self)
@@ -246,17 +256,17 @@ class Executor:
 
     # ------------------------------------------------------------------ long work (SPEC 14)
 
-    def run_recorded(self, tool: str, arguments: dict[str, Any],
-                     run: Callable[[OutputCallback | None, threading.Event | None],
-                                   dict[str, Any]],
+    def run_recorded(self, tool: str, arguments: dict[str, Any], run: Run,
                      wait: float | None, on_output: OutputCallback | None = None,
                      cancel: threading.Event | None = None) -> dict[str, Any]:
-        """For front ends: run one tool call (``run(on_output, cancel)``) through the
-        call record of SPEC 14, as ``execute_code`` runs with ``wait``: ``busy`` for a
+        """For front ends: run one tool call (``run(on_output, cancel, record)``) through
+        the call record of SPEC 14, as ``execute_code`` runs with ``wait``: ``busy`` for a
         session a detached call holds, joined to an identical running call, a held
-        result redelivered, else run and waited for at most ``wait`` seconds."""
+        result redelivered, else run and waited for at most ``wait`` seconds. ``record``
+        (None when the call was run at once) goes down the call's path: to
+        :meth:`run_function_code` for a stored function."""
         if wait is None and not self._calls.active:
-            return run(on_output, cancel)
+            return run(on_output, cancel, None)
         return self._calls.run(tool, {k: v for k, v in arguments.items() if k != "wait"},
                               arguments.get("state_mode", "stateless"), run, wait,
                               on_output, cancel)
@@ -429,8 +439,8 @@ class Executor:
                  "session_name": session_name, "venv_id": venv_id}
         return cast(RebuildResult, self._calls.run(
             "rebuild_session", asked, "stateful",
-            lambda output, event: managing.rebuild_session(self, language, session_id,
-                                                           session_name, venv_id),
+            lambda output, event, record: managing.rebuild_session(
+                self, language, session_id, session_name, venv_id, record),
             wait, None, None))
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
@@ -496,7 +506,7 @@ class Executor:
     # ------------------------------------------------------------------ environments & library
 
     @property
-    def environments_manager(self) -> Any:
+    def environments_manager(self) -> EnvironmentManager:
         with self._lock:
             if self._environments is None:
                 from .environments.manager import EnvironmentManager
@@ -572,11 +582,12 @@ class Executor:
 
     # ------------------------------------------------------------------ library hooks
 
-    def run_function_code(self, code: str, *, state_mode: str, session_id: int | None,
+    def run_function_code(self, code: str, *, state_mode: StateMode, session_id: int | None,
                           session_name: str | None, venv_id: int | None,
                           timeout: float | None, on_output: OutputCallback | None,
                           output_limit: int,
-                          on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                          on_progress: Callable[[str], None] | None = None,
+                          recorded: Recorded | None = None) -> dict[str, Any]:
         """``execute_code`` of Python for a stored-function call (the library's
         :class:`~coordex.library.functions.FunctionRunner`).
 
@@ -584,13 +595,15 @@ class Executor:
         output limit may be larger (the function's value comes back in ``result``), and
         a call from code running in the very session it names (plan code calling
         ``functions.f.stateful()(...)``) runs there at once instead of waiting for that
-        session's lock, which the outer call holds.
+        session's lock, which the outer call holds. ``recorded``: the call record
+        (SPEC 14) of a ``call_function`` given ``wait``: ``cancel_call`` reaches the code
+        through it, and the call's log row carries its ``call_id``.
         """
-        record = getattr(_recorded_call, "record", None)  # cancel_call reaches it
         return calling.execute(self, code, "python", state_mode, session_id, session_name,
                                venv_id, timeout, on_output, on_progress,
-                               record.cancel if record is not None else None,
-                               max(output_limit, self.output_limit), nested=True)
+                               recorded.cancel if recorded is not None else None,
+                               max(output_limit, self.output_limit), nested=True,
+                               recorded=recorded)
 
 
 # An Executor forgotten without close() still ends its processes at interpreter exit.

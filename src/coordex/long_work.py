@@ -23,7 +23,7 @@ from .core.coordinates import SessionKey
 from .core.errors import CoordexError, validation
 from .core.record import CallRecord, render
 from .core.results import session_record
-from .log.detached import CallBook, inside_call
+from .log.detached import CallBook, Run
 from .observe.hook import telling_end
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .sessions import SessionTable
 
 OnOutput = Callable[[str, str], None]
-Run = Callable[[OnOutput | None, threading.Event | None], dict[str, Any]]
 
 
 class LongWork:
@@ -73,8 +72,6 @@ class LongWork:
             self._check_open()
         except CoordexError as exc:
             return render(CallRecord(None, None, ms(started), refused=exc))
-        if inside_call():  # a recorded call's own calls run as they are
-            return run(on_output, cancel)
         place = None if state_mode == "stateless" else {
             "language": asked.get("language") or "python", "venv_id": asked.get("venv_id"),
             "session_id": asked.get("session_id"), "session_name": asked.get("session_name")}

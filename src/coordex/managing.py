@@ -19,6 +19,7 @@ from .log.calls import log_off_error
 
 if TYPE_CHECKING:
     from .executor import Executor
+    from .log.detached import CallRecord as Recorded
 
 
 def list_sessions(ex: Executor) -> dict[str, Any]:
@@ -123,9 +124,10 @@ def history(ex: Executor, language: Any, session_id: Any, session_name: Any, ven
 
 
 def rebuild_session(ex: Executor, language: Any, session_id: Any, session_name: Any,
-                    venv_id: Any) -> dict[str, Any]:
+                    venv_id: Any, recorded: Recorded | None = None) -> dict[str, Any]:
     """``rebuild_session`` (see :meth:`coordex.executor.Executor.rebuild_session`): from a
-    kept session's snapshot where there is one, else by replaying the call log."""
+    kept session's snapshot where there is one, else by replaying the call log.
+    ``recorded``: the rebuild's call record (given ``wait``); its replays run under it."""
     from .log.replay import rebuild_session as replay
 
     try:
@@ -138,6 +140,6 @@ def rebuild_session(ex: Executor, language: Any, session_id: Any, session_name: 
         if ex._call_log is None:
             raise log_off_error("rebuild_session")
         return replay(ex, ex._call_log, language, session_id, session_name, venv_id,
-                      replay=functools.partial(calling.replay, ex))
+                      replay=functools.partial(calling.replay, ex, recorded=recorded))
     except CoordexError as exc:
         return exc.to_dict()

@@ -56,7 +56,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from . import __version__
-from .contract import ExecutorLike
+from .contract import ExecutorLike, ForwardsTools
 from .core.errors import make_error
 from .mcp_hello import INSTRUCTIONS, SERVER_NAME, Greeting, WireFds, claim_stdio
 from .observe import http as operator_http
@@ -495,7 +495,7 @@ async def _run_tool(
     lost = threading.Event()  # the request's stream broke: the result is held, not sent
     answered: list[dict[str, Any]] = []
 
-    forward = getattr(executor, "forward_tool", None)
+    forward = executor.forward_tool if isinstance(executor, ForwardsTools) else None
 
     def work() -> dict[str, Any]:
         if forward is not None:
@@ -503,8 +503,8 @@ async def _run_tool(
 
             # The page lists the calls a confined host runs from here, where they pass.
             with tracked(executor, name, arguments, relay, cancel) as watch:
-                return cast(dict[str, Any], watch.done(forward(
-                    name, arguments, on_output=watch.output, cancel=cancel)))
+                return watch.done(forward(name, arguments, on_output=watch.output,
+                                          cancel=cancel))
         return call_tool(executor, name, arguments, on_output=relay, cancel=cancel)
 
     def guarded() -> dict[str, Any]:

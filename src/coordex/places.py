@@ -22,6 +22,7 @@ from .core import messages
 from .core.errors import CoordexError
 
 if TYPE_CHECKING:
+    from .backends.ray import RayCluster
     from .executor import Executor
 
 PlaceKey = tuple[str, int | None]
@@ -92,7 +93,9 @@ class Places:
             text, spec_hash, label = executor.environments_manager.describe(venv_id)
             asked = parse_spec(text).resources  # [tool.coordex]
             env = EnvRef(text, spec_hash, label, {k: float(v) for k, v in asked.items() if v})
-        place: Place = executor._cluster.place(language, env)
+        cluster = executor._cluster
+        assert cluster is not None  # _new asked
+        place: Place = cluster.place(language, env)
         return place
 
     def _bash_env(self, venv_id: int | None,
@@ -115,12 +118,13 @@ class Places:
         return env
 
 
-def join_cluster(executor: Executor, address: Any) -> Any:
+def join_cluster(executor: Executor, address: Any) -> RayCluster:
     """Join the Ray cluster at ``address`` (SPEC section 10); ValueError if it cannot."""
     if hasattr(address, "converse"):  # a confined tenant's cluster, through its owner
         address.capabilities = CapabilityBridge(executor)
         address.build_timeout = executor.build_timeout
-        return address
+        cluster: RayCluster = address  # a hosting.relay.RelayCluster
+        return cluster
     if not isinstance(address, str) or not address.strip():
         raise ValueError(f"cluster must be a Ray address such as 'auto' or "
                          f"'ray://host:10001', got {address!r}")

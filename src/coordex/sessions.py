@@ -57,11 +57,25 @@ class Slot:
 class SessionTable:
     """Sessions by key: registry entry (names, cap, provenance, state), process, lock."""
 
-    def __init__(self, max_sessions: int, plan_session: Session) -> None:
+    def __init__(self, max_sessions: int, plan_session: Session, *,
+                 replaces_lost: bool = False) -> None:
         self.lock = threading.RLock()
         self.registry = SessionRegistry(max_sessions, now=time.time())
         self._slots: dict[SessionKey, Slot] = {PLAN_KEY: Slot(plan_session, threading.Lock())}
         self.closed = False
+        # This table stands in for one whose every session was lost (a confined host
+        # started again after it died, SPEC 9) and no result has said so yet: the first
+        # call of code takes it (:meth:`take_unsaid_loss`), and its result says it.
+        self.unsaid_loss = replaces_lost
+
+    def take_unsaid_loss(self) -> bool:
+        """Whether the loss this table was started after is still unsaid; the caller,
+        a call of code whose result says ``state_lost``, says it (once: taken here)."""
+        if not self.unsaid_loss:  # the common case, without the lock
+            return False
+        with self.lock:
+            unsaid, self.unsaid_loss = self.unsaid_loss, False
+        return unsaid
 
     # -- lookup ----------------------------------------------------------------------
 

@@ -52,11 +52,14 @@ import json
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .contract import ExecutorLike
 from .core.errors import ERROR_TYPES, CoordexError, make_error, nearest, quoted_list
 from .worker._coordex_engine import escape_text, safe_repr
+
+if TYPE_CHECKING:
+    from .log.detached import CallRecord as Recorded
 
 ToolFormat = Literal["openai", "openai-responses", "anthropic", "mcp"]
 FORMATS: tuple[ToolFormat, ...] = ("openai", "openai-responses", "anthropic", "mcp")
@@ -854,7 +857,7 @@ def tool_definitions(
             for tool in TOOLS if tool.name in wanted]
 
 
-def check_arguments(name: Any, arguments: Any) -> dict[str, Any] | None:
+def check_arguments(name: object, arguments: object) -> dict[str, Any] | None:
     """An error dict if the call cannot be dispatched, else None.
 
     Checks only the tool's shape: a known tool (else ``not_found`` naming the nearest),
@@ -904,7 +907,7 @@ def nearest_tool(name: str) -> str:
         TOOL_NAMES, key=lambda tool: difflib.SequenceMatcher(None, name.lower(), tool).ratio())
 
 
-def decode_arguments(name: Any, arguments: Any) -> Any:
+def decode_arguments(name: object, arguments: object) -> object:
     """Arguments as a model sent them, made a dict where they are JSON text.
 
     ``arguments`` may be a dict, ``None`` or a JSON string of an object (what the OpenAI
@@ -948,8 +951,8 @@ def _omit_nulls(tool: ToolSpec, arguments: dict[str, Any]) -> dict[str, Any]:
 
 def call_tool(
     executor: ExecutorLike,
-    name: Any,
-    arguments: Any,
+    name: object,
+    arguments: object,
     on_output: OnOutput | None = None,
     cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
@@ -963,17 +966,19 @@ def call_tool(
     (setting it interrupts the run).
     """
     try:
-        arguments = decode_arguments(name, arguments)
-        problem = check_arguments(name, arguments)
+        decoded = decode_arguments(name, arguments)
+        problem = check_arguments(name, decoded)
         if problem is not None:
             return problem
-        args = _omit_nulls(_BY_NAME[name], dict(arguments or {}))
+        # What check_arguments found: a known tool's name, an object of arguments or none.
+        assert isinstance(name, str) and isinstance(decoded, dict | None)
+        args = _omit_nulls(_BY_NAME[name], dict(decoded or {}))
     except CoordexError as exc:
         return exc.to_dict()
     return _HANDLERS[name](executor, args, on_output, cancel)
 
 
-def route(executor: ExecutorLike, name: Any, arguments: Any) -> dict[str, Any]:
+def route(executor: ExecutorLike, name: object, arguments: object) -> dict[str, Any]:
     """``Executor.call_tool``: one model tool call, answered exactly as the MCP tool is.
 
     Never raises: a bug in coordex is an error dict too (:func:`internal_error`). The
@@ -1069,16 +1074,20 @@ def _define_function(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput
 
 def _call_function(ex: ExecutorLike, args: dict[str, Any], on_output: OnOutput | None,
                    cancel: threading.Event | None) -> dict[str, Any]:
-    def run(output: OnOutput | None, event: threading.Event | None) -> dict[str, Any]:
+    def run(output: OnOutput | None, event: threading.Event | None,
+            record: Recorded | None) -> dict[str, Any]:
+        # The call record goes down the call's path (never over a wire: a confined
+        # host's own Executor records its calls).
+        given = {"recorded": record} if record is not None else {}
         return cast(dict[str, Any], ex.functions.call(
             args["name"], args.get("args"), args.get("kwargs"),
             state_mode=args.get("state_mode", "stateless"), session_id=args.get("session_id"),
             session_name=args.get("session_name"), version=args.get("version"),
-            timeout=args.get("timeout"), on_output=output))
+            timeout=args.get("timeout"), on_output=output, **given))
 
     recorded = getattr(ex, "run_recorded", None)  # SPEC 14: wait, busy, join
     if recorded is None:
-        return run(on_output, cancel)
+        return run(on_output, cancel, None)
     return cast(dict[str, Any], recorded("call_function", args, run, args.get("wait"),
                                          on_output, cancel))
 

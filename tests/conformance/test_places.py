@@ -29,7 +29,7 @@ from coordex.backends.base import Checkpointable, Forkable, Kept, RunsNested
 from coordex.backends.env.workers import WorkerSession
 from coordex.backends.own import OwnSession
 from coordex.backends.shell import ShellSession
-from tests.conftest import assert_no_new_children, child_pids
+from tests.conftest import alive, assert_no_new_children, child_pids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -539,10 +539,23 @@ BACKGROUND_WRITERS = {
         "        time.sleep(0.01)\n"
         "    open('DONE', 'w').close()\n"
         "threading.Thread(target=_bg, daemon=True).start()"),
+    # Handlers keep the stream they were given: the call's own sys.stdout/sys.stderr.
+    ("python", "logging"): (
+        "import logging, sys, threading, time\n"
+        "_log = logging.getLogger('coordex-bg')\n"
+        "_log.propagate = False\n"
+        "_log.addHandler(logging.StreamHandler(sys.stdout))\n"
+        "_log.addHandler(logging.StreamHandler(sys.stderr))\n"
+        "def _bg():\n"
+        "    for _ in range(200):\n"
+        "        _log.warning('BG')\n"
+        "        time.sleep(0.01)\n"
+        "    open('DONE', 'w').close()\n"
+        "threading.Thread(target=_bg, daemon=True).start()"),
 }
 
 
-@pytest.mark.parametrize("writer", ["process", "thread"])
+@pytest.mark.parametrize("writer", ["process", "thread", "logging"])
 def test_output_written_while_a_later_call_runs_lands_in_no_later_call(
         at: At, writer: str, tmp_path: Path) -> None:
     """SPEC 6 (soak S4): a background writer an earlier call left running wrote into
@@ -751,17 +764,9 @@ def test_a_forked_worker_ends_with_the_executor_even_after_its_source(
     finally:
         ex.close()
     deadline = time.monotonic() + 5
-    while _runs(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _runs(pid)
-
-
-def _runs(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
+    assert not alive(pid)
 
 
 def test_what_cannot_be_kept_is_named_in_left_out(at: At) -> None:

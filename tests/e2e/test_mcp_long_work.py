@@ -125,17 +125,8 @@ def test_a_stream_broken_mid_call_runs_once_and_the_resent_call_is_redelivered(
     _, url = http_server
     marker = str(tmp_path / "count")
     code = LOAD.format(marker=marker, seconds=1)
-    headers = {"accept": "application/json, text/event-stream",
-               "content-type": "application/json", "authorization": f"Bearer {TOKEN}"}
     with httpx.Client(timeout=30) as client:
-        init = client.post(url, headers=headers, json={
-            "jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "raw", "version": "0"}}})
-        session = {**headers, "mcp-session-id": init.headers["mcp-session-id"],
-                   "mcp-protocol-version": "2025-06-18"}
-        client.post(url, headers=session,
-                    json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        session = _initialized(client, url, TOKEN)
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
             "name": "execute_code",
             "arguments": {"code": code, "state_mode": "stateful", "wait": 20}}}

@@ -63,3 +63,25 @@ def test_a_fork_and_a_restore_come_back_after_a_restart(tmp_path: Path, language
         assert src["stdout"] == ("[1, 3]\n" if py else "13\n"), src
         assert len(ex.list_checkpoints(language=language,
                                        session_name="src")["checkpoints"]) == 1
+
+
+@pytest.mark.parametrize("language", ["python", "bash"])
+def test_a_checkpoint_over_persist_max_bytes_is_a_capacity_error_naming_the_bound(
+        tmp_path: Path, language: str) -> None:
+    """SPEC 4: the error names what to change (it read ``execution``, with persistence's
+    words, and sent the caller to free disk space)."""
+    big = "x = bytes(10**6)" if language == "python" else "x=$(head -c 100000 /dev/zero | tr '\\0' a)"
+    bound = 1000 if language == "python" else 50_000  # (a shell's dump holds its functions)
+    with Executor(root=tmp_path, persist_max_bytes=bound) as ex:
+        ex.execute_code(big, language=language, state_mode="stateful", session_name="a")
+        r = ex.checkpoint_session(session_name="a", language=language)
+        assert r["error_type"] == "capacity", r
+        assert f"persist_max_bytes={bound}" in r["error"] and "persist_max_bytes" in r["suggestion"]
+        assert "replaying" not in r["error"] and "disk" not in r["suggestion"]
+        assert ex.list_checkpoints(session_name="a", language=language)["checkpoints"] == []
+        ex.execute_code("y = 1" if language == "python" else "y=1", language=language,
+                        state_mode="stateful", session_name="a")
+        small = ex.execute_code("x = None" if language == "python" else "x=", language=language,
+                                state_mode="stateful", session_name="a")
+        assert "error" not in small
+        assert "checkpoint" in ex.checkpoint_session(session_name="a", language=language)

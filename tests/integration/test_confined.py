@@ -88,6 +88,41 @@ def test_a_dead_host_is_restarted_with_state_lost(confined: ConfinedExecutor) ->
     assert confined.restarts == 1
 
 
+def test_a_host_lost_between_calls_is_said_once_by_the_next_result_that_can_say_it(
+        confined: ConfinedExecutor) -> None:
+    """SPEC 9: a host that died while no call was in flight is started again by the next
+    call; the loss reaches the first result that carries ``state_lost`` (an execute_code
+    result), not a listing, and only once."""
+    confined.execute_code("kept = 1", state_mode="stateful")
+    confined.execute_code("import os, threading, time\n"
+                          "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(1))).start()")
+    deadline = time.monotonic() + 10
+    while confined.host_alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not confined.host_alive
+    listed = confined.list_sessions()
+    assert [s["session_id"] for s in listed["sessions"]] == [0], listed  # the plan alone
+    assert "state_lost" not in listed, listed
+    assert isinstance(confined.tool_definitions(), list)
+    after = confined.execute_code("1 + 1")
+    assert after["result"] == "2" and after["state_lost"] is True, after
+    assert "state_lost" not in confined.execute_code("2")
+    assert confined.restarts == 1
+
+
+def test_history_and_rebuild_take_their_arguments_as_the_executor_does(
+        confined: ConfinedExecutor) -> None:
+    """SPEC 9: the Executor's methods over the pipe, called as the Executor's are (the
+    positional arguments raised TypeError)."""
+    confined.execute_code("x = 41", state_mode="stateful", session_name="a")
+    rows = confined.history("python", None, "a")["calls"]
+    assert [row["code"] for row in rows] == ["x = 41"]
+    confined.close_session("python", None, "a")
+    rebuilt = confined.rebuild_session("python", None, "a")
+    assert "error" not in rebuilt, rebuilt
+    assert confined.execute_code("x + 1", state_mode="stateful", session_name="a")["result"] == "42"
+
+
 def test_calls_run_side_by_side_up_to_max_calls(confined: ConfinedExecutor) -> None:
     results: list[dict[str, object]] = []
     started = time.monotonic()

@@ -41,11 +41,13 @@ def test_a_call_past_wait_returns_running_and_goes_on(ex: Executor, tmp_path: Pa
     assert set(first) == RUNNING_KEYS and first["running"] is True
     assert first["stdout"] == "loading\n" and first["state_mode"] == "stateful"
     assert first["session"]["session_name"] == "load"
+    assert first["session"]["session_id"] is not None  # the session the call opened
     assert "wait_call" in first["suggestion"]
     again = ex.wait_call(first["call_id"], wait=0.2)  # bounded: still running
     assert again["running"] is True and again["call_id"] == first["call_id"]
     final = ex.wait_call(first["call_id"])
     assert final["result"] == "1" and final["call_id"] == first["call_id"]
+    assert final["session"] == first["session"] == again["session"]
     assert final["stdout"] == "loading\n" and "error" not in final
     assert ex.wait_call(first["call_id"]) == final  # fetchable again, the very dict
     # The code ran under its own timeout, once; its session kept what it bound.
@@ -209,6 +211,25 @@ def test_rebuild_session_and_call_function_take_wait(ex: Executor) -> None:
     assert rebuilt["replayed"] == 1 and rebuilt["call_id"].startswith("c_"), rebuilt
     assert ex.execute_code("echo $X", language="bash", state_mode="stateful",
                            session_name="r")["stdout"] == "1\n"
+
+
+def test_cancel_call_reaches_a_rebuilds_replay(ex: Executor, tmp_path: Path) -> None:
+    """The call record is passed down the rebuild's path to its replays: cancel_call on
+    a rebuild that returned ``running`` interrupts the replay it is in."""
+    slow = tmp_path / "slow"
+    ex.execute_code(f"if [ -e {slow} ]; then sleep 60; fi; X=1", language="bash",
+                    state_mode="stateful", session_name="r", timeout=120)
+    lost = ex.execute_code("kill -9 $$", language="bash", state_mode="stateful",
+                           session_name="r")
+    assert lost["state_lost"] is True
+    slow.write_text("now")
+    rebuilding = ex.rebuild_session("bash", session_name="r", wait=0.5)
+    assert rebuilding["running"] is True, rebuilding
+    started = time.monotonic()
+    stopped = ex.cancel_call(rebuilding["call_id"])
+    assert time.monotonic() - started < 10, stopped
+    assert stopped["replayed"] == 0 and stopped["failed_at"] is not None, stopped
+    assert stopped["failure"]["error_type"] == "timeout", stopped
 
 
 def test_async_executor_waits_and_cancels(tmp_path: Path) -> None:

@@ -9,23 +9,16 @@ import time
 from pathlib import Path
 
 from coordex import Executor
+from tests.conftest import alive
 
 BASH = {"language": "bash", "state_mode": "stateful"}
 
 
-def _runs(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 def _gone(pid: int, seconds: float = 5.0) -> bool:
     deadline = time.monotonic() + seconds
-    while _runs(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    return not _runs(pid)
+    return not alive(pid)
 
 
 def test_a_fork_carries_variables_functions_cwd_and_an_open_fd(tmp_path: Path) -> None:
@@ -76,22 +69,23 @@ def test_a_fork_is_ended_on_close_even_after_its_source(tmp_path: Path) -> None:
         job = int(ex.execute_code("echo $!", session_name="f", **BASH)["stdout"])
         ex.close_session(session_name="src", language="bash")  # the fork lives on
         assert ex.execute_code("echo alive", session_name="f", **BASH)["stdout"] == "alive\n"
-        assert _runs(pid) and _runs(job)
+        assert alive(pid) and alive(job)
         ex.fork_session(session_name="f", language="bash", new_name="g")
         grand = int(ex.execute_code("echo $BASHPID", session_name="g", **BASH)["stdout"])
         ex.close_session(session_name="f", language="bash")
         assert _gone(pid) and _gone(job)  # its own group ends with it
-        assert _runs(grand)
+        assert alive(grand)
     finally:
         ex.close()
     assert _gone(grand)
-    members = [p for p in os.listdir("/proc") if p.isdigit() and _runs(int(p))]
+    members = [p for p in os.listdir("/proc") if p.isdigit() and alive(int(p))]
     assert str(pid) not in members and str(grand) not in members
 
 
 HOST = r"""
 import sys, time
 from coordex import Executor
+from tests.conftest import alive
 ex = Executor(root=sys.argv[1])
 bash = {"language": "bash", "state_mode": "stateful"}
 ex.execute_code("x=1", session_name="src", **bash)
@@ -116,7 +110,7 @@ def test_a_fork_ends_when_the_host_dies_after_its_source_closed(tmp_path: Path) 
             assert host.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         pids = [int(p) for p in report.read_text().split()]
-        assert all(_runs(p) for p in pids)
+        assert all(alive(p) for p in pids)
         host.send_signal(signal.SIGKILL)
         host.wait(10)
         assert all(_gone(p, 10) for p in pids), pids

@@ -69,7 +69,7 @@ def test_a_copy_that_does_not_write_in_time_is_killed_and_reaped(tmp_path: Path)
     before = child_pids()
     finish = _kept.start_checkpoint(session, str(tmp_path / "b"), 1 << 20)
     written = finish(0.3)
-    assert written == {"error": "the checkpoint was not written within 0.3 s"}
+    assert written == {"error": "the checkpoint was not written within 0.3 s", "problem": "timeout"}
     assert time.monotonic() - started < 5
     assert child_pids() - before == set()  # the checkpoint's own copy: killed, reaped
     writer.kill()
@@ -78,7 +78,7 @@ def test_a_copy_that_does_not_write_in_time_is_killed_and_reaped(tmp_path: Path)
 
 def test_a_session_that_does_not_answer_is_said(tmp_path: Path) -> None:
     finish = _kept.start_checkpoint(_Forking(None), str(tmp_path), 1, silent="no answer")
-    assert finish(1.0) == {"error": "no answer"}
+    assert finish(1.0) == {"error": "no answer", "problem": "no_answer"}
 
 
 def test_a_writer_done_before_it_returned_is_never_running() -> None:

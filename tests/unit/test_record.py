@@ -69,3 +69,22 @@ def test_a_refused_call_is_rendered_by_the_same_function() -> None:
     result = render(CallRecord("stateless", None, 2.5, refused=error))
     assert result == {"error": "bad", "error_type": "validation", "suggestion": "fix it",
                       "state_mode": "stateless", "duration_ms": 2.5}
+
+
+def test_a_loss_before_the_call_is_a_field_said_by_every_kind_of_result() -> None:
+    """A host started again after it died (SPEC 9): the first call of code says the
+    loss, success or error, refused or busy; one that says ``restored`` says that."""
+    ok = Settled(facts.Ran(facts.Ok()), "own", "stateless", 5.0)
+    raised = Settled(facts.Ran(facts.Raised("ValueError", "x")), "own",
+                     "stateful", 5.0)
+    refused = CoordexError("validation", "bad", "fix it")
+    assert render(CallRecord("stateless", None, 1.0, ok, lost_before=True))["state_lost"] is True
+    assert "state_lost" not in render(CallRecord("stateless", None, 1.0, ok))
+    assert render(CallRecord("stateful", SESSION, 1.0, raised, lost_before=True))["state_lost"]
+    assert not render(CallRecord("stateful", SESSION, 1.0, raised))["state_lost"]
+    assert render(CallRecord("stateless", None, 1.0, refused=refused,
+                             lost_before=True))["state_lost"] is True
+    assert render(CallRecord("stateful", SESSION, 1.0, lost_before=True))["state_lost"] is True
+    restored = render(CallRecord("stateful", SESSION, 1.0, ok, restored={"from": "snapshot"},
+                                 lost_before=True))
+    assert "state_lost" not in restored and restored["restored"] == {"from": "snapshot"}

@@ -74,7 +74,8 @@ def written(folder: str, started: float) -> Written:
     """What a snapshot's copy left in ``folder``: its size and what it left out."""
     meta = snap.read_meta(folder) or {}
     if not meta.get("file"):
-        return {"error": meta.get("problem_why") or "the writer ended without writing"}
+        return {"error": meta.get("problem_why") or "the writer ended without writing",
+                "problem": meta.get("problem")}
     return {"bytes": int(meta.get("bytes") or 0), "left_out": list(meta.get("left_out") or []),
             "ms": round((time.monotonic() - started) * 1000.0, 1)}
 
@@ -89,7 +90,7 @@ def start_checkpoint(session: Kept, folder: str, max_bytes: int,
 
     def finish(timeout: float) -> Written:
         if writer is None:
-            return {"error": silent}
+            return {"error": silent, "problem": "no_answer"}
         deadline = time.monotonic() + timeout
         while writer.running():
             if (snap.read_meta(folder) or {}).get("attempt"):
@@ -97,7 +98,8 @@ def start_checkpoint(session: Kept, folder: str, max_bytes: int,
                 break
             if time.monotonic() > deadline:
                 writer.kill()
-                return {"error": f"the checkpoint was not written within {timeout:g} s"}
+                return {"error": f"the checkpoint was not written within {timeout:g} s",
+                        "problem": "timeout"}
             time.sleep(0.005)
         return written(folder, started)
 

@@ -196,6 +196,15 @@ class Session(Protocol):
 
 
 @runtime_checkable
+class CapabilityHost(Protocol):
+    """Host functions exposed to code as global names (the Executor's capabilities,
+    SPEC 2): what a place's sessions ask when their code calls one."""
+
+    def names(self) -> list[str]: ...
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
+
+
 class Place(Protocol):
     """Where code of one (language, environment) runs: it opens sessions and serves
     stateless calls. The Executor holds one per (language, venv_id) it has used.

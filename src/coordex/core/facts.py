@@ -26,7 +26,7 @@ Pure: no processes, no disk, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -127,6 +127,11 @@ Event = Ok | Exited | Raised | TimedOut | Died | Closed | StartFailed | Busy
 OK = Ok()
 
 
+# The names a call rebound: the names, or - a bash copy's, whose names cost a parse - a
+# callable giving (rebound, deleted), asked after the call's row is written, off its path.
+Rebound = Sequence[str] | Callable[[], tuple[Sequence[str], Sequence[str]]]
+
+
 @quick_init
 @dataclass(frozen=True)
 class Ran:
@@ -149,11 +154,11 @@ class Ran:
     images: Sequence[Any] = ()
     replaced: bool = False
     isolation: dict[str, Any] | None = None
-    rebound: Any = ()
+    rebound: Rebound = ()
     deleted: Sequence[str] = ()
     written: Sequence[str] | None = None
 
-    def naming(self, rebound: Any, deleted: Sequence[str]) -> Ran:
+    def naming(self, rebound: Rebound, deleted: Sequence[str]) -> Ran:
         """This run with the names it changed (a copy: every call of a Python session
         makes one, so it is built directly, not by ``dataclasses.replace``)."""
         return Ran(self.event, self.stdout, self.stderr, self.truncated, self.result,

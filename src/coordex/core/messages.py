@@ -459,6 +459,35 @@ def _after_raise(exception: str, place: PlaceKind, mode: Mode) -> str:
     return "Read the traceback, fix the code and run it again."
 
 
+def checkpoint_not_written(problem: str | None, why: str, max_bytes: int,
+                           seconds: float) -> CoordexError:
+    """A checkpoint whose copy wrote nothing, by what its writer noted (``problem``)."""
+    if problem == "too_large":
+        return CoordexError(
+            "capacity", f"The checkpoint was not written: the session's state is larger "
+            f"than persist_max_bytes={max_bytes} bytes.",
+            "Delete large values the session no longer needs (del name), or start the "
+            "Executor with a larger persist_max_bytes, then checkpoint again.")
+    if problem == "timeout":
+        return CoordexError(
+            "timeout", f"The checkpoint was not written within {seconds:g} s; the session "
+            "is unchanged.", "Checkpoint again when the session is idle; if its state is "
+            "very large, delete what it no longer needs first.",
+            stdout="", stderr="", state_lost=False)
+    return CoordexError(
+        "environment", "The checkpoint could not be written; the session is unchanged.",
+        "Free disk space under the Executor's root (or fix its permissions), then "
+        "checkpoint again.", log=why)
+
+
+def checkpoint_not_restored(why: str) -> CoordexError:
+    """The checkpoint's state could not be loaded: the session was started afresh."""
+    return CoordexError(
+        "crashed", f"The checkpoint could not be restored ({why}); the session now starts "
+        "empty.", "Rebuild it with rebuild_session, or restore another checkpoint.",
+        state_lost=True)
+
+
 def executor_closed() -> CoordexError:
     return CoordexError("validation", "This Executor is closed.",
                         "Create a new Executor (with Executor(...) as ex: ...) and call it.")

@@ -98,7 +98,7 @@ class Settled:
         return False
 
     @property
-    def rebound(self) -> Any:
+    def rebound(self) -> facts.Rebound:
         """Names the call rebound (a bash copy's: a callable); none for stateless."""
         return self.ran.rebound if self.mode != "stateless" else ()
 
@@ -119,7 +119,9 @@ class CallRecord:
     brought back; ``restore_lost``: it was kept, but nothing could be restored.
     ``stopped_by``: a person (the page) or the caller (cancel) stopped it.
     ``log_on``: the call log keeps the calls a ``rebuild_session`` replays, so a result
-    that says state was lost names that exact call.
+    that says state was lost names that exact call. ``lost_before``: every session was
+    lost before this call ran (a confined host started again after it died, SPEC 9) and
+    this is the first result to say it; a result that says ``restored`` says that instead.
     """
 
     mode: StateMode | None
@@ -131,22 +133,26 @@ class CallRecord:
     restore_lost: bool = False
     stopped_by: StoppedBy | None = None
     log_on: bool = False
+    lost_before: bool = False
 
     def __init__(self, mode: StateMode | None, session: dict[str, Any] | None,
                  duration_ms: float, settled: Settled | None = None,
                  refused: CoordexError | None = None, restored: dict[str, Any] | None = None,
                  restore_lost: bool = False, stopped_by: StoppedBy | None = None,
-                 log_on: bool = False) -> None:
+                 log_on: bool = False, lost_before: bool = False) -> None:
         # As Settled's: set once, in one step.
         self.__dict__.update(mode=mode, session=session, duration_ms=duration_ms,
                              settled=settled, refused=refused, restored=restored,
-                             restore_lost=restore_lost, stopped_by=stopped_by, log_on=log_on)
+                             restore_lost=restore_lost, stopped_by=stopped_by, log_on=log_on,
+                             lost_before=lost_before)
 
 
 def render(record: CallRecord) -> dict[str, Any]:
     """The SPEC result or error dict of ``record``: the only place one is made."""
     if record.refused is not None:
         result = record.refused.to_dict()
+        if record.lost_before:
+            result["state_lost"] = True
         if record.mode is not None:
             result.setdefault("state_mode", record.mode)
         result["duration_ms"] = record.duration_ms
@@ -200,7 +206,8 @@ def _success(record: CallRecord, settled: Settled) -> dict[str, Any]:
         extra["isolation"] = dict(ran.isolation) if ran.isolation else dict(_NO_COPY)
     elif settled.mode == "stateful" and ran.written:
         extra["written"] = list(ran.written)
-    lost = settled.lost or record.restore_lost
+    lost = settled.lost or record.restore_lost or (record.lost_before
+                                                   and record.restored is None)
     if lost:
         extra["state_lost"] = True
     if settled.retried:
@@ -222,7 +229,8 @@ def _error(record: CallRecord, settled: Settled) -> dict[str, Any]:
     result = error_of(event, settled.place, settled.mode, settled.timeout, settled.attempts,
                       settled.hows, hint=hint, stopped=record.stopped_by)
     result.update(stdout=ran.stdout, stderr=ran.stderr,
-                  state_lost=settled.lost or record.restore_lost)
+                  state_lost=settled.lost or record.restore_lost or (
+                      record.lost_before and record.restored is None))
     result.setdefault("session", record.session)
     result.setdefault("state_mode", settled.mode)
     if settled.mode == "read_only":
@@ -240,6 +248,8 @@ def _error(record: CallRecord, settled: Settled) -> dict[str, Any]:
 def _busy(record: CallRecord) -> dict[str, Any]:
     """The session stayed busy with another call for the whole timeout: nothing ran."""
     result = session_busy(record.stopped_by)
+    if record.lost_before:
+        result["state_lost"] = True
     result["session"] = record.session
     result["state_mode"] = record.mode
     if record.mode == "read_only":

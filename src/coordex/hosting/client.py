@@ -7,7 +7,9 @@ thread per host dispatches what arrives; the calling threads only wait.
 
 A host that dies (``os._exit`` in the tenant's code, a signal, the memory limit) fails
 the calls in flight with ``crashed`` and ``state_lost: true``; the next call starts a new
-host and its result carries ``state_lost: true``. Nothing else notices.
+host told that it replaces a lost one (``--replaces-lost``), whose first result of code
+(``execute_code``, ``call_function``, success or error) says ``state_lost: true``,
+rendered there as any result is: nothing here edits a result. Nothing else notices.
 """
 
 from __future__ import annotations
@@ -468,7 +470,6 @@ class ConfinedExecutor:
         self._env = self._host_env(env)
         self._lock = threading.Lock()
         self._host: _Host | None = None
-        self._lost = False
         self._closed = False
         self.restarts = 0
         self.close_step: str | None = None
@@ -559,11 +560,14 @@ class ConfinedExecutor:
         """The keeper's process id (the host process tree's root, outside the jail)."""
         return self._host.process.pid if self._host is not None else None
 
-    def _start(self) -> _Host | dict[str, Any]:
-        """Start a host; the running one, or an error dict when it cannot start."""
+    def _start(self, replaces_lost: bool = False) -> _Host | dict[str, Any]:
+        """Start a host; the running one, or an error dict when it cannot start.
+        ``replaces_lost``: the last host died, and the new one's first call of code says
+        so (its Executor is told, and renders it as a fact of that call)."""
         if self._records is not None:
             self._records.new_life()
-        host = _Host(self._argv, self._env, str(self.folder),
+        argv = [*self._argv, "--replaces-lost"] if replaces_lost else self._argv
+        host = _Host(argv, self._env, str(self.folder),
                      self._nodes.serve if self._nodes is not None else None, self._records,
                      self._hidden)
         ready = host.wait_ready(READY_TIMEOUT)
@@ -582,28 +586,29 @@ class ConfinedExecutor:
         self._host = host
         return host
 
-    def _running(self) -> tuple[_Host | None, dict[str, Any] | None, bool]:
-        """(host, error, state_lost): the live host, starting one if the last died."""
+    def _running(self) -> tuple[_Host | None, dict[str, Any] | None]:
+        """(host, error): the live host, starting one if the last died."""
         with self._lock:
             if self._closed:
-                return None, messages.executor_closed().to_dict(), False
+                return None, messages.executor_closed().to_dict()
             host = self._host
             if host is not None and host.alive:
-                return host, None, False
+                return host, None
             if host is not None:
                 host.close(grace=0.2)
                 self.restarts += 1
                 if self._nodes is not None:  # the dead Executor's sessions on the cluster
                     self._nodes.reset()
-            started = self._start()
+            # A start that fails says state_lost itself; the next start is told nothing.
+            started = self._start(replaces_lost=host is not None)
             if isinstance(started, dict):
                 self._host = None
-                return None, started, True
-            return started, None, host is not None or self._lost
+                return None, started
+            return started, None
 
     def _call(self, method: str, args: dict[str, Any], on_output: OnOutput | None = None,
               cancel: threading.Event | None = None, deadline: float | None = None) -> Any:
-        host, error, restarted = self._running()
+        host, error = self._running()
         if host is None:
             return error
         value = host.call(method, args, on_output, cancel, deadline, MAX_READ_REPLY.get(method))
@@ -615,9 +620,6 @@ class ConfinedExecutor:
                 "session's state is gone (the plan namespace too).",
                 "Run the call again: the next call starts a fresh host. Rebuild the state "
                 "you need (rebuild_session replays a session's calls).", state_lost=True)
-        if restarted and isinstance(value, dict) and "restored" not in value:
-            # (A kept session the new host restored says so instead: its state is back.)
-            value = {**value, "state_lost": True}
         return value
 
     def call(self, method: str, args: dict[str, Any], deadline: float | None = None) -> Any:
@@ -686,11 +688,21 @@ class ConfinedExecutor:
     def tool_definitions(self, format: str = "openai", **options: Any) -> Any:
         return self._call("tool_definitions", {"format": format, **options})
 
-    def history(self, **options: Any) -> dict[str, Any]:
-        return self._call("history", options)
+    def history(self, language: str | None = None, session_id: int | None = None,
+                session_name: str | None = None, venv_id: int | None = None,
+                limit: int = 50, seq: int | None = None, **options: Any) -> dict[str, Any]:
+        """As :meth:`Executor.history` (its arguments in the same order)."""
+        args = {"language": language, "session_id": session_id, "session_name": session_name,
+                "venv_id": venv_id, "limit": limit, "seq": seq, **options}
+        return self._call("history", args)
 
-    def rebuild_session(self, **options: Any) -> dict[str, Any]:
-        return self._call("rebuild_session", options)
+    def rebuild_session(self, language: str = "python", session_id: int | None = None,
+                        session_name: str | None = None, venv_id: int | None = None,
+                        **options: Any) -> dict[str, Any]:
+        """As :meth:`Executor.rebuild_session` (its arguments in the same order)."""
+        args = {"language": language, "session_id": session_id, "session_name": session_name,
+                "venv_id": venv_id, **options}
+        return self._call("rebuild_session", args)
 
     # SPEC 15: branches and checkpoints, made inside the host (its tenant's own store).
 

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="host", help="name for the host's cgroups")
     p.add_argument("--user", help="UID:GID:NAME the jail runs as (a root server's tenant)")
     p.add_argument("--executor", default="{}", help="JSON object of Executor arguments")
+    p.add_argument("--replaces-lost", action="store_true",
+                   help="started again after the last host died: its first call of code "
+                   "says state_lost")
     p.add_argument("--serve", choices=("executor", "node"), default="executor",
                    help="what runs in the jail: an Executor, or a cluster node's sessions of "
                    "one tenant (NodeHost)")
@@ -474,7 +477,7 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
             if spec.environments is not None:
                 options["environments_manager"] = _environments(spec.environments, options,
                                                                 channel)
-            executor = Executor(root=root, **options)
+            executor = Executor(root=root, **options, replaces_lost=args.replaces_lost)
     except Exception as exc:
         out.send(wire.message("ready", **ready, error=f"{type(exc).__name__}: {exc}",
                               fatal=True))

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from ..core import coordinates as coords
 from ..core.coordinates import StateMode
@@ -43,6 +43,9 @@ from ..worker._coordex_engine import safe_repr
 from . import _codec
 from .errors import CallError
 from .store import FunctionRecord, LibraryStore
+
+if TYPE_CHECKING:
+    from ..log.detached import CallRecord as Recorded
 
 OutputCallback = Callable[[str, str], None]
 
@@ -339,10 +342,11 @@ class FunctionRunner(Protocol):
     @property
     def environments(self) -> Any: ...
 
-    def run_function_code(self, code: str, *, state_mode: str, session_id: int | None,
+    def run_function_code(self, code: str, *, state_mode: StateMode, session_id: int | None,
                           session_name: str | None, venv_id: int | None,
                           timeout: float | None, on_output: OutputCallback | None,
-                          output_limit: int) -> dict[str, Any]: ...
+                          output_limit: int, recorded: Recorded | None = None
+                          ) -> dict[str, Any]: ...
 
 
 # --------------------------------------------------------------------------- the library
@@ -583,10 +587,13 @@ class FunctionLibrary:
              kwargs: dict[str, Any] | None = None, *, state_mode: str = "stateless",
              session_id: int | None = None, session_name: str | None = None,
              version: int | None = None, timeout: float | None = None,
-             on_output: OutputCallback | None = None) -> dict[str, Any]:
+             on_output: OutputCallback | None = None,
+             recorded: Recorded | None = None) -> dict[str, Any]:
         """Call a stored function and return a dict; never raises (for front ends).
 
         ``on_output(stream, text)`` receives what the function prints as it runs.
+        ``recorded``: the call record (SPEC 14) a front end runs this call under (its
+        ``call_id`` on the call's log row; ``cancel_call`` reaches the code).
 
         Returns:
             the execute_code result keys (``stdout``, ``stderr``, ``session``, ...) plus
@@ -603,7 +610,7 @@ class FunctionLibrary:
                 raise CallError("validation", "args must be a list and kwargs a dict.",
                                 "Pass args=[...] and kwargs={...}, or leave them out.")
             record, value = self._invoke(placed, tuple(args or ()), dict(kwargs or {}),
-                                         echo=False)
+                                         echo=False, recorded=recorded)
         except CoordexError as exc:
             return _as_call_error(exc).record
         record = {k: v for k, v in record.items() if k != "result"}
@@ -623,7 +630,7 @@ class FunctionLibrary:
         return self._invoke(call, args, kwargs, echo=call.on_output is None)[1]
 
     def _invoke(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-                echo: bool) -> tuple[dict[str, Any], Any]:
+                echo: bool, recorded: Recorded | None = None) -> tuple[dict[str, Any], Any]:
         """Run one call; returns (the executor's record, the value) or raises CallError."""
         fn = call.function
         venv_id = None if fn.env is None else self._venv_id(fn.env, fn.record.env_key)
@@ -642,7 +649,7 @@ class FunctionLibrary:
             record = self._executor.run_function_code(
                 code, state_mode=call.state_mode, session_id=call.session_id,
                 session_name=call.session_name, venv_id=venv_id, timeout=call.timeout,
-                on_output=call.on_output, output_limit=_TRANSFER_LIMIT)
+                on_output=call.on_output, output_limit=_TRANSFER_LIMIT, recorded=recorded)
         finally:
             if token is not None:
                 _SLOTS.pop(token, None)

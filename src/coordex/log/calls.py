@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core import coordinates as coords
 from ..core.coordinates import Coordinate
 from ..core.errors import CoordexError, validation
+from ..core.facts import Rebound
 from .store import _JOURNALED, COLUMNS, CallLog, LogReader, decode_row, rows_where
 
 # The keys of one history record (SPEC section 11), in order.
@@ -62,7 +64,13 @@ def open_call_log(root: Any, records: Any, enabled: bool, max_rows: int) -> Call
     return CallLog(root / LOG_FILE, max_rows)
 
 
-def changes(rebound: Any, deleted: Any, written: Any = None) -> Any:
+# The row's ``changed`` column: what a call changed, None for nothing, or a callable
+# that works it out after the row is written (a bash copy's names).
+Changed = dict[str, Any] | None | Callable[[], dict[str, Any] | None]
+
+
+def changes(rebound: Rebound, deleted: Sequence[str],
+            written: Sequence[str] | None = None) -> Changed:
     """The row's ``changed`` column for a call: names it rebound or deleted, and files
     a read-only copy wrote in protected folders (all discarded); None when the code
     changed nothing.
@@ -141,7 +149,7 @@ def result_of_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def record_call(log: CallLog | None, result: dict[str, Any], code: Any,
                 coordinate: Coordinate | None, seq: int | None = None,
-                asked: tuple[Any, ...] | None = None, *, changed: Any = None,
+                asked: tuple[Any, ...] | None = None, *, changed: Changed = None,
                 call_id: str | None = None, replay_of: int | None = None) -> LoggedRow:
     """Write the row of one finished call (completing row ``seq`` if the call's row was
     reserved while it ran) before the call returns, and return it. ``asked``: the

@@ -28,6 +28,7 @@ exists (then only to be checked for ``busy``, a join or a redelivery).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import secrets
@@ -55,24 +56,6 @@ CANCEL_WAIT = 30.0
 # Tools whose call is one row of the call log: the row carries the call_id.
 LOGGED_AS_ONE_ROW = ("execute_code", "call_function")
 
-Run = Callable[[Callable[[str, str], None] | None, threading.Event | None], dict[str, Any]]
-class _Current(threading.local):
-    record: Any = None  # a default: an attribute a thread never set costs an AttributeError
-
-
-_current = _Current()  # the record whose thread this is (its nested calls pass)
-
-
-def inside_call() -> bool:
-    """Whether this thread runs a recorded call right now (a rebuild's replays, a
-    stored function's code): its own calls are not checked again."""
-    return getattr(_current, "record", None) is not None
-
-
-def current_call_id() -> str | None:
-    record = getattr(_current, "record", None)
-    return record.call_id if record is not None else None
-
 
 def fingerprint(tool: str, arguments: dict[str, Any]) -> str:
     """What makes two calls identical: the tool and its arguments, ``wait`` aside."""
@@ -99,16 +82,18 @@ class CallRecord:
         self.detached = False  # a ``running`` record of it was handed out
         self.lost = False  # a request of it was lost before its answer was delivered
         self.session: dict[str, Any] | None = None  # filled in by the executor
+        # Reads the session's record as the table holds it now (None: stateless).
+        self.session_of: Callable[[], dict[str, Any] | None] | None = None
         # The call's own log row carries its call_id (SPEC 14: read back by it after a
-        # restart): given to the first call this record's thread starts, and only once.
+        # restart): given to the first call run under this record, and only once.
         self._row_id: str | None = self.call_id if tool in LOGGED_AS_ONE_ROW else None
         self._relay = relay
         self._streams = {"stdout": _Stream(), "stderr": _Stream()}
         self._lock = threading.Lock()
 
     def take_row_id(self) -> str | None:
-        """The ``call_id`` for the log row of the first call started on this record's
-        thread (the tool call itself; a stored function's own calls start later)."""
+        """The ``call_id`` for the log row of the first call run under this record (the
+        tool call itself; a stored function's own calls start later)."""
         row_id, self._row_id = self._row_id, None
         return row_id
 
@@ -127,11 +112,16 @@ class CallRecord:
         self._relay = None
 
     def running(self) -> dict[str, Any]:
+        session = self.session
+        if self.session_of is not None and (session is None or session.get("session_id") is None):
+            # A session the call itself opens has its id once it is open.
+            with contextlib.suppress(Exception):
+                session = self.session = self.session_of() or session
         with self._lock:
             stdout, stderr = self._streams["stdout"].text(), self._streams["stderr"].text()
         return {"running": True, "call_id": self.call_id,
                 "elapsed_ms": round((time.monotonic() - self.started) * 1000.0, 1),
-                "stdout": stdout, "stderr": stderr, "session": self.session,
+                "stdout": stdout, "stderr": stderr, "session": session,
                 "state_mode": self.state_mode or "stateless",
                 "suggestion": f"The call goes on under its own timeout. Call wait_call("
                 f"call_id={self.call_id!r}) for its result (it waits again, bounded), or "
@@ -141,6 +131,15 @@ class CallRecord:
     def final(self) -> dict[str, Any]:
         assert self.result is not None
         return {**self.result, "call_id": self.call_id}
+
+
+# A recorded call's body: ``run(on_output, cancel, record)``. ``record`` is the call
+# record it runs under (None: a call not given ``wait``, run on its caller's thread), passed
+# down its call path: its ``call_id`` goes on the call's log row (:meth:`take_row_id`),
+# its ``cancel`` reaches the code, and the calls it makes itself (a rebuild's replays)
+# run as they are, not through the book again.
+Run = Callable[[Callable[[str, str], None] | None, threading.Event | None, CallRecord | None],
+               dict[str, Any]]
 
 
 class CallBook:
@@ -206,7 +205,7 @@ class CallBook:
         if joined is not None:
             return self._await(joined, wait, cancel, joiner=True)
         if record is None:  # no wait: runs here, as any call does
-            return run(on_output, cancel)
+            return run(on_output, cancel, None)
         # The call's context goes with it (its trace context: SPEC 16's TRACEPARENT).
         context = contextvars.copy_context()
         thread = threading.Thread(target=context.run, args=(self._body, record, run, session_of),
@@ -216,17 +215,15 @@ class CallBook:
 
     def _body(self, record: CallRecord, run: Run,
               session_of: Callable[[], dict[str, Any] | None] | None) -> None:
-        _current.record = record
         try:
             if session_of is not None:
+                record.session_of = session_of
                 record.session = session_of()
-            result = run(record.output, record.cancel)
+            result = run(record.output, record.cancel, record)
         except Exception as exc:  # a coordex bug still ends the call with a result
             from ..tools import internal_error
 
             result = internal_error(exc)
-        finally:
-            _current.record = None
         if isinstance(result.get("session"), dict):
             record.session = result["session"]
         with self._lock:
@@ -403,5 +400,5 @@ def busy_error(record: CallRecord) -> dict[str, Any]:
     return detached_busy(record.call_id)
 
 
-__all__ = ["CANCEL_WAIT", "HOLD_SECONDS", "KEEP_SECONDS", "CallBook", "CallRecord",
-           "busy_error", "current_call_id", "fingerprint", "inside_call"]
+__all__ = ["CANCEL_WAIT", "HOLD_SECONDS", "KEEP_SECONDS", "CallBook", "CallRecord", "Run",
+           "busy_error", "fingerprint"]

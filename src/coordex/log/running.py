@@ -269,7 +269,7 @@ class Watch:
         self._expires = expires
         self.kept = False
 
-    def done(self, result: Any) -> Any:
+    def done(self, result: dict[str, Any]) -> dict[str, Any]:
         if self._registry is not None and isinstance(result, dict) and \
                 isinstance(result.get("call_id"), str):
             if result.get("running") and self._call is not None:

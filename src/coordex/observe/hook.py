@@ -173,8 +173,8 @@ def watched(tool: str, call: Callable[..., dict[str, Any]], call_id: Any,
     return cast(dict[str, Any], result)
 
 
-def telling_end(run: Callable[[Any, Any], dict[str, Any]],
-                wait: Any) -> Callable[[Any, Any], dict[str, Any]]:
+def telling_end(run: Callable[[Any, Any, Any], dict[str, Any]],
+                wait: Any) -> Callable[[Any, Any, Any], dict[str, Any]]:
     """Long work's hook (SPEC 14): ``run`` as it is, or, for a call given ``wait`` that
     has a span, made to tell the call's watch when its code ends (it may answer
     ``running`` before)."""
@@ -182,10 +182,10 @@ def telling_end(run: Callable[[Any, Any], dict[str, Any]],
     if not isinstance(watch, _Ends) or watch._span is None:
         return run
 
-    def run_and_tell(output: Any, cancel: Any) -> dict[str, Any]:
+    def run_and_tell(output: Any, cancel: Any, recorded: Any) -> dict[str, Any]:
         result: Any = None
         try:
-            result = run(output, cancel)
+            result = run(output, cancel, recorded)
         finally:
             watch.code_ended(result)
         return result

@@ -11,12 +11,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core import messages
 from ...core.facts import Ran
 from ...core.messages import PlaceKind
-from ..base import ProgressCallback, RunRequest
+from ..base import CapabilityHost, ProgressCallback, RunRequest
+
+if TYPE_CHECKING:
+    from .workers import WorkerSession, WorkerTemplate
 
 
 class EnvironmentPlace:
@@ -35,7 +38,7 @@ class EnvironmentPlace:
 
     def __init__(self, python: Callable[[ProgressCallback | None], str | Path],
                  env: Callable[[], dict[str, str]],
-                 capabilities: Any) -> None:
+                 capabilities: CapabilityHost) -> None:
         self._python = python
         self._env = env
         self._capabilities = capabilities
@@ -43,7 +46,7 @@ class EnvironmentPlace:
         self._template: Any = None
         self._closed = False
 
-    def open_session(self, on_progress: ProgressCallback | None = None) -> Any:
+    def open_session(self, on_progress: ProgressCallback | None = None) -> WorkerSession:
         from .workers import WorkerSession
 
         return WorkerSession(self._python(on_progress), env=self._env(),
@@ -53,7 +56,7 @@ class EnvironmentPlace:
         ran: Ran = self._stateless_template(request.on_progress).run_stateless(request)
         return ran
 
-    def _stateless_template(self, on_progress: ProgressCallback | None) -> Any:
+    def _stateless_template(self, on_progress: ProgressCallback | None) -> WorkerTemplate:
         from .workers import WorkerTemplate
 
         with self._lock:

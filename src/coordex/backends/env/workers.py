@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ...core import facts, messages
 from ...core.coordinates import StateMode
@@ -63,7 +63,16 @@ from ...protocol import (
 )
 from ...worker import _coordex_copy as copier
 from .. import _reap, late_output
-from ..base import INTERRUPT_GRACE, PAGER_ENV, Forked, RunRequest, StreamCapture, Writer, Written
+from ..base import (
+    INTERRUPT_GRACE,
+    PAGER_ENV,
+    CapabilityHost,
+    Forked,
+    RunRequest,
+    StreamCapture,
+    Writer,
+    Written,
+)
 from . import branches, keep
 
 WORKER_SCRIPT = Path(__file__).resolve().parents[2] / "worker" / "_coordex_worker.py"
@@ -83,14 +92,6 @@ RunMode = StateMode  # the state mode, defined once (core.coordinates)
 _NO_COPY_CLAIM = {"names": True, "objects": True, "files": "none", "copy": "fork"}
 # After a timeout's interrupt was ignored: straight to SIGKILL.
 _CANCEL_POLL = 0.05  # with a cancel event, the wait for a reply wakes this often to look
-
-
-class CapabilityHost(Protocol):
-    """Host functions exposed to worker code as global names (implemented by the executor)."""
-
-    def names(self) -> list[str]: ...
-
-    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
 
 
 class WorkerStartError(CoordexError):

@@ -41,7 +41,7 @@ from typing import Any
 from ...core import facts, messages
 from ...core.errors import CoordexError
 from ...core.facts import Ran
-from ..base import INTERRUPT_GRACE, Forked, RunRequest, Written
+from ..base import INTERRUPT_GRACE, CapabilityHost, Forked, RunRequest, Written
 from .node import CLUSTER_WIRE_VERSION, NodeHost
 
 # Each wait of the driver on an actor: a poll returns as soon as there is output, so
@@ -427,7 +427,7 @@ class RayCluster:
                 self._ray.shutdown()
 
 
-def run_args(request: RunRequest, capabilities: Any) -> dict[str, Any]:
+def run_args(request: RunRequest, capabilities: CapabilityHost) -> dict[str, Any]:
     """A request as plain values for the node (callables stay here)."""
     args = {"code": request.code, "timeout": request.timeout,
             "output_limit": request.output_limit, "value_limit": request.value_limit,
@@ -456,6 +456,9 @@ class RayPlace:
 
     def open_session(self, on_progress: ProgressCallback | None = None) -> RaySession:
         return RaySession(self, on_progress)
+
+    def capabilities_changed(self) -> None:
+        """Nothing to tell the nodes: each call sends the names it may use (run_args)."""
 
     def run_stateless(self, request: RunRequest) -> Ran:
         """A fresh shell or fork child on a node (a Python call whose node was lost

@@ -48,17 +48,18 @@ def start_snapshot(session: ShellSession, folder: str, *, attempt: int, through:
     name = f"state-{attempt}.sh"
     tmp = where / f".{name}.tmp"
     ran = session.run(RunRequest(code=dump_code(str(tmp)), timeout=30.0))
-    problem = None
+    problem = kind = None
     size = tmp.stat().st_size if tmp.exists() else 0
     if not ran.ok or not size:
-        problem = "the shell's state could not be dumped"
+        problem, kind = "the shell's state could not be dumped", "failed"
     elif size > max_bytes:
         problem = f"the snapshot would be larger than persist_max_bytes={max_bytes}"
+        kind = "too_large"
     if problem is not None:
         tmp.unlink(missing_ok=True)
         meta = snap.read_meta(folder) or dict(identity, format=snap.FORMAT, file=None,
                                               through=None)
-        meta.update(attempt=attempt, problem="failed", problem_why=problem)
+        meta.update(attempt=attempt, problem=kind, problem_why=problem)
         snap.write_meta(folder, meta)
         return Done()
     with open(tmp, "rb") as f:
