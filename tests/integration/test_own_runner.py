@@ -475,3 +475,22 @@ def test_a_hand_off_that_crosses_cpus_holds_the_next_ones_on_one(ex: Executor) -
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(thread.native_id or 0, cpus)
         runner._hold_left[0] = 0
+
+
+def test_a_fork_of_the_code_that_lives_on_never_takes_the_runners_next_calls(
+        ex: Executor) -> None:
+    """Code forks and its child returns from the cell (no ``os._exit``): the child's copy
+    of the runner waits for work of its own, never for the parent's, so every later call
+    runs at once (a go signal shared across the fork would wake either runner)."""
+    forked = ex.execute_code("import os\npid = os.fork()", state_mode="stateful")
+    assert forked.get("error_type") is None, forked
+    child = ex.execute_code("pid", state_mode="stateful")["result"]
+    try:
+        for i in range(30):
+            started = time.monotonic()
+            out = ex.execute_code(f"n = {i}", state_mode="stateful", timeout=10)
+            assert out.get("error_type") is None, (i, out)
+            assert time.monotonic() - started < 5, i
+    finally:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            os.kill(int(child), 9)

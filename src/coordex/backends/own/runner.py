@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -64,23 +65,61 @@ class _EventGo:
     runner it wakes takes the GIL at once; a lock's ``release`` wakes the runner while
     the caller still holds the GIL, and the runner, woken on the caller's CPU, runs only
     to find the GIL held, sleeps again and is woken a second time (about three switches
-    more a call). ``acquire`` waits without the GIL, as a lock's does."""
+    more a call). ``acquire`` waits without the GIL, as a lock's does.
 
-    __slots__ = ("_fd",)
+    A fork child gets an eventfd of its own (:func:`_renew_in_child`): a child of the
+    code that returns into its copy of the runner must never take the parent's go
+    signals (the parent's call would wait out its timeout)."""
+
+    __slots__ = ("__weakref__", "_fd", "_lock")
 
     def __init__(self) -> None:
         self._fd = os.eventfd(0, os.EFD_CLOEXEC)
+        self._lock: Any = None  # a fork child that could not make an eventfd: a lock
+        _GOS.add(self)
 
     def acquire(self) -> bool:
+        if self._lock is not None:
+            return bool(self._lock.acquire())
         os.eventfd_read(self._fd)  # every release so far: the runner looks at its job
         return True
 
     def release(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(RuntimeError):
+                self._lock.release()
+            return
         os.eventfd_write(self._fd, 1)
 
+    def renew(self) -> None:
+        """In a fork child: a signal of its own, never the parent's."""
+        inherited, self._fd = self._fd, -1
+        try:
+            self._fd = os.eventfd(0, os.EFD_CLOEXEC)
+        except OSError:
+            lock = _thread.allocate_lock()
+            lock.acquire()
+            self._lock = lock
+        with contextlib.suppress(OSError):
+            os.close(inherited)
+
     def __del__(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            os.close(self._fd)
+        if getattr(self, "_fd", -1) >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
+_GOS: weakref.WeakSet[_EventGo] = weakref.WeakSet()
+
+
+def _renew_in_child() -> None:
+    for go in list(_GOS):
+        with contextlib.suppress(Exception):
+            go.renew()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_in_child)
 
 
 def _go_signal() -> _EventGo | Any:
