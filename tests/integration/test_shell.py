@@ -191,6 +191,14 @@ def test_commands_see_only_their_three_standard_fds(session: ShellSession) -> No
     assert str(out["stdout"]).split() == ["0", "1", "2", "3"]  # 3: ls's own listing
 
 
+def test_bash_itself_holds_no_descriptor_of_ours(session: ShellSession) -> None:
+    # Its runner is read by the path of our descriptor, its outputs opened per call: an
+    # fd of ours in bash would cost every call a redirection to close it for the code.
+    fds = sorted(int(fd) for fd in os.listdir(f"/proc/{session.pid}/fd"))
+    assert [fd for fd in fds if fd != 255] == [0, 1, 2]  # 255: bash's own (interactive)
+    assert ok(session.run(req("echo $((6 * 7))")))["stdout"] == "42\n"
+
+
 def test_an_interrupt_keeps_the_users_stderr_exactly(session: ShellSession) -> None:
     out = session.run(req("echo err >&2; sleep 30", timeout=0.3))
     assert out["error"]["error_type"] == "timeout" and out["stderr"] == "err\n"
