@@ -452,3 +452,20 @@ def test_a_broken_on_output_callback_does_not_break_the_call(session: ShellSessi
         raise RuntimeError("callback bug")
 
     assert ok(session.run(req("echo fine", on_output=broken)))["stdout"] == "fine\n"
+
+
+def test_a_restored_snapshot_keeps_the_shells_own_go_record(tmp_path: Path) -> None:
+    # A snapshot holds the old shell's private variables; the "go" text carries its
+    # token. Restored as it was, the new shell's calls would say "go" in a token the
+    # host does not read, and a call that kills the shell would pass for one that
+    # never started (and be run again).
+    source, target = ShellSession(), ShellSession()
+    try:
+        source.start_snapshot(str(tmp_path), attempt=1, through=1, max_bytes=10**7,
+                              identity={})
+        target.restore_snapshot(str(tmp_path), [], 10.0)
+        ran = target.run(req("kill -9 $$"))
+        assert getattr(ran.event, "started", None) is True, ran.event
+    finally:
+        source.close()
+        target.close()

@@ -128,9 +128,11 @@ class ShellProtocol:
                       f"{out}>&- {runner_fd}<&-\n")
         source = f"/dev/fd/{runner_fd}" if runner_path is None or outputs is None \
             else runner_path
+        # The record's head is written out (one expansion fewer a call; ``{p}record``
+        # stays for the fork's loop and exit record).
         prompt_command = (
             f"\\builtin unset PROMPT_COMMAND; \\builtin . {source}; "
-            f"PS1=\"\\n${p}record${p}call $? {FLAGS}\\n\" PS0=${p}go")
+            f"PS1=\"\\n{token} r ${p}call $? {FLAGS}\\n\" PS0=${p}go")
         keep_stdout = "" if outputs is not None else f"\\exec {out}>&1; "
         setup = (f"{keep_stdout}"
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
