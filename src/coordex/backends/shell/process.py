@@ -392,6 +392,9 @@ class Shell:
         ended = finished = False
         # A cancelled request is interrupted at once, exactly as at its timeout.
         cancel = request.cancel if interruptible else None
+        # Bash often answers while our write runs (woken on this CPU, it runs first):
+        # its records are read at once, before any poll.
+        ready_now: list[tuple[int, int]] | None = [(self._status_r, select.EPOLLIN)]
         try:
             while not finished:
                 if cancel is not None and cancel.is_set() and now < deadline \
@@ -424,7 +427,11 @@ class Shell:
                     wait = max(deadline - now, 0.0)
                     if self._pidfd is None or cancel is not None:
                         wait = min(wait, POLL_FALLBACK)
-                for fd, events in self._poller.poll(wait):
+                if ready_now is not None:
+                    ready, ready_now = ready_now, None
+                else:
+                    ready = self._poller.poll(wait)
+                for fd, events in ready:
                     what = self._kinds[fd]
                     if what == _STATUS:
                         for rkind, rnumber, status, flags in self._read_status():
