@@ -539,10 +539,23 @@ BACKGROUND_WRITERS = {
         "        time.sleep(0.01)\n"
         "    open('DONE', 'w').close()\n"
         "threading.Thread(target=_bg, daemon=True).start()"),
+    # Handlers keep the stream they were given: the call's own sys.stdout/sys.stderr.
+    ("python", "logging"): (
+        "import logging, sys, threading, time\n"
+        "_log = logging.getLogger('coordex-bg')\n"
+        "_log.propagate = False\n"
+        "_log.addHandler(logging.StreamHandler(sys.stdout))\n"
+        "_log.addHandler(logging.StreamHandler(sys.stderr))\n"
+        "def _bg():\n"
+        "    for _ in range(200):\n"
+        "        _log.warning('BG')\n"
+        "        time.sleep(0.01)\n"
+        "    open('DONE', 'w').close()\n"
+        "threading.Thread(target=_bg, daemon=True).start()"),
 }
 
 
-@pytest.mark.parametrize("writer", ["process", "thread"])
+@pytest.mark.parametrize("writer", ["process", "thread", "logging"])
 def test_output_written_while_a_later_call_runs_lands_in_no_later_call(
         at: At, writer: str, tmp_path: Path) -> None:
     """SPEC 6 (soak S4): a background writer an earlier call left running wrote into

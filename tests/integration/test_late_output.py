@@ -105,3 +105,36 @@ def test_without_proc_the_calls_share_the_pipes_as_before(
         assert session.run(RunRequest(again, timeout=10)).stdout == "again\n"
     finally:
         session.close()
+
+
+def test_the_drain_sleeps_while_retired_pipes_are_quiet() -> None:
+    """A wake left in the drain's pipe while retired pipes remain (as when one owner is
+    forgotten and another retires a pipe before the drain woke): the drain then waits
+    for writes, using no CPU (it spun at 100%)."""
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    first, second = object(), object()
+    try:
+        late_output._DRAIN.retire(r1, first)  # jobs still hold w1 and w2
+        late_output._DRAIN.retire(r2, second)
+        wake = late_output._DRAIN._wake
+        assert wake is not None
+        os.write(wake[1], b"x")  # what forget() writes
+        time.sleep(0.2)
+        drain = next(t for t in threading.enumerate() if t.name == "coordex-late-output")
+        used = _thread_cpu(drain.native_id or 0)
+        time.sleep(1.0)
+        assert _thread_cpu(drain.native_id or 0) - used < 0.1
+    finally:
+        late_output.forget(first)
+        late_output.forget(second)
+        os.close(w1)
+        os.close(w2)
+    _wait_for(lambda: _drain_threads() == 0)
+
+
+def _thread_cpu(tid: int) -> float:
+    """Seconds of CPU thread ``tid`` of this process used, from /proc."""
+    with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

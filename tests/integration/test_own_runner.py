@@ -354,6 +354,71 @@ def test_a_host_thread_prints_to_the_host_never_into_a_call(here: str) -> None:
     assert done.stdout.count("heartbeat") > 40
 
 
+HOST_BLOCKED = """
+import json, sys, tempfile, threading, time
+from coordex import Executor
+ex = Executor(root=tempfile.mkdtemp())
+ex.execute_code("1")
+def spam():
+    while True:
+        sys.stdout.write("x" * 65536)
+threading.Thread(target=spam, daemon=True).start()
+time.sleep(0.5)  # the pipe to the parent is full: spam is blocked in the host's write
+started = time.monotonic()
+r = ex.execute_code("print('hi')", timeout=2)
+sys.stderr.write(json.dumps([time.monotonic() - started, r.get("stdout")]) + "\\n")
+sys.stderr.flush()
+import os
+os._exit(0)  # (a daemon thread blocked in a write would fail the interpreter's exit)
+"""
+
+
+def test_a_host_thread_blocked_on_its_own_stdout_never_stops_a_call() -> None:
+    """A host thread stuck writing to a stdout pipe no one reads: calls still run and
+    return within their timeout (they waited for that write forever before)."""
+    import json
+    import subprocess
+    import sys
+
+    with subprocess.Popen([sys.executable, "-c", HOST_BLOCKED], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as process:
+        try:
+            deadline = time.monotonic() + 30
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)  # stdout is never read while the child runs
+            assert process.poll() == 0, "the call never returned"
+            err = process.stderr.read() if process.stderr else ""
+            took, stdout = json.loads(err.strip().splitlines()[-1])
+            assert stdout == "hi\n" and took < 2 + 2, err[-500:]
+        finally:
+            process.kill()
+
+
+HOST_STREAMS = """
+import sys, tempfile
+from coordex import Executor
+before = (sys.stdout, sys.stderr, sys.stdin)
+with Executor(root=tempfile.mkdtemp()) as ex:
+    ex.execute_code("1")
+    assert type(sys.stdout).__name__ == "_RoutedStream"
+    assert (sys.stdout.encoding, sys.stdout.errors) == (before[0].encoding, before[0].errors)
+    assert sys.stderr.errors == before[1].errors
+assert (sys.stdout, sys.stderr, sys.stdin) == before
+print("ok")
+"""
+
+
+def test_the_host_streams_keep_their_encoding_and_come_back_at_close() -> None:
+    """The routing proxies answer ``sys.stdout.encoding`` as the host's stream does (it
+    read None), and the host's own streams are back once the last Executor closed."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HOST_STREAMS], capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout == "ok\n", done.stderr[-800:]
+
+
 # -- the hand-off held on one CPU --------------------------------------------------------
 
 

@@ -127,8 +127,12 @@ class _Drain:
             events = epoll.poll()
             with self._lock:
                 for fd, _mask in events:
+                    if fd == wake[0]:  # read, or the pipe stays readable and wakes forever
+                        with contextlib.suppress(OSError):
+                            os.read(fd, READ_CHUNK)
+                        continue
                     if fd not in self._owners:
-                        continue  # the wake pipe, or closed by forget() after the event
+                        continue  # closed by forget() after the event
                     while True:
                         try:
                             data = os.read(fd, READ_CHUNK)

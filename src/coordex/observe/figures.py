@@ -30,6 +30,10 @@ BUILD_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.
                  float("inf"))
 # Tools whose calls carry coordinates (the rest are counted in coordex_tool_calls_total).
 CODE_TOOLS = ("execute_code", "call_function")
+# Tools that hand over the final result of a call answered ``running`` (SPEC 14).
+FETCH_TOOLS = ("wait_call", "cancel_call")
+# Call ids whose end was counted, remembered so a result fetched again counts once.
+COUNTED_IDS = 10_000
 Sources = Callable[[], Iterable[tuple[str | None, Any]]]
 
 
@@ -61,6 +65,7 @@ class Figures:
         self.sources = sources or (lambda: ())
         self._lock = threading.Lock()
         self._busy: dict[tuple[str, str, str, str, str], int] = {}
+        self._counted: dict[str, None] = {}  # call ids, oldest first
         self.registry: Any = None
         self._otel: Any = None
         base = ["tenant"] if tenants else []
@@ -115,25 +120,52 @@ class Figures:
 
     def count(self, tenant: str | None, tool: str, arguments: Mapping[str, Any] | None,
               result: Any, seconds: float) -> None:
-        """One finished call, from its result."""
+        """One finished tool call, from its result.
+
+        A call answered ``running`` (SPEC 14) has not ended: it counts among the tool
+        calls, and as a call (outcome ``ok`` or its ``error_type``, its own duration,
+        lost state, a rebuild) once its final result passes by, from the call itself, a
+        ``wait_call`` or a ``cancel_call``; a result fetched again counts once."""
         facts = shared.coordinates(tool, arguments, result)
+        record = result if isinstance(result, Mapping) else {}
+        ended = facts["outcome"] != "running" and self._first_end(record.get("call_id"))
+        kind = tool
+        if tool in FETCH_TOOLS:  # the end of the call it names, under that call's facts
+            kind = "rebuild_session" if "replayed" in record else \
+                CODE_TOOLS[0] if "state_mode" in record else ""
+            facts = shared.coordinates(kind, None, record) if kind else facts
+            duration = record.get("duration_ms")
+            if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+                seconds = duration / 1000
         base = [tenant or ""] if self.tenants else []
         if self.registry is not None:
             self._tools.labels(*base, tool, facts["outcome"]).inc()
-            if tool in CODE_TOOLS:
+            if ended and kind in CODE_TOOLS:
                 coords = [*base, facts["language"], facts["state_mode"], facts["place"]]
                 self._calls.labels(*coords, facts["outcome"]).inc()
                 self._duration.labels(*coords).observe(seconds)
-            if facts["state_lost"]:
+            if ended and facts["state_lost"]:
                 _labelled(self._lost, base).inc()
-            if tool == "rebuild_session" and facts["outcome"] == "ok":
+            if ended and kind == "rebuild_session" and facts["outcome"] == "ok":
                 _labelled(self._rebuilds, base).inc()
         if self._otel is not None:
-            self._otel.count(tenant, tool, facts, seconds)
+            self._otel.count(tenant, tool, kind if ended else "", facts, seconds)
         if isinstance(result, Mapping):
             for fact in result.get(shared.FACTS_KEY) or ():  # a confined host's builds
                 if isinstance(fact, Mapping) and isinstance(fact.get("seconds"), (int, float)):
                     self.build(tenant, str(fact.get("build")), float(fact["seconds"]))
+
+    def _first_end(self, call_id: Any) -> bool:
+        """Whether the end of the call ``call_id`` (None: a call without one) is new."""
+        if not isinstance(call_id, str):
+            return True
+        with self._lock:
+            if call_id in self._counted:
+                return False
+            self._counted[call_id] = None
+            if len(self._counted) > COUNTED_IDS:
+                del self._counted[next(iter(self._counted))]
+        return True
 
     def build(self, tenant: str | None, outcome: str, seconds: float) -> None:
         base = [tenant or ""] if self.tenants else []
@@ -146,14 +178,14 @@ class Figures:
     # -- read when scraped ----------------------------------------------------------------
 
     def sessions(self) -> dict[tuple[str, str, str, str], int]:
-        """{(tenant, language, place, state): n}, state one of open (idle), busy, kept."""
+        """{(tenant, language, place, state): n}, state one of open (idle), busy, kept.
+
+        Busy: a session a tool call is running in, or one a detached call (SPEC 14)
+        holds after its request returned (``list_sessions`` marks it ``busy``)."""
         counts: dict[tuple[str, str, str, str], int] = {}
         with self._lock:
             busy = dict(self._busy)
-        busy_by: dict[tuple[str, str, str], int] = {}
-        for tenant, language, place, _venv, _session in busy:
-            where = (tenant, language, place)
-            busy_by[where] = busy_by.get(where, 0) + 1
+        held_busy: set[tuple[str, str, str, str, str]] = set()
         for source, executor in self.sources():
             tenant = source or ""
             for record in _held_sessions(executor):
@@ -161,21 +193,48 @@ class Figures:
                     ("own" if record.get("venv_id") is None else "env")
                 if record.get("node"):
                     place = "cluster"
+                language = str(record.get("language"))
                 state = "open" if record.get("held", True) else "kept"
-                key = (tenant, str(record.get("language")), place, state)
+                if record.get("busy") is True:
+                    state = "busy"
+                    venv = "" if record.get("venv_id") is None else str(record["venv_id"])
+                    for label in (record.get("session_name"), record.get("session_id")):
+                        if label is not None:
+                            held_busy.add((tenant, language, place, venv, str(label)))
+                key = (tenant, language, place, state)
                 counts[key] = counts.get(key, 0) + 1
+        busy_by: dict[tuple[str, str, str], int] = {}
+        for tenant, language, place, venv, session in busy:
+            if (tenant, language, place, venv, session) in held_busy:
+                continue  # counted busy from its listing already
+            where = (tenant, language, place)
+            busy_by[where] = busy_by.get(where, 0) + 1
         for (tenant, language, place), n in busy_by.items():
             opened = (tenant, language, place, "open")
             moved = min(n, counts.get(opened, 0))
             if moved:
                 counts[opened] -= moved
-            counts[(tenant, language, place, "busy")] = n
+                if not counts[opened]:
+                    del counts[opened]
+            busied = (tenant, language, place, "busy")
+            counts[busied] = counts.get(busied, 0) + n
         return counts
 
     def detached(self) -> dict[str, int]:
-        """Detached calls by tenant: each tenant's figure, 0 until it has one."""
+        """Detached calls by tenant: calls answered ``running`` (SPEC 14) whose code
+        still runs, as each executor's running calls (the page's ``GET running``) list
+        them; 0 for a tenant that has none."""
+        from ..log.running import calls_of
+
         counts = {tenant or "": 0 for tenant, _ in self.sources()}
-        counts.update(shared.DETACHED)
+        for source, executor in self.sources():
+            try:
+                running = calls_of(executor).running()
+            except Exception:  # a closing executor: nothing runs
+                continue
+            tenant = source or ""
+            counts[tenant] = counts.get(tenant, 0) + sum(
+                1 for call in running if call.get("detached") is True)
         return counts
 
     def render(self, tenant: str | None = None) -> bytes:
@@ -284,18 +343,19 @@ class _Instruments:
     def _base(self, tenant: str | None) -> dict[str, str]:
         return {"tenant": tenant or ""} if self.tenants else {}
 
-    def count(self, tenant: str | None, tool: str, facts: Mapping[str, Any],
+    def count(self, tenant: str | None, tool: str, ended: str, facts: Mapping[str, Any],
               seconds: float) -> None:
+        """One tool call; ``ended``: the kind of call whose end it counts, or ``""``."""
         base = self._base(tenant)
         self.tools.add(1, {**base, "tool": tool, "outcome": facts["outcome"]})
-        if tool in CODE_TOOLS:
+        if ended in CODE_TOOLS:
             coords = {**base, "language": facts["language"], "state_mode": facts["state_mode"],
                       "place": facts["place"]}
             self.calls.add(1, {**coords, "outcome": facts["outcome"]})
             self.duration.record(seconds, coords)
-        if facts["state_lost"]:
+        if ended and facts["state_lost"]:
             self.lost.add(1, base)
-        if tool == "rebuild_session" and facts["outcome"] == "ok":
+        if ended == "rebuild_session" and facts["outcome"] == "ok":
             self.rebuilds.add(1, base)
 
     def build(self, tenant: str | None, outcome: str, seconds: float) -> None:

@@ -7,11 +7,14 @@ output, :func:`coordex.observe.hook.log_call`); a JSON line carries those as fie
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
@@ -37,10 +40,30 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+class _ServerStderr(logging.StreamHandler):
+    """The server's stderr, on a descriptor of its own where it has one.
+
+    A call in the agent's own interpreter puts its pipes on fds 1 and 2 while it runs
+    (a detached one for minutes, SPEC 14): a log line written to fd 2 then would land in
+    that call's output. A duplicate made at start keeps pointing at the server's stderr.
+    It stays open as long as the process: ``logging.config`` (a web server's) closes
+    every handler it finds yet leaves them attached, and a closed stream would lose
+    every line after.
+    """
+
+    def __init__(self) -> None:
+        stream: TextIO = sys.stderr
+        with contextlib.suppress(AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            fd = os.dup(sys.stderr.fileno())  # none for an in-memory stream: used as it is
+            stream = os.fdopen(fd, "w", buffering=1, errors="backslashreplace",
+                               encoding=getattr(sys.stderr, "encoding", None) or "utf-8")
+        super().__init__(stream)
+
+
 def configure(level: str = "info", fmt: str = "text") -> None:
     """Send ``logging`` to stderr at ``level`` in ``fmt`` (replacing earlier handlers
     this function installed)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _ServerStderr()
     handler.setFormatter(JsonLines() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     handler.set_name("coordex")
     root = logging.getLogger()

@@ -11,10 +11,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-# Detached calls in flight (SPEC 14), by tenant: read by the coordex_detached_calls
-# gauge. Long work sets it; until then it stays 0.
-DETACHED: dict[str, int] = {}
-
 # The key under which a confined host hands its call's facts back to the server.
 FACTS_KEY = "_coordex_observed"
 

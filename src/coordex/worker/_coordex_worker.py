@@ -422,19 +422,23 @@ def detach_outputs() -> None:
 
 
 class _ThreadFilter(io.TextIOBase):
-    """sys.stdout/sys.stderr during a call while threads an earlier call started run:
-    their writes are dropped (SPEC 6), every other thread's go through."""
+    """sys.stdout/sys.stderr from the worker's start on, so that a stream a handler
+    keeps (``logging.basicConfig(stream=sys.stderr)``) is this one too: writes of
+    threads an earlier call started (``old``, set as each stateful call starts) are
+    dropped (SPEC 6), every other thread's go through."""
 
-    def __init__(self, stream: Any, old: Any) -> None:
+    old = frozenset()  # type: frozenset
+
+    def __init__(self, stream: Any) -> None:
         super().__init__()
         self.stream = stream
-        self._old = old
 
     def write(self, text: str) -> int:
-        import threading
+        if _ThreadFilter.old:
+            import threading
 
-        if threading.current_thread() in self._old:
-            return len(text)
+            if threading.current_thread() in _ThreadFilter.old:
+                return len(text)
         return self.stream.write(text)
 
     def flush(self) -> None:
@@ -449,31 +453,37 @@ class _ThreadFilter(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    @property
+    def encoding(self) -> Any:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None)
+
+    @property
+    def errors(self) -> Any:  # type: ignore[override]
+        return getattr(self.stream, "errors", None)
+
     def __getattr__(self, item: str) -> Any:
         return getattr(self.stream, item)
 
 
-def filter_old_threads() -> Optional[Tuple[Any, Any]]:
-    """Before a stateful call: if threads an earlier call started still run, wrap
-    sys.stdout/sys.stderr so their prints reach no later call; what to put back."""
+def filter_streams() -> None:
+    """sys.stdout/sys.stderr go through a :class:`_ThreadFilter` (again, where the code
+    put its own stream in)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _ThreadFilter):
+            setattr(sys, name, _ThreadFilter(stream))
+
+
+def filter_old_threads() -> None:
+    """Before a stateful call: the threads an earlier call started and that still run
+    print to no later call."""
+    filter_streams()
     threading = sys.modules.get("threading")
     if threading is None or threading.active_count() <= 1:
-        return None
-    current = threading.current_thread()
-    old = frozenset(t for t in threading.enumerate() if t is not current)
-    saved = (sys.stdout, sys.stderr)
-    sys.stdout = _ThreadFilter(sys.stdout, old)
-    sys.stderr = _ThreadFilter(sys.stderr, old)
-    return saved
-
-
-def unfilter_threads(saved: Optional[Tuple[Any, Any]]) -> None:
-    if saved is None:
+        _ThreadFilter.old = frozenset()
         return
-    if isinstance(sys.stdout, _ThreadFilter):
-        sys.stdout = saved[0]
-    if isinstance(sys.stderr, _ThreadFilter):
-        sys.stderr = saved[1]
+    current = threading.current_thread()
+    _ThreadFilter.old = frozenset(t for t in threading.enumerate() if t is not current)
 
 
 def _changed_names(before: Dict[str, Any], namespace: Dict[str, Any]) -> Tuple[List[str], List[str]]:
@@ -934,14 +944,14 @@ def serve(channel: Channel, namespace: Dict[str, Any]) -> None:
                 elif not _State.per_call:
                     start_per_call()
                     detach_outputs()
-                filtered = filter_old_threads() if msg["mode"] == "stateful" else None
+                if msg["mode"] == "stateful":
+                    filter_old_threads()
                 if msg["mode"] == "stateful":
                     outcome = run_stateful(msg, namespace)  # type: Optional[Dict[str, Any]]
                 elif msg["mode"] == "read_only":
                     outcome = run_read_only(msg, namespace)
                 else:
                     outcome = run_forked(msg, namespace)
-                unfilter_threads(filtered)
                 if attached:
                     detach_outputs()
                 if outcome is not None:  # else the fork child has sent `done` itself
@@ -1050,6 +1060,7 @@ def main(argv: List[str]) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")  # the host sets it (and the pagers) too
     install_signal_handlers()
     keep_std_fds()
+    filter_streams()
     channel = Channel(in_fd, out_fd)
     _State.channel = channel
     _State.script_module = sys.modules["__main__"]  # our own globals stay apart from the user's

@@ -87,6 +87,7 @@ from .output import (
     install_thread_origin,
     local,
     routed_streams,
+    uninstall_streams,
 )
 from .runner import ON_CALLER, OnCaller, Runner, Watchdog, inline_ready
 
@@ -561,6 +562,7 @@ class OwnInterpreter:
                     self._runner = None
                 if self._active_runner is None:
                     self._fds.close()
+                    uninstall_streams()
             finally:
                 OWN_LOCK.release()
         # What the code started (Popen, os.fork, and what those started) ends too.

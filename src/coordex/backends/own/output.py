@@ -142,23 +142,26 @@ class _RoutedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         call = _target_call()
         if call is None:
-            # Under the lock a call takes to swap its pipes onto fds 1/2: a host write
-            # under way ends on the host's fds before they are swapped.
-            with _HOST_HELD.swap:
-                if _HOST_HELD.routing:  # fds 1/2 are the call's pipes: later, not into it
-                    return _HOST_HELD.hold(self, text)
+            # A call swapping its pipes onto fds 1/2 first waits for host writes under
+            # way to end on the host's fds (see _HostHeld.writing).
+            if not _HOST_HELD.begin_write():  # fds 1/2 are the call's: later, not into it
+                return _HOST_HELD.hold(self, text)
+            try:
                 return int(self.original.write(text) or 0)
+            finally:
+                _HOST_HELD.end_write()
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         (call.out if self._name == "stdout" else call.err)(engine.escape_text(text))
         return len(text)
 
     def flush(self) -> None:
-        if _target_call() is None:
-            with _HOST_HELD.swap:
-                if not _HOST_HELD.routing:
-                    with contextlib.suppress(Exception):
-                        self.original.flush()
+        if _target_call() is None and _HOST_HELD.begin_write():
+            try:
+                with contextlib.suppress(Exception):
+                    self.original.flush()
+            finally:
+                _HOST_HELD.end_write()
 
     def isatty(self) -> bool:
         if _target_call() is None and not _HOST_HELD.routing:  # the host's, between calls
@@ -171,6 +174,19 @@ class _RoutedStream(io.TextIOBase):
 
     def writable(self) -> bool:
         return True
+
+    # io.TextIOBase defines these as None: the host's stream answers them.
+    @property
+    def encoding(self) -> Any:  # type: ignore[override]
+        return getattr(self.original, "encoding", None)
+
+    @property
+    def errors(self) -> Any:  # type: ignore[override]
+        return getattr(self.original, "errors", None)
+
+    @property
+    def newlines(self) -> Any:  # type: ignore[override]
+        return getattr(self.original, "newlines", None)
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.original, item)
@@ -238,11 +254,10 @@ class routed_streams:
         if saved[2] is not _STDIN:
             _STDIN.original = saved[2]
         sys.stdout, sys.stderr, sys.stdin = _STDOUT, _STDERR, _STDIN
-        with _HOST_HELD.swap:  # no host write is under way when the call's pipes go in
-            _HOST_HELD.routing = True
+        _HOST_HELD.route()  # no host write is under way when the call's pipes go in
 
     def __exit__(self, *exc: object) -> None:
-        _HOST_HELD.routing = False
+        _HOST_HELD.routing = False  # (a plain store: a host write reads it under the lock)
         # The proxies stay where no one replaced them during the call: a host thread in
         # the middle of a print when the next call starts then writes its rest through
         # them (held, written after that call), never through a stream it took before the
@@ -264,11 +279,26 @@ def install_streams() -> None:
     first call: a host thread in the middle of a print when a call starts then writes the
     rest through them (held until the call ends), never through the host's own stream,
     whose fd is the call's pipe by then. Between calls they pass everything through."""
+    _installed[0] += 1
     for name, proxy in (("stdout", _STDOUT), ("stderr", _STDERR), ("stdin", _STDIN)):
         current = getattr(sys, name)
         if current is not None and current is not proxy:
             proxy.original = current
             setattr(sys, name, proxy)
+
+
+def uninstall_streams() -> None:
+    """The last own interpreter closed, with no call running: the host's own streams
+    go back where the proxies stand (a stream the host put in since stays)."""
+    _installed[0] -= 1
+    if _installed[0] > 0:
+        return
+    for name, proxy in (("stdout", _STDOUT), ("stderr", _STDERR), ("stdin", _STDIN)):
+        if getattr(sys, name) is proxy:
+            setattr(sys, name, proxy.original)
+
+
+_installed = [0]  # own interpreters that installed the proxies and did not uninstall them
 
 
 class _HostHeld:
@@ -280,15 +310,44 @@ class _HostHeld:
     stream once the call ended.
     """
 
+    # Seconds a call waits for a host write under way to end before its pipes go on
+    # fds 1/2: a host whose own stream is blocked (a full pipe no one reads) must not
+    # stop every call; what such a write still writes after the wait may land in the call.
+    WRITE_WAIT = 0.5
+
     def __init__(self, limit: int = 1 << 20) -> None:
         self.routing = False
-        # Held by a host thread's write to the host's stream and by a call putting its
-        # pipes on fds 1/2 (see _RoutedStream.write): never both at once.
-        self.swap = threading.RLock()
+        # Host writes under way to the host's stream (a call waits for none to be left
+        # before its pipes go on fds 1/2), under ``_writes``.
+        self.writing = 0
+        self._writes = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
         self.held: list[tuple[_RoutedStream, str]] = []
         self._size = 0
         self._limit = limit
+
+    def begin_write(self) -> bool:
+        """A host thread is about to write to the host's stream: False while a call
+        routes (the text is held instead)."""
+        with self._writes:
+            if self.routing:
+                return False
+            self.writing += 1
+            return True
+
+    def end_write(self) -> None:
+        with self._writes:
+            self.writing -= 1
+            if not self.writing:
+                self._writes.notify_all()
+
+    def route(self) -> None:
+        """A call starts: host writes from now on are held; those under way end first
+        (for at most ``WRITE_WAIT`` seconds)."""
+        with self._writes:
+            self.routing = True
+            if self.writing:
+                self._writes.wait_for(lambda: not self.writing, self.WRITE_WAIT)
 
     def hold(self, stream: _RoutedStream, text: str) -> int:
         if not isinstance(text, str):
