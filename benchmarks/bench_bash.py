@@ -7,7 +7,8 @@ tool without a fork must do to give code a throwaway copy of a shell: dump its s
 (``declare -p; declare -f; alias -p; shopt -p; set +o; pwd``) and restore it into a
 fresh bash. Both sessions hold the same state (variables, functions, aliases).
 
-Run: ``python benchmarks/bench_bash.py [--calls N]``. Prints medians and ratios.
+Run: ``python benchmarks/bench_bash.py [--calls N]``. Prints medians and ratios; the
+stateful rows time both sides in alternating rounds.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 
 import pexpect
@@ -38,6 +41,24 @@ DUMP = "{ declare -p; declare -f; alias -p; shopt -p; set +o; echo \"cd $(printf
 def median_ms(fn: Callable[[], object], calls: int, warmup: int = 20,
               gap: float = 0.0) -> float:
     return median_seconds(fn, calls, warmup, gap) * 1000
+
+
+def paired_median_ms(ours: Callable[[], object], theirs: Callable[[], object], calls: int,
+                     rounds: int = 10, warmup: int = 20) -> tuple[float, float]:
+    """The median ms of each of two calls, timed in alternating rounds (``calls //
+    rounds`` of one, then of the other): a change in the machine's load during the run
+    (a shared machine's is never still) falls on both alike, not on whichever ran then."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for fn, into in ((ours, samples[0]), (theirs, samples[1])):
+            for _ in range(max(1, calls // rounds)):
+                started = time.perf_counter()
+                fn()
+                into.append(time.perf_counter() - started)
+    return statistics.median(samples[0]) * 1000, statistics.median(samples[1]) * 1000
 
 
 class PexpectBash:
@@ -110,10 +131,12 @@ def main() -> None:
         files = first["isolation"]["files"]  # type: ignore[index]
 
         rows = [
-            ("stateful `true`", median_ms(lambda: session.run(true_req), calls),
-             median_ms(lambda: peer.run("true"), calls), 4.0, "pexpect bash"),
-            ("stateful `echo hi`", median_ms(lambda: session.run(echo_req), calls),
-             median_ms(lambda: peer.run("echo hi"), calls), 4.0, "pexpect bash"),
+            ("stateful `true`", *paired_median_ms(lambda: session.run(true_req),
+                                                  lambda: peer.run("true"), calls),
+             4.0, "pexpect bash"),
+            ("stateful `echo hi`", *paired_median_ms(lambda: session.run(echo_req),
+                                                     lambda: peer.run("echo hi"), calls),
+             4.0, "pexpect bash"),
             ("read_only `echo; fn`", median_ms(lambda: session.run_read_only(ro_req), calls // 5),
              median_ms(lambda: dump_and_restore(peer, "echo $var_7; fn_3"), calls // 5, 5),
              8.0, "dump + restore"),

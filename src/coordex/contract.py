@@ -26,7 +26,7 @@ from .core.shapes import Language, StateMode, ToolFormat
 # The Executor's public names that are objects of its own process, not data: what a
 # ConfinedExecutor does not offer (SPEC 9: "everything but plan_namespace and capability").
 IN_PROCESS_ONLY = ("plan_namespace", "capability", "call_capability", "run_function_code",
-                   "environments_manager", "running_calls", "run_recorded")
+                   "environments_manager", "running_calls", "run_recorded", "take_unsaid_loss")
 # Of ``functions``, the ones that hand back objects of the host (a stored function to
 # call in Python, a decorator taking a function object) rather than data.
 FUNCTIONS_IN_PROCESS_ONLY = ("get", "stateless", "stateful", "read_only")

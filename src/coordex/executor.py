@@ -69,6 +69,12 @@ PlaceKey = tuple[str, int | None]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _where(language: Any, session_id: Any, session_name: Any, venv_id: Any) -> dict[str, Any]:
+    """A session tool's coordinate, as a watch reads it (SPEC 16)."""
+    return {"language": language, "session_id": session_id, "session_name": session_name,
+            "venv_id": venv_id}
+
+
 class Executor:
     """Runs code at a coordinate: language x state mode x session x environment.
 
@@ -120,7 +126,8 @@ class Executor:
         replaces_lost: this Executor starts in place of one that died with its sessions
             (a confined host started again, SPEC 9): the first ``execute_code`` or
             ``call_function`` result (or error) says ``state_lost: true``, once; one
-            that says ``restored`` says that instead.
+            that says ``restored`` says that instead. A host whose first call is
+            another method says it on that one (:meth:`take_unsaid_loss`).
 
     Every method returns a JSON-serialisable dict and never raises for bad arguments.
     Use as a context manager, or call :meth:`close`: it ends every process it started.
@@ -285,13 +292,15 @@ class Executor:
             or after a restart (then with ``"from_log": true``). ``not_found`` for an
             unknown or expired id, naming the calls still running.
         """
-        return watched("wait_call", self._calls.wait_call, call_id, wait)  # SPEC 16
+        return cast(dict[str, Any], watched(  # SPEC 16
+            "wait_call", {"call_id": call_id}, lambda: self._calls.wait_call(call_id, wait)))
 
     def cancel_call(self, call_id: str) -> dict[str, Any]:
         """Interrupt a call that returned ``running`` as ``cancel`` does (state kept;
         killed only if it ignores the interrupt past the grace period) and return its
         final result, ``call_id`` added. An ended call: its result, unchanged."""
-        return watched("cancel_call", self._calls.cancel_call, call_id)  # SPEC 16
+        return cast(dict[str, Any], watched(  # SPEC 16
+            "cancel_call", {"call_id": call_id}, lambda: self._calls.cancel_call(call_id)))
 
     def read_spilled(self, uri: str) -> dict[str, Any]:
         """For front ends: a file a result named in ``spilled``, by the ``file://`` URI of
@@ -326,9 +335,16 @@ class Executor:
 
     # ------------------------------------------------------------------ sessions API
 
+    def take_unsaid_loss(self) -> bool:
+        """Whether this Executor replaces a lost one (``replaces_lost``) and no result has
+        said so yet; the caller says it (a confined host's reply to a method that is not
+        a call of code, SPEC 9). True once at most."""
+        return self._table.unsaid_loss and self._table.take_unsaid_loss()
+
     def list_sessions(self) -> SessionsResult:
         """All open sessions with their provenance, and the cap (none once closed)."""
-        return cast(SessionsResult, managing.list_sessions(self))
+        return cast(SessionsResult, watched("list_sessions", {},
+                                            lambda: managing.list_sessions(self)))
 
     def inspect_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None,
@@ -339,16 +355,19 @@ class Executor:
         with capabilities and ``functions`` listed apart. Bash: ``{"cwd", "variables",
         "functions", "aliases"}`` — only what the session added. Changes nothing.
         """
-        return cast(InspectResult, managing.inspect_session(
-            self, language, session_id, session_name, venv_id))
+        return cast(InspectResult, watched(
+            "inspect_session", _where(language, session_id, session_name, venv_id),
+            lambda: managing.inspect_session(self, language, session_id, session_name,
+                                             venv_id)))
 
     def close_session(self, language: Language = "python", session_id: int | None = None,
                       session_name: str | None = None,
                       venv_id: int | None = None) -> CloseResult:
         """Close one session and end its process. Needs a session; never session 0 of
         the own interpreter's Python (the plan namespace)."""
-        return cast(CloseResult, managing.close_session(
-            self, language, session_id, session_name, venv_id))
+        return cast(CloseResult, watched(
+            "close_session", _where(language, session_id, session_name, venv_id),
+            lambda: managing.close_session(self, language, session_id, session_name, venv_id)))
 
     # ------------------------------------------------------------------ branches (SPEC 15)
 
@@ -362,8 +381,10 @@ class Executor:
         "files"}``; ``capacity`` beyond ``max_sessions``; ``validation`` when ``new_name``
         is in use (naming a free one) or the place cannot fork.
         """
-        return cast(ForkResult, branches.fork_session(self, session_id, session_name, language,
-                                                      venv_id, new_name))
+        return cast(ForkResult, watched(
+            "fork_session", _where(language, session_id, session_name, venv_id),
+            lambda: branches.fork_session(self, session_id, session_name, language, venv_id,
+                                          new_name)))
 
     def checkpoint_session(self, language: Language = "python", session_id: int | None = None,
                            session_name: str | None = None, venv_id: int | None = None, *,
@@ -372,22 +393,28 @@ class Executor:
 
         Returns ``{"checkpoint", "label", "at", "bytes", "ms", "left_out", "session"}``
         (and ``dropped`` when the oldest of the 10 kept went)."""
-        return cast(CheckpointResult, branches.checkpoint_session(
-            self, language, session_id, session_name, venv_id, label))
+        return cast(CheckpointResult, watched(
+            "checkpoint_session", _where(language, session_id, session_name, venv_id),
+            lambda: branches.checkpoint_session(self, language, session_id, session_name,
+                                                venv_id, label)))
 
     def restore_session(self, language: Language = "python", session_id: int | None = None,
                         session_name: str | None = None, venv_id: int | None = None, *,
                         checkpoint: str | None = None) -> RestoreResult:
         """Put a session back to a checkpoint of it (files on disk are not touched)."""
-        return cast(RestoreResult, branches.restore_session(
-            self, language, session_id, session_name, venv_id, checkpoint))
+        return cast(RestoreResult, watched(
+            "restore_session", _where(language, session_id, session_name, venv_id),
+            lambda: branches.restore_session(self, language, session_id, session_name,
+                                             venv_id, checkpoint)))
 
     def list_checkpoints(self, language: Language = "python", session_id: int | None = None,
                          session_name: str | None = None,
                          venv_id: int | None = None) -> CheckpointList:
         """A session's checkpoints, newest last."""
-        return cast(CheckpointList, branches.list_checkpoints(
-            self, language, session_id, session_name, venv_id))
+        return cast(CheckpointList, watched(
+            "list_checkpoints", _where(language, session_id, session_name, venv_id),
+            lambda: branches.list_checkpoints(self, language, session_id, session_name,
+                                              venv_id)))
 
     # ------------------------------------------------------------------ the call log
 
@@ -432,16 +459,15 @@ class Executor:
             ``not_found`` when the log holds nothing of that session, ``validation`` with
             ``log=False`` or when nothing was lost.
         """
+        asked = _where(language, session_id, session_name, venv_id)
         if wait is None and not self._calls.active:
-            return cast(RebuildResult, managing.rebuild_session(
-                self, language, session_id, session_name, venv_id))
-        asked = {"language": language, "session_id": session_id,
-                 "session_name": session_name, "venv_id": venv_id}
-        return cast(RebuildResult, self._calls.run(
+            return cast(RebuildResult, watched("rebuild_session", asked, lambda: (
+                managing.rebuild_session(self, language, session_id, session_name, venv_id))))
+        return cast(RebuildResult, watched("rebuild_session", asked, lambda: self._calls.run(
             "rebuild_session", asked, "stateful",
             lambda output, event, record: managing.rebuild_session(
                 self, language, session_id, session_name, venv_id, record),
-            wait, None, None))
+            wait, None, None)))
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> UIResult:
         """Serve the page that shows this executor's sessions and call log (SPEC 11).

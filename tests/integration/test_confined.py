@@ -91,8 +91,8 @@ def test_a_dead_host_is_restarted_with_state_lost(confined: ConfinedExecutor) ->
 def test_a_host_lost_between_calls_is_said_once_by_the_next_result_that_can_say_it(
         confined: ConfinedExecutor) -> None:
     """SPEC 9: a host that died while no call was in flight is started again by the next
-    call; the loss reaches the first result that carries ``state_lost`` (an execute_code
-    result), not a listing, and only once."""
+    call, which says ``state_lost: true`` (a listing too); a result that cannot carry it
+    (a list) leaves it to the next that can, and it is said only once."""
     confined.execute_code("kept = 1", state_mode="stateful")
     confined.execute_code("import os, threading, time\n"
                           "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(1))).start()")
@@ -100,14 +100,23 @@ def test_a_host_lost_between_calls_is_said_once_by_the_next_result_that_can_say_
     while confined.host_alive and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not confined.host_alive
+    assert isinstance(confined.tool_definitions(), list)  # a list: says nothing
     listed = confined.list_sessions()
     assert [s["session_id"] for s in listed["sessions"]] == [0], listed  # the plan alone
-    assert "state_lost" not in listed, listed
-    assert isinstance(confined.tool_definitions(), list)
-    after = confined.execute_code("1 + 1")
-    assert after["result"] == "2" and after["state_lost"] is True, after
+    assert listed["state_lost"] is True, listed
+    assert "state_lost" not in confined.list_sessions()
     assert "state_lost" not in confined.execute_code("2")
     assert confined.restarts == 1
+    # A code call first after another loss says it from its own record.
+    confined.execute_code("import os, threading, time\n"
+                          "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(1))).start()")
+    deadline = time.monotonic() + 10
+    while confined.host_alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = confined.execute_code("1 + 1")
+    assert after["result"] == "2" and after["state_lost"] is True, after
+    assert "state_lost" not in confined.list_sessions()
+    assert confined.restarts == 2
 
 
 def test_history_and_rebuild_take_their_arguments_as_the_executor_does(

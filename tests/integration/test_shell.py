@@ -191,6 +191,14 @@ def test_commands_see_only_their_three_standard_fds(session: ShellSession) -> No
     assert str(out["stdout"]).split() == ["0", "1", "2", "3"]  # 3: ls's own listing
 
 
+def test_bash_itself_holds_no_descriptor_of_ours(session: ShellSession) -> None:
+    # Its runner is read by the path of our descriptor, its outputs opened per call: an
+    # fd of ours in bash would cost every call a redirection to close it for the code.
+    fds = sorted(int(fd) for fd in os.listdir(f"/proc/{session.pid}/fd"))
+    assert [fd for fd in fds if fd != 255] == [0, 1, 2]  # 255: bash's own (interactive)
+    assert ok(session.run(req("echo $((6 * 7))")))["stdout"] == "42\n"
+
+
 def test_an_interrupt_keeps_the_users_stderr_exactly(session: ShellSession) -> None:
     out = session.run(req("echo err >&2; sleep 30", timeout=0.3))
     assert out["error"]["error_type"] == "timeout" and out["stderr"] == "err\n"
@@ -444,3 +452,20 @@ def test_a_broken_on_output_callback_does_not_break_the_call(session: ShellSessi
         raise RuntimeError("callback bug")
 
     assert ok(session.run(req("echo fine", on_output=broken)))["stdout"] == "fine\n"
+
+
+def test_a_restored_snapshot_keeps_the_shells_own_go_record(tmp_path: Path) -> None:
+    # A snapshot holds the old shell's private variables; the "go" text carries its
+    # token. Restored as it was, the new shell's calls would say "go" in a token the
+    # host does not read, and a call that kills the shell would pass for one that
+    # never started (and be run again).
+    source, target = ShellSession(), ShellSession()
+    try:
+        source.start_snapshot(str(tmp_path), attempt=1, through=1, max_bytes=10**7,
+                              identity={})
+        target.restore_snapshot(str(tmp_path), [], 10.0)
+        ran = target.run(req("kill -9 $$"))
+        assert getattr(ran.event, "started", None) is True, ran.event
+    finally:
+        source.close()
+        target.close()

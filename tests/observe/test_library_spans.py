@@ -42,6 +42,32 @@ def test_one_span_per_call_with_coordinates_and_outcome(
     assert "error.type" not in bash.attributes
 
 
+def test_every_tool_is_one_span_in_the_library_too(
+        tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """SPEC 16: every tool call is one span; the library makes the same (the session and
+    branch tools made none)."""
+    with Executor(root=tmp_path) as ex:
+        ex.execute_code("x = 1", state_mode="stateful", session_name="work")
+        ex.list_sessions()
+        ex.inspect_session(session_name="work")
+        point = ex.checkpoint_session(session_name="work")["checkpoint"]
+        ex.list_checkpoints(session_name="work")
+        ex.restore_session(session_name="work", checkpoint=point)
+        ex.fork_session(session_name="work", new_name="trial")
+        ex.close_session(session_name="trial")
+        ex.close_session(session_name="nowhere")
+        ex.close_session(session_name="work")
+        ex.rebuild_session(session_name="work")
+    for tool in ("list_sessions", "inspect_session", "checkpoint_session", "list_checkpoints",
+                 "restore_session", "fork_session", "rebuild_session"):
+        (span,) = by_name(spans, f"tools/call {tool}")
+        assert span.attributes["coordex.outcome"] == "ok", (tool, dict(span.attributes))
+    closed, missing, _ = by_name(spans, "tools/call close_session")
+    assert closed.attributes["coordex.session"] == "trial"
+    assert missing.attributes["coordex.outcome"] == "not_found"
+    assert missing.attributes["error.type"] == "tool_error"
+
+
 def test_code_sees_its_span_as_traceparent_in_every_place_and_keeps_none(
         tmp_path: Path, spans: InMemorySpanExporter) -> None:
     tracer = trace.get_tracer("agent")

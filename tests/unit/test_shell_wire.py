@@ -24,6 +24,15 @@ def test_the_protocol_texts_carry_the_token_and_the_private_fds() -> None:
     assert proto.trigger % 7 == b"PROMPT_COMMAND=$__coordex_run __coordex_call=7 __coordex_code="
 
 
+def test_a_runner_read_by_path_leaves_no_fd_for_the_code_to_close() -> None:
+    proto = wire.ShellProtocol.build("TOK", stderr_fd=201, runner_fd=202,
+                                     outputs=("/proc/9/fd/5", "/proc/9/fd/7"),
+                                     runner_path="/proc/9/fd/202")
+    assert proto.runner.endswith(b" 1>/proc/9/fd/5 2>/proc/9/fd/7\n")
+    assert b"<&-" not in proto.runner and b"/dev/fd/" not in proto.setup
+    assert b"\\builtin . /proc/9/fd/202; " in proto.setup
+
+
 def test_a_sync_line_asks_for_an_s_record_of_its_call() -> None:
     line = wire.sync_line("TOK", 3)
     assert line.endswith(b"\n") and line.count(b"\n") == 1

@@ -490,7 +490,9 @@ def _host(level: Level, spec: JailSpec, args: argparse.Namespace, root: str,
     # Read-only copies of its Python sessions close the wire, and the builder channel: a
     # read-only call changes no environment.
     hold(args.fd_in, args.fd_out, *([channel.fileno()] if channel is not None else []))
-    return _Server(executor, args.fd_in, out, max(1, args.max_calls), relay, records).serve()
+    unsaid = getattr(executor, "take_unsaid_loss", None)  # (a NodeHost keeps no sessions)
+    return _Server(executor, args.fd_in, out, max(1, args.max_calls), relay, records,
+                   unsaid).serve()
 
 
 def _environments(folder: str, options: dict[str, Any], channel: socket.socket | None) -> Any:
@@ -532,8 +534,13 @@ class _Server:
     """Reads calls, runs each on a pool of ``max_calls`` threads, writes replies."""
 
     def __init__(self, executor: ExecutorLike, fd_in: int, out: _Writer, max_calls: int,
-                 relay: Any = None, records: Any = None) -> None:
+                 relay: Any = None, records: Any = None,
+                 unsaid_loss: Callable[[], bool] | None = None) -> None:
         self.executor = executor
+        # A host started in place of a lost one: the first reply that can carry
+        # ``state_lost`` says the loss (SPEC 9: "its next call ... returns state_lost:
+        # true"); a call of code says it from its own record, any other method here.
+        self.unsaid_loss = unsaid_loss
         self.relay = relay
         self.records = records
         self.fd_in = fd_in
@@ -593,6 +600,10 @@ class _Server:
         try:
             with serving_call(call_id):
                 value = invoke(self.executor, msg["method"], msg["args"], on_output, cancel)
+            if (self.unsaid_loss is not None and isinstance(value, dict)
+                    and "state_lost" not in value and "restored" not in value
+                    and self.unsaid_loss()):
+                value = {**value, "state_lost": True}
         except Exception as exc:  # a coordex bug still reaches the owner as data
             from ..core.errors import make_error
 

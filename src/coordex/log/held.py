@@ -4,9 +4,10 @@ A result whose request was lost before it was delivered is held for the identica
 for :data:`~coordex.log.detached.HOLD_SECONDS`. The call book keeps it in memory; this
 keeps a copy in one file per held result under the executor's root (``held/``, so per
 tenant), written when the result is held and deleted when it is handed out, fetched by
-its ``call_id``, or expired. A process that starts reads the folder's index (file names
-and times, not the results) and hands each result out at most once: taking one renames
-its file first, so two processes sharing a root cannot both deliver it.
+its ``call_id``, or expired. A process that starts reads each held file once, to index
+it (its key, end time and ``call_id``; the result is not kept in memory), and hands each
+result out at most once: taking one renames its file first, so two processes sharing a
+root cannot both deliver it.
 
 Writing is best effort, as the spill files are: a full disk or a read-only root costs
 the durability of that one result, never the call. A file that is not a held result

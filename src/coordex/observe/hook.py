@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any
 
 from .shared import FACTS_KEY, coordinates
 
@@ -157,20 +157,20 @@ def watch_call(tool: str) -> _Watch | None:
     return _Watch(tool, _spans.start_call(tool) if tracing else None)
 
 
-def watched(tool: str, call: Callable[..., dict[str, Any]], call_id: Any,
-            *rest: Any) -> dict[str, Any]:
-    """``call(call_id, *rest)`` watched as the library call ``tool`` (``wait_call``,
-    ``cancel_call``): its span links to the call's."""
+def watched(tool: str, arguments: Mapping[str, Any], call: Callable[[], Any]) -> Any:
+    """``call()`` watched as the library call ``tool`` with ``arguments`` (every tool
+    but the code's own, which the call path watches: SPEC 16's span per tool call; a
+    ``wait_call``'s or ``cancel_call``'s links to the call's)."""
     watch = watch_call(tool)
     if watch is None:
-        return call(call_id, *rest)
+        return call()
     result: Any = None
     try:
-        result = call(call_id, *rest)
+        result = call()
     finally:
-        watch.done({"call_id": call_id}, result)
+        watch.done(arguments, result)
         watch.close()
-    return cast(dict[str, Any], result)
+    return result
 
 
 def telling_end(run: Callable[[Any, Any, Any], dict[str, Any]],

@@ -20,8 +20,9 @@ Each call is one *trigger line* on bash's stdin: assignments of the call number,
 the code as one ``$'...'`` word, and of ``PROMPT_COMMAND`` to a fixed *runner*. Bash
 runs PROMPT_COMMAND after the line, non-interactively (no ``[1] 1234`` job notices,
 no ``exit`` echo) and at the top level (``declare`` makes globals). The runner unsets
-PROMPT_COMMAND, sources a nameless file (``/dev/fd/N``) whose one line evals the code
-with stdin at /dev/null, the call's output pipes on fds 1 and 2 and our fds closed -
+PROMPT_COMMAND, sources a nameless file (by the path of our descriptor of it,
+``/proc/HOST/fd/N``, so bash holds none of ours) whose one line evals the code
+with stdin at /dev/null, the call's output pipes on fds 1 and 2 -
 sourced so that bash cleans finished foreground jobs out of its job table and
 ``return`` ends the code - and then sets PS1 to the *record* ``TOKEN r CALL STATUS
 FLAGS``. Bash prints PS1 to its fd 2 (the status pipe) just before it reads the next
@@ -172,23 +173,31 @@ class Shell:
         out_fd = max(child_err, runner_fd, PRIVATE_FD_FLOOR + 15) + 1
         # The numbers our fds have inside bash: a fork of it keeps them (fork_line).
         self.private_fds = (child_err, runner_fd, out_fd)
-        protocol = _Protocol.build(token, child_err, runner_fd, out_fd, outputs=outputs)
+        # With per-call pipes bash opens the runner by the path of our own descriptor
+        # of it, kept while the shell lives: bash holds none of ours.
+        self._runner = runner_fd if self.per_call else -1
+        protocol = _Protocol.build(
+            token, child_err, runner_fd, out_fd, outputs=outputs,
+            runner_path=late_output.writer_path(runner_fd) if self.per_call else None)
         try:
             os.write(runner_fd, protocol.runner)
             self._proc = _reap.spawn(
                 BASH_ARGV, stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL if self.per_call else out_w, stderr=status_w,
                 env=dict(env), cwd=cwd,
-                pass_fds=(runner_fd,) if self.per_call else (child_err, runner_fd),
+                pass_fds=() if self.per_call else (child_err, runner_fd),
                 bufsize=0,
             )
         except BaseException:
-            for fd in (status_r, err_r, out_r):
-                os.close(fd)
+            for fd in (status_r, err_r, out_r, self._runner):
+                if fd >= 0:
+                    os.close(fd)
             raise
         finally:
-            for fd in (status_w, child_err, runner_fd, out_w):
+            for fd in (status_w, child_err, out_w):
                 os.close(fd)
+            if not self.per_call:
+                os.close(runner_fd)
         self.family = self._proc.pid  # its process session (forks of it share it)
         assert self._proc.stdin
         self._attach(protocol, self._proc.stdin.fileno(), out_r, err_r, status_r)
@@ -216,15 +225,15 @@ class Shell:
             fds += [os.open(os.path.join(folder, name),
                             os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                     for name in ("out", "err", "status")]
-            child_err, runner_fd, out_fd = source.private_fds
+            child_err, _runner_fd, out_fd = source.private_fds
             token = secrets.token_hex(8)
             if source.per_call:  # its calls open the fork's pipes, named by its own runner
                 outputs = (late_output.writer_path(fds[1]), late_output.writer_path(fds[2]))
-                protocol = _Protocol.build(token, *source.private_fds, outputs=outputs)
                 runner = _anonymous_file()
+                protocol = _Protocol.build(token, *source.private_fds, outputs=outputs,
+                                           runner_path=late_output.writer_path(runner))
                 os.write(runner, protocol.runner)
-                line = _fork_line(folder, child_err, out_fd,
-                                  (runner_fd, late_output.writer_path(runner)))
+                line = _fork_line(folder, child_err, out_fd, per_call=True)
             else:
                 protocol = _Protocol.build(token, *source.private_fds)
                 line = _fork_line(folder, child_err, out_fd)
@@ -249,6 +258,7 @@ class Shell:
             self.family = source.family
             self.framed = True
             self.per_call = source.per_call
+            self._runner, runner = runner, -1  # kept while the fork lives (it reads it)
             _reap.join_family(self.family, pid)
             self.token = token.encode()
             self._attach(protocol, *fds)
@@ -258,7 +268,7 @@ class Shell:
         finally:
             for fd in fds:
                 os.close(fd)
-            if runner >= 0:  # the fork has its own open of it by now (or is gone)
+            if runner >= 0:  # the fork did not start
                 os.close(runner)
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -315,7 +325,8 @@ class Shell:
 
     def _held(self) -> list[int]:
         return [fd for fd in (self._stdin, self._stdout, self._stderr, self._status_r,
-                              self._pidfd, self._poller.fileno()) if fd is not None]
+                              self._pidfd, self._poller.fileno(), self._runner)
+                if fd is not None and fd >= 0]
 
     def _start(self) -> None:
         # History off (and no file to write it to), aliases on, the runner stored. What
@@ -376,11 +387,14 @@ class Shell:
         # The kill comes END_MARGIN before timeout + grace: ending the group and draining
         # the pipes then fits in SPEC 6's bound, a stopped shell's included.
         handover_deadline = deadline + INTERRUPT_GRACE - END_MARGIN
-        spin_until = time.perf_counter() + SPIN_SECONDS if spin else 0
+        spin_until = now + SPIN_SECONDS if spin else 0
         sync_number = -1
         ended = finished = False
         # A cancelled request is interrupted at once, exactly as at its timeout.
         cancel = request.cancel if interruptible else None
+        # Bash often answers while our write runs (woken on this CPU, it runs first):
+        # its records are read at once, before any poll.
+        ready_now: list[tuple[int, int]] | None = [(self._status_r, select.EPOLLIN)]
         try:
             while not finished:
                 if cancel is not None and cancel.is_set() and now < deadline \
@@ -407,13 +421,17 @@ class Shell:
                     continue
                 if spin_until:
                     wait: float = 0
-                    if time.perf_counter() >= spin_until:
+                    if now >= spin_until:
                         spin_until = 0
                 else:
                     wait = max(deadline - now, 0.0)
                     if self._pidfd is None or cancel is not None:
                         wait = min(wait, POLL_FALLBACK)
-                for fd, events in self._poller.poll(wait):
+                if ready_now is not None:
+                    ready, ready_now = ready_now, None
+                else:
+                    ready = self._poller.poll(wait)
+                for fd, events in ready:
                     what = self._kinds[fd]
                     if what == _STATUS:
                         for rkind, rnumber, status, flags in self._read_status():
@@ -632,8 +650,8 @@ class Shell:
         copier.release(*self._held())
         late_output.forget(self)
         self._poller.close()
-        for fd in (self._stdout, self._stderr, self._status_r, self._pidfd):
-            if fd is not None:
+        for fd in (self._stdout, self._stderr, self._status_r, self._pidfd, self._runner):
+            if fd is not None and fd >= 0:
                 os.close(fd)
         if isinstance(self._proc, _Adopted):  # a fork's input is a FIFO opened here
             os.close(self._stdin)

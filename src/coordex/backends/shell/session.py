@@ -308,7 +308,7 @@ class ShellSession:
                 # may even have finished normally in the race, but its session is gone.
                 return dataclasses.replace(ran, event=facts.Closed("session"),
                                            exit_code=None)
-            if ending.survived and not self._shell.alive():
+            if copy is not None and ending.survived and not self._shell.alive():
                 # The session's shell died while a read-only copy ran elsewhere: the
                 # copy's result stands, and the loss is this call's news, not the next's
                 # (replaced now, so the next call does not find it dead again).

@@ -95,11 +95,17 @@ class ShellProtocol:
     @classmethod
     def build(cls, token: str, stderr_fd: int, runner_fd: int,
               stdout_fd: int | None = None,
-              outputs: tuple[str, str] | None = None) -> ShellProtocol:
+              outputs: tuple[str, str] | None = None,
+              runner_path: str | None = None) -> ShellProtocol:
         """``outputs``: the paths each call's code opens as its fd 1 and fd 2, a writer
         of its own on the host's pipes (``/proc/HOST/fd/N``, see
         :mod:`..late_output`); closed when the code ends, so a pipe still written to
         after that is held by something the code left running.
+
+        ``runner_path`` (with ``outputs``): where bash opens the runner file, the host's
+        own descriptor of it (``/proc/HOST/fd/N``): bash then holds no descriptor of
+        ours at all, and the code has none to close (a redirection, ten system calls,
+        less on every call). Without it bash sources ``/dev/fd/{runner_fd}``.
 
         Without ``outputs`` (no ``/proc``): ``stdout_fd`` is where bash keeps a copy of
         its fd 1 (set up by the first line), which every call's code gets as fd 1
@@ -114,14 +120,19 @@ class ShellProtocol:
         # back after it, whatever it did to those numbers. The eval's redirections
         # come after its trace and its line's set -v echo: those go to the status pipe.
         if outputs is not None:
+            close_runner = "" if runner_path is not None else f" {runner_fd}<&-"
             runner = (f"\\builtin eval \"${p}code\" </dev/null 1>{outputs[0]} "
-                      f"2>{outputs[1]} {runner_fd}<&-\n")
+                      f"2>{outputs[1]}{close_runner}\n")
         else:
             runner = (f"\\builtin eval \"${p}code\" </dev/null 1>&{out} 2>&{stderr_fd}- "
                       f"{out}>&- {runner_fd}<&-\n")
+        source = f"/dev/fd/{runner_fd}" if runner_path is None or outputs is None \
+            else runner_path
+        # The record's head is written out (one expansion fewer a call; ``{p}record``
+        # stays for the fork's loop and exit record).
         prompt_command = (
-            f"\\builtin unset PROMPT_COMMAND; \\builtin . /dev/fd/{runner_fd}; "
-            f"PS1=\"\\n${p}record${p}call $? {FLAGS}\\n\" PS0=${p}go")
+            f"\\builtin unset PROMPT_COMMAND; \\builtin . {source}; "
+            f"PS1=\"\\n{token} r ${p}call $? {FLAGS}\\n\" PS0=${p}go")
         keep_stdout = "" if outputs is not None else f"\\exec {out}>&1; "
         setup = (f"{keep_stdout}"
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
@@ -162,15 +173,15 @@ FORK_LOOP = (
     f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
 
 
-def fork_line(folder: str, stderr_fd: int, stdout_fd: int,
-              runner: tuple[int, str] | None = None) -> str:
+def fork_line(folder: str, stderr_fd: int, stdout_fd: int, *,
+              per_call: bool = False) -> str:
     """The text that forks the shell into a loop on the FIFOs in ``folder`` (``in``,
     ``out``, ``err``, ``status``), its pid written to ``folder/pid`` first.
 
-    ``runner``: (the runner's fd number, a path to the fork's own runner) for a shell
-    whose calls open their output pipes by path (``ShellProtocol.build(outputs=...)``):
-    the fork reads its runner there, which names its own pipes, and keeps no writer on
-    them (``out`` and ``err`` are then left unopened).
+    ``per_call``: for a shell whose calls open their output pipes by path and read
+    their runner by path (``ShellProtocol.build(outputs=..., runner_path=...)``): the
+    fork's setup line names its own runner, which names its own pipes; it keeps no
+    writer on them (``out`` and ``err`` are then left unopened).
 
     Run at the top level, between calls. The subshell in between (``set -m`` there puts
     the loop's process in a group of its own) leaves the source's ``$!`` and job table
@@ -179,10 +190,10 @@ def fork_line(folder: str, stderr_fd: int, stdout_fd: int,
     """
     p = PRIVATE_PREFIX
     f = shell_quote(folder.rstrip("/") + "/")
-    if runner is None:
+    if not per_call:
         exec_line = f"\\exec <{f}in >{f}out 2>{f}status {stderr_fd}>{f}err {stdout_fd}>&1"
     else:
-        exec_line = f"\\exec <{f}in >/dev/null 2>{f}status {runner[0]}<{runner[1]}"
+        exec_line = f"\\exec <{f}in >/dev/null 2>{f}status"
     # Not our child, so its exit status is not ours to read: its EXIT trap says it.
     said = ("\\builtin printf '\\n%s e 0 %s :\\n' "
             f"\"${{{p}record% r }}\" \"$?\" >&2")
