@@ -180,7 +180,8 @@ def checkpoint_session(ex: Executor, language: Any, session_id: Any, session_nam
 
 def _storage(store: CheckpointStore, exc: OSError) -> CoordexError:
     return CoordexError("environment", f"The checkpoint could not be stored: {exc}.",
-                        f"Free disk space (or fix permissions) under {store.path}.")
+                        f"Free disk space (or fix permissions) under {store.path}.",
+                        log=str(exc))
 
 
 def _public(info: dict[str, Any]) -> dict[str, Any]:

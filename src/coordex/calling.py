@@ -157,7 +157,10 @@ def execute(ex: Executor, code: str, language: Language, state_mode: StateMode,
     done: Done | None = None
     log_on = ex._call_log is not None
     # Taken as the call begins: a stored function this call's code calls finds it said.
-    lost_before = ex._table.unsaid_loss and ex._table.take_unsaid_loss()
+    # A rebuild's replay leaves it to the rebuild's own reply (its row would otherwise
+    # start a new life in the log, and the loss reach no one).
+    lost_before = (replay_of is None and ex._table.unsaid_loss
+                   and ex._table.take_unsaid_loss())
     call_id = recorded.take_row_id() if recorded is not None else None
     try:
         code = coords.check_code(code)

@@ -132,6 +132,26 @@ def test_history_and_rebuild_take_their_arguments_as_the_executor_does(
     assert confined.execute_code("x + 1", state_mode="stateful", session_name="a")["result"] == "42"
 
 
+def test_a_rebuild_first_after_a_lost_host_says_the_loss_and_leaves_the_log_whole(
+        confined: ConfinedExecutor) -> None:
+    """The first call after a host died is a rebuild: its reply says the loss, and its
+    replays' rows do not (a replay that took it marked its row as a new life, so the
+    next rebuild started from there and failed on a name bound before)."""
+    confined.execute_code("x = 1", state_mode="stateful", session_name="s")
+    confined.execute_code("y = x + 1", state_mode="stateful", session_name="s")
+    confined.execute_code("import os, threading, time\n"
+                          "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(1))).start()")
+    deadline = time.monotonic() + 10
+    while confined.host_alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rebuilt = confined.rebuild_session("python", None, "s")
+    assert rebuilt["replayed"] == 2 and rebuilt["state_lost"] is True, rebuilt
+    confined.close_session("python", None, "s")
+    again = confined.rebuild_session("python", None, "s")
+    assert again["replayed"] == 2 and again["failed_at"] is None, again
+    assert confined.execute_code("y", state_mode="stateful", session_name="s")["result"] == "2"
+
+
 def test_calls_run_side_by_side_up_to_max_calls(confined: ConfinedExecutor) -> None:
     results: list[dict[str, object]] = []
     started = time.monotonic()

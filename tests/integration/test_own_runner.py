@@ -408,6 +408,52 @@ print("ok")
 """
 
 
+def test_a_timeout_that_ends_before_the_code_starts_is_a_result(root: Path) -> None:
+    """SPEC 2: a call never raises. An interrupt that reached the runner before the job
+    began left no cell, and the call raised KeyError (44 of 200 such calls)."""
+    with Executor(root=root, log=False) as ex:
+        for _ in range(200):
+            r = ex.execute_code("x = 1", timeout=0.000001)
+            assert "error" not in r or r["error_type"] == "timeout", r
+        assert ex.execute_code("1 + 1")["result"] == "2"
+
+
+def test_a_host_write_stuck_for_good_is_waited_for_once(root: Path) -> None:
+    """A host thread blocked in its own stream's write: the first call waits its 0.5 s
+    for it, the next calls do not wait for it again (each paid 0.5 s of its timeout)."""
+    import io
+    import sys
+
+    from coordex.backends.own import output
+
+    release = threading.Event()
+
+    class Blocked(io.TextIOBase):
+        def write(self, text: str) -> int:
+            release.wait(30)  # a write stuck on a full pipe
+            return len(text)
+
+        def writable(self) -> bool:
+            return True
+
+    with Executor(root=root, log=False) as ex:
+        ex.execute_code("1")
+        saved = output._STDOUT.original
+        output._STDOUT.original = Blocked()
+        try:
+            threading.Thread(target=lambda: sys.stdout.write("stuck"), daemon=True).start()
+            time.sleep(0.1)
+            took = []
+            for _ in range(3):
+                started = time.monotonic()
+                assert ex.execute_code("2 + 2", timeout=5)["result"] == "4"
+                took.append(time.monotonic() - started)
+            assert took[0] < 2 and max(took[1:]) < 0.25, took
+        finally:
+            release.set()
+            output._STDOUT.original = saved
+
+
 def test_the_host_streams_keep_their_encoding_and_come_back_at_close() -> None:
     """The routing proxies answer ``sys.stdout.encoding`` as the host's stream does (it
     read None), and the host's own streams are back once the last Executor closed."""

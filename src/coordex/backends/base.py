@@ -205,6 +205,7 @@ class CapabilityHost(Protocol):
     def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
 
 
+@runtime_checkable
 class Place(Protocol):
     """Where code of one (language, environment) runs: it opens sessions and serves
     stateless calls. The Executor holds one per (language, venv_id) it has used.

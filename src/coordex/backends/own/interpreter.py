@@ -441,7 +441,8 @@ class OwnInterpreter:
             return _closed_own(out, err, still_running=not finished)
         if not finished:
             return ran_with_output(out, err, facts.TimedOut(survived=False, stuck=True))
-        return ran_from_cell(box["cell"], out, err)
+        # No cell: the interrupt reached the runner before the job began (nothing ran).
+        return ran_from_cell(box.get("cell") or _NOT_RUN, out, err)
 
     def _run_here(self, watchdog: Watchdog, call: Call, namespace: dict[str, Any],
                   request: RunRequest, out: OutputBuffer, err: OutputBuffer) -> Ran:
@@ -488,9 +489,7 @@ class OwnInterpreter:
             OWN_LOCK.release()
         if self._closed:
             return _closed_own(out, err)
-        if cell is None:
-            cell = {"result": None, "error": None, "interrupted": True, "images": []}
-        return ran_from_cell(cell, out, err)
+        return ran_from_cell(cell or _NOT_RUN, out, err)
 
     @staticmethod
     def _run_inline(call: Call, namespace: dict[str, Any], request: RunRequest,
@@ -585,6 +584,10 @@ class _AnyOf:
 
 
 # --------------------------------------------------------------------------- outcomes
+
+
+# The cell of a call interrupted before its code began.
+_NOT_RUN: dict[str, Any] = {"result": None, "error": None, "interrupted": True, "images": []}
 
 
 def ran_from_cell(cell: dict[str, Any], out: OutputBuffer, err: OutputBuffer) -> Ran:

@@ -320,6 +320,9 @@ class _HostHeld:
         # Host writes under way to the host's stream (a call waits for none to be left
         # before its pipes go on fds 1/2), under ``_writes``.
         self.writing = 0
+        # Of those, the ones a call already waited ``WRITE_WAIT`` for (blocked): the
+        # next calls do not wait for them again.
+        self.stuck = 0
         self._writes = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
         self.held: list[tuple[_RoutedStream, str]] = []
@@ -338,7 +341,8 @@ class _HostHeld:
     def end_write(self) -> None:
         with self._writes:
             self.writing -= 1
-            if not self.writing:
+            self.stuck = min(self.stuck, self.writing)
+            if self.writing <= self.stuck:
                 self._writes.notify_all()
 
     def route(self) -> None:
@@ -346,8 +350,9 @@ class _HostHeld:
         (for at most ``WRITE_WAIT`` seconds)."""
         with self._writes:
             self.routing = True
-            if self.writing:
-                self._writes.wait_for(lambda: not self.writing, self.WRITE_WAIT)
+            if self.writing > self.stuck and not self._writes.wait_for(
+                    lambda: self.writing <= self.stuck, self.WRITE_WAIT):
+                self.stuck = self.writing
 
     def hold(self, stream: _RoutedStream, text: str) -> int:
         if not isinstance(text, str):
