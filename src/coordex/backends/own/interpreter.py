@@ -305,6 +305,7 @@ class OwnInterpreter:
             os.environ.setdefault(key, value)
         install_thread_origin()
         install_streams()
+        self._streams_released = False
         self.owned = children.Owned()
         children.current_mark = current_mark
         self._fds = FdPump()
@@ -432,10 +433,7 @@ class OwnInterpreter:
             if session is not None and session.current is call:
                 session.current = None
             if self._closed:  # close() left these to the call that was using them
-                if self._runner is not None:
-                    self._runner.close()
-                    self._runner = None
-                self._fds.close()
+                self._release_parts()
             OWN_LOCK.release()
         if self._closed:
             return _closed_own(out, err, still_running=not finished)
@@ -484,8 +482,8 @@ class OwnInterpreter:
                 session.runner = None
                 if session.current is call:
                     session.current = None
-            if self._closed:  # close() left the fd pump to the call that was using it
-                self._fds.close()
+            if self._closed:  # close() left these to the call that was using them
+                self._release_parts()
             OWN_LOCK.release()
         if self._closed:
             return _closed_own(out, err)
@@ -556,17 +554,34 @@ class OwnInterpreter:
             active.interrupt()  # the call returns an error dict saying the executor closed
         if OWN_LOCK.acquire(blocking=False):
             try:
-                if self._runner is not None:
-                    self._runner.close()
-                    self._runner = None
-                if self._active_runner is None:
-                    self._fds.close()
-                    uninstall_streams()
+                self._release_parts()
             finally:
                 OWN_LOCK.release()
+        else:  # a call (of any Executor's own interpreter) holds it: once it is free
+            threading.Thread(target=self._release_when_free, name="coordex-own-close",
+                             daemon=True).start()
         # What the code started (Popen, os.fork, and what those started) ends too.
         self.owned.end()
         self.owned.disarm()
+
+
+    def _release_parts(self) -> None:
+        """After close(), under OWN_LOCK: the runner, the fd pump and this
+        interpreter's hold on the routing streams go, unless a call of it still uses
+        them (that call does this as it ends). Idempotent."""
+        if self._active_runner is not None:
+            return
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        self._fds.close()
+        if not self._streams_released:
+            self._streams_released = True
+            uninstall_streams()
+
+    def _release_when_free(self) -> None:
+        with OWN_LOCK:
+            self._release_parts()
 
 
 # At close(), how long a call's interrupted code gets to stop before the call answers.
