@@ -26,6 +26,27 @@ def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 3,
     return statistics.median(samples)
 
 
+def paired_medians(ours: Callable[[], object], theirs: Callable[[], object], runs: int,
+                   theirs_runs: int | None = None, rounds: int = 10,
+                   warmup: int = 20) -> tuple[float, float]:
+    """The median wall time of each of two calls, timed in alternating rounds (``runs //
+    rounds`` of ours, then ``theirs_runs // rounds`` of theirs; ``theirs_runs`` defaults
+    to ``runs``): a change in the machine's speed during the run (a shared machine's is
+    never still) falls on both alike, not on whichever ran then."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    counts = (runs, runs if theirs_runs is None else theirs_runs)
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for fn, into, count in ((ours, samples[0], counts[0]), (theirs, samples[1], counts[1])):
+            for _ in range(max(1, count // rounds)):
+                started = time.perf_counter()
+                fn()
+                into.append(time.perf_counter() - started)
+    return statistics.median(samples[0]), statistics.median(samples[1])
+
+
 # benchmarks/run.py sets this to a JSON-lines file: the figures its goals are read from.
 RECORD = "COORDEX_BENCH_RECORD"
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 
 import pexpect
-from _util import Owned, median_seconds, record
+from _util import Owned, median_seconds, paired_medians, record
 
 from coordex.backends import isolation
 from coordex.backends.base import RunRequest
@@ -43,22 +41,11 @@ def median_ms(fn: Callable[[], object], calls: int, warmup: int = 20,
     return median_seconds(fn, calls, warmup, gap) * 1000
 
 
-def paired_median_ms(ours: Callable[[], object], theirs: Callable[[], object], calls: int,
-                     rounds: int = 10, warmup: int = 20) -> tuple[float, float]:
-    """The median ms of each of two calls, timed in alternating rounds (``calls //
-    rounds`` of one, then of the other): a change in the machine's load during the run
-    (a shared machine's is never still) falls on both alike, not on whichever ran then."""
-    for _ in range(warmup):
-        ours()
-        theirs()
-    samples: tuple[list[float], list[float]] = ([], [])
-    for _ in range(rounds):
-        for fn, into in ((ours, samples[0]), (theirs, samples[1])):
-            for _ in range(max(1, calls // rounds)):
-                started = time.perf_counter()
-                fn()
-                into.append(time.perf_counter() - started)
-    return statistics.median(samples[0]) * 1000, statistics.median(samples[1]) * 1000
+def paired_median_ms(ours: Callable[[], object], theirs: Callable[[], object],
+                     calls: int) -> tuple[float, float]:
+    """The median ms of each of two calls, timed in alternating rounds."""
+    mine, peer = paired_medians(ours, theirs, calls)
+    return mine * 1000, peer * 1000
 
 
 class PexpectBash:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import fmt, median_seconds, record, table
+from _util import fmt, median_seconds, paired_medians, record, table
 
 from coordex import Executor
 
@@ -31,20 +31,25 @@ def main() -> None:
     rows = [("case", "coordex", "peer", "peer", "ratio")]
     with tempfile.TemporaryDirectory() as root, Executor(root=root) as ex:
         ns: dict[str, object] = {}
-        bare = median_seconds(lambda: exec("x = 1", ns), 5000)
-        call = median_seconds(lambda: ex.execute_code("x = 1", state_mode="stateful"), 5000)
-        rows.append(("stateful call 'x = 1'", fmt(call), "bare exec", fmt(bare),
-                     f"overhead {fmt(call - bare)}"))
-        record("own.stateful.overhead_us", (call - bare) * 1e6)
-        stateless = median_seconds(lambda: ex.execute_code("x = 1"), 3000)
-        rows.append(("stateless call 'x = 1'", fmt(stateless), "bare exec", fmt(bare),
-                     f"overhead {fmt(stateless - bare)}"))
+
+        def bare() -> None:
+            exec("x = 1", ns)
+
+        # Each case in alternating rounds with the bare exec it is set beside (see
+        # _util.paired_medians): the overhead is the difference of the two medians.
+        cases = [("stateful call 'x = 1'", ex, {"state_mode": "stateful"}),
+                 ("stateless call 'x = 1'", ex, {})]
         # The same calls with the code on the caller's (main) thread: no hand-off.
-        with Executor(root=root, own_on_caller_thread=True) as here:
-            for label, kwargs in (("stateful", {"state_mode": "stateful"}), ("stateless", {})):
-                took = median_seconds(lambda k=kwargs: here.execute_code("x = 1", **k), 5000)
-                rows.append((f"{label} call 'x = 1', caller's thread", fmt(took), "bare exec",
-                             fmt(bare), f"overhead {fmt(took - bare)}"))
+        here = Executor(root=root, own_on_caller_thread=True)
+        cases += [(f"{label}, caller's thread", here, kwargs) for label, _, kwargs in cases]
+        with here:
+            for label, executor, kwargs in cases:
+                took, peer = paired_medians(
+                    lambda e=executor, k=kwargs: e.execute_code("x = 1", **k), bare, 5000)
+                rows.append((label, fmt(took), "bare exec", fmt(peer),
+                             f"overhead {fmt(took - peer)}"))
+                if label == "stateful call 'x = 1'":
+                    record("own.stateful.overhead_us", (took - peer) * 1e6)
         sizes = [("200k records + 100 MB", 100 * 2**20)]
         if args.big:
             sizes.append(("200k records + 1 GB", 2**30))

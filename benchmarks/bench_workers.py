@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import Owned, fmt, median_seconds, record, table
+from _util import Owned, fmt, median_seconds, paired_medians, record, table
 
 from coordex.backends.base import RunRequest
 from coordex.backends.env.workers import WorkerSession, WorkerTemplate
@@ -63,10 +63,12 @@ def bench_stateful_vs_ipykernel(python: str, rows: list[tuple[str, ...]],
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=60)
-        ours = median_seconds(lambda: session.run(req(CELL)), 2000, warmup=20)
-        peer = median_seconds(lambda: kc.execute_interactive(CELL, timeout=60,
-                                                            output_hook=lambda m: None),
-                              300, warmup=10)
+        # In alternating rounds (_util.paired_medians): the machine's speed changing
+        # during the run falls on both alike.
+        ours, peer = paired_medians(
+            lambda: session.run(req(CELL)),
+            lambda: kc.execute_interactive(CELL, timeout=60, output_hook=lambda m: None),
+            2000, theirs_runs=300)
         rows.append(("stateful call (x = 1; x + 1)", fmt(ours), "ipykernel + jupyter_client",
                      fmt(peer), ratio(peer, ours)))
         record("worker.stateful.vs_ipykernel", peer / ours)

@@ -10,10 +10,10 @@ scripts record (``_util.record``), and what they ran on: the date, the machine, 
 before and after, and the commit. Nothing on the page is written by hand, and the README
 and the docs link the page instead of quoting its figures.
 
-Each section names the commit it ran on, and ``tests/unit/test_performance_page.py``
-checks them: when a file a benchmark covers (``BENCHES[...].covers``) changed after its
-section's commit, the test fails and names the stale figures. Run this script again and commit the
-page (``--only`` the stale ones keeps the others).
+Each section names the commit it ran on, and ``tests/integration/test_performance_page.py``
+checks them: when a file a benchmark covers (``BENCHES[...].covers``) or its own script
+changed after its section's commit, the test fails and names the stale figures. Run this
+script again and commit the page (``--only`` the stale ones keeps the others).
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ class Bench:
     covers: tuple[str, ...]
     default: bool = True
     what: str = ""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """What its figures depend on: the code it measures and the script itself."""
+        return (*self.covers, f"benchmarks/{self.script}.py")
 
 
 # The call path every place shares (a change here moves every figure).

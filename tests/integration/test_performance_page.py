@@ -2,7 +2,7 @@
 
 ``docs/performance.md`` is written by ``benchmarks/run.py``: each section names the commit
 it ran on. A section is stale when a file its benchmark covers changed after that commit;
-this test names the stale ones (run ``python benchmarks/run.py --only NAME,...`` and
+or its own script did; this test names the stale ones (run ``python benchmarks/run.py --only NAME,...`` and
 commit the page).
 """
 
@@ -61,7 +61,7 @@ def test_no_figure_is_older_than_the_code_it_measures(checkout: None) -> None:
         if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
             stale.append(f"{script} (its commit {commit[:10]} is not in this history)")
             continue
-        changed = _git("diff", "--name-only", commit, "HEAD", "--", *bench.covers).stdout.split()
+        changed = _git("diff", "--name-only", commit, "HEAD", "--", *bench.sources).stdout.split()
         if changed:
             stale.append(f"{script} ({', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}"
                          f" changed since {commit[:10]})")
