@@ -567,3 +567,34 @@ def test_a_fork_of_the_code_that_lives_on_never_takes_the_runners_next_calls(
     finally:
         with contextlib.suppress(OSError, ValueError, TypeError):
             os.kill(int(child), 9)
+
+
+def test_code_a_timeout_stopped_before_it_began_never_runs_later(root: Path,
+                                                                 tmp_path: Path) -> None:
+    """A call whose timeout ends before the runner took its code answers at once, and
+    that code never runs after the answer: not on the runner's next wake, not at close.
+    Each call appends its number to a file; no number may appear once its call returned
+    without it. (The interrupt was aimed at the runner before it took the job: landing
+    in its bookkeeping, it left the job for a later wake, or ended the thread and the
+    session answered ``busy`` for good.)"""
+    trail = tmp_path / "trail"
+    trail.touch()
+
+    def seen() -> set[int]:
+        return {int(n) for n in trail.read_text().split()}
+
+    ex = Executor(root=root, log=False)
+    said_not_run: set[int] = set()
+    try:
+        for i in range(300):
+            if i % 50 == 25:  # the session still answers
+                assert ex.execute_code("1 + 1", state_mode="stateful")["result"] == "2"
+            r = ex.execute_code(f"with open({str(trail)!r}, 'a') as f: f.write('{i} ')",
+                                state_mode="stateful", timeout=0.000001)
+            now = seen()
+            assert now <= set(range(i + 1)) - said_not_run, (i, r)
+            if i not in now:
+                said_not_run.add(i)
+    finally:
+        ex.close()  # right after a call whose code the runner may not have taken
+    assert not seen() & said_not_run

@@ -150,9 +150,10 @@ class Runner:
     before the job starts: the code, the threads and the processes it starts see the
     CPUs they would have seen anyway.
 
-    The interrupt is sent under ``_lock`` only while the job runs user code, and a
-    pending one is withdrawn once it ended, so a late interrupt never lands in the
-    runner's own bookkeeping.
+    The interrupt is sent under ``_lock`` only while the runner holds the job, and a
+    pending one is withdrawn once the job ended (one that lands first makes that step
+    run again); a job the runner has not taken yet is taken back instead, so code whose
+    call already answered never runs later.
     """
 
     def __init__(self) -> None:
@@ -161,7 +162,8 @@ class Runner:
         self.done.acquire()
         self._lock = _thread.allocate_lock()
         self._job: Callable[[], None] | None = None
-        self._in_job = False
+        self._in_job = False  # a job runs (an interrupt may be sent), under ``_lock``
+        self._taken = False  # a job was taken and its bookkeeping (``_finish``) is due
         self._sent = False
         self.busy = False
         self.retired = False
@@ -180,7 +182,6 @@ class Runner:
 
     def submit(self, job: Callable[[], None]) -> None:
         self.busy = True
-        self._in_job = True
         self._job = job
         self._go.release()
 
@@ -234,48 +235,62 @@ class Runner:
         if _getcpu is not None:
             with contextlib.suppress(OSError):
                 self._cpus = os.sched_getaffinity(0)
+        # An interrupt is sent only while a job runs (``_in_job``, set as the job is
+        # taken, under ``_lock``): it lands in the job, or, if the job ended just before,
+        # in the bookkeeping after it, which then runs again (``_taken``).
         while True:
             try:
+                if self._taken:
+                    self._finish()
+                    if self.retired:
+                        return
                 self._go.acquire()
                 if self._held:  # the code runs on the CPUs it would have had
                     self._held = False
                     os.sched_setaffinity(0, self._cpus)
                 elif self._caller_cpu >= 0 and _getcpu is not None:  # watched
                     self._ran_on = _getcpu()
-                job, self._job = self._job, None
-                if job is None:
-                    return
+                with self._lock:
+                    job, self._job = self._job, None
+                    self._in_job = self._taken = job is not None
+                if job is None:  # retired, or its job was taken back (``interrupt``)
+                    if self.retired:
+                        return
+                    continue
                 try:
                     job()
                 finally:
                     job = None
             except BaseException:  # an interrupt that landed outside the code: ignore
                 pass
-            self._finish()
-            if self.retired:
-                return
 
     def _finish(self) -> None:
-        while True:
-            try:
-                with self._lock:
-                    self._in_job = False
-                if self._sent:  # withdraw an interrupt that has not landed yet
-                    _raise_in(self.ident, None)
-                    self._sent = False
-                if self.busy:
-                    self.busy = False
-                    self.done.release()
-                return
-            except BaseException:  # landed before it was withdrawn: run the step again
-                continue
+        """After a job: no interrupt can be sent or land any more, then the caller is
+        told. Runs again from the top if an interrupt lands in it before that."""
+        with self._lock:
+            self._in_job = False
+        if self._sent:  # withdraw an interrupt that has not landed yet
+            _raise_in(self.ident, None)
+            self._sent = False
+        self._taken = False
+        if self.busy:
+            self.busy = False
+            self.done.release()
 
     def interrupt(self) -> None:
-        """Raise :class:`engine.Interrupt` in the job, if it is still running."""
+        """Raise :class:`engine.Interrupt` in the job, if it is still running; a job the
+        runner has not taken yet is taken back (it never runs) and the caller told."""
         with self._lock:
             if self._in_job:
                 self._sent = True
                 _raise_in(self.ident, engine.Interrupt)
+                return
+            if self._job is None:
+                return
+            self._job = None
+        if self.busy:
+            self.busy = False
+            self.done.release()
 
     def close(self) -> None:
         """End the thread once it is idle (now, if it is)."""
