@@ -119,6 +119,41 @@ def test_a_host_lost_between_calls_is_said_once_by_the_next_result_that_can_say_
     assert confined.restarts == 2
 
 
+def test_an_operators_scrape_never_takes_the_loss_the_model_is_to_be_told(
+        confined: ConfinedExecutor) -> None:
+    """SPEC 9 and 16: a host started again by a call whose reply cannot say the loss (a
+    list) leaves it to the model's next result; a /metrics scrape in between reads the
+    sessions through the host too, and took it (the model was never told). Nor do a
+    front end's own requests (a held answer, a spilled file) take it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from coordex.observe.figures import Figures
+
+    def scrape() -> None:
+        text = Figures(sources=lambda: [(None, confined)]).render().decode()
+        held = {s.labels["state"]: s.value for f in text_string_to_metric_families(text)
+                if f.name == "coordex_sessions" for s in f.samples}
+        assert held.get("open", 0) >= 1, text  # the plan namespace, read through the host
+
+    for between in (scrape, lambda: confined.hold_call("c-1"),
+                    lambda: confined.read_spilled("file:///nothing")):
+        confined.execute_code("kept = 1", state_mode="stateful")
+        confined.execute_code(
+            "import os, threading, time\n"
+            "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(1))).start()")
+        deadline = time.monotonic() + 10
+        while confined.host_alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert isinstance(confined.tool_definitions(), list)  # starts the host: says nothing
+        assert confined.host_alive
+        restarts = confined.restarts
+        between()
+        assert confined.restarts == restarts and confined.host_alive  # answered, alive
+        after = confined.execute_code("'kept' in globals()", state_mode="stateful")
+        assert after["result"] == "False" and after.get("state_lost") is True, after
+        assert "state_lost" not in confined.execute_code("1")
+
+
 def test_history_and_rebuild_take_their_arguments_as_the_executor_does(
         confined: ConfinedExecutor) -> None:
     """SPEC 9: the Executor's methods over the pipe, called as the Executor's are (the

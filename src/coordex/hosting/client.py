@@ -221,11 +221,13 @@ class _Host:
 
     def call(self, method: str, args: dict[str, Any], on_output: OnOutput | None,
              cancel: threading.Event | None, deadline: float | None = None,
-             max_reply: int | None = None) -> Any:
+             max_reply: int | None = None, tells: bool = True) -> Any:
         """The reply's value, or None when the host died (or was ended) first.
 
         ``deadline`` (seconds) bounds the wait: a host that has not answered by then is
         stuck beyond its own timeouts (code holding the GIL in C) and is ended.
+        ``tells=False``: the reply reaches no model (an operator's figures, a front
+        end's own request), so it never says a loss a model is yet to be told of.
         """
         call_id = next(self._ids)
         pending = _Pending(on_output, call={"method": method, "args": args, "at": time.time()},
@@ -237,6 +239,8 @@ class _Host:
                 return None
             self._pending[call_id] = pending
         msg: dict[str, Any] = {"type": "call", "id": call_id, "method": method, "args": args}
+        if not tells:
+            msg["tells"] = False
         if on_output is not None:
             msg["stream"] = True
         try:
@@ -607,11 +611,13 @@ class ConfinedExecutor:
             return started, None
 
     def _call(self, method: str, args: dict[str, Any], on_output: OnOutput | None = None,
-              cancel: threading.Event | None = None, deadline: float | None = None) -> Any:
+              cancel: threading.Event | None = None, deadline: float | None = None, *,
+              tells: bool = True) -> Any:
         host, error = self._running()
         if host is None:
             return error
-        value = host.call(method, args, on_output, cancel, deadline, MAX_READ_REPLY.get(method))
+        value = host.call(method, args, on_output, cancel, deadline, MAX_READ_REPLY.get(method),
+                          tells)
         if value is None and not host.alive:
             host.process.wait()
             how = _how_it_ended(host.process.returncode)
@@ -735,7 +741,7 @@ class ConfinedExecutor:
             "venv_id": venv_id})
 
     def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1") -> dict[str, Any]:
-        return self._call("serve_ui", {"port": port, "host": host})
+        return self._call("serve_ui", {"port": port, "host": host}, tells=False)
 
     # SPEC 14: the call records live in the host, with the calls.
     def wait_call(self, call_id: str, wait: float | None = None) -> dict[str, Any]:
@@ -744,12 +750,18 @@ class ConfinedExecutor:
     def cancel_call(self, call_id: str) -> dict[str, Any]:
         return self._call("cancel_call", {"call_id": call_id})
 
+    # A front end's own requests and an operator's figures: no model reads these
+    # replies, so they never say a loss (SPEC 9) in its place.
     def hold_call(self, call_id: str) -> dict[str, Any]:
-        return self._call("hold_call", {"call_id": call_id})
+        return self._call("hold_call", {"call_id": call_id}, tells=False)
 
     def read_spilled(self, uri: str) -> dict[str, Any]:
         """A spilled file of this host's, read by the host in its own view."""
-        return self._call("read_spilled", {"uri": uri})
+        return self._call("read_spilled", {"uri": uri}, tells=False)
+
+    def held_sessions(self) -> dict[str, Any]:
+        """:meth:`list_sessions` for an operator's figures (``/metrics``)."""
+        return self._call("list_sessions", {}, tells=False)
 
     # ------------------------------------------------------------------ lifetime
 

@@ -600,7 +600,8 @@ class _Server:
         try:
             with serving_call(call_id):
                 value = invoke(self.executor, msg["method"], msg["args"], on_output, cancel)
-            if (self.unsaid_loss is not None and isinstance(value, dict)
+            if (self.unsaid_loss is not None and msg.get("tells", True)
+                    and isinstance(value, dict)
                     and "state_lost" not in value and "restored" not in value
                     and self.unsaid_loss()):
                 value = {**value, "state_lost": True}

@@ -41,7 +41,7 @@ HOST_TO_OWNER = "host->owner"
 MESSAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "ready": (HOST_TO_OWNER, ("protocol", "pid", "confinement", "memory", "processes"),
               ("network", "builds", "error", "fatal")),
-    "call": (OWNER_TO_HOST, ("id", "method", "args"), ("stream",)),
+    "call": (OWNER_TO_HOST, ("id", "method", "args"), ("stream", "tells")),
     "output": (HOST_TO_OWNER, ("id", "stream", "text"), ()),
     "reply": (HOST_TO_OWNER, ("id", "value"), ()),
     "cancel": (OWNER_TO_HOST, ("id",), ("by",)),

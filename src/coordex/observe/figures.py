@@ -256,8 +256,10 @@ def _held_sessions(executor: ExecutorLike) -> list[dict[str, Any]]:
     never starts one."""
     if hasattr(executor, "forward_tool") and not getattr(executor, "host_alive", False):
         return []
+    # A confined host's listing for no model: it never says a loss in the model's place.
+    lister = getattr(executor, "held_sessions", None) or executor.list_sessions
     try:
-        listed = executor.list_sessions()
+        listed = lister()
     except Exception:  # a closing executor: nothing held
         return []
     sessions = listed.get("sessions") if isinstance(listed, dict) else None
