@@ -58,3 +58,31 @@ def test_bound_names_of_a_repeated_cell_are_a_fresh_list() -> None:
     assert bound_names("a, b = 1, 2\nimport os.path") == ["a", "b", "os"]
     long_cell = "q = 1\n" * 1000
     assert bound_names(long_cell) == ["q"]
+
+
+def test_changed_names_are_the_rebound_and_the_deleted_by_identity() -> None:
+    """What a stateful call reports it changed (the log's ``changed``, the names'
+    ``bound_at_call``): new names and names bound to another object, in the namespace's
+    order, then the names it lost; an equal but other object is a rebinding."""
+    import random
+
+    def plain(before: dict[str, object], after: dict[str, object]) -> tuple[list[str], list[str]]:
+        return ([k for k, v in after.items() if k not in before or before[k] is not v],
+                [k for k in before if k not in after])
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        objects = [object(), 1, "a", [], None]
+        before = {f"k{i}": rng.choice(objects) for i in range(rng.randint(0, 30))}
+        after = dict(before)
+        for _ in range(rng.randint(0, 6)):
+            key, roll = f"k{rng.randint(0, 40)}", rng.random()
+            if roll < 0.4:
+                after[key] = rng.choice(objects)
+            elif roll < 0.7:
+                after.pop(key, None)
+            else:
+                after[key] = after.get(key, objects[0])
+        assert engine.changed_names(before, after) == plain(before, after), (before, after)
+    assert engine.changed_names({"x": [1]}, {"x": [1]}) == (["x"], [])
+    assert engine.changed_names({"x": 1, "y": 2}, {"y": 2, "z": 3}) == (["z"], ["x"])

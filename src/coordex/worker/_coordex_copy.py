@@ -840,8 +840,7 @@ def _values_main(in_fd: int, out_fd: int) -> int:
     before = dict(namespace)
     outcome = run_cell(payload["code"], namespace, payload["output_limit"])
     # What the copy changed, for the call log: the session itself never sees it.
-    outcome["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
-    outcome["deleted"] = [k for k in before if k not in namespace]
+    outcome["rebound"], outcome["deleted"] = engine.changed_names(before, namespace)
     if files == "discarded":
         outcome["written"] = _load_isolation().written()
     for stream in (sys.stdout, sys.stderr):

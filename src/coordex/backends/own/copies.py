@@ -291,8 +291,7 @@ def _child(session: own.NamespaceSession, request: RunRequest,
         before = dict(namespace)
         cell = engine.run_cell(request.code, namespace, request.result_limit)
         # What the copy changed, for the call log: the session itself never sees it.
-        cell["rebound"] = [k for k, v in namespace.items() if k not in before or before[k] is not v]
-        cell["deleted"] = [k for k in before if k not in namespace]
+        cell["rebound"], cell["deleted"] = engine.changed_names(before, namespace)
         if files == "discarded":
             cell["written"] = iso.written()
         cell.update(type="done", id="copy", isolation=isolation)

@@ -334,9 +334,7 @@ class OwnInterpreter:
             return Ran(facts.Busy(stuck=True))
         before = dict(session.namespace)
         ran = self._run_on(None, session, session.namespace, request)
-        after = session.namespace
-        rebound = [k for k, v in after.items() if k not in before or before[k] is not v]
-        deleted = [k for k in before if k not in after]
+        rebound, deleted = engine.changed_names(before, session.namespace)
         before.clear()
         return ran.naming(rebound, deleted)
 
