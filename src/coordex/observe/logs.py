@@ -59,6 +59,15 @@ class _ServerStderr(logging.StreamHandler):
                                encoding=getattr(sys.stderr, "encoding", None) or "utf-8")
         super().__init__(stream)
 
+    def release(self) -> None:
+        """This handler is replaced (taken off the root logger): its own duplicate of
+        stderr goes with it."""
+        with self.lock or contextlib.nullcontext():
+            stream, self.stream = self.stream, sys.stderr
+        if stream is not sys.stderr:
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()
+
 
 def configure(level: str = "info", fmt: str = "text") -> None:
     """Send ``logging`` to stderr at ``level`` in ``fmt`` (replacing earlier handlers
@@ -70,6 +79,8 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     for old in list(root.handlers):
         if old.get_name() == "coordex":
             root.removeHandler(old)
+            if isinstance(old, _ServerStderr):
+                old.release()
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.getLogger("coordex").setLevel(level.upper())
