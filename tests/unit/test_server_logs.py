@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 from coordex.observe import logs
 
@@ -24,9 +25,15 @@ def test_setting_the_logs_up_again_leaves_no_descriptor_behind() -> None:
         assert _open_fds() == held  # each replaced handler's own stderr is closed
         assert [h.get_name() for h in root.handlers].count("coordex") == 1
         logging.getLogger("coordex.test").warning("still written")
+        # ... and from another thread: the handler's own lock was let go after each line.
+        other = threading.Thread(target=logging.getLogger("coordex.test").warning,
+                                 args=("from another thread",))
+        other.start()
+        other.join(5)
+        assert not other.is_alive()
     finally:
         for handler in list(root.handlers):
             if handler not in before:
                 root.removeHandler(handler)
                 if isinstance(handler, logs._ServerStderr):
-                    handler.release()
+                    handler.let_go()

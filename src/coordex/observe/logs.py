@@ -59,7 +59,7 @@ class _ServerStderr(logging.StreamHandler):
                                encoding=getattr(sys.stderr, "encoding", None) or "utf-8")
         super().__init__(stream)
 
-    def release(self) -> None:
+    def let_go(self) -> None:
         """This handler is replaced (taken off the root logger): its own duplicate of
         stderr goes with it."""
         with self.lock or contextlib.nullcontext():
@@ -80,7 +80,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
         if old.get_name() == "coordex":
             root.removeHandler(old)
             if isinstance(old, _ServerStderr):
-                old.release()
+                old.let_go()
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.getLogger("coordex").setLevel(level.upper())
