@@ -598,3 +598,63 @@ def test_code_a_timeout_stopped_before_it_began_never_runs_later(root: Path,
     finally:
         ex.close()  # right after a call whose code the runner may not have taken
     assert not seen() & said_not_run
+
+
+def test_an_interrupt_pending_as_the_code_returns_never_ends_the_runner() -> None:
+    """The caller's interrupt sent just as the code returns is still pending when the
+    job is over: it must land where the runner catches it. (It landed at the runner
+    loop's backward jump, outside its ``try``: the thread ended, the caller was never
+    told, and the session answered busy for good.)"""
+    import ctypes
+    import functools
+
+    from coordex.backends.own.runner import Runner
+    from coordex.worker import _coordex_engine as engine
+
+    runner = Runner()
+
+    class Late:  # ``Late() == 0`` sets the interrupt from C: nothing delivers it before
+        __eq__ = functools.partial(  # the job has returned
+            ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_ulong(runner.ident),
+            ctypes.py_object(engine.Interrupt))
+
+    def job() -> None:
+        Late() == 0  # noqa: B015
+
+    ended: list[type[BaseException]] = []
+    old_hook = threading.excepthook
+    threading.excepthook = lambda args: ended.append(args.exc_type)
+    try:
+        runner.submit(job)
+        told = runner.done.acquire(True, 2.0)
+    finally:
+        threading.excepthook = old_hook
+        runner.close()
+    assert told and not ended, ended
+
+
+@pytest.mark.slow
+def test_timeouts_that_end_as_the_code_returns_never_leave_the_session_busy(
+        root: Path) -> None:
+    """Calls whose 2 ms timeout ends about when their code does, with threads switched
+    often (as on a loaded machine): the session answers the next call every time."""
+    import random
+    import sys
+
+    ended: list[type[BaseException]] = []
+    old_hook, old_interval = threading.excepthook, sys.getswitchinterval()
+    threading.excepthook = lambda args: ended.append(args.exc_type)
+    sys.setswitchinterval(1e-5)
+    ex = Executor(root=root, log=False)
+    try:
+        spin = "import time\nend = time.perf_counter() + {}\nwhile time.perf_counter() < end: pass"
+        until = time.monotonic() + 10
+        while time.monotonic() < until and not ended:
+            ex.execute_code(spin.format(random.uniform(0, 0.004)), state_mode="stateful",
+                            timeout=0.002)
+        after = ex.execute_code("1 + 1", state_mode="stateful")
+    finally:
+        sys.setswitchinterval(old_interval)
+        threading.excepthook = old_hook
+        ex.close()
+    assert not ended and after.get("result") == "2", (ended, after)

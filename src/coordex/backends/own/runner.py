@@ -261,6 +261,12 @@ class Runner:
                     job()
                 finally:
                     job = None
+                # Here, not at the loop's top: an interrupt still pending as the job
+                # returns lands at the next check, and the loop's backward jump is one,
+                # outside this try (it ended the thread; the session stayed busy).
+                self._finish()
+                if self.retired:
+                    return
             except BaseException:  # an interrupt that landed outside the code: ignore
                 pass
 
@@ -282,8 +288,11 @@ class Runner:
         runner has not taken yet is taken back (it never runs) and the caller told."""
         with self._lock:
             if self._in_job:
-                self._sent = True
-                _raise_in(self.ident, engine.Interrupt)
+                # One a job: once it landed (in the code, or in the bookkeeping after
+                # it) none can be left pending where no ``try`` catches it.
+                if not self._sent:
+                    self._sent = True
+                    _raise_in(self.ident, engine.Interrupt)
                 return
             if self._job is None:
                 return
