@@ -395,9 +395,14 @@ def add_tasks(server: Server[Any], executor: ExecutorLike, limiter: anyio.Capaci
             raise MCPError(code=-32021, message="Missing required client capability",
                            data={"requiredCapabilities": {"extensions": {TASKS: {}}}})
 
+    # A task's poll and cancel reach no model (a confined host's reply to them must not
+    # say the loss a model is yet to be told of, SPEC 9).
+    poll = getattr(executor, "poll_call", None) or (lambda call_id: executor.wait_call(
+        call_id, 0.001))
+    stop = getattr(executor, "stop_call", None) or executor.cancel_call
+
     async def current(task_id: str) -> dict[str, Any]:
-        record = await anyio.to_thread.run_sync(
-            lambda: executor.wait_call(task_id, 0.001), limiter=limiter)
+        record = await anyio.to_thread.run_sync(lambda: poll(task_id), limiter=limiter)
         if not isinstance(record, dict) or "call_id" not in record:
             raise MCPError(code=-32602, message="Failed to retrieve task: Task not found "
                            "(results are kept an hour after a call ends)")
@@ -412,7 +417,7 @@ def add_tasks(server: Server[Any], executor: ExecutorLike, limiter: anyio.Capaci
         await current(params.task_id)
         # Cooperative and eventually consistent: acknowledged at once, interrupted
         # as cancel_call interrupts; tasks/get then shows the call's final result.
-        _in_thread(lambda: executor.cancel_call(params.task_id))
+        _in_thread(lambda: stop(params.task_id))
         return {}
 
     server.add_request_handler("tasks/get", GetTaskRequestParams, get)

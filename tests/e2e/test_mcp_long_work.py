@@ -278,6 +278,20 @@ def _sse_result(response: httpx.Response) -> dict[str, Any]:
     raise AssertionError(response.text)
 
 
+async def send(session: ClientSession, method: str, task_id: str) -> dict[str, Any]:
+    """``tasks/get`` or ``tasks/cancel`` of ``task_id`` (the tasks extension's)."""
+    import mcp_types as types
+    from pydantic import ConfigDict
+
+    class TaskState(types.Result):  # tasks/get and tasks/cancel: resultType "complete"
+        model_config = ConfigDict(extra="allow")
+
+    answer = await session.send_request(
+        types.Request[Any, Any](method=method, params={"taskId": task_id}),
+        TaskState, request_read_timeout_seconds=10)
+    return dict(answer.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+
 def test_tasks_extension_serves_the_call_record(http_server: tuple[Running, str],
                                                 tmp_path: Path) -> None:
     """A 2026-07-28 client that declares io.modelcontextprotocol/tasks gets a call past
@@ -295,19 +309,10 @@ def test_tasks_extension_serves_the_call_record(http_server: tuple[Running, str]
         model_config = ConfigDict(extra="allow")
         result_type: Literal["task"] = "task"
 
-    class TaskState(types.Result):  # tasks/get and tasks/cancel: resultType "complete"
-        model_config = ConfigDict(extra="allow")
-
     async def never(handle: TaskHandle, ctx: Any) -> types.CallToolResult:
         raise AssertionError("resolved by the test itself")
 
     claim = ResultClaim(result_type="task", model=TaskHandle, resolve=never)
-
-    async def send(session: ClientSession, method: str, task_id: str) -> dict[str, Any]:
-        answer = await session.send_request(
-            types.Request[Any, Any](method=method, params={"taskId": task_id}),
-            TaskState, request_read_timeout_seconds=10)
-        return dict(answer.model_dump(by_alias=True, mode="json", exclude_none=True))
 
     async def start(session: ClientSession, arguments: dict[str, Any]) -> dict[str, Any]:
         handle = await session.call_tool("execute_code", arguments, allow_claimed=True)
@@ -351,6 +356,46 @@ def test_tasks_extension_serves_the_call_record(http_server: tuple[Running, str]
                     await send(session, "tasks/get", "c_nothing")
 
     anyio.run(main)
+
+
+def test_a_task_poll_after_a_host_restart_leaves_the_loss_to_the_models_next_result(
+        tmp_path: Path) -> None:
+    """SPEC 9 through a confined tenant: a client's tasks/get (or tasks/cancel) that
+    reaches a host started again after its predecessor died is no model's answer; the
+    model's next tool result says ``state_lost``. (The poll took it: the model was never
+    told.)"""
+    # Ends the host 0.3 s after the call answered (the timer holds os._exit itself:
+    # the call's namespace is emptied as it ends).
+    dies = "import os, threading\nthreading.Timer(0.3, os._exit, (1,)).start()"
+
+    async def main(url: str) -> None:
+        client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})
+        async with client, streamable_http_client(url, http_client=client) as (read, write), \
+                ClientSession(read, write, extensions={"io.modelcontextprotocol/tasks": {}}) \
+                as session:
+            await session.discover()
+            with anyio.fail_after(60):
+                await session.call_tool("execute_code", {"code": "kept = 1",
+                                                         "state_mode": "stateful"})
+                await session.call_tool("execute_code", {"code": dies})
+                await anyio.sleep(1.5)  # the host is gone
+                for method in ("tasks/get", "tasks/cancel"):  # each starts a host again
+                    with pytest.raises(Exception, match="not found"):
+                        await send(session, method, "c_of_the_host_that_died")
+                    after = content(await session.call_tool("execute_code", {
+                        "code": "'kept' in globals()", "state_mode": "stateful"}))
+                    assert after["result"] == "False" and after.get("state_lost") is True, after
+                    await session.call_tool("execute_code", {"code": "kept = 1",
+                                                             "state_mode": "stateful"})
+                    await session.call_tool("execute_code", {"code": dies})
+                    await anyio.sleep(1.5)
+
+    env = child_env(tmp_path / "home", COORDEX_TOKEN=TOKEN)
+    # Sessions not kept: a host that died takes their state with it (else the next call
+    # says ``restored``, SPEC 12, which tells the model as much).
+    with spawn("serve", "--port", "0", "--confine", str(tmp_path / "work"), "--no-persist",
+               env=env) as running:
+        anyio.run(main, running.wait_for(READY).group(1))
 
 
 def test_a_tenant_sees_only_its_own_calls(tmp_path: Path) -> None:

@@ -124,7 +124,8 @@ def test_an_operators_scrape_never_takes_the_loss_the_model_is_to_be_told(
     """SPEC 9 and 16: a host started again by a call whose reply cannot say the loss (a
     list) leaves it to the model's next result; a /metrics scrape in between reads the
     sessions through the host too, and took it (the model was never told). Nor do a
-    front end's own requests (a held answer, a spilled file) take it."""
+    front end's own requests (a held answer, a spilled file, a task's poll or cancel)
+    take it."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from coordex.observe.figures import Figures
@@ -136,7 +137,8 @@ def test_an_operators_scrape_never_takes_the_loss_the_model_is_to_be_told(
         assert held.get("open", 0) >= 1, text  # the plan namespace, read through the host
 
     for between in (scrape, lambda: confined.hold_call("c-1"),
-                    lambda: confined.read_spilled("file:///nothing")):
+                    lambda: confined.read_spilled("file:///nothing"),
+                    lambda: confined.poll_call("c-1"), lambda: confined.stop_call("c-1")):
         confined.execute_code("kept = 1", state_mode="stateful")
         confined.execute_code(
             "import os, threading, time\n"

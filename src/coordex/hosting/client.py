@@ -476,6 +476,8 @@ class ConfinedExecutor:
         self._host: _Host | None = None
         self._closed = False
         self.restarts = 0
+        # A host died and no reply to a model has said so yet (the next host is told).
+        self._loss_unsaid = False
         self.close_step: str | None = None
         # What the wire offers, and nothing else: one list (wire.METHODS) for both ends.
         self.environments = _Namespace(self, "environments", _offered("environments"))
@@ -590,8 +592,9 @@ class ConfinedExecutor:
         self._host = host
         return host
 
-    def _running(self) -> tuple[_Host | None, dict[str, Any] | None]:
-        """(host, error): the live host, starting one if the last died."""
+    def _running(self, tells: bool = True) -> tuple[_Host | None, dict[str, Any] | None]:
+        """(host, error): the live host, starting one if the last died. ``tells``: the
+        caller's reply reaches a model (see :meth:`_Host.call`)."""
         with self._lock:
             if self._closed:
                 return None, messages.executor_closed().to_dict()
@@ -601,19 +604,24 @@ class ConfinedExecutor:
             if host is not None:
                 host.close(grace=0.2)
                 self.restarts += 1
+                self._loss_unsaid = True
                 if self._nodes is not None:  # the dead Executor's sessions on the cluster
                     self._nodes.reset()
-            # A start that fails says state_lost itself; the next start is told nothing.
-            started = self._start(replaces_lost=host is not None)
+            started = self._start(replaces_lost=self._loss_unsaid)
             if isinstance(started, dict):
                 self._host = None
+                # A start that fails says state_lost itself, to a caller whose reply
+                # reaches a model; else the next start is told of the loss still.
+                if tells:
+                    self._loss_unsaid = False
                 return None, started
+            self._loss_unsaid = False  # the new host says it (``replaces_lost``)
             return started, None
 
     def _call(self, method: str, args: dict[str, Any], on_output: OnOutput | None = None,
               cancel: threading.Event | None = None, deadline: float | None = None, *,
               tells: bool = True) -> Any:
-        host, error = self._running()
+        host, error = self._running(tells)
         if host is None:
             return error
         value = host.call(method, args, on_output, cancel, deadline, MAX_READ_REPLY.get(method),
@@ -762,6 +770,16 @@ class ConfinedExecutor:
     def held_sessions(self) -> dict[str, Any]:
         """:meth:`list_sessions` for an operator's figures (``/metrics``)."""
         return self._call("list_sessions", {}, tells=False)
+
+    def poll_call(self, call_id: str) -> dict[str, Any]:
+        """:meth:`wait_call` without waiting, for a front end's task poll (MCP
+        ``tasks/get``): a task that is not found, or still runs, reaches no model."""
+        return self._call("wait_call", {"call_id": call_id, "wait": 0.001}, tells=False)
+
+    def stop_call(self, call_id: str) -> dict[str, Any]:
+        """:meth:`cancel_call` for a front end's task cancel (MCP ``tasks/cancel``),
+        whose reply no model reads."""
+        return self._call("cancel_call", {"call_id": call_id}, tells=False)
 
     # ------------------------------------------------------------------ lifetime
 
