@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import os
 import sys
 import threading
@@ -534,6 +535,8 @@ class OwnInterpreter:
             runner.done.acquire()
         if "error" in box:
             raise box["error"]
+        if "pid" not in box:  # taken back before the runner took it: the executor closed
+            raise OSError(errno.ECANCELED, "the executor closed before the copy was made")
         return int(box["pid"])
 
     def close(self) -> None:
