@@ -11,8 +11,8 @@ before and after, and the commit. Nothing on the page is written by hand, and th
 and the docs link the page instead of quoting its figures.
 
 Each section names the commit it ran on, and ``tests/integration/test_performance_page.py``
-checks them: when a file a benchmark covers (``BENCHES[...].covers``) or its own script
-changed after its section's commit, the test fails and names the stale figures. Run this
+checks them: when a file a benchmark covers (``BENCHES[...].covers``), its own script or
+the shared timing helpers (``_util.py``) changed after its section's commit, the test fails and names the stale figures. Run this
 script again and commit the page (``--only`` the stale ones keeps the others).
 """
 
@@ -49,8 +49,9 @@ class Bench:
 
     @property
     def sources(self) -> tuple[str, ...]:
-        """What its figures depend on: the code it measures and the script itself."""
-        return (*self.covers, f"benchmarks/{self.script}.py")
+        """What its figures depend on: the code it measures, the script itself and the
+        timing helpers every script uses."""
+        return (*self.covers, f"benchmarks/{self.script}.py", "benchmarks/_util.py")
 
 
 # The call path every place shares (a change here moves every figure).

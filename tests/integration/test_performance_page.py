@@ -2,7 +2,7 @@
 
 ``docs/performance.md`` is written by ``benchmarks/run.py``: each section names the commit
 it ran on. A section is stale when a file its benchmark covers changed after that commit;
-or its own script did; this test names the stale ones (run ``python benchmarks/run.py --only NAME,...`` and
+or its own script or the shared timing helpers did; this test names the stale ones (run ``python benchmarks/run.py --only NAME,...`` and
 commit the page).
 """
 
