@@ -12,8 +12,9 @@ and the docs link the page instead of quoting its figures.
 
 Each section names the commit it ran on, and ``tests/integration/test_performance_page.py``
 checks them: when a file a benchmark covers (``BENCHES[...].covers``), its own script or
-the shared timing helpers (``_util.py``) changed after its section's commit, the test fails and names the stale figures. Run this
-script again and commit the page (``--only`` the stale ones keeps the others).
+the shared timing helpers (``_util.py``) changed after its section's commit, the test
+fails and names the stale figures. Run this script again and commit the page (``--only``
+the stale ones keeps the others).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The performance page is the output of the last benchmark run on the code it describes.
 
 ``docs/performance.md`` is written by ``benchmarks/run.py``: each section names the commit
-it ran on. A section is stale when a file its benchmark covers changed after that commit;
-or its own script or the shared timing helpers did; this test names the stale ones (run ``python benchmarks/run.py --only NAME,...`` and
-commit the page).
+it ran on. A section is stale when a file its benchmark covers, its own script or the
+shared timing helpers changed after that commit; this test names the stale ones (run
+``python benchmarks/run.py --only NAME,...`` and commit the page).
 """
 
 from __future__ import annotations
