@@ -474,16 +474,13 @@ def checkpoint_not_written(problem: str | None, why: str, max_bytes: int,
             "is unchanged.", "Checkpoint again when the session is idle; if its state is "
             "very large, delete what it no longer needs first.",
             stdout="", stderr="", state_lost=False)
-    if problem == "disk_full":
-        return CoordexError(
-            "environment", "The checkpoint could not be written; the session is unchanged.",
-            "Free disk space under the Executor's root (or fix its permissions), then "
-            "checkpoint again.", log=why)
+    fix = ("Free disk space under the Executor's root (or fix its permissions), then "
+           "checkpoint again." if problem == "disk_full" else
+           "Delete what cannot be kept (open files, connections, objects that cannot be "
+           "pickled) or free disk space under the Executor's root, then checkpoint again.")
     return CoordexError(
         "environment", "The checkpoint could not be written; the session is unchanged.",
-        "Delete what cannot be kept (open files, connections, objects that cannot be "
-        "pickled) or free disk space under the Executor's root, then checkpoint again.",
-        log=why)
+        fix, log=why)
 
 
 def checkpoint_not_restored(why: str) -> CoordexError:

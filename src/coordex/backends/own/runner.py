@@ -279,6 +279,10 @@ class Runner:
             _raise_in(self.ident, None)
             self._sent = False
         self._taken = False
+        self._tell_caller()
+
+    def _tell_caller(self) -> None:
+        """The job ended, or will never run: the waiting caller goes on (once a job)."""
         if self.busy:
             self.busy = False
             self.done.release()
@@ -297,9 +301,7 @@ class Runner:
             if self._job is None:
                 return
             self._job = None
-        if self.busy:
-            self.busy = False
-            self.done.release()
+        self._tell_caller()
 
     def close(self) -> None:
         """End the thread once it is idle (now, if it is)."""
