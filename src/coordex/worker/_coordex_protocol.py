@@ -27,6 +27,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 PROTOCOL_VERSION = 1
@@ -134,9 +136,13 @@ class LineReader:
     ProtocolError.
     """
 
-    def __init__(self, fd: int, max_line: Optional[int] = None) -> None:
+    def __init__(self, fd: int, max_line: Optional[int] = None, spin: float = 0.0) -> None:
         self.fd = fd
         self.max_line = max_line
+        # :meth:`read_line` on a non-blocking ``fd``: try this long before sleeping
+        # (waking a sleeping process costs both sides tens of microseconds).
+        self.spin = spin
+        self._poll = None  # type: Any
         self._buffer = bytearray()
         self._searched = 0  # bytes of the buffer known to hold no newline
 
@@ -167,11 +173,23 @@ class LineReader:
 
     def read_line(self) -> Optional[bytes]:
         """Block for the next line; None at end of file."""
+        spin_until = None
         while True:
             line = self._take()
             if line is not None:
                 return line
-            data = os.read(self.fd, 1 << 16)
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:  # a non-blocking fd: try again for ``spin``, then sleep
+                now = time.monotonic()
+                if spin_until is None:
+                    spin_until = now + self.spin
+                if now >= spin_until:
+                    if self._poll is None:
+                        self._poll = select.poll()
+                        self._poll.register(self.fd, select.POLLIN)
+                    self._poll.poll()
+                continue
             if not data:
                 return None
             self._buffer += data
