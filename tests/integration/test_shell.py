@@ -166,6 +166,33 @@ def test_xtrace_shows_only_the_users_commands(session: ShellSession) -> None:
     assert "builtin" not in str(out["stderr"])
 
 
+def test_a_shell_under_errexit_lives_on_between_calls(session: ShellSession) -> None:
+    # After its record the runner tries stdin a moment before bash sleeps (``read -t
+    # 0``, failing until a line comes): under ``set -e`` the shell lives on through it.
+    ok(session.run(req("set -e; kept=yes")))
+    for _ in range(3):
+        ok(session.run(req("true")))
+        time.sleep(0.05)  # past the moment the runner waits for the next line
+    out = ok(session.run(req('echo "$kept $-"')))
+    assert str(out["stdout"]).startswith("yes ") and "e" in str(out["stdout"]).split()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_shell_sleeps(session: ShellSession) -> None:
+    # Back-to-back calls find bash still trying its stdin; between calls it takes no
+    # CPU. A shell still trying would take about a second of it here.
+    for _ in range(20):
+        ok(session.run(req("x=1")))
+    before = _cpu_seconds(session.pid)
+    time.sleep(1.0)
+    assert _cpu_seconds(session.pid) - before < 0.1
+    assert ok(session.run(req("echo $x")))["stdout"] == "1\n"
+
+
 def test_verbose_and_alias_options_persist_like_any_other(session: ShellSession) -> None:
     ok(session.run(req("set -v")))
     out = ok(session.run(req("echo one\necho two")))

@@ -25,8 +25,10 @@ PROMPT_COMMAND, sources a nameless file (by the path of our descriptor of it,
 with stdin at /dev/null, the call's output pipes on fds 1 and 2 -
 sourced so that bash cleans finished foreground jobs out of its job table and
 ``return`` ends the code - and then sets PS1 to the *record* ``TOKEN r CALL STATUS
-FLAGS``. Bash prints PS1 to its fd 2 (the status pipe) just before it reads the next
-line; reading that record is how completion is detected. The code's output was
+FLAGS``, prints it to bash's fd 2 (the status pipe) and empties PS1 (an interrupt
+before the print leaves it to bash, which prints PS1 just before it reads the next
+line); reading that record is how completion is detected. The runner then tries
+stdin a moment before bash sleeps in its read (``wire.SPIN_READS``). The code's output was
 written before it, so both pipes are then drained without blocking. Everything else
 bash prints there - startup warnings, ``set -x`` traces and ``set -v`` echoes of our
 own lines, the newline after ^C - is never the user's and is skipped; user output is

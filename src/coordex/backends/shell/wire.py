@@ -65,7 +65,20 @@ _HIGH_BYTE = re.compile(rb"[\x80-\xff]")
 
 # The version of the trigger-line / record texts below (docs/protocol.md, "The bash
 # record wire"); both ends live in this module, so it changes with them.
-RECORD_WIRE_VERSION = 2  # 2: the `g` record (PS0) tells a call's line was read
+RECORD_WIRE_VERSION = 3  # 2: the `g` record (PS0) tells a call's line was read;
+# 3: the runner prints the record itself, then waits for the next line a moment
+
+# After a call's record the runner tries bash's stdin this many times (``read -t 0``,
+# about 2.3 us each: 0.3 ms) before bash goes back to its blocking read, as a worker
+# does: calls that come back to back then never wake a sleeping bash (on a small
+# machine the wake-up was a quarter of a call). The record is printed first and PS1
+# emptied, so the host has it at once; bash restores ``$?`` after PROMPT_COMMAND. Not
+# under ``set -x``: each try would be traced to the status pipe.
+SPIN_READS = 128
+
+SPIN = (f"\\builtin printf %s \"${{PS1@P}}\" >&2; PS1=; case $- in *x*) ;; *) "
+        f"for (({PRIVATE_PREFIX}i = 0; {PRIVATE_PREFIX}i < {SPIN_READS}; "
+        f"{PRIVATE_PREFIX}i++)); do \\builtin read -t 0 && \\builtin break; done ;; esac")
 
 # What a record says after the status: ``$-``, then the length of BASHOPTS.
 # PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
@@ -132,7 +145,7 @@ class ShellProtocol:
         # stays for the fork's loop and exit record).
         prompt_command = (
             f"\\builtin unset PROMPT_COMMAND; \\builtin . {source}; "
-            f"PS1=\"\\n{token} r ${p}call $? {FLAGS}\\n\" PS0=${p}go")
+            f"PS1=\"\\n{token} r ${p}call $? {FLAGS}\\n\" PS0=${p}go; {SPIN}")
         keep_stdout = "" if outputs is not None else f"\\exec {out}>&1; "
         setup = (f"{keep_stdout}"
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
