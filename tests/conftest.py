@@ -16,6 +16,12 @@ from coordex import Executor
 from coordex.backends import _reap
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has taken so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def child_pids(pid: int | None = None) -> set[int]:
     """Every live descendant of ``pid`` (default: this process), from /proc.
 

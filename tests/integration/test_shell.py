@@ -14,6 +14,7 @@ import pytest
 
 from coordex.backends.base import INTERRUPT_GRACE, RunRequest
 from coordex.backends.shell import ShellPlace, ShellSession
+from tests.conftest import cpu_seconds
 from tests.said import said
 
 pytestmark = pytest.mark.timeout(60)
@@ -177,19 +178,14 @@ def test_a_shell_under_errexit_lives_on_between_calls(session: ShellSession) -> 
     assert str(out["stdout"]).startswith("yes ") and "e" in str(out["stdout"]).split()[1]
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_an_idle_shell_sleeps(session: ShellSession) -> None:
     # Back-to-back calls find bash still trying its stdin; between calls it takes no
     # CPU. A shell still trying would take about a second of it here.
     for _ in range(20):
         ok(session.run(req("x=1")))
-    before = _cpu_seconds(session.pid)
+    before = cpu_seconds(session.pid)
     time.sleep(1.0)
-    assert _cpu_seconds(session.pid) - before < 0.1
+    assert cpu_seconds(session.pid) - before < 0.1
     assert ok(session.run(req("echo $x")))["stdout"] == "1\n"
 
 

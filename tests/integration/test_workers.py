@@ -27,7 +27,7 @@ from coordex.backends.base import INTERRUPT_GRACE, RunRequest
 from coordex.backends.env import workers
 from coordex.backends.env.workers import WorkerSession, WorkerStartError, WorkerTemplate
 from coordex.core import facts
-from tests.conftest import child_pids
+from tests.conftest import child_pids, cpu_seconds
 from tests.said import said
 
 pytestmark = pytest.mark.timeout(90)
@@ -342,20 +342,15 @@ def test_read_only_child_death_keeps_the_session(session: WorkerSession) -> None
     assert session.pid == pid and session.run(req("keep"))["result"] == "'me'"
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_an_idle_worker_sleeps(session: WorkerSession) -> None:
     # After each message the worker tries its pipe a moment before it sleeps (calls
     # back to back then wake no one); between calls an agent spends thinking, it
     # takes no CPU. A worker still spinning would take about a second of it here.
     for _ in range(20):
         session.run(req("x = 1"))
-    before = _cpu_seconds(session.pid)
+    before = cpu_seconds(session.pid)
     time.sleep(1.0)
-    assert _cpu_seconds(session.pid) - before < 0.1
+    assert cpu_seconds(session.pid) - before < 0.1
     assert session.run(req("x"))["result"] == "1"  # and wakes for the next call
 
 
