@@ -176,6 +176,22 @@ def test_a_shell_under_errexit_lives_on_between_calls(session: ShellSession) -> 
         time.sleep(0.05)  # past the moment the runner waits for the next line
     out = ok(session.run(req('echo "$kept $-"')))
     assert str(out["stdout"]).startswith("yes ") and "e" in str(out["stdout"]).split()[1]
+    ok(session.run(req("unset -f $(compgen -A function)")))  # ours too: no more tries
+    time.sleep(0.05)
+    assert ok(session.run(req("echo $kept")))["stdout"] == "yes\n"
+
+
+def test_a_debug_trap_runs_for_the_code_not_for_the_wait_after_it(
+        session: ShellSession) -> None:
+    # The runner's tries of stdin after a call are a function's: a DEBUG trap the code
+    # set (a command log, a preexec hook) runs once for them, not hundreds of times.
+    ok(session.run(req("n=0; trap 'n=$((n + 1))' DEBUG")))
+    ok(session.run(req("n=0")))
+    for _ in range(3):
+        ok(session.run(req("true")))
+        time.sleep(0.05)  # past the moment the runner waits for the next line
+    count = int(str(ok(session.run(req("echo $n")))["stdout"]))
+    assert 0 < count < 60, count
 
 
 def test_an_idle_shell_sleeps(session: ShellSession) -> None:

@@ -72,13 +72,18 @@ RECORD_WIRE_VERSION = 3  # 2: the `g` record (PS0) tells a call's line was read;
 # about 2.3 us each: 0.3 ms) before bash goes back to its blocking read, as a worker
 # does: calls that come back to back then never wake a sleeping bash (on a small
 # machine the wake-up was a quarter of a call). The record is printed first and PS1
-# emptied, so the host has it at once; bash restores ``$?`` after PROMPT_COMMAND. Not
-# under ``set -x``: each try would be traced to the status pipe.
+# emptied, so the host has it at once; bash restores ``$?`` after PROMPT_COMMAND. The
+# tries are a function's (WAIT): a DEBUG trap the code set runs once for them, not for
+# each; and there are none under ``set -x`` (each would be traced to the status pipe)
+# or ``set -T`` (the function would run the DEBUG trap after all). Its call is in an
+# ``||`` list: a failed try (or the code's ``unset -f`` of it) never ends a shell under
+# ``set -e``.
 SPIN_READS = 128
-
-SPIN = (f"\\builtin printf %s \"${{PS1@P}}\" >&2; PS1=; case $- in *x*) ;; *) "
-        f"for (({PRIVATE_PREFIX}i = 0; {PRIVATE_PREFIX}i < {SPIN_READS}; "
-        f"{PRIVATE_PREFIX}i++)); do \\builtin read -t 0 && \\builtin break; done ;; esac")
+WAIT = f"{PRIVATE_PREFIX}wait"
+_WAIT_FUNCTION = (f"{WAIT}() {{ for (({PRIVATE_PREFIX}i = 0; {PRIVATE_PREFIX}i < {SPIN_READS}; "
+                  f"{PRIVATE_PREFIX}i++)); do \\builtin read -t 0 && \\builtin break; done; }}; ")
+SPIN = (f"\\builtin printf %s \"${{PS1@P}}\" >&2; PS1=; "
+        f"case $- in *[xT]*) ;; *) {WAIT} || \\builtin : ;; esac")
 
 # What a record says after the status: ``$-``, then the length of BASHOPTS.
 # PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
@@ -151,7 +156,7 @@ class ShellProtocol:
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
                  f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
-                 f"{p}call=0; ").encode() + sync_line(token, 0)
+                 f"{p}call=0; {_WAIT_FUNCTION}").encode() + sync_line(token, 0)
         # PS0 (bash >= 4.4) is printed once a line is read and parsed, before it runs:
         # the "go" record. A shell killed just before a call arrives dies inside its
         # read of the line and prints none, which proves the code never started.
