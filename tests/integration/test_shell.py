@@ -194,6 +194,25 @@ def test_a_debug_trap_runs_for_the_code_not_for_the_wait_after_it(
     assert 0 < count < 60, count
 
 
+@pytest.mark.parametrize("word", ["case", "for", "do", "done"])
+def test_an_alias_named_like_a_reserved_word_leaves_later_calls_working(
+        session: ShellSession, word: str) -> None:
+    # Bash expands an alias of a reserved word where a command starts: the runner's own
+    # words are parsed once, before any code ran, so such an alias breaks no call.
+    ok(session.run(req(f"kept=yes; alias {word}='echo aliased;'")))
+    assert ok(session.run(req('echo "$kept"')))["stdout"] == "yes\n"
+    assert ok(session.run(req(f"unalias {word}; echo two")))["stdout"] == "two\n"
+
+
+def test_disabling_the_printf_builtin_keeps_calls_answering(session: ShellSession) -> None:
+    # The runner prints the call's record with printf; with printf disabled (``enable
+    # -n printf``, for the coreutils one) the record stays in PS1, and bash prints it.
+    ok(session.run(req("kept=yes; enable -n printf")))
+    out = ok(session.run(req('echo "$kept"; printf "%s\\n" external', timeout=5.0)))
+    assert out["stdout"] == "yes\nexternal\n"
+    ok(session.run(req("enable printf")))
+
+
 def test_an_idle_shell_sleeps(session: ShellSession) -> None:
     # Back-to-back calls find bash still trying its stdin; between calls it takes no
     # CPU. A shell still trying would take about a second of it here.

@@ -131,6 +131,24 @@ def test_set_e_ends_a_forks_shell_as_it_ends_the_sources(tmp_path: Path) -> None
         assert ex.execute_code("echo $v", session_name="src", **BASH)["stdout"] == "1\n"
 
 
+def test_a_fork_under_set_e_lives_on_between_calls(tmp_path: Path) -> None:
+    # A fork's loop evals the runner, whose wait for the next line ends with a failed
+    # try when none came: neither set -e nor an ERR trap may see that as the user's.
+    log = tmp_path / "err.log"
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("kept=yes", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        ex.execute_code(f"trap 'echo ERR >> {log}' ERR", session_name="f", **BASH)
+        r = ex.execute_code("set -e; echo set", session_name="f", **BASH)
+        assert r["stdout"] == "set\n" and r["exit_code"] == 0, r
+        for _ in range(3):
+            time.sleep(0.05)  # past the moment the runner waits for the next line
+            assert ex.execute_code("true", session_name="f", **BASH)["exit_code"] == 0
+        r = ex.execute_code('echo "${kept-gone} $-"', session_name="f", **BASH)
+        assert str(r["stdout"]).startswith("yes ") and "e" in str(r["stdout"]).split()[1], r
+        assert not log.exists() or log.read_text() == "", log.read_text()
+
+
 def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
     with Executor(root=tmp_path / "home") as ex:
         ex.execute_code("export LC_ALL=C.UTF-8", session_name="src", **BASH)

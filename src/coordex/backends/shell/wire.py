@@ -72,18 +72,22 @@ RECORD_WIRE_VERSION = 3  # 2: the `g` record (PS0) tells a call's line was read;
 # about 2.3 us each: 0.3 ms) before bash goes back to its blocking read, as a worker
 # does: calls that come back to back then never wake a sleeping bash (on a small
 # machine the wake-up was a quarter of a call). The record is printed first and PS1
-# emptied, so the host has it at once; bash restores ``$?`` after PROMPT_COMMAND. The
-# tries are a function's (WAIT): a DEBUG trap the code set runs once for them, not for
-# each; and there are none under ``set -x`` (each would be traced to the status pipe)
-# or ``set -T`` (the function would run the DEBUG trap after all). Its call is in an
-# ``||`` list: a failed try (or the code's ``unset -f`` of it) never ends a shell under
-# ``set -e``.
+# emptied, so the host has it at once (a printf the code disabled leaves the record
+# in PS1, for bash to print); bash restores ``$?`` after PROMPT_COMMAND.
+#
+# The tries are a function's, defined by the setup line (WAIT: the one name of ours
+# in the user's function list, as the variables of ours are in theirs): its body is
+# parsed before the code can alias a reserved word (``for``, ``case``), a DEBUG trap
+# the code set runs once for it rather than for each try, and none are made under
+# ``set -x`` (each would be traced to the status pipe) or ``set -T`` (the trap would
+# run in it). Its call ends an ``&&``/``||`` list: no failed try (nor the code's
+# ``unset -f`` of it) ends a shell under ``set -e`` or runs an ERR trap.
 SPIN_READS = 128
 WAIT = f"{PRIVATE_PREFIX}wait"
-_WAIT_FUNCTION = (f"{WAIT}() {{ for (({PRIVATE_PREFIX}i = 0; {PRIVATE_PREFIX}i < {SPIN_READS}; "
+_WAIT_FUNCTION = (f"{WAIT}() {{ case $- in *[xT]*) \\builtin return 0 ;; esac; "
+                  f"for (({PRIVATE_PREFIX}i = 0; {PRIVATE_PREFIX}i < {SPIN_READS}; "
                   f"{PRIVATE_PREFIX}i++)); do \\builtin read -t 0 && \\builtin break; done; }}; ")
-SPIN = (f"\\builtin printf %s \"${{PS1@P}}\" >&2; PS1=; "
-        f"case $- in *[xT]*) ;; *) {WAIT} || \\builtin : ;; esac")
+SPIN = f"\\builtin printf %s \"${{PS1@P}}\" >&2 && PS1= && {WAIT} || \\builtin :"
 
 # What a record says after the status: ``$-``, then the length of BASHOPTS.
 # PROMPT_COMMAND runs with the parser state of the prompt saved and restores it after
