@@ -185,10 +185,12 @@ class LineReader:
                 if spin_until is None:
                     spin_until = now + self.spin
                 if now >= spin_until:
-                    if self._poll is None:
-                        self._poll = select.poll()
-                        self._poll.register(self.fd, select.POLLIN)
-                    self._poll.poll()
+                    poller = self._poll
+                    if poller is None:  # kept only once registered (an interrupt
+                        poller = select.poll()  # between the two: made again)
+                        poller.register(self.fd, select.POLLIN)
+                        self._poll = poller
+                    poller.poll()
                 continue
             if not data:
                 return None
