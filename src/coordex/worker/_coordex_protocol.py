@@ -128,7 +128,8 @@ def decode(line: bytes, direction: Optional[str] = None) -> Dict[str, Any]:
 
 
 class LineReader:
-    """Split what arrives on a file descriptor into lines (blocking reads).
+    """Split what arrives on a file descriptor into lines (:meth:`read_line` waits for
+    one: on a non-blocking fd it tries again for ``spin`` seconds, then sleeps).
 
     Only bytes not yet searched are searched for the newline, so a long line arriving
     in many chunks costs linear time; with ``max_line``, a line longer than that (one

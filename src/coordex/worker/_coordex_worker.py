@@ -89,7 +89,8 @@ class _State:
 
 
 class Channel:
-    """The protocol pipes: blocking line reads in, whole-line writes out."""
+    """The protocol pipes: line reads in (a moment's tries, then a sleep), whole-line
+    writes out."""
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
         os.set_blocking(in_fd, False)  # the reader spins a moment before it sleeps

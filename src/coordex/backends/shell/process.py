@@ -28,15 +28,16 @@ sourced so that bash cleans finished foreground jobs out of its job table and
 FLAGS``, prints it to bash's fd 2 (the status pipe) and empties PS1 (an interrupt
 before the print leaves it to bash, which prints PS1 just before it reads the next
 line); reading that record is how completion is detected. The runner then tries
-stdin a moment before bash sleeps in its read (``wire.SPIN_READS``). The code's output was
-written before it, so both pipes are then drained without blocking. Everything else
-bash prints there - startup warnings, ``set -x`` traces and ``set -v`` echoes of our
-own lines, the newline after ^C - is never the user's and is skipped; user output is
-never parsed, so nothing a command prints can fake completion, and output without a
-trailing newline is kept exactly. PROMPT_COMMAND restores the parser's ``set -v`` and
-expand_aliases when it ends; the record's FLAGS let the next trigger line put back
-what the code chose. For a short call the caller polls the pipes without sleeping
-for a moment (``SPIN_SECONDS``): a wake-up costs more than the whole call.
+stdin a moment before bash sleeps in its read (``wire.SPIN_READS``). The code's
+output was written before the record, so both pipes are then drained without
+blocking. Everything else bash prints there - startup warnings, ``set -x`` traces and
+``set -v`` echoes of our own lines, the newline after ^C - is never the user's and is
+skipped; user output is never parsed, so nothing a command prints can fake completion,
+and output without a trailing newline is kept exactly. PROMPT_COMMAND restores the
+parser's ``set -v`` and expand_aliases when it ends; the record's FLAGS let the next
+trigger line put back what the code chose. For a short call the caller polls the
+pipes without sleeping for a moment (``SPIN_SECONDS``): a wake-up costs more than the
+whole call.
 
 On timeout the process group gets SIGINT - once bash has read the whole trigger line,
 so no interrupt can cut it - and a *sync line* that sets PS1 to ``TOKEN s CALL
