@@ -213,6 +213,21 @@ def test_disabling_the_printf_builtin_keeps_calls_answering(session: ShellSessio
     ok(session.run(req("enable printf")))
 
 
+def test_a_dump_of_the_state_holds_the_users_functions_not_ours(
+        session: ShellSession, tmp_path: Path) -> None:
+    # Snapshots, checkpoints and read-only copies restore this dump into a shell whose
+    # own setup made the runner's names: the dump keeps only the user's.
+    from coordex.backends.shell import copies
+
+    target = tmp_path / "state"
+    ok(session.run(req("greet() { echo hi; }; mine=1")))
+    ok(session.run(req(copies.dump_state(str(target), options="opts", reset=":",
+                                         after=""))))
+    state = target.read_text()
+    assert "greet ()" in state and "mine=" in state
+    assert "__coordex_wait ()" not in state and "__coordex_i=" not in state
+
+
 def test_an_idle_shell_sleeps(session: ShellSession) -> None:
     # Back-to-back calls find bash still trying its stdin; between calls it takes no
     # CPU. A shell still trying would take about a second of it here.

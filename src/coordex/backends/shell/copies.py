@@ -41,7 +41,7 @@ from .. import isolation
 from ..base import INTERRUPT_GRACE, RunRequest
 from . import launcher
 from .process import PRIVATE_FD_FLOOR, Ending, Shell, Stream, read_available, signal_group
-from .wire import PRIVATE_PREFIX, VOLATILE_VARIABLES
+from .wire import PRIVATE_PREFIX, VOLATILE_VARIABLES, WAIT
 from .wire import changed_names as _changed_names
 from .wire import quote_code as _quote_code
 from .wire import shell_quote as _shell_quote
@@ -54,6 +54,7 @@ NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
     f"{PRIVATE_PREFIX}code", f"{PRIVATE_PREFIX}v", f"{PRIVATE_PREFIX}n", f"{PRIVATE_PREFIX}f",
     f"{PRIVATE_PREFIX}run", f"{PRIVATE_PREFIX}record", f"{PRIVATE_PREFIX}call",
     f"{PRIVATE_PREFIX}go",  # its token is the dumped shell's, not the restored one's
+    f"{PRIVATE_PREFIX}i",
 }
 # Never reported as rebound or deleted by a copy: all of bash's own ever-changing
 # variables (a copy's PWD too: the log speaks of names, as for Python), the above, and
@@ -81,6 +82,7 @@ def dump_state(target: str, *, options: str, reset: str, after: str, before: str
         f"\\builtin set +o; \\builtin printf ':\\n}}\\n'; }} >| {target} 2>/dev/null\n"
         f"{reset}\n"
         f"\\builtin unset -v {' '.join(sorted(NOT_RESTORED))} 2>/dev/null\n"
+        f"\\builtin unset -f {WAIT} 2>/dev/null\n"  # the restoring shell's setup's own
         f"{{ \\builtin declare -p; \\builtin declare -f; \\builtin alias -p; "
         f"{after}}} >> {target} 2>/dev/null )"
     )

@@ -376,5 +376,6 @@ def _line_names(lines: set[str], ignored: frozenset[str]) -> set[str] | None:
 
 
 __all__ = ["DUMP", "FLAGS", "FORK_LOOP", "PRIVATE_PREFIX", "RECORD_WIRE_VERSION",
-           "SYNC_ALIASES", "VOLATILE_VARIABLES", "ShellProtocol", "changed_names", "fork_line",
+           "SPIN_READS", "SYNC_ALIASES", "VOLATILE_VARIABLES", "WAIT", "ShellProtocol",
+           "changed_names", "fork_line",
            "parse_dump", "parse_flags", "quote_code", "shell_quote", "state_names", "sync_line"]
