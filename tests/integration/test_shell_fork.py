@@ -149,6 +149,14 @@ def test_a_fork_under_set_e_lives_on_between_calls(tmp_path: Path) -> None:
         assert not log.exists() or log.read_text() == "", log.read_text()
 
 
+def test_a_shell_that_aliased_case_forks_as_a_process(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("kept=yes; alias case='echo aliased;'", session_name="src", **BASH)
+        forked = ex.fork_session(session_name="src", language="bash", new_name="f")
+        assert forked["copy"] == "process" and forked["ms"] < 5000, forked
+        assert ex.execute_code('echo "$kept"', session_name="f", **BASH)["stdout"] == "yes\n"
+
+
 def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
     with Executor(root=tmp_path / "home") as ex:
         ex.execute_code("export LC_ALL=C.UTF-8", session_name="src", **BASH)

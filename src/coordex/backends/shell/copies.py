@@ -41,7 +41,7 @@ from .. import isolation
 from ..base import INTERRUPT_GRACE, RunRequest
 from . import launcher
 from .process import PRIVATE_FD_FLOOR, Ending, Shell, Stream, read_available, signal_group
-from .wire import PRIVATE_PREFIX, VOLATILE_VARIABLES, WAIT
+from .wire import FUNCTIONS, PRIVATE_PREFIX, VOLATILE_VARIABLES
 from .wire import changed_names as _changed_names
 from .wire import quote_code as _quote_code
 from .wire import shell_quote as _shell_quote
@@ -82,7 +82,7 @@ def dump_state(target: str, *, options: str, reset: str, after: str, before: str
         f"\\builtin set +o; \\builtin printf ':\\n}}\\n'; }} >| {target} 2>/dev/null\n"
         f"{reset}\n"
         f"\\builtin unset -v {' '.join(sorted(NOT_RESTORED))} 2>/dev/null\n"
-        f"\\builtin unset -f {WAIT} 2>/dev/null\n"  # the restoring shell's setup's own
+        f"\\builtin unset -f {' '.join(FUNCTIONS)} 2>/dev/null\n"  # the restoring shell's own
         f"{{ \\builtin declare -p; \\builtin declare -f; \\builtin alias -p; "
         f"{after}}} >> {target} 2>/dev/null )"
     )

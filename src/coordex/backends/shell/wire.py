@@ -96,9 +96,22 @@ SPIN = f"\\builtin printf %s \"${{PS1@P}}\" >&2 && PS1= && {WAIT} || \\builtin :
 # ``$-``; expand_aliases when the shopt options changed at all (their length is a
 # cheap tell; matching BASHOPTS against a pattern costs a call ~4 us).
 FLAGS = "$-:${#BASHOPTS}"
-# Makes the parser's expand_aliases what ``shopt`` says it is, at the top level.
-SYNC_ALIASES = ("case :$BASHOPTS: in *:expand_aliases:*) \\builtin shopt -s expand_aliases ;; "
-                "*) \\builtin shopt -u expand_aliases ;; esac")
+# Functions the setup line defines, so their words are parsed before code can alias a
+# reserved word (``case``): ALIASES makes the parser's expand_aliases what ``shopt``
+# says it is, SYNC also its set -v what ``$-`` says. Called at the top level (not in
+# PROMPT_COMMAND, which restores the parser's state), each ending an ``||`` list (an
+# ``unset -f`` of it by the code only leaves the options as they are).
+ALIASES = f"{PRIVATE_PREFIX}aliases"
+SYNC = f"{PRIVATE_PREFIX}sync"
+_SYNC_FUNCTIONS = (
+    f"{ALIASES}() {{ case :$BASHOPTS: in *:expand_aliases:*) \\builtin shopt -s "
+    f"expand_aliases ;; *) \\builtin shopt -u expand_aliases ;; esac; }}; "
+    f"{SYNC}() {{ case $- in *v*) \\builtin set -v ;; *) \\builtin set +v ;; esac; "
+    f"{ALIASES}; }}; ")
+# Put before a trigger line once the code changed the shopt options.
+SYNC_ALIASES = f"{ALIASES} || \\builtin :"
+# The functions of ours in a shell (a state dump leaves them out).
+FUNCTIONS = (WAIT, ALIASES, SYNC)
 
 
 @dataclass(frozen=True)
@@ -160,7 +173,7 @@ class ShellProtocol:
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
                  f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
-                 f"{p}call=0; {_WAIT_FUNCTION}").encode() + sync_line(token, 0)
+                 f"{p}call=0; {_WAIT_FUNCTION}{_SYNC_FUNCTIONS}").encode() + sync_line(token, 0)
         # PS0 (bash >= 4.4) is printed once a line is read and parsed, before it runs:
         # the "go" record. A shell killed just before a call arrives dies inside its
         # read of the line and prints none, which proves the code never started.
@@ -234,8 +247,7 @@ def sync_line(token: str, number: int) -> bytes:
     (an interrupt can land after the runner restored them).
     """
     return (f"PS1=\"\\n{token} s {number} $? {FLAGS}\\n\"; \\builtin unset PROMPT_COMMAND; "
-            f"case $- in *v*) \\builtin set -v ;; *) \\builtin set +v ;; esac; {SYNC_ALIASES}\n"
-            ).encode()
+            f"{SYNC} || \\builtin :\n").encode()
 
 
 def parse_flags(field: bytes) -> tuple[bool, int]:
@@ -375,7 +387,24 @@ def _line_names(lines: set[str], ignored: frozenset[str]) -> set[str] | None:
                                                            f"alias {PRIVATE_PREFIX}"))}
 
 
-__all__ = ["DUMP", "FLAGS", "FORK_LOOP", "PRIVATE_PREFIX", "RECORD_WIRE_VERSION",
-           "SPIN_READS", "SYNC_ALIASES", "VOLATILE_VARIABLES", "WAIT", "ShellProtocol",
-           "changed_names", "fork_line",
-           "parse_dump", "parse_flags", "quote_code", "shell_quote", "state_names", "sync_line"]
+__all__ = [
+    "DUMP",
+    "FLAGS",
+    "FORK_LOOP",
+    "FUNCTIONS",
+    "PRIVATE_PREFIX",
+    "RECORD_WIRE_VERSION",
+    "SPIN_READS",
+    "SYNC_ALIASES",
+    "VOLATILE_VARIABLES",
+    "WAIT",
+    "ShellProtocol",
+    "changed_names",
+    "fork_line",
+    "parse_dump",
+    "parse_flags",
+    "quote_code",
+    "shell_quote",
+    "state_names",
+    "sync_line",
+]
