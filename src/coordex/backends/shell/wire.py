@@ -75,9 +75,8 @@ RECORD_WIRE_VERSION = 3  # 2: the `g` record (PS0) tells a call's line was read;
 # emptied, so the host has it at once (a printf the code disabled leaves the record
 # in PS1, for bash to print); bash restores ``$?`` after PROMPT_COMMAND.
 #
-# The tries are a function's, defined by the setup line (WAIT: the one name of ours
-# in the user's function list, as the variables of ours are in theirs): its body is
-# parsed before the code can alias a reserved word (``for``, ``case``), a DEBUG trap
+# The tries are a function's, defined by the setup line (WAIT; see FUNCTIONS): its body
+# is parsed before the code can alias a reserved word (``for``, ``case``), a DEBUG trap
 # the code set runs once for it rather than for each try, and none are made under
 # ``set -x`` (each would be traced to the status pipe) or ``set -T`` (the trap would
 # run in it). Its call ends an ``&&``/``||`` list: no failed try (nor the code's
@@ -110,7 +109,8 @@ _SYNC_FUNCTIONS = (
     f"{ALIASES}; }}; ")
 # Put before a trigger line once the code changed the shopt options.
 SYNC_ALIASES = f"{ALIASES} || \\builtin :"
-# The functions of ours in a shell (a state dump leaves them out).
+# The functions of ours in a shell: in the user's function list, as the variables of
+# ours are in theirs (inspect_session and a state dump leave them out).
 FUNCTIONS = (WAIT, ALIASES, SYNC)
 
 
