@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from coordex import Executor
 from tests.conftest import alive
 
@@ -155,6 +157,44 @@ def test_a_shell_that_aliased_case_forks_as_a_process(tmp_path: Path) -> None:
         forked = ex.fork_session(session_name="src", language="bash", new_name="f")
         assert forked["copy"] == "process" and forked["ms"] < 5000, forked
         assert ex.execute_code('echo "$kept"', session_name="f", **BASH)["stdout"] == "yes\n"
+
+
+# Every reserved word a fork's loop or its setup line is made of, aliased by the code.
+_RESERVED = ("while", "do", "done", "if", "then", "fi", "[[", "for", "case", "esac")
+
+
+@pytest.mark.parametrize("where", ["source", "fork"])
+def test_a_fork_whose_code_aliased_reserved_words_keeps_its_state_at_a_timeout(
+        tmp_path: Path, where: str) -> None:
+    aliases = "; ".join(f"alias {word}='echo aliased;'" for word in _RESERVED)
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("kept=yes; alias hi='echo hello'"
+                        + (f"; {aliases}" if where == "source" else ""),
+                        session_name="src", **BASH)
+        forked = ex.fork_session(session_name="src", language="bash", new_name="f")
+        assert forked["copy"] == "process", forked
+        if where == "fork":
+            ex.execute_code(aliases, session_name="f", **BASH)
+        r = ex.execute_code("n=2; sleep 30", session_name="f", timeout=1, **BASH)
+        assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+        r = ex.execute_code('echo "$kept $n"; hi; type -t while', session_name="f", **BASH)
+        assert r["stdout"] == "yes 2\nhello\nalias\n", r
+
+
+def test_a_fork_keeps_alias_expansion_off_where_its_source_turned_it_off(
+        tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("shopt -u expand_aliases; alias hi='echo aliased'", session_name="src",
+                        **BASH)
+        assert ex.fork_session(session_name="src", language="bash",
+                               new_name="f")["copy"] == "process"
+        r = ex.execute_code("shopt -q expand_aliases || echo off; hi", session_name="f", **BASH)
+        assert r["stdout"] == "off\n" and r["exit_code"] == 127, r
+        # And after an interrupt, which parses the loop again.
+        r = ex.execute_code("sleep 30", session_name="f", timeout=1, **BASH)
+        assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+        r = ex.execute_code("shopt -q expand_aliases || echo off; hi", session_name="f", **BASH)
+        assert r["stdout"] == "off\n" and r["exit_code"] == 127, r
 
 
 def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:

@@ -109,9 +109,23 @@ _SYNC_FUNCTIONS = (
     f"{ALIASES}; }}; ")
 # Put before a trigger line once the code changed the shopt options.
 SYNC_ALIASES = f"{ALIASES} || \\builtin :"
+# A fork's loop (FORK_LOOP) is parsed again each time it starts (after an interrupt
+# too), and its words are reserved words (``while``, ``if``, ``[[``) the code may have
+# aliased; so is the fork's setup line (``for``, ``case``). NO_ALIASES, run just before
+# the loop is parsed, notes in ``ALIASED`` whether alias expansion is on (``s``) or off
+# (``u``) and turns it off; once the loop has read and run its next line (the setup
+# line, which turns it on, or a sync line), BACK_ALIASES puts it back as it was, before
+# any code is parsed.
+NO_ALIASES = f"{PRIVATE_PREFIX}noaliases"
+BACK_ALIASES = f"{PRIVATE_PREFIX}backaliases"
+ALIASED = f"{PRIVATE_PREFIX}aliased"
+_FORK_FUNCTIONS = (
+    f"{NO_ALIASES}() {{ case :$BASHOPTS: in *:expand_aliases:*) {ALIASED}=s ;; "
+    f"*) {ALIASED}=u ;; esac; \\builtin shopt -u expand_aliases; }}; "
+    f"{BACK_ALIASES}() {{ \\builtin shopt -\"${ALIASED}\" expand_aliases; {ALIASED}=; }}; ")
 # The functions of ours in a shell: in the user's function list, as the variables of
 # ours are in theirs (inspect_session and a state dump leave them out).
-FUNCTIONS = (WAIT, ALIASES, SYNC)
+FUNCTIONS = (WAIT, ALIASES, SYNC, NO_ALIASES, BACK_ALIASES)
 
 
 @dataclass(frozen=True)
@@ -173,7 +187,7 @@ class ShellProtocol:
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
                  f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
-                 f"{p}call=0; {_WAIT_FUNCTION}{_SYNC_FUNCTIONS}").encode() + sync_line(token, 0)
+                 f"{p}call=0; {_WAIT_FUNCTION}{_SYNC_FUNCTIONS}{_FORK_FUNCTIONS}").encode() + sync_line(token, 0)
         # PS0 (bash >= 4.4) is printed once a line is read and parsed, before it runs:
         # the "go" record. A shell killed just before a call arrives dies inside its
         # read of the line and prints none, which proves the code never started.
@@ -201,10 +215,10 @@ FORK_LOOP = (
     f"IFS= \\builtin read -r {PRIVATE_PREFIX}n && IFS= \\builtin read -r -N "
     f"\"${PRIVATE_PREFIX}n\" {PRIVATE_PREFIX}line || \\builtin exit 0; "
     "do \\builtin printf %s \"${PS0@P}\" >&2; "
-    f"\\builtin eval \"${PRIVATE_PREFIX}line\"; "
+    f"\\builtin eval \"${PRIVATE_PREFIX}line\"; ${{{ALIASED}:+{BACK_ALIASES}}}; "
     "if [[ -n ${PROMPT_COMMAND-} ]]; then "
     f"PS1=\"\\n${{{PRIVATE_PREFIX}record}}${{{PRIVATE_PREFIX}call}} 0 {FLAGS}\\n\"; "
-    "\\builtin eval \"$PROMPT_COMMAND\"; fi; done; "
+    f"\\builtin eval \"$PROMPT_COMMAND\"; fi; done; \\{NO_ALIASES}; "
     f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
 
 
@@ -235,7 +249,7 @@ def fork_line(folder: str, stderr_fd: int, stdout_fd: int, *,
     inner = (f"\\builtin set +m; \\builtin trap 'PS1=; \\builtin break 1000000' INT; "
              f"\\builtin trap {shell_quote(said)} EXIT; "
              f"\\builtin printf %s \"$BASHPID\" >{f}pid; "
-             f"{exec_line}; {p}loop={shell_quote(FORK_LOOP)}; "
+             f"{exec_line}; {p}loop={shell_quote(FORK_LOOP)}; \\{NO_ALIASES}; "
              f"\\builtin eval \"${p}loop\"")
     return f"( \\builtin set -m; ( {inner} ) & ) >/dev/null 2>&1 </dev/null; "
 
