@@ -14,6 +14,7 @@ from .worker._coordex_protocol import (
     PLAIN_TYPES,
     PROTOCOL_VERSION,
     RUN_MODES,
+    SPIN_SECONDS,
     WORKER_TO_HOST,
     LineReader,
     ProtocolError,
@@ -27,6 +28,6 @@ from .worker._coordex_protocol import (
 
 __all__ = [
     "HOST_TO_WORKER", "MESSAGES", "PLAIN_TYPES", "PROTOCOL_VERSION", "RUN_MODES",
-    "WORKER_TO_HOST", "LineReader", "ProtocolError", "check", "decode", "encode",
+    "SPIN_SECONDS", "WORKER_TO_HOST", "LineReader", "ProtocolError", "check", "decode", "encode",
     "from_wire", "message", "to_wire",
 ]

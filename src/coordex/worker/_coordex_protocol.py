@@ -65,6 +65,13 @@ MESSAGES: Dict[str, Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = {
 
 RUN_MODES = ("stateful", "read_only", "stateless")
 
+# How long the end of a pipe that sent or answered a message tries the pipe again
+# before it sleeps: waking a sleeping process costs both sides tens of microseconds on
+# a small VM, more than a short call. Every such wait uses it: the worker's for the
+# next run (LineReader), the host's for a worker's ``done`` and for bash's record, and
+# a kept bash's for its next line.
+SPIN_SECONDS = 0.0003
+
 # Plain values: what may cross the boundary as a capability argument or result.
 PLAIN_TYPES = "None, bool, int, float, str, bytes, lists/tuples, dicts with str keys"
 _MAX_DEPTH = 100

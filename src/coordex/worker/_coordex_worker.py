@@ -56,9 +56,6 @@ finally:
 
 _HIDDEN_NAMES = ("__builtins__", "_")
 STANDBYS = 3  # warmed fork children a template keeps (see fill_standbys)
-# After each message the worker tries the host's pipe this long before it sleeps: a
-# host sending the next run meanwhile (back-to-back calls) wakes no sleeping process.
-SPIN_SECONDS = 0.0003
 _ATOMIC_WRITE = getattr(select, "PIPE_BUF", 512)  # longest pipe write that is atomic
 _SENT = b"+"  # on a result pipe: the child has sent its `done` to the host itself
 # Read-only file protection: coordex/backends/isolation.py, beside this folder.
@@ -94,7 +91,7 @@ class Channel:
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
         os.set_blocking(in_fd, False)  # the reader spins a moment before it sleeps
-        self.reader = wire.LineReader(in_fd, spin=SPIN_SECONDS)
+        self.reader = wire.LineReader(in_fd, spin=wire.SPIN_SECONDS)
         self.out_fd = out_fd
         self._next_call = 0
 

@@ -52,6 +52,7 @@ from ...core.errors import ERROR_TYPES, CoordexError
 from ...core.facts import Ran
 from ...protocol import (
     PROTOCOL_VERSION,
+    SPIN_SECONDS,
     WORKER_TO_HOST,
     LineReader,
     ProtocolError,
@@ -82,7 +83,6 @@ CHILD_KILL_GRACE = 0.5  # after SIGUSR1 killed a fork child, how long for its `d
 # escalation ends this much before timeout + INTERRUPT_GRACE, so no call returns later
 # than that (SPEC 6), a stopped worker's included.
 END_MARGIN = 0.2
-SPIN_WAIT = 0.0003  # poll without sleeping this long after sending (see _converse)
 INSPECT_TIMEOUT = 10.0
 _READ_SIZE = 1 << 16
 _OUTPUT_EVENTS = select.EPOLLIN | select.EPOLLET  # how the output pipes are watched
@@ -364,7 +364,7 @@ class _WorkerProcess:
         escalate_at = time.monotonic() + request.timeout
         # Fork runs take longer than the spin, and spinning would take the CPU a
         # fork child needs on a small machine: spin only for in-process cells.
-        spin_until = time.monotonic() + (0.0 if fork_child else SPIN_WAIT)
+        spin_until = time.monotonic() + (0.0 if fork_child else SPIN_SECONDS)
         stage = 0  # 0 running, 1 interrupted, 2 fork child killed
         cancel = request.cancel  # a cancelled request is interrupted as at its timeout
         while reply.message is None:

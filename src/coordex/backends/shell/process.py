@@ -69,6 +69,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ...protocol import SPIN_SECONDS
 from ...worker import _coordex_copy as copier
 from .. import _reap, late_output
 from ..base import INTERRUPT_GRACE, PAGER_ENV, RunRequest, StreamCapture
@@ -97,10 +98,6 @@ BASH_ARGV = ("bash", "--norc", "--noprofile", "--noediting", "-i", "+m")
 FIXED_ENV = {**PAGER_ENV, "TERM": "dumb"}
 
 
-# How long a call watches its pipes without sleeping before it blocks in poll(). A
-# blocked waiter costs a wake-up (tens of µs on a VM) when bash answers; a builtin-only
-# call answers well within this, and a longer command wastes at most this much CPU.
-SPIN_SECONDS = 0.0003
 # What ending a call takes after its kill (reap, drain): kept inside timeout + grace.
 END_MARGIN = 0.2
 # A timeout never interrupts bash while it still reads a (large) trigger line - what it

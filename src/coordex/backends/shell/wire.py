@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...protocol import SPIN_SECONDS
+
 # Bash's own ever-changing variables, and ones reported elsewhere (PWD is ``cwd``).
 VOLATILE_VARIABLES = frozenset({
     "_", "BASHPID", "BASH_SUBSHELL", "RANDOM", "SRANDOM", "SECONDS", "LINENO",
@@ -68,9 +70,9 @@ _HIGH_BYTE = re.compile(rb"[\x80-\xff]")
 RECORD_WIRE_VERSION = 3  # 2: the `g` record (PS0) tells a call's line was read;
 # 3: the runner prints the record itself, then waits for the next line a moment
 
-# After a call's record the runner tries bash's stdin this many times (``read -t 0``,
-# about 2.3 us each: 0.3 ms) before bash goes back to its blocking read, as a worker
-# does: calls that come back to back then never wake a sleeping bash (on a small
+# After a call's record the runner tries bash's stdin this many times (``read -t 0``
+# takes about 2.3 us: SPIN_SECONDS in all) before bash goes back to its blocking read,
+# as a worker does: calls that come back to back then never wake a sleeping bash (on a small
 # machine the wake-up was a quarter of a call). The record is printed first and PS1
 # emptied, so the host has it at once (a printf the code disabled leaves the record
 # in PS1, for bash to print); bash restores ``$?`` after PROMPT_COMMAND.
@@ -81,7 +83,7 @@ RECORD_WIRE_VERSION = 3  # 2: the `g` record (PS0) tells a call's line was read;
 # ``set -x`` (each would be traced to the status pipe) or ``set -T`` (the trap would
 # run in it). Its call ends an ``&&``/``||`` list: no failed try (nor the code's
 # ``unset -f`` of it) ends a shell under ``set -e`` or runs an ERR trap.
-SPIN_READS = 128
+SPIN_READS = round(SPIN_SECONDS / 2.3e-6)
 WAIT = f"{PRIVATE_PREFIX}wait"
 _WAIT_FUNCTION = (f"{WAIT}() {{ case $- in *[xT]*) \\builtin return 0 ;; esac; "
                   f"for (({PRIVATE_PREFIX}i = 0; {PRIVATE_PREFIX}i < {SPIN_READS}; "
@@ -187,7 +189,8 @@ class ShellProtocol:
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
                  f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
-                 f"{p}call=0; {_WAIT_FUNCTION}{_SYNC_FUNCTIONS}{_FORK_FUNCTIONS}").encode() + sync_line(token, 0)
+                 f"{p}call=0; {_WAIT_FUNCTION}{_SYNC_FUNCTIONS}{_FORK_FUNCTIONS}"
+                 ).encode() + sync_line(token, 0)
         # PS0 (bash >= 4.4) is printed once a line is read and parsed, before it runs:
         # the "go" record. A shell killed just before a call arrives dies inside its
         # read of the line and prints none, which proves the code never started.
