@@ -197,6 +197,29 @@ def test_a_fork_keeps_alias_expansion_off_where_its_source_turned_it_off(
         assert r["stdout"] == "off\n" and r["exit_code"] == 127, r
 
 
+def test_a_forks_alias_expansion_holds_against_its_ifs_a_break_and_a_fork_of_it(
+        tmp_path: Path) -> None:
+    asked = "shopt -q expand_aliases && echo on; hi"
+    with Executor(root=tmp_path / "home") as ex:
+        # An IFS holding letters of our names, and -e: nothing of ours may split or fail.
+        ex.execute_code("alias hi='echo hello'; IFS=_; exec 3>/dev/null", session_name="src",
+                        **BASH)
+        ex.execute_code("set -e", session_name="src", **BASH)
+        forked = ex.fork_session(session_name="src", language="bash", new_name="f")
+        assert forked["copy"] == "process", forked
+        ex.execute_code("set +e", session_name="f", **BASH)
+        r = ex.execute_code("sleep 30", session_name="f", timeout=1, **BASH)
+        assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+        assert ex.execute_code(asked, session_name="f", **BASH)["stdout"] == "on\nhello\n"
+        # Forked again just after a top-level break, which starts the loop again.
+        assert ex.execute_code("break", session_name="f", **BASH)["exit_code"] == 0
+        assert ex.fork_session(session_name="f", language="bash",
+                               new_name="g")["copy"] == "process"
+        for name in ("f", "g"):
+            r = ex.execute_code(asked + "; echo fd >&3", session_name=name, **BASH)
+            assert r["stdout"] == "on\nhello\n" and r["exit_code"] == 0, (name, r)
+
+
 def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
     with Executor(root=tmp_path / "home") as ex:
         ex.execute_code("export LC_ALL=C.UTF-8", session_name="src", **BASH)

@@ -111,23 +111,28 @@ _SYNC_FUNCTIONS = (
     f"{ALIASES}; }}; ")
 # Put before a trigger line once the code changed the shopt options.
 SYNC_ALIASES = f"{ALIASES} || \\builtin :"
-# A fork's loop (FORK_LOOP) is parsed again each time it starts (after an interrupt
-# too), and its words are reserved words (``while``, ``if``, ``[[``) the code may have
-# aliased; so is the fork's setup line (``for``, ``case``). NO_ALIASES, run just before
-# the loop is parsed, notes in ``ALIASED`` whether alias expansion is on (``s``) or off
-# (``u``) and turns it off; once the loop has read and run its next line (the setup
-# line, which turns it on, or a sync line), BACK_ALIASES puts it back as it was, before
-# any code is parsed.
-NO_ALIASES = f"{PRIVATE_PREFIX}noaliases"
-BACK_ALIASES = f"{PRIVATE_PREFIX}backaliases"
+# A fork's loop (FORK_LOOP) is parsed each time it starts (after an interrupt or a
+# ``break`` too), and its words are reserved words (``while``, ``if``, ``[[``) the code
+# may have aliased; so is the fork's setup line (``for``, ``case``), which the loop
+# runs. NO_ALIASES, run just before every parse of the loop, notes in ``ALIASED``
+# whether alias expansion is on (``s``) or off (``u``) and turns it off; a note already
+# there is kept (a second start before the first was undone: a fork made then inherits
+# the note). It reads BASHOPTS, not ``shopt -q``: a new subshell has expansion off
+# until a ``shopt`` changes it, while BASHOPTS still says what its shell had. Once the
+# loop has run the line it read (the setup line, which turns expansion on; a sync or a
+# fork line), it puts expansion back as it was (_BACK_ALIASES), before any code is
+# parsed. NO_ALIASES is parsed where the code's aliases are in force, so it holds no
+# reserved word; neither is a function (the code could unset it) or holds an unquoted
+# expansion (the code's IFS would split it).
 ALIASED = f"{PRIVATE_PREFIX}aliased"
-_FORK_FUNCTIONS = (
-    f"{NO_ALIASES}() {{ case :$BASHOPTS: in *:expand_aliases:*) {ALIASED}=s ;; "
-    f"*) {ALIASED}=u ;; esac; \\builtin shopt -u expand_aliases; }}; "
-    f"{BACK_ALIASES}() {{ \\builtin shopt -\"${ALIASED}\" expand_aliases; {ALIASED}=; }}; ")
+NO_ALIASES = (f"{ALIASED}=${{{ALIASED}:-:$BASHOPTS:}}; "
+              f"{ALIASED}=${{{ALIASED}/*:expand_aliases:*/s}}; {ALIASED}=${{{ALIASED}/#:*/u}}; "
+              "\\builtin shopt -u expand_aliases")
+_BACK_ALIASES = (f"case ${{{ALIASED}-}} in [su]) \\builtin shopt -\"${ALIASED}\" "
+                 f"expand_aliases; {ALIASED}= ;; esac")
 # The functions of ours in a shell: in the user's function list, as the variables of
 # ours are in theirs (inspect_session and a state dump leave them out).
-FUNCTIONS = (WAIT, ALIASES, SYNC, NO_ALIASES, BACK_ALIASES)
+FUNCTIONS = (WAIT, ALIASES, SYNC)
 
 
 @dataclass(frozen=True)
@@ -189,8 +194,7 @@ class ShellProtocol:
                  f"\\builtin set +o history +H; \\builtin unset HISTFILE MAILCHECK; "
                  f"\\builtin shopt -s expand_aliases; {p}run={shell_quote(prompt_command)}; "
                  f"{p}record='{token} r '; {p}go=$'\\n{token} g 0 0 :\\n'; PS0=${p}go; "
-                 f"{p}call=0; {_WAIT_FUNCTION}{_SYNC_FUNCTIONS}{_FORK_FUNCTIONS}"
-                 ).encode() + sync_line(token, 0)
+                 f"{p}call=0; {_WAIT_FUNCTION}{_SYNC_FUNCTIONS}").encode() + sync_line(token, 0)
         # PS0 (bash >= 4.4) is printed once a line is read and parsed, before it runs:
         # the "go" record. A shell killed just before a call arrives dies inside its
         # read of the line and prints none, which proves the code never started.
@@ -218,10 +222,10 @@ FORK_LOOP = (
     f"IFS= \\builtin read -r {PRIVATE_PREFIX}n && IFS= \\builtin read -r -N "
     f"\"${PRIVATE_PREFIX}n\" {PRIVATE_PREFIX}line || \\builtin exit 0; "
     "do \\builtin printf %s \"${PS0@P}\" >&2; "
-    f"\\builtin eval \"${PRIVATE_PREFIX}line\"; ${{{ALIASED}:+{BACK_ALIASES}}}; "
+    f"\\builtin eval \"${PRIVATE_PREFIX}line\"; {_BACK_ALIASES}; "
     "if [[ -n ${PROMPT_COMMAND-} ]]; then "
     f"PS1=\"\\n${{{PRIVATE_PREFIX}record}}${{{PRIVATE_PREFIX}call}} 0 {FLAGS}\\n\"; "
-    f"\\builtin eval \"$PROMPT_COMMAND\"; fi; done; \\{NO_ALIASES}; "
+    f"\\builtin eval \"$PROMPT_COMMAND\"; fi; done; {NO_ALIASES}; "
     f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
 
 
@@ -252,7 +256,7 @@ def fork_line(folder: str, stderr_fd: int, stdout_fd: int, *,
     inner = (f"\\builtin set +m; \\builtin trap 'PS1=; \\builtin break 1000000' INT; "
              f"\\builtin trap {shell_quote(said)} EXIT; "
              f"\\builtin printf %s \"$BASHPID\" >{f}pid; "
-             f"{exec_line}; {p}loop={shell_quote(FORK_LOOP)}; \\{NO_ALIASES}; "
+             f"{exec_line}; {p}loop={shell_quote(FORK_LOOP)}; {NO_ALIASES}; "
              f"\\builtin eval \"${p}loop\"")
     return f"( \\builtin set -m; ( {inner} ) & ) >/dev/null 2>&1 </dev/null; "
 
