@@ -220,6 +220,20 @@ def test_a_forks_alias_expansion_holds_against_its_ifs_a_break_and_a_fork_of_it(
             assert r["stdout"] == "on\nhello\n" and r["exit_code"] == 0, (name, r)
 
 
+def test_a_fork_under_set_e_keeps_its_state_through_a_timeout(tmp_path: Path) -> None:
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("kept=yes", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        ex.execute_code("set -e", session_name="f", **BASH)
+        for code in ("sleep 30", "while :; do :; done"):  # a command killed; a builtin loop
+            r = ex.execute_code(code, session_name="f", timeout=1, **BASH)
+            assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+            r = ex.execute_code('echo "$kept $-"', session_name="f", **BASH)
+            assert r["stdout"].startswith("yes ") and "e" in r["stdout"].split()[1], r
+        r = ex.execute_code("false; echo not-reached", session_name="f", **BASH)
+        assert r["stdout"] == "" and r["state_lost"] is True, r  # -e still ends it
+
+
 def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
     with Executor(root=tmp_path / "home") as ex:
         ex.execute_code("export LC_ALL=C.UTF-8", session_name="src", **BASH)

@@ -217,6 +217,13 @@ class ShellProtocol:
 # chunks, where a plain ``read`` from a pipe takes one byte per system call. ``-N`` counts
 # characters, so every line a fork is sent is ASCII (``quote_code(ascii_only=True)``):
 # as many characters as bytes in any locale, and no locale switch on every call.
+# The INT trap notes whether ``set -e`` was on and turns it off before its ``break``:
+# the interrupted command's failure would otherwise end the fork (the source, an
+# interactive shell, abandons the line instead); the loop turns it back on before it
+# starts again.
+ERREXIT = f"{PRIVATE_PREFIX}errexit"
+INTERRUPTED = (f"PS1=; {ERREXIT}=${{{ERREXIT}:-$-}}; \\builtin set +e; "
+               "\\builtin break 1000000")
 FORK_LOOP = (
     "while \\builtin printf %s \"${PS1@P}\" >&2; "
     f"IFS= \\builtin read -r {PRIVATE_PREFIX}n && IFS= \\builtin read -r -N "
@@ -225,7 +232,8 @@ FORK_LOOP = (
     f"\\builtin eval \"${PRIVATE_PREFIX}line\"; {_BACK_ALIASES}; "
     "if [[ -n ${PROMPT_COMMAND-} ]]; then "
     f"PS1=\"\\n${{{PRIVATE_PREFIX}record}}${{{PRIVATE_PREFIX}call}} 0 {FLAGS}\\n\"; "
-    f"\\builtin eval \"$PROMPT_COMMAND\"; fi; done; {NO_ALIASES}; "
+    f"\\builtin eval \"$PROMPT_COMMAND\"; fi; done; case ${{{ERREXIT}-}} in *e*) "
+    f"\\builtin set -e ;; esac; {ERREXIT}=; {NO_ALIASES}; "
     f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
 
 
@@ -253,7 +261,7 @@ def fork_line(folder: str, stderr_fd: int, stdout_fd: int, *,
     # Not our child, so its exit status is not ours to read: its EXIT trap says it.
     said = ("\\builtin printf '\\n%s e 0 %s :\\n' "
             f"\"${{{p}record% r }}\" \"$?\" >&2")
-    inner = (f"\\builtin set +m; \\builtin trap 'PS1=; \\builtin break 1000000' INT; "
+    inner = (f"\\builtin set +m; \\builtin trap {shell_quote(INTERRUPTED)} INT; "
              f"\\builtin trap {shell_quote(said)} EXIT; "
              f"\\builtin printf %s \"$BASHPID\" >{f}pid; "
              f"{exec_line}; {p}loop={shell_quote(FORK_LOOP)}; {NO_ALIASES}; "
