@@ -234,6 +234,20 @@ def test_a_fork_under_set_e_keeps_its_state_through_a_timeout(tmp_path: Path) ->
         assert r["stdout"] == "" and r["state_lost"] is True, r  # -e still ends it
 
 
+def test_a_timeout_inside_a_function_of_a_fork_runs_no_more_of_its_code(
+        tmp_path: Path) -> None:
+    """A fork cannot abandon the line from inside a function as its interactive source
+    does: it ends, and says so, rather than run on past the timeout."""
+    with Executor(root=tmp_path / "home") as ex:
+        ex.execute_code("kept=yes", session_name="src", **BASH)
+        ex.fork_session(session_name="src", language="bash", new_name="f")
+        r = ex.execute_code("f() { sleep 30; echo after-in-f; }; f; echo after-call",
+                            session_name="f", timeout=1, **BASH)
+        assert r["error_type"] == "timeout" and r["stdout"] == "", r
+        assert r["state_lost"] is True and "/proc/" not in r["stderr"], r
+        assert ex.execute_code("echo next", session_name="f", **BASH)["stdout"] == "next\n"
+
+
 def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
     with Executor(root=tmp_path / "home") as ex:
         ex.execute_code("export LC_ALL=C.UTF-8", session_name="src", **BASH)

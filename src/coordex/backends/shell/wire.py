@@ -217,13 +217,22 @@ class ShellProtocol:
 # chunks, where a plain ``read`` from a pipe takes one byte per system call. ``-N`` counts
 # characters, so every line a fork is sent is ASCII (``quote_code(ascii_only=True)``):
 # as many characters as bytes in any locale, and no locale switch on every call.
-# The INT trap notes whether ``set -e`` was on and turns it off before its ``break``:
-# the interrupted command's failure would otherwise end the fork (the source, an
-# interactive shell, abandons the line instead); the loop turns it back on before it
-# starts again.
+# The INT trap's ``break`` cannot leave a function (bash refuses it there). In a
+# function of the code's, the code would run on past its timeout, so the trap ends the
+# fork (SIGKILL: an EXIT trap run there would print its record into the call's stderr):
+# its state is lost, and the call says so. In one of ours (the wait after a record) the
+# ``break`` ends the wait's own loop, which is all it needs. Elsewhere (the code's top
+# level or a file it sources, the loop itself) it notes whether ``set -e`` was on and
+# turns it off before the ``break``, or the interrupted command's failure would end the
+# fork (the source, an interactive shell, abandons the line); the loop turns it back on
+# before it starts again. The trap is parsed where the code's aliases are in force: no
+# reserved word (``((`` cannot be an alias's name).
 ERREXIT = f"{PRIVATE_PREFIX}errexit"
-INTERRUPTED = (f"PS1=; {ERREXIT}=${{{ERREXIT}:-$-}}; \\builtin set +e; "
-               "\\builtin break 1000000")
+_IN, _IN_CODES = f"{PRIVATE_PREFIX}in", f"{PRIVATE_PREFIX}incodes"
+INTERRUPTED = (f"PS1=; {_IN}=${{FUNCNAME[0]-}}; {_IN_CODES}=${{{_IN}##{PRIVATE_PREFIX}*}}; "
+               f"(( ${{#{_IN_CODES}}} )) && \\builtin kill -KILL \"$BASHPID\"; "
+               f"(( ${{#{_IN}}} )) || {ERREXIT}=${{{ERREXIT}:-$-}}; "
+               f"(( ${{#{_IN}}} )) || \\builtin set +e; \\builtin break 1000000")
 FORK_LOOP = (
     "while \\builtin printf %s \"${PS1@P}\" >&2; "
     f"IFS= \\builtin read -r {PRIVATE_PREFIX}n && IFS= \\builtin read -r -N "
