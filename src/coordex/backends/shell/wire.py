@@ -72,8 +72,8 @@ RECORD_WIRE_VERSION = 3  # 2: the `g` record (PS0) tells a call's line was read;
 
 # After a call's record the runner tries bash's stdin this many times (``read -t 0``
 # takes about 2.3 us: SPIN_SECONDS in all) before bash goes back to its blocking read,
-# as a worker does: calls that come back to back then never wake a sleeping bash (on a small
-# machine the wake-up was a quarter of a call). The record is printed first and PS1
+# as a worker does: calls that come back to back then never wake a sleeping bash (on a
+# small machine the wake-up was a quarter of a call). The record is printed first and PS1
 # emptied, so the host has it at once (a printf the code disabled leaves the record
 # in PS1, for bash to print); bash restores ``$?`` after PROMPT_COMMAND.
 #
@@ -217,6 +217,7 @@ class ShellProtocol:
 # chunks, where a plain ``read`` from a pipe takes one byte per system call. ``-N`` counts
 # characters, so every line a fork is sent is ASCII (``quote_code(ascii_only=True)``):
 # as many characters as bytes in any locale, and no locale switch on every call.
+#
 # The INT trap's ``break`` cannot leave a function (bash refuses it there). In a
 # function of the code's, the code would run on past its timeout, so the trap ends the
 # fork (SIGKILL: an EXIT trap run there would print its record into the call's stderr):
