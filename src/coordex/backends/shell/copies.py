@@ -55,7 +55,7 @@ NOT_RESTORED = (VOLATILE_VARIABLES - {"PWD", "OLDPWD", "COLUMNS", "LINES"}) | {
     f"{PRIVATE_PREFIX}run", f"{PRIVATE_PREFIX}record", f"{PRIVATE_PREFIX}call",
     f"{PRIVATE_PREFIX}go",  # its token is the dumped shell's, not the restored one's
     f"{PRIVATE_PREFIX}i", f"{PRIVATE_PREFIX}loop", f"{PRIVATE_PREFIX}aliased",
-    f"{PRIVATE_PREFIX}errexit", f"{PRIVATE_PREFIX}in", f"{PRIVATE_PREFIX}incodes",
+    f"{PRIVATE_PREFIX}errexit",
 }
 # Never reported as rebound or deleted by a copy: all of bash's own ever-changing
 # variables (a copy's PWD too: the log speaks of names, as for Python), the above, and

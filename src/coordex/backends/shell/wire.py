@@ -218,32 +218,28 @@ class ShellProtocol:
 # characters, so every line a fork is sent is ASCII (``quote_code(ascii_only=True)``):
 # as many characters as bytes in any locale, and no locale switch on every call.
 #
-# The INT trap's ``break`` cannot leave a function (bash refuses it there). In a
-# function of the code's, the code would run on past its timeout, so the trap ends the
-# fork (SIGKILL: an EXIT trap run there would print its record into the call's stderr):
-# its state is lost, and the call says so. In one of ours (the wait after a record) the
-# ``break`` ends the wait's own loop, which is all it needs. Elsewhere (the code's top
-# level or a file it sources, the loop itself) it notes whether ``set -e`` was on and
-# turns it off before the ``break``, or the interrupted command's failure would end the
-# fork (the source, an interactive shell, abandons the line); the loop turns it back on
-# before it starts again. The trap is parsed where the code's aliases are in force: no
-# reserved word (``((`` cannot be an alias's name).
+# The INT trap also turns ``set -e`` off before its ``break``, noting in ``ERREXIT``
+# whether it was on: the interrupted command's failure would otherwise end the fork (the
+# source, an interactive shell, abandons the line). The loop turns it back on before it
+# runs the next line. Inside a function the ``break`` reaches only the function's own
+# loops (bash refuses it where there are none; its complaint is not the code's output),
+# so ``-e`` is left alone there: a function of the code's goes on from the interrupted
+# command, as a script's would (the call's record, or its kill after the grace, ends
+# the call); our wait just ends. The trap is parsed where the code's aliases are in
+# force: no reserved word (``((`` cannot be an alias's name).
 ERREXIT = f"{PRIVATE_PREFIX}errexit"
-_IN, _IN_CODES = f"{PRIVATE_PREFIX}in", f"{PRIVATE_PREFIX}incodes"
-INTERRUPTED = (f"PS1=; {_IN}=${{FUNCNAME[0]-}}; {_IN_CODES}=${{{_IN}##{PRIVATE_PREFIX}*}}; "
-               f"(( ${{#{_IN_CODES}}} )) && \\builtin kill -KILL \"$BASHPID\"; "
-               f"(( ${{#{_IN}}} )) || {ERREXIT}=${{{ERREXIT}:-$-}}; "
-               f"(( ${{#{_IN}}} )) || \\builtin set +e; \\builtin break 1000000")
+INTERRUPTED = (f"PS1=; (( ${{#FUNCNAME[@]}} )) || {ERREXIT}=${{{ERREXIT}:-$-}}; "
+               "(( ${#FUNCNAME[@]} )) || \\builtin set +e; \\builtin break 1000000 2>/dev/null")
+_BACK_ERREXIT = f"case ${{{ERREXIT}-}} in *e*) \\builtin set -e ;; esac; {ERREXIT}="
 FORK_LOOP = (
     "while \\builtin printf %s \"${PS1@P}\" >&2; "
     f"IFS= \\builtin read -r {PRIVATE_PREFIX}n && IFS= \\builtin read -r -N "
     f"\"${PRIVATE_PREFIX}n\" {PRIVATE_PREFIX}line || \\builtin exit 0; "
-    "do \\builtin printf %s \"${PS0@P}\" >&2; "
+    f"do \\builtin printf %s \"${{PS0@P}}\" >&2; {_BACK_ERREXIT}; "
     f"\\builtin eval \"${PRIVATE_PREFIX}line\"; {_BACK_ALIASES}; "
     "if [[ -n ${PROMPT_COMMAND-} ]]; then "
     f"PS1=\"\\n${{{PRIVATE_PREFIX}record}}${{{PRIVATE_PREFIX}call}} 0 {FLAGS}\\n\"; "
-    f"\\builtin eval \"$PROMPT_COMMAND\"; fi; done; case ${{{ERREXIT}-}} in *e*) "
-    f"\\builtin set -e ;; esac; {ERREXIT}=; {NO_ALIASES}; "
+    f"\\builtin eval \"$PROMPT_COMMAND\"; fi; done; {NO_ALIASES}; "
     f"\\builtin eval \"${PRIVATE_PREFIX}loop\"")
 
 
