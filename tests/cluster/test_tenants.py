@@ -252,6 +252,10 @@ def test_closing_a_tenant_ends_its_hosts_on_nodes_at_once(
         assert "error" not in started, started
         shells = [r for r in carol.list_sessions()["sessions"] if r["language"] == "bash"]
         assert shells and shells[0].get("node"), shells
+        # The call returns once bash has forked the job; its exec of sleep may come later.
+        deadline = time.monotonic() + 5
+        while not _node_pids("sleep 983") and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert _node_pids("sleep 983")
     finally:
         began = time.monotonic()
