@@ -247,11 +247,14 @@ def test_a_timeout_leaves_a_forks_set_e_as_the_code_had_it(tmp_path: Path) -> No
         # Kept, and -e with it; or lost, and said so.
         assert ("yes" in shown and "e" in shown.split()[1]) if r["state_lost"] is False \
             else shown.startswith("gone "), (r, shown)
-        ex.execute_code("kept=yes; set +e", session_name="f", **BASH)
-        r = ex.execute_code("sleep 30", session_name="f", timeout=1, **BASH)
-        assert r["error_type"] == "timeout" and r["state_lost"] is False, r
-        shown = ex.execute_code('echo "$kept $-"', session_name="f", **BASH)["stdout"]
-        assert shown.startswith("yes ") and "e" not in shown.split()[1], shown
+        # A fork again (that one may have ended): -e on through one timeout, then off.
+        ex.fork_session(session_name="src", language="bash", new_name="g")
+        for flags, wanted in (("-e", True), ("+e", False)):
+            ex.execute_code(f"set {flags}", session_name="g", **BASH)
+            r = ex.execute_code("sleep 30", session_name="g", timeout=1, **BASH)
+            assert r["error_type"] == "timeout" and r["state_lost"] is False, r
+            shown = ex.execute_code('echo "$kept $-"', session_name="g", **BASH)["stdout"]
+            assert shown.startswith("yes ") and ("e" in shown.split()[1]) is wanted, shown
 
 
 def test_a_fork_reads_large_and_non_ascii_code_whole(tmp_path: Path) -> None:
