@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 
 import pexpect
 from _util import Owned, median_seconds, paired_medians, record
 
 from coordex.backends import isolation
-from coordex.backends.base import RunRequest
+from coordex.backends.base import RunRequest, new_scratch, remove_scratch
 from coordex.backends.shell import ShellSession
 
 PROMPT = "__BENCH_PROMPT_7f3a9c__"
@@ -100,18 +98,18 @@ def main() -> None:
         assert session.run_read_only(ro_req)["stdout"] == "value_7\n3\n"
         assert dump_and_restore(peer, "echo $var_7; fn_3") == "3"
         # With files discarded: the work folder (the session's cwd, /tmp) overlaid, a
-        # fresh scratch folder per call as the Executor makes one.
-        scratch_base = tempfile.mkdtemp(prefix="bench-bash-ro-")
+        # scratch folder per call named and removed as the Executor does (a protected
+        # bash copy makes none: it has one of its own).
 
         def protected() -> dict[str, object]:
-            scratch = tempfile.mkdtemp(dir=scratch_base)
+            scratch = new_scratch()
             try:
                 # report_changes: as the Executor asks with its call log on (the default).
                 return session.run_read_only(RunRequest(
                     code=ro_req.code, timeout=30, protect_paths=(".",), scratch=scratch,
                     report_changes=True))
             finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+                remove_scratch(scratch)
 
         first = protected()
         assert first["stdout"] == "value_7\n3\n", first
@@ -139,7 +137,6 @@ def main() -> None:
     finally:
         session.close()
         peer.close()
-        shutil.rmtree(scratch_base, ignore_errors=True)
     print(f"protection here: {isolation.best_mode()} (probe {isolation.probe()}); "
           f"{os.cpu_count()} CPUs")
 

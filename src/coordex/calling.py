@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +31,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import sessions, spill
-from .backends.base import SESSION_CWD, OutputCallback, RunRequest, RunsNested
+from .backends.base import SESSION_CWD, OutputCallback, RunRequest, RunsNested, new_scratch, remove_scratch
 from .core import coordinates as coords
 from .core.bindings import bound_names
 from .core.coordinates import Coordinate, Language, SessionKey, StateMode
@@ -306,13 +304,14 @@ def _run_read_only(ex: Executor, coordinate: Coordinate, request: RunRequest) ->
 @contextlib.contextmanager
 def protected(ex: Executor, request: RunRequest) -> Iterator[RunRequest]:
     """``request`` with a fresh scratch folder and the folders to protect (SPEC
-    guarantee 3); the scratch folder is removed when the call is over."""
-    scratch = tempfile.mkdtemp(prefix="coordex-ro-")
+    guarantee 3); the scratch folder, if the place made it, is removed when the call is
+    over."""
+    scratch = new_scratch()  # made by the place, if it uses one (make_scratch)
     try:
         yield replace(request, protect_paths=_protect_paths(ex), scratch=scratch,
                       report_changes=ex._call_log is not None)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_scratch(scratch)
 
 
 def _protect_paths(ex: Executor) -> tuple[str, ...]:

@@ -205,6 +205,29 @@ def test_a_build_that_runs_out_of_space_says_so(tmp_path: Path) -> None:
 
 
 @needs_mount
+def test_python_read_only_with_a_tmpdir_it_cannot_write_is_an_error_that_says_so(
+        tmp_path: Path) -> None:
+    # The place makes the call's scratch folder (its TMPDIR); making it fails here.
+    seen = on_small_disk(tmp_path, f'''
+        import subprocess, tempfile
+        ex = Executor(root={str(tmp_path / "home")!r})
+        ex.execute_code("x = 1", state_mode="stateful", session_name="p")
+        tempfile.tempdir = DISK
+        subprocess.run(["mount", "-o", "remount,ro", DISK], check=True)
+        seen["ro"] = ex.execute_code("x + 1", state_mode="read_only", session_name="p")
+        subprocess.run(["mount", "-o", "remount,rw", DISK], check=True)
+        seen["ro_after"] = ex.execute_code("x + 1", state_mode="read_only",
+                                           session_name="p")
+        seen["left"] = [n for n in os.listdir(DISK) if n.startswith("coordex-ro-")]
+        ex.close()
+    ''')
+    assert_storage_error(seen["ro"], "cannot be written")
+    assert "TMPDIR" in seen["ro"]["error"] and "writable" in seen["ro"]["suggestion"]
+    assert seen["ro_after"]["result"] == "2", seen["ro_after"]
+    assert seen["left"] == []  # the scratch folder went with the call
+
+
+@needs_mount
 def test_bash_read_only_with_a_full_tmpdir_is_an_error_not_exit_127(tmp_path: Path) -> None:
     seen = on_small_disk(tmp_path, f'''
         import tempfile

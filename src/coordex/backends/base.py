@@ -12,17 +12,25 @@ follows (:func:`coordex.sessions.settle`: a retry, a loss said once, settled int
 from __future__ import annotations
 
 import codecs
+import os
+import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..core import facts
+from ..core.errors import storage_error
 from ..core.facts import Ran
 from ..core.messages import PlaceKind
 from ..core.quick import quick_init
 from ..core.results import DEFAULT_OUTPUT_LIMIT, OutputBuffer
 from ..core.terminal import QueryFilter
+from ..diskspace import free_bytes
 
 OutputCallback = Callable[[str, str], None]
 ProgressCallback = Callable[[str], None]
@@ -37,6 +45,53 @@ INTERRUPT_GRACE = 2.0
 SESSION_CWD = "."
 
 
+def new_scratch() -> str:
+    """A name for a read-only call's scratch folder in the temporary folder, not yet
+    made: unguessable, as :func:`tempfile.mkdtemp` makes its names, so that no one can
+    make it first. A folder is a system call or two on the call's path, more where the
+    machine sat idle; a call whose place needs none pays for none."""
+    return os.path.join(tempfile.gettempdir(), f"coordex-ro-{secrets.token_hex(8)}")
+
+
+def make_scratch(path: str) -> None:
+    """Make the scratch folder :func:`new_scratch` named (there already: kept).
+    Raises OSError."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+
+
+def scratch_failed(scratch: str | None, exc: OSError) -> facts.StartFailed:
+    """The fact of a read-only copy that did not start for want of its scratch folder
+    (``scratch``, None: the temporary folder), the disk full or the folder unwritable."""
+    folder = os.path.dirname(scratch) if scratch is not None else tempfile.gettempdir()
+    return facts.StartFailed(copy=True, error=storage_error(
+        exc, folder, "temporary folder (TMPDIR)", free_bytes(Path(folder))))
+
+
+def made_scratch(request: RunRequest) -> Ran | None:
+    """Make ``request``'s scratch folder if it names one (:func:`make_scratch`): None,
+    or the fact of a copy that could not start without it."""
+    if request.scratch is None:
+        return None
+    try:
+        make_scratch(request.scratch)
+    except OSError as exc:
+        return Ran(scratch_failed(request.scratch, exc))
+    return None
+
+
+def remove_scratch(path: str) -> None:
+    """Remove a scratch folder and what is in it, if it was made; never raises."""
+    try:
+        os.rmdir(path)  # made and left empty, the usual case: one system call
+    except FileNotFoundError:
+        pass
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @quick_init
 @dataclass(frozen=True)
 class RunRequest:
@@ -49,8 +104,10 @@ class RunRequest:
     # resolved where the copy runs, against the session's working directory, so
     # ``SESSION_CWD`` (".") stands for that directory in every backend.
     protect_paths: tuple[str, ...] = field(default_factory=tuple)
-    # The call's private scratch folder (its TMPDIR), created and removed by the caller;
-    # None: the copy is not protected and reports ``files: "none"``.
+    # The call's private scratch folder (its TMPDIR), named by the caller (:func:`
+    # new_scratch`) and removed by it (:func:`remove_scratch`); made by the place that
+    # uses it as a folder (:func:`make_scratch`): a bash copy protected by its launcher
+    # has one of its own. None: the copy is not protected and reports ``files: "none"``.
     scratch: str | None = None
     # Set by a front end whose request was cancelled: every place interrupts the code as
     # at its timeout (state kept), and kills only past INTERRUPT_GRACE.

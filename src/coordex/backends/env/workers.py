@@ -73,6 +73,7 @@ from ..base import (
     StreamCapture,
     Writer,
     Written,
+    made_scratch,
 )
 from . import branches, keep
 
@@ -683,7 +684,7 @@ class WorkerSession:
 
     def run_read_only(self, request: RunRequest) -> Ran:
         """Run code against a fork of the session; the session is never changed."""
-        return self._call(request, "read_only")
+        return made_scratch(request) or self._call(request, "read_only")
 
     def inspect(self) -> dict[str, Any] | Ran:
         """``{"names": [{"name","type","repr"}...], "capabilities": [...]}``; changes nothing."""

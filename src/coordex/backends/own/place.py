@@ -16,7 +16,7 @@ from ...core.facts import Ran
 from ...core.messages import PlaceKind
 from ...worker import _coordex_copy as copier
 from .. import isolation
-from ..base import Forked, ProgressCallback, RunRequest, Writer, Written
+from ..base import Forked, ProgressCallback, RunRequest, Writer, Written, made_scratch
 from . import branches, keep
 from .interpreter import NamespaceSession, OwnInterpreter
 
@@ -139,6 +139,9 @@ class OwnPlace:
         return self.own.run_stateless(request, dict(self._globals()))
 
     def run_read_only(self, session: NamespaceSession, request: RunRequest) -> Ran:
+        failed = made_scratch(request)
+        if failed is not None:
+            return failed
         scratch, paths = request.scratch, request.protect_paths
         # Set up here, once, what every fork child would repeat (libc, the filters).
         isolation.prepare()

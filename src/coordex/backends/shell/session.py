@@ -9,23 +9,18 @@ runs read-only calls in a subshell of it or in a protected copy (:mod:`.copies`)
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ...core import facts, messages
-from ...core.errors import storage_error
 from ...core.facts import Ran
 from ...core.messages import PlaceKind
-from ...diskspace import free_bytes
 from .. import _reap, isolation
-from ..base import Forked, ProgressCallback, RunRequest, Writer, Written
+from ..base import Forked, ProgressCallback, RunRequest, Writer, Written, made_scratch, scratch_failed
 from . import branches, keep, launcher
 from .copies import CopySlot, ProtectedCopy
 from .process import Ending, Shell, Stream, shell_env
@@ -155,8 +150,9 @@ class ShellSession:
         if request.scratch is not None and isolation.best_mode() != "none":
             slot = CopySlot()
             ran = self._call(request.code, request, slot)
-        else:
-            ran = self._call(self.read_only_command(request.code, request.scratch), request)
+        else:  # a subshell, its TMPDIR the call's scratch folder
+            ran = made_scratch(request) or self._call(
+                self.read_only_command(request.code, request.scratch), request)
         # The protected copy is a fresh bash given the session's state by value (its
         # variables, functions, aliases, options, cwd); the plain one a forked subshell.
         files = slot.files if slot is not None else "none"
@@ -323,14 +319,12 @@ class ShellSession:
             # The copy never ran the code (its scratch folder full, say): not a
             # command's exit status 127.
             reason = ran.stderr[len(launcher.START_FAILED):].strip()
-            folder = os.path.dirname(request.scratch or tempfile.gettempdir())
             # The state it saved may be cut short too: the next copy dumps it again.
             self._dumped = -1
             if self._standby is not None:
                 self._standby.discard(self._launcher)
                 self._standby = None
-            return facts.StartFailed(copy=True, error=storage_error(
-                OSError(reason), folder, "temporary folder (TMPDIR)", free_bytes(Path(folder))))
+            return scratch_failed(request.scratch, OSError(reason))
         if copy.unprotected is not None:
             return facts.StartFailed(f"it could not be protected: {copy.unprotected}",
                                      copy=True)
