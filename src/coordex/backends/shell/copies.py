@@ -512,12 +512,19 @@ class ProtectedCopy:
 
 def _fingerprint(shell_pid: int, work_paths: tuple[str, ...]) -> tuple[Any, ...]:
     """What a waiting copy took from the session shell: cwd, umask, limits (and paths)."""
+    # Read with as few steps as can be: this is the first work of a read-only call,
+    # which runs slowest on a CPU that sat idle (several times as long as on a busy one).
     try:
         cwd = os.readlink(f"/proc/{shell_pid}/cwd")
-        with open(f"/proc/{shell_pid}/status") as f:
-            umask = next((line for line in f if line.startswith("Umask:")), "")
+        fd = os.open(f"/proc/{shell_pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            status = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
     except OSError:
         return (None,)  # never equal to a fingerprint taken from a live shell
+    at = status.find(b"\nUmask:") + 1
+    umask = status[at:status.find(b"\n", at)] if at else b""
     limits: list[Any] = []
     for number in launcher.LIMITS:
         try:
