@@ -28,11 +28,12 @@ def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 3,
 
 def paired_medians(ours: Callable[[], object], theirs: Callable[[], object], runs: int,
                    theirs_runs: int | None = None, rounds: int = 10,
-                   warmup: int = 20) -> tuple[float, float]:
+                   warmup: int = 20, gap: float = 0.0) -> tuple[float, float]:
     """The median wall time of each of two calls, timed in alternating rounds (``runs //
     rounds`` of ours, then ``theirs_runs // rounds`` of theirs; ``theirs_runs`` defaults
     to ``runs``): a change in the machine's speed during the run (a shared machine's is
-    never still) falls on both alike, not on whichever ran then."""
+    never still) falls on both alike, not on whichever ran then. ``gap``: as in
+    :func:`median_seconds`, before each timed call."""
     for _ in range(warmup):
         ours()
         theirs()
@@ -41,6 +42,8 @@ def paired_medians(ours: Callable[[], object], theirs: Callable[[], object], run
     for _ in range(rounds):
         for fn, into, count in ((ours, samples[0], counts[0]), (theirs, samples[1], counts[1])):
             for _ in range(max(1, count // rounds)):
+                if gap:
+                    time.sleep(gap)
                 started = time.perf_counter()
                 fn()
                 into.append(time.perf_counter() - started)

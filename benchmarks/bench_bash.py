@@ -8,7 +8,7 @@ tool without a fork must do to give code a throwaway copy of a shell: dump its s
 fresh bash. Both sessions hold the same state (variables, functions, aliases).
 
 Run: ``python benchmarks/bench_bash.py [--calls N]``. Prints medians and ratios; the
-stateful rows time both sides in alternating rounds.
+stateful rows and the paced read-only row time both sides in alternating rounds.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def median_ms(fn: Callable[[], object], calls: int, warmup: int = 20,
 
 
 def paired_median_ms(ours: Callable[[], object], theirs: Callable[[], object],
-                     calls: int) -> tuple[float, float]:
+                     calls: int, warmup: int = 20, gap: float = 0.0) -> tuple[float, float]:
     """The median ms of each of two calls, timed in alternating rounds."""
-    mine, peer = paired_medians(ours, theirs, calls)
+    mine, peer = paired_medians(ours, theirs, calls, warmup=warmup, gap=gap)
     return mine * 1000, peer * 1000
 
 
@@ -125,11 +125,11 @@ def main() -> None:
             ("read_only `echo; fn`", median_ms(lambda: session.run_read_only(ro_req), calls // 5),
              median_ms(lambda: dump_and_restore(peer, "echo $var_7; fn_3"), calls // 5, 5),
              8.0, "dump + restore"),
-            # One run, side by side; calls 200 ms apart (a model's calls are seconds
-            # apart), so the copy coordex protects ahead of each call is ready.
-            (f"read_only files={files}", median_ms(protected, calls // 5, 5, gap=0.2),
-             median_ms(lambda: dump_and_restore(peer, "echo $var_7; fn_3"), calls // 5, 5,
-                       gap=0.2), 2.5, "dump + restore, no protection"),
+            # In alternating rounds, side by side; calls 200 ms apart (a model's calls
+            # are seconds apart), so the copy coordex protects ahead of each call is ready.
+            (f"read_only files={files}", *paired_median_ms(
+                protected, lambda: dump_and_restore(peer, "echo $var_7; fn_3"), calls // 5,
+                warmup=5, gap=0.2), 2.5, "dump + restore, no protection"),
             ("  back to back", median_ms(protected, calls // 5, 5),
              median_ms(lambda: dump_and_restore(peer, "echo $var_7; fn_3"), calls // 5, 5),
              0.0, "(no time to make the copy ahead)"),
